@@ -1,0 +1,3 @@
+fn main() {
+    println!("prjquota-exporter {}", env!("CARGO_PKG_VERSION"));
+}

@@ -1,0 +1,634 @@
+//! Node configuration: `prjquota.toml`, next to the plugin executable.
+//!
+//! The file is optional; without it the built-in defaults below apply. Every
+//! key is optional, and an unknown key is an error, so that a misspelt
+//! setting is never silently ignored. The plugin reads the file on every
+//! operation: a change takes effect at the next create or delete, no agent
+//! restart needed.
+//!
+//! ```toml
+//! # /opt/nomad/plugins/prjquota.toml
+//!
+//! # Project IDs the plugin may give to volumes on the volumes filesystem
+//! # (inclusive; 1 to 4294967294). Keep this range clear of IDs that other
+//! # tools or an /etc/projects file use on the same filesystem.
+//! # Default: 1000000000 to 1999999999.
+//! project_id_min = 1000000000
+//! project_id_max = 1999999999
+//!
+//! # Size of a volume whose spec sets neither capacity_min nor capacity_max:
+//! # a size with a unit ("10GiB", "500MB", "1.5TiB") or a number of bytes.
+//! # Default: none, and such volumes are refused.
+//! default_capacity = "10GiB"
+//!
+//! # Mode of a new volume's root directory when its spec sets no `mode`;
+//! # a quoted octal string. Default: "0700".
+//! default_mode = "0750"
+//!
+//! # Parameters volume authors may set in a volume spec, out of
+//! # "mode", "uid", "gid" and "max_inodes". Default: all four.
+//! allowed_parameters = ["mode", "max_inodes"]
+//! ```
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::io;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::capacity::parse_size;
+use crate::contract::shown;
+use crate::params;
+
+/// Name of the configuration file, looked up in the plugin's directory.
+pub const FILE_NAME: &str = "prjquota.toml";
+
+/// Highest project ID: 4294967295 is -1 to the quota interfaces.
+pub const MAX_PROJECT_ID: u32 = u32::MAX - 1;
+
+/// The node's settings, after validation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Smallest project ID to allocate; at least 1.
+    pub project_id_min: u32,
+    /// Largest project ID to allocate; at least `project_id_min`.
+    pub project_id_max: u32,
+    /// Size of a volume whose spec gives none; never `Some(0)`.
+    pub default_capacity: Option<u64>,
+    /// Mode of a volume's root when its spec sets none; at most `0o7777`.
+    pub default_mode: u32,
+    /// Parameters volume authors may set; a subset of [`params::KNOWN`].
+    pub allowed_parameters: BTreeSet<String>,
+    /// The file these settings came from; `None` for the built-in defaults.
+    pub source: Option<PathBuf>,
+}
+
+impl Default for Config {
+    /// High project IDs, because IDs from 1 up are what administrators
+    /// and `/etc/projects` examples pick by hand; never 0, the project of
+    /// every file that has none. No default capacity, so a spec without a
+    /// size fails loudly instead of getting a surprise size. Mode 0700, as
+    /// Nomad's mkdir plugin.
+    fn default() -> Self {
+        Config {
+            project_id_min: 1_000_000_000,
+            project_id_max: 1_999_999_999,
+            default_capacity: None,
+            default_mode: 0o700,
+            allowed_parameters: params::KNOWN.iter().map(|s| s.to_string()).collect(),
+            source: None,
+        }
+    }
+}
+
+/// Why the node configuration cannot be used. Each message starts with the
+/// file's path and, when known, the line.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "cannot read the node configuration {}: {error}; fix it, or remove it to use the \
+         built-in defaults",
+        path.display()
+    )]
+    Read { path: PathBuf, error: io::Error },
+
+    /// Not valid TOML, an unknown key, or a value of the wrong type.
+    #[error("{}: {message}", Location(path, *line))]
+    Syntax {
+        path: PathBuf,
+        line: Option<usize>,
+        message: String,
+    },
+
+    /// Valid TOML with a value this plugin cannot use.
+    #[error("{}: {message}", Location(path, *line))]
+    Invalid {
+        path: PathBuf,
+        line: Option<usize>,
+        key: &'static str,
+        message: String,
+    },
+}
+
+struct Location<'a>(&'a Path, Option<usize>);
+
+impl fmt::Display for Location<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.1 {
+            Some(line) => write!(f, "{} line {line}", self.0.display()),
+            None => write!(f, "{}", self.0.display()),
+        }
+    }
+}
+
+/// Reads `dir/prjquota.toml`; an absent file gives the defaults. Any other
+/// failure to read it is an error rather than a silent fallback, because
+/// defaults could allocate project IDs the operator meant to keep free.
+pub fn load(dir: &Path) -> Result<Config, ConfigError> {
+    let path = dir.join(FILE_NAME);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => parse(&text, &path),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Config::default()),
+        Err(error) => Err(ConfigError::Read { path, error }),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    project_id_min: Option<Spanned<i64>>,
+    project_id_max: Option<Spanned<i64>>,
+    default_capacity: Option<Spanned<toml::Value>>,
+    default_mode: Option<Spanned<toml::Value>>,
+    allowed_parameters: Option<Vec<Spanned<String>>>,
+}
+
+/// Parses the text of a configuration file; `origin` is its path, for
+/// messages and [`Config::source`].
+pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
+    let line_of = |span: Range<usize>| {
+        let end = span.start.min(text.len());
+        text.as_bytes()[..end]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count()
+            + 1
+    };
+    let raw: RawConfig = toml::from_str(text).map_err(|e| {
+        let line = e.span().map(line_of);
+        // serde's type errors do not name the key: quote the line instead.
+        let quoted = line
+            .and_then(|n| text.lines().nth(n - 1))
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(|l| format!(" (in {})", shown(l)))
+            .unwrap_or_default();
+        let message = e
+            .message()
+            .trim_end()
+            .replace('\n', "; ")
+            .replace("expected i64", "expected an integer");
+        ConfigError::Syntax {
+            path: origin.to_owned(),
+            line,
+            message: format!("{message}{quoted}"),
+        }
+    })?;
+    let invalid = |key: &'static str, span: Range<usize>, message: String| ConfigError::Invalid {
+        path: origin.to_owned(),
+        line: Some(line_of(span)),
+        key,
+        message,
+    };
+
+    let mut cfg = Config {
+        source: Some(origin.to_owned()),
+        ..Config::default()
+    };
+
+    let project_id = |key: &'static str, value: &Spanned<i64>| {
+        let id = *value.get_ref();
+        if id < 1 {
+            Err(invalid(
+                key,
+                value.span(),
+                format!(
+                    "{key} must be at least 1 (0 is the filesystem's default project and would \
+                     put the volume in every other file's quota), not {id}"
+                ),
+            ))
+        } else if id > i64::from(MAX_PROJECT_ID) {
+            Err(invalid(
+                key,
+                value.span(),
+                format!(
+                    "{key} must be at most {MAX_PROJECT_ID} (4294967295 means \"no ID\" to the \
+                     quota interfaces), not {id}"
+                ),
+            ))
+        } else {
+            Ok(id as u32)
+        }
+    };
+    if let Some(v) = &raw.project_id_min {
+        cfg.project_id_min = project_id("project_id_min", v)?;
+    }
+    if let Some(v) = &raw.project_id_max {
+        cfg.project_id_max = project_id("project_id_max", v)?;
+    }
+    if cfg.project_id_min > cfg.project_id_max {
+        let default_note = |set: bool| if set { "" } else { ", the built-in default" };
+        let span = raw
+            .project_id_max
+            .as_ref()
+            .or(raw.project_id_min.as_ref())
+            .map(|v| v.span())
+            .unwrap_or(0..0);
+        return Err(invalid(
+            "project_id_max",
+            span,
+            format!(
+                "project_id_min ({}{}) is larger than project_id_max ({}{}): the range of \
+                 project IDs is empty; set project_id_min <= project_id_max",
+                cfg.project_id_min,
+                default_note(raw.project_id_min.is_some()),
+                cfg.project_id_max,
+                default_note(raw.project_id_max.is_some()),
+            ),
+        ));
+    }
+
+    if let Some(v) = &raw.default_capacity {
+        const FIX: &str = "write a size such as \"10GiB\" or a number of bytes, or remove \
+                           default_capacity so that every volume must set its own";
+        let bytes = match v.get_ref() {
+            toml::Value::String(s) => parse_size(s).map_err(|reason| {
+                invalid(
+                    "default_capacity",
+                    v.span(),
+                    format!("default_capacity: {reason}"),
+                )
+            })?,
+            toml::Value::Integer(n) => u64::try_from(*n).map_err(|_| {
+                invalid(
+                    "default_capacity",
+                    v.span(),
+                    format!("default_capacity must not be negative ({n}); {FIX}"),
+                )
+            })?,
+            other => {
+                return Err(invalid(
+                    "default_capacity",
+                    v.span(),
+                    format!(
+                        "default_capacity must be a string or an integer, not {}; {FIX}",
+                        kind(other)
+                    ),
+                ))
+            }
+        };
+        if bytes == 0 {
+            return Err(invalid(
+                "default_capacity",
+                v.span(),
+                format!("default_capacity must be more than 0; {FIX}"),
+            ));
+        }
+        cfg.default_capacity = Some(bytes);
+    }
+
+    if let Some(v) = &raw.default_mode {
+        cfg.default_mode = match v.get_ref() {
+            toml::Value::String(s) => params::parse_mode(s).map_err(|reason| {
+                invalid(
+                    "default_mode",
+                    v.span(),
+                    format!("default_mode = {}: {reason}", shown(s)),
+                )
+            })?,
+            other => {
+                return Err(invalid(
+                    "default_mode",
+                    v.span(),
+                    format!(
+                        "default_mode must be a quoted octal string such as \"0750\", not {} \
+                         (a bare number is too easily read in the wrong base)",
+                        kind(other)
+                    ),
+                ))
+            }
+        };
+    }
+
+    if let Some(list) = &raw.allowed_parameters {
+        let mut allowed = BTreeSet::new();
+        for name in list {
+            if !params::KNOWN.contains(&name.get_ref().as_str()) {
+                return Err(invalid(
+                    "allowed_parameters",
+                    name.span(),
+                    format!(
+                        "allowed_parameters: unknown parameter {}; the parameters are {}",
+                        shown(name.get_ref()),
+                        params::KNOWN.join(", ")
+                    ),
+                ));
+            }
+            allowed.insert(name.get_ref().clone());
+        }
+        cfg.allowed_parameters = allowed;
+    }
+
+    Ok(cfg)
+}
+
+fn kind(value: &toml::Value) -> &'static str {
+    match value {
+        toml::Value::String(_) => "a string",
+        toml::Value::Integer(_) => "an integer",
+        toml::Value::Float(_) => "a float",
+        toml::Value::Boolean(_) => "a boolean",
+        toml::Value::Datetime(_) => "a date",
+        toml::Value::Array(_) => "an array",
+        toml::Value::Table(_) => "a table",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ORIGIN: &str = "/opt/nomad/plugins/prjquota.toml";
+
+    fn parse_ok(text: &str) -> Config {
+        parse(text, Path::new(ORIGIN)).unwrap()
+    }
+
+    fn parse_err(text: &str) -> ConfigError {
+        parse(text, Path::new(ORIGIN)).unwrap_err()
+    }
+
+    /// (line, message) of an error, checking every message names the file.
+    fn located(e: &ConfigError) -> (Option<usize>, String) {
+        let msg = e.to_string();
+        assert!(msg.starts_with(ORIGIN), "{msg}");
+        match e {
+            ConfigError::Syntax { line, .. } | ConfigError::Invalid { line, .. } => (*line, msg),
+            ConfigError::Read { .. } => (None, msg),
+        }
+    }
+
+    fn scratch_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "prjquota-config-test-{}-{name}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn defaults() {
+        let d = Config::default();
+        assert_eq!(
+            (d.project_id_min, d.project_id_max),
+            (1_000_000_000, 1_999_999_999)
+        );
+        assert_eq!(d.default_capacity, None);
+        assert_eq!(d.default_mode, 0o700);
+        assert_eq!(
+            d.allowed_parameters.iter().collect::<Vec<_>>(),
+            ["gid", "max_inodes", "mode", "uid"]
+        );
+        assert_eq!(d.source, None);
+    }
+
+    #[test]
+    fn empty_file_is_the_defaults_with_its_source() {
+        let cfg = parse_ok("# nothing set\n");
+        assert_eq!(
+            cfg,
+            Config {
+                source: Some(PathBuf::from(ORIGIN)),
+                ..Config::default()
+            }
+        );
+    }
+
+    #[test]
+    fn documented_example_parses() {
+        let source = include_str!("config.rs");
+        let example: String = source
+            .lines()
+            .skip_while(|l| *l != "//! ```toml")
+            .skip(1)
+            .take_while(|l| *l != "//! ```")
+            .map(|l| l.strip_prefix("//!").unwrap().trim_start_matches(' '))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert!(example.contains("project_id_min"), "{example}");
+        let cfg = parse_ok(&example);
+        assert_eq!(cfg.default_capacity, Some(10 << 30));
+        assert_eq!(cfg.default_mode, 0o750);
+        assert_eq!(
+            cfg.allowed_parameters.iter().collect::<Vec<_>>(),
+            ["max_inodes", "mode"]
+        );
+    }
+
+    #[test]
+    fn every_key() {
+        let cfg = parse_ok(
+            "project_id_min = 1\nproject_id_max = 4294967294\ndefault_capacity = 1073741824\n\
+             default_mode = \"0o2770\"\nallowed_parameters = []\n",
+        );
+        assert_eq!(
+            (cfg.project_id_min, cfg.project_id_max),
+            (1, MAX_PROJECT_ID)
+        );
+        assert_eq!(cfg.default_capacity, Some(1 << 30));
+        assert_eq!(cfg.default_mode, 0o2770);
+        assert!(cfg.allowed_parameters.is_empty());
+        assert_eq!(
+            parse_ok("project_id_min = 7\nproject_id_max = 7\n").project_id_min,
+            7
+        );
+        assert_eq!(
+            parse_ok("default_capacity = \"1.5 GiB\"").default_capacity,
+            Some(3 << 29)
+        );
+    }
+
+    #[test]
+    fn project_id_zero_names_file_line_and_reason() {
+        let e = parse_err("# ids\n\nproject_id_min = 0\nproject_id_max = 10\n");
+        assert!(matches!(
+            e,
+            ConfigError::Invalid {
+                key: "project_id_min",
+                ..
+            }
+        ));
+        let (line, msg) = located(&e);
+        assert_eq!(line, Some(3));
+        assert!(
+            msg.starts_with(&format!(
+                "{ORIGIN} line 3: project_id_min must be at least 1 (0 is the filesystem's default project"
+            )),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn project_id_out_of_range() {
+        for (text, key, line) in [
+            ("project_id_min = -5", "project_id_min", 1),
+            ("\nproject_id_max = 4294967295", "project_id_max", 2),
+            ("\n\n\nproject_id_max = 99999999999999", "project_id_max", 4),
+        ] {
+            let e = parse_err(text);
+            assert!(
+                matches!(&e, ConfigError::Invalid { key: k, .. } if *k == key),
+                "{e:?}"
+            );
+            assert_eq!(located(&e).0, Some(line), "{text}");
+        }
+    }
+
+    #[test]
+    fn min_above_max_is_refused_naming_both() {
+        let e = parse_err("project_id_min = 500\nproject_id_max = 400\n");
+        let (line, msg) = located(&e);
+        assert_eq!(line, Some(2));
+        assert!(msg.contains("(500)") && msg.contains("(400)"), "{msg}");
+        // Against a built-in default, say which value was not written.
+        let e = parse_err("project_id_max = 400\n");
+        let (line, msg) = located(&e);
+        assert_eq!(line, Some(1));
+        assert!(msg.contains("1000000000, the built-in default"), "{msg}");
+    }
+
+    #[test]
+    fn unknown_key_is_refused_with_its_line() {
+        let e = parse_err("project_id_min = 5\n\ndefault_capacty = \"1GiB\"\n");
+        assert!(matches!(e, ConfigError::Syntax { .. }));
+        let (line, msg) = located(&e);
+        assert_eq!(line, Some(3));
+        assert!(msg.contains("default_capacty"), "{msg}");
+        assert!(
+            msg.contains("default_capacity"),
+            "lists the valid keys: {msg}"
+        );
+    }
+
+    #[test]
+    fn wrong_types_and_bad_toml_have_lines() {
+        for (text, line, needle) in [
+            ("project_id_min = \"5\"", 1, "project_id_min"),
+            ("\nproject_id_max = 1.5", 2, ""),
+            ("\n\nallowed_parameters = \"mode\"", 3, ""),
+            ("\nallowed_parameters = [\"mode\", 3]", 2, ""),
+            ("project_id_min = 5\nproject_id_min = 6\n", 2, ""),
+            ("a = [\n", 2, ""),
+            ("\n\n\n\ndefault_mode = 0755", 5, ""),
+        ] {
+            let e = parse_err(text);
+            assert!(matches!(e, ConfigError::Syntax { .. }), "{text:?}: {e:?}");
+            let (got, msg) = located(&e);
+            assert_eq!(got, Some(line), "{text:?}: {msg}");
+            assert!(msg.contains(needle), "{msg}");
+        }
+    }
+
+    #[test]
+    fn bad_default_capacity() {
+        for (text, needle) in [
+            ("default_capacity = \"10 gigs\"", "unknown unit"),
+            ("default_capacity = \"\"", "not a size"),
+            ("default_capacity = 0", "more than 0"),
+            ("default_capacity = \"0GiB\"", "more than 0"),
+            ("default_capacity = -1", "negative"),
+            ("default_capacity = \"9000PiB\"", "larger than"),
+            ("default_capacity = 1.5", "not a float"),
+            ("default_capacity = true", "not a boolean"),
+        ] {
+            let e = parse_err(&format!("\n{text}\n"));
+            assert!(
+                matches!(
+                    e,
+                    ConfigError::Invalid {
+                        key: "default_capacity",
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
+            let (line, msg) = located(&e);
+            assert_eq!(line, Some(2));
+            assert!(msg.contains(needle), "{text}: {msg}");
+        }
+    }
+
+    #[test]
+    fn bad_default_mode() {
+        for (text, needle) in [
+            ("default_mode = \"0755x\"", "not an octal mode"),
+            ("default_mode = \"10000\"", "larger than 7777"),
+            // TOML strings are already quoted: no HCL advice here.
+            ("default_mode = \"493\"", "use only the digits 0-7"),
+            ("default_mode = 0o755", "quoted octal string"),
+            ("default_mode = 448", "quoted octal string"),
+        ] {
+            let e = parse_err(text);
+            assert!(
+                matches!(
+                    e,
+                    ConfigError::Invalid {
+                        key: "default_mode",
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
+            let (line, msg) = located(&e);
+            assert_eq!(line, Some(1));
+            assert!(msg.contains(needle), "{text}: {msg}");
+            assert!(!msg.contains("HCL"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn unknown_allowed_parameter_points_at_its_line() {
+        let e = parse_err("allowed_parameters = [\n  \"mode\",\n  \"size\",\n]\n");
+        assert!(matches!(
+            e,
+            ConfigError::Invalid {
+                key: "allowed_parameters",
+                ..
+            }
+        ));
+        let (line, msg) = located(&e);
+        assert_eq!(line, Some(3));
+        assert!(
+            msg.contains("\"size\"") && msg.contains("mode, uid, gid, max_inodes"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn load_absent_file_gives_defaults() {
+        let dir = scratch_dir("absent");
+        assert_eq!(load(&dir).unwrap(), Config::default());
+        // A directory that does not exist either: still "no file".
+        assert_eq!(load(&dir.join("missing")).unwrap(), Config::default());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn load_reads_the_file_and_records_its_path() {
+        let dir = scratch_dir("present");
+        std::fs::write(dir.join(FILE_NAME), "default_mode = \"0750\"\n").unwrap();
+        let cfg = load(&dir).unwrap();
+        assert_eq!(cfg.default_mode, 0o750);
+        assert_eq!(cfg.source, Some(dir.join(FILE_NAME)));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn load_refuses_unreadable_file() {
+        let dir = scratch_dir("unreadable");
+        // A directory in the file's place fails to read on any user, root too.
+        std::fs::create_dir(dir.join(FILE_NAME)).unwrap();
+        let e = load(&dir).unwrap_err();
+        assert!(matches!(e, ConfigError::Read { .. }), "{e:?}");
+        assert!(e.to_string().contains(FILE_NAME));
+        std::fs::remove_dir(dir.join(FILE_NAME)).unwrap();
+        std::fs::write(dir.join(FILE_NAME), b"default_mode = \"\xff\"\n").unwrap();
+        assert!(matches!(load(&dir), Err(ConfigError::Read { .. })));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,1536 @@
+//! The Nomad dynamic host volume contract: the `DHV_*` environment Nomad gives
+//! `prjquota create|delete|fingerprint`, checked into typed requests, and the
+//! JSON Nomad reads back from stdout.
+//!
+//! Everything in the environment is untrusted. Nomad validates almost nothing
+//! it forwards: the volume name and the parameters are written by volume
+//! authors, and the plugin is the only guard of its own invariants (see
+//! `docs/nomad-dhv-contract.md`). So parsing is strict, and each refusal names
+//! the variable, shows the offending value (escaped and truncated, because it
+//! lands in `nomad volume create` output and in logs) and says how to fix it.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::{OsStr, OsString};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::capacity::human;
+
+/// Names of the variables Nomad sets, so no other module spells them.
+pub mod var {
+    pub const OPERATION: &str = "DHV_OPERATION";
+    pub const VOLUMES_DIR: &str = "DHV_VOLUMES_DIR";
+    pub const PLUGIN_DIR: &str = "DHV_PLUGIN_DIR";
+    pub const NODE_POOL: &str = "DHV_NODE_POOL";
+    pub const CREATED_PATH: &str = "DHV_CREATED_PATH";
+    pub const NAMESPACE: &str = "DHV_NAMESPACE";
+    pub const VOLUME_NAME: &str = "DHV_VOLUME_NAME";
+    pub const VOLUME_ID: &str = "DHV_VOLUME_ID";
+    pub const CAPACITY_MIN: &str = "DHV_CAPACITY_MIN_BYTES";
+    pub const CAPACITY_MAX: &str = "DHV_CAPACITY_MAX_BYTES";
+    pub const NODE_ID: &str = "DHV_NODE_ID";
+    pub const PARAMETERS: &str = "DHV_PARAMETERS";
+
+    /// Every variable that any operation reads; others with the `DHV_`
+    /// prefix are ignored so that a newer Nomad can add variables.
+    pub(crate) const KNOWN: &[&str] = &[
+        OPERATION,
+        VOLUMES_DIR,
+        PLUGIN_DIR,
+        NODE_POOL,
+        CREATED_PATH,
+        NAMESPACE,
+        VOLUME_NAME,
+        VOLUME_ID,
+        CAPACITY_MIN,
+        CAPACITY_MAX,
+        NODE_ID,
+        PARAMETERS,
+    ];
+}
+
+/// Longest `DHV_VOLUMES_DIR` accepted: the volume path, the registry and
+/// temporary names are appended to it and must stay well under `PATH_MAX`.
+pub const MAX_VOLUMES_DIR_LEN: usize = 1024;
+/// Longest node pool, namespace, node ID or volume name, in bytes. Nomad's own
+/// names are far shorter; the bound keeps registry records and metric labels
+/// small whatever a volume author writes.
+pub const MAX_LABEL_LEN: usize = 256;
+/// Longest `DHV_PARAMETERS`, checked before any JSON parsing.
+pub const MAX_PARAMETERS_LEN: usize = 64 * 1024;
+/// Longest value of one parameter, in bytes after JSON unescaping.
+pub const MAX_PARAMETER_VALUE_LEN: usize = 4 * 1024;
+/// Longest parameter name, in bytes.
+pub const MAX_PARAMETER_KEY_LEN: usize = 64;
+
+const EXAMPLE_UUID: &str = "8f3e9d2c-4b1a-4c6e-9a7d-2e5b6c1f0a93";
+
+/// The operation Nomad asks for, from `argv[1]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Fingerprint,
+    Create,
+    Delete,
+}
+
+impl Operation {
+    /// Exact, lowercase match: Nomad never sends anything else, and a near
+    /// miss is more likely a person at a shell than a Nomad to humour.
+    pub fn parse(arg: &str) -> Option<Operation> {
+        match arg {
+            "fingerprint" => Some(Operation::Fingerprint),
+            "create" => Some(Operation::Create),
+            "delete" => Some(Operation::Delete),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Fingerprint => "fingerprint",
+            Operation::Create => "create",
+            Operation::Delete => "delete",
+        }
+    }
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A Nomad volume ID: a UUID in its 36-character hyphenated form, lowercase.
+///
+/// The volume's directory is `<volumes dir>/<volume ID>`, so this type is what
+/// keeps a hostile ID (`../..`, `/`, NUL, newline) out of every path. Only the
+/// exact 8-4-4-4-12 hex form is accepted; uppercase is folded to lowercase so
+/// that one volume cannot have two directories or two registry records.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct VolumeId(String);
+
+impl VolumeId {
+    pub fn parse(s: &str) -> Result<Self, InputError> {
+        let well_formed = s.len() == 36
+            && s.bytes().enumerate().all(|(i, b)| match i {
+                8 | 13 | 18 | 23 => b == b'-',
+                _ => b.is_ascii_hexdigit(),
+            });
+        if well_formed {
+            Ok(VolumeId(s.to_ascii_lowercase()))
+        } else {
+            Err(InputError::InvalidVolumeId {
+                value: s.to_owned(),
+            })
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for VolumeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl AsRef<str> for VolumeId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for VolumeId {
+    type Err = InputError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        VolumeId::parse(s)
+    }
+}
+
+impl Serialize for VolumeId {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for VolumeId {
+    // Records on disk are as untrusted as the environment: a tampered
+    // registry file must not smuggle a path into a volume ID.
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(deserializer)?;
+        VolumeId::parse(&s).map_err(de::Error::custom)
+    }
+}
+
+/// Volume parameters exactly as Nomad sent them; [`crate::params`] gives
+/// them meaning. Sorted, like Nomad's own JSON, so records are stable.
+pub type Parameters = BTreeMap<String, String>;
+
+/// A checked `create` request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateRequest {
+    /// Absolute and normalised: no trailing or repeated `/`, no `.`/`..`.
+    pub volumes_dir: PathBuf,
+    /// As configured, possibly relative to the agent's working directory.
+    pub plugin_dir: Option<PathBuf>,
+    pub node_pool: String,
+    pub namespace: String,
+    pub volume_name: String,
+    pub volume_id: VolumeId,
+    /// 0 when the spec leaves it unset; never above `i64::MAX`.
+    pub capacity_min: u64,
+    /// 0 when the spec leaves it unset; never above `i64::MAX`, and not
+    /// below `capacity_min` when both are set.
+    pub capacity_max: u64,
+    pub node_id: String,
+    pub parameters: Parameters,
+}
+
+/// A checked `delete` request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeleteRequest {
+    pub volumes_dir: PathBuf,
+    pub plugin_dir: Option<PathBuf>,
+    pub node_pool: String,
+    /// What Nomad believes `create` returned, verbatim. Only a hint to check
+    /// against the registry: after a failed state save Nomad sends the whole
+    /// volumes directory here, so deleting it would wipe every volume.
+    pub created_path: Option<PathBuf>,
+    /// May be empty (Nomad's automatic delete after a failed state save).
+    pub namespace: String,
+    /// May be empty, for the same reason as `namespace`.
+    pub volume_name: String,
+    pub volume_id: VolumeId,
+    pub node_id: String,
+    pub parameters: Parameters,
+}
+
+/// Why the plugin refuses its input. `Display` is the whole message the
+/// operator sees in `nomad volume create` output: what, which value, and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    #[error(
+        "{name} is missing from the plugin's environment; Nomad always sets it, so \
+         this is either an incompatible Nomad version or a manual run: run the plugin \
+         through Nomad, or set {name} as Nomad would"
+    )]
+    MissingVariable { name: &'static str },
+
+    #[error(
+        "{} is set more than once in the plugin's environment; refusing to guess \
+         which value is meant: set it exactly once",
+        shown(.name)
+    )]
+    DuplicateVariable { name: String },
+
+    #[error(
+        "{name}={} is not valid UTF-8; Nomad only passes UTF-8 text, so fix whatever \
+         runs the plugin (or the client's host_volumes_dir / host_volume_plugin_dir)",
+        shown(.value)
+    )]
+    NotUnicode {
+        name: &'static str,
+        /// The value with invalid bytes replaced by U+FFFD.
+        value: String,
+    },
+
+    #[error(
+        "DHV_OPERATION={} but the plugin was run as `prjquota {expected}`; Nomad always \
+         sets both to the same operation: run `prjquota {expected}` with \
+         DHV_OPERATION={expected}",
+        shown(.found)
+    )]
+    OperationMismatch {
+        expected: &'static str,
+        found: String,
+    },
+
+    #[error("{name}={}: {reason}", shown(.value))]
+    InvalidVariable {
+        name: &'static str,
+        value: String,
+        reason: String,
+    },
+
+    #[error(
+        "volume ID {} is not a Nomad volume ID: expected a UUID of 8-4-4-4-12 \
+         hexadecimal digits such as {EXAMPLE_UUID}",
+        shown(.value)
+    )]
+    InvalidVolumeId { value: String },
+
+    #[error(
+        "DHV_CAPACITY_MIN_BYTES={min} ({}) is larger than DHV_CAPACITY_MAX_BYTES={max} \
+         ({}): set capacity_min no larger than capacity_max in the volume spec",
+        human(*.min), human(*.max)
+    )]
+    CapacityMinAboveMax { min: u64, max: u64 },
+
+    #[error(
+        "DHV_PARAMETERS is {len} bytes, more than the {MAX_PARAMETERS_LEN} this plugin \
+         accepts: shorten the parameters block of the volume spec"
+    )]
+    ParametersTooLarge { len: usize },
+
+    #[error(
+        "DHV_PARAMETERS is not valid JSON ({message}); Nomad always sends valid JSON, so \
+         something other than Nomad ran the plugin: pass a JSON object of strings such \
+         as {{\"mode\":\"0750\"}}"
+    )]
+    ParametersSyntax {
+        /// serde_json's message, with its line and column.
+        message: String,
+    },
+
+    #[error(
+        "DHV_PARAMETERS is {found}, not a JSON object: pass an object of strings such \
+         as {{\"mode\":\"0750\"}}, or null for no parameters"
+    )]
+    ParametersNotObject { found: &'static str },
+
+    #[error(
+        "parameter {} appears more than once in DHV_PARAMETERS; refusing to guess which \
+         value is meant: set it once in the volume spec",
+        shown(.key)
+    )]
+    DuplicateParameter { key: String },
+
+    #[error(
+        "parameter {} is {found}, but parameter values must be strings: quote it in the \
+         volume spec's parameters block, e.g. {} = \"…\"",
+        shown(.key), hcl_key(.key)
+    )]
+    ParameterNotString { key: String, found: &'static str },
+
+    #[error(
+        "parameter {} is {len} bytes long, more than the {MAX_PARAMETER_VALUE_LEN} this \
+         plugin accepts: shorten it in the volume spec",
+        shown(.key)
+    )]
+    ParameterValueTooLong { key: String, len: usize },
+
+    #[error("parameter name {} in DHV_PARAMETERS: {reason}", shown(.key))]
+    InvalidParameterName { key: String, reason: String },
+
+    #[error(
+        "unknown parameter {}: this plugin accepts only {accepted}; remove it from the \
+         volume spec's parameters block (or check its spelling)",
+        shown(.key)
+    )]
+    UnknownParameter { key: String, accepted: String },
+
+    #[error(
+        "parameter {} is not allowed on this node: allowed_parameters in {config} permits \
+         {allowed}; remove it from the volume spec's parameters block, or ask the node's \
+         operator to add it to allowed_parameters",
+        shown(.key)
+    )]
+    ParameterNotAllowed {
+        key: String,
+        /// The config file's path, or "the built-in defaults".
+        config: String,
+        /// Human list of what is allowed ("only mode, uid", "no parameters").
+        allowed: String,
+    },
+
+    #[error("parameter {key} = {}: {reason}", shown(.value))]
+    InvalidParameter {
+        key: &'static str,
+        value: String,
+        reason: String,
+    },
+
+    #[error(
+        "the volume has no capacity: set capacity_max (or capacity_min) in the volume \
+         spec, e.g. capacity_max = \"10GiB\", or have the node's operator set \
+         default_capacity in prjquota.toml next to the plugin"
+    )]
+    NoCapacity,
+
+    #[error(
+        "a capacity of {requested} bytes ({}), rounded up to the filesystem's {block}-byte \
+         blocks, exceeds the largest size Nomad can record ({} bytes): request less",
+        human(*.requested), i64::MAX
+    )]
+    CapacityTooLarge { requested: u64, block: u64 },
+
+    #[error(
+        "the volumes filesystem reports a block size of {block} bytes, not a power of two \
+         of at least 512; host_volumes_dir must be on XFS or ext4"
+    )]
+    InvalidBlockSize { block: u64 },
+
+    #[error(
+        "volume {volume_id} holds {} ({used} bytes), more than the requested capacity of \
+         {} ({requested} bytes); the plugin never shrinks a volume below its usage: delete \
+         data from the volume first, or request at least capacity_max = \"{}\"",
+        human(*.used), human(*.requested), crate::capacity::human_ceil(*.used)
+    )]
+    ShrinkBelowUsage {
+        volume_id: String,
+        requested: u64,
+        used: u64,
+    },
+
+    #[error(
+        "volume {volume_id} holds {used} files and directories, more than the requested \
+         max_inodes = \"{requested}\"; the plugin never lowers a limit below usage: delete \
+         files from the volume first, or set max_inodes to at least \"{used}\""
+    )]
+    InodesBelowUsage {
+        volume_id: String,
+        requested: u64,
+        used: u64,
+    },
+}
+
+/// Quotes `s` for an error message: escaped with `{:?}` so control and
+/// invisible characters show, and cut to 64 characters so a 1 MB hostile
+/// value cannot flood Nomad's output or the agent's log.
+pub(crate) fn shown(s: &str) -> String {
+    const MAX_CHARS: usize = 64;
+    match s.char_indices().nth(MAX_CHARS) {
+        None => format!("{s:?}"),
+        Some((cut, _)) => format!("{:?}… ({} bytes in all)", &s[..cut], s.len()),
+    }
+}
+
+/// How a parameter name would be written in an HCL parameters block.
+fn hcl_key(key: &str) -> String {
+    let bare = !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if bare {
+        key.to_owned()
+    } else {
+        shown(key)
+    }
+}
+
+/// Parses the environment of `prjquota create`.
+///
+/// Pass `std::env::vars_os()`. Variables without the `DHV_` prefix are
+/// ignored (tests add their own), as are unknown `DHV_` ones (a newer Nomad
+/// may add some); a `DHV_` variable set twice is refused.
+pub fn parse_create<I, K, V>(env: I) -> Result<CreateRequest, InputError>
+where
+    I: IntoIterator<Item = (K, V)>,
+    K: AsRef<OsStr>,
+    V: AsRef<OsStr>,
+{
+    let env = Env::collect(env)?;
+    env.expect_operation(Operation::Create)?;
+    let volumes_dir = volumes_dir(env.required(var::VOLUMES_DIR)?)?;
+    let plugin_dir = optional_path(var::PLUGIN_DIR, env.optional(var::PLUGIN_DIR)?, false)?;
+    let node_pool = label(var::NODE_POOL, env.required(var::NODE_POOL)?, false)?;
+    let namespace = label(var::NAMESPACE, env.required(var::NAMESPACE)?, false)?;
+    let volume_name = volume_name(env.required(var::VOLUME_NAME)?)?;
+    let volume_id = volume_id(env.required(var::VOLUME_ID)?)?;
+    let capacity_min = capacity(var::CAPACITY_MIN, env.required(var::CAPACITY_MIN)?)?;
+    let capacity_max = capacity(var::CAPACITY_MAX, env.required(var::CAPACITY_MAX)?)?;
+    // Nomad already refuses max < min; a 0 stands for "unset" and is not
+    // compared, since capacity_min alone is a valid request to this plugin.
+    if capacity_min > 0 && capacity_max > 0 && capacity_max < capacity_min {
+        return Err(InputError::CapacityMinAboveMax {
+            min: capacity_min,
+            max: capacity_max,
+        });
+    }
+    let node_id = label(var::NODE_ID, env.required(var::NODE_ID)?, false)?;
+    let parameters = parameters(env.optional(var::PARAMETERS)?)?;
+    Ok(CreateRequest {
+        volumes_dir,
+        plugin_dir,
+        node_pool,
+        namespace,
+        volume_name,
+        volume_id,
+        capacity_min,
+        capacity_max,
+        node_id,
+        parameters,
+    })
+}
+
+/// Parses the environment of `prjquota delete`; see [`parse_create`].
+///
+/// Namespace and volume name may be empty: Nomad's automatic delete after a
+/// failed state save sends them so, and refusing it would leak the volume.
+pub fn parse_delete<I, K, V>(env: I) -> Result<DeleteRequest, InputError>
+where
+    I: IntoIterator<Item = (K, V)>,
+    K: AsRef<OsStr>,
+    V: AsRef<OsStr>,
+{
+    let env = Env::collect(env)?;
+    env.expect_operation(Operation::Delete)?;
+    let volumes_dir = volumes_dir(env.required(var::VOLUMES_DIR)?)?;
+    let plugin_dir = optional_path(var::PLUGIN_DIR, env.optional(var::PLUGIN_DIR)?, false)?;
+    let node_pool = label(var::NODE_POOL, env.required(var::NODE_POOL)?, false)?;
+    let created_path = optional_path(var::CREATED_PATH, env.optional(var::CREATED_PATH)?, true)?;
+    let namespace = label(var::NAMESPACE, env.required(var::NAMESPACE)?, true)?;
+    // Only what create would also refuse *and* what could garble a log is
+    // checked here: a stricter delete could strand a volume forever.
+    let volume_name = label(var::VOLUME_NAME, env.required(var::VOLUME_NAME)?, true)?;
+    let volume_id = volume_id(env.required(var::VOLUME_ID)?)?;
+    let node_id = label(var::NODE_ID, env.required(var::NODE_ID)?, false)?;
+    let parameters = parameters(env.optional(var::PARAMETERS)?)?;
+    Ok(DeleteRequest {
+        volumes_dir,
+        plugin_dir,
+        node_pool,
+        created_path,
+        namespace,
+        volume_name,
+        volume_id,
+        node_id,
+        parameters,
+    })
+}
+
+/// `{"path":"…","bytes":N}`, the only stdout Nomad accepts from a
+/// successful create. `bytes` must not exceed `i64::MAX` (Nomad's int64);
+/// [`crate::capacity::round_up`] guarantees it.
+pub fn create_response_json(path: &Path, bytes: u64) -> String {
+    #[derive(Serialize)]
+    struct CreateResponse<'a> {
+        path: &'a str,
+        bytes: u64,
+    }
+    debug_assert!(bytes <= i64::MAX as u64, "Nomad stores bytes as int64");
+    // Lossless in practice: the path is the UTF-8 DHV_VOLUMES_DIR joined with
+    // an ASCII volume ID.
+    let path = path.to_string_lossy();
+    to_json(&CreateResponse { path: &path, bytes })
+}
+
+/// `{"error":"…"}`, which Nomad shows to the user when the exit code is not 0.
+pub fn error_json(message: &str) -> String {
+    #[derive(Serialize)]
+    struct ErrorResponse<'a> {
+        error: &'a str,
+    }
+    to_json(&ErrorResponse { error: message })
+}
+
+/// `{"version":"X.Y.Z"}`. Never `{}` or a null version: some Nomad agents
+/// crash on those.
+pub fn fingerprint_json(version: &str) -> String {
+    #[derive(Serialize)]
+    struct Fingerprint<'a> {
+        version: &'a str,
+    }
+    to_json(&Fingerprint { version })
+}
+
+fn to_json<T: Serialize>(value: &T) -> String {
+    // Structs of strings and integers cannot fail to serialise.
+    serde_json::to_string(value).expect("serialising a plain struct to JSON")
+}
+
+/// The `DHV_*` part of the environment, each variable seen at most once.
+struct Env {
+    vars: BTreeMap<&'static str, OsString>,
+}
+
+impl Env {
+    fn collect<I, K, V>(env: I) -> Result<Self, InputError>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<OsStr>,
+        V: AsRef<OsStr>,
+    {
+        let mut seen = BTreeSet::new();
+        let mut vars = BTreeMap::new();
+        for (key, value) in env {
+            let key = key.as_ref();
+            if !key.as_encoded_bytes().starts_with(b"DHV_") {
+                continue;
+            }
+            if !seen.insert(key.to_owned()) {
+                return Err(InputError::DuplicateVariable {
+                    name: key.to_string_lossy().into_owned(),
+                });
+            }
+            if let Some(known) = var::KNOWN.iter().find(|k| OsStr::new(k) == key) {
+                vars.insert(*known, value.as_ref().to_owned());
+            }
+        }
+        Ok(Env { vars })
+    }
+
+    fn optional(&self, name: &'static str) -> Result<Option<&str>, InputError> {
+        match self.vars.get(name) {
+            None => Ok(None),
+            Some(v) => v.to_str().map(Some).ok_or_else(|| InputError::NotUnicode {
+                name,
+                value: v.to_string_lossy().into_owned(),
+            }),
+        }
+    }
+
+    fn required(&self, name: &'static str) -> Result<&str, InputError> {
+        self.optional(name)?
+            .ok_or(InputError::MissingVariable { name })
+    }
+
+    fn expect_operation(&self, expected: Operation) -> Result<(), InputError> {
+        let found = self.required(var::OPERATION)?;
+        if Operation::parse(found) == Some(expected) {
+            Ok(())
+        } else {
+            Err(InputError::OperationMismatch {
+                expected: expected.as_str(),
+                found: found.to_owned(),
+            })
+        }
+    }
+}
+
+fn invalid(name: &'static str, value: &str, reason: impl Into<String>) -> InputError {
+    InputError::InvalidVariable {
+        name,
+        value: value.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+fn volumes_dir(value: &str) -> Result<PathBuf, InputError> {
+    const FIX: &str = "set host_volumes_dir in the client block of the Nomad agent \
+                       configuration to an absolute directory such as /srv/nomad/volumes";
+    let bad = |why: &str| invalid(var::VOLUMES_DIR, value, format!("{why}; {FIX}"));
+    if value.is_empty() {
+        return Err(bad("empty"));
+    }
+    if value.len() > MAX_VOLUMES_DIR_LEN {
+        return Err(bad(&format!(
+            "{} bytes long, more than the {MAX_VOLUMES_DIR_LEN} this plugin accepts",
+            value.len()
+        )));
+    }
+    if value.contains('\0') {
+        return Err(bad("contains a NUL byte"));
+    }
+    if !value.starts_with('/') {
+        return Err(bad("not an absolute path"));
+    }
+    let components: Vec<&str> = value.split('/').filter(|c| !c.is_empty()).collect();
+    // `..` would make the volume path's parent something other than the
+    // directory every check and the exporter look at.
+    if let Some(dot) = components.iter().find(|c| **c == "." || **c == "..") {
+        return Err(bad(&format!("contains a {dot:?} component")));
+    }
+    if components.is_empty() {
+        return Err(bad(
+            "the filesystem root; volumes need a directory of their own",
+        ));
+    }
+    Ok(PathBuf::from(format!("/{}", components.join("/"))))
+}
+
+/// `DHV_PLUGIN_DIR` (raw, possibly relative) and `DHV_CREATED_PATH` (a hint,
+/// kept verbatim so it can be compared with what the registry says).
+fn optional_path(
+    name: &'static str,
+    value: Option<&str>,
+    must_be_absolute: bool,
+) -> Result<Option<PathBuf>, InputError> {
+    let Some(value) = value.filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    if value.contains('\0') {
+        return Err(invalid(
+            name,
+            value,
+            "contains a NUL byte, which no path can; Nomad never sends one, so check what runs the plugin",
+        ));
+    }
+    if must_be_absolute && !value.starts_with('/') {
+        return Err(invalid(
+            name,
+            value,
+            "not an absolute path; Nomad sends the path that create returned, which is always absolute",
+        ));
+    }
+    Ok(Some(PathBuf::from(value)))
+}
+
+/// Characters refused in names: C0/C1 controls (newline, tab, escape, DEL,
+/// U+0085), the Unicode line and paragraph separators, and bidirectional
+/// overrides. Each can forge or hide a log line or a metric label.
+fn is_forbidden_char(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{2028}'
+                | '\u{2029}'
+                | '\u{061C}'
+                | '\u{200E}'
+                | '\u{200F}'
+                | '\u{202A}'..='\u{202E}'
+                | '\u{2066}'..='\u{2069}'
+        )
+}
+
+fn fix_for(name: &'static str) -> &'static str {
+    match name {
+        var::VOLUME_NAME => "rename the volume (the `name` of its spec)",
+        var::NAMESPACE => "use a Nomad namespace with a plain name",
+        var::NODE_POOL => "use a Nomad node pool with a plain name",
+        _ => "Nomad never sends such a value, so check what runs the plugin",
+    }
+}
+
+/// Node pool, namespace, node ID and (for delete) volume name.
+fn label(name: &'static str, value: &str, may_be_empty: bool) -> Result<String, InputError> {
+    let fix = fix_for(name);
+    if value.is_empty() && !may_be_empty {
+        return Err(invalid(name, value, format!("must not be empty; {fix}")));
+    }
+    if value.len() > MAX_LABEL_LEN {
+        return Err(invalid(
+            name,
+            value,
+            format!(
+                "{} bytes long, more than the {MAX_LABEL_LEN} this plugin accepts; {fix}",
+                value.len()
+            ),
+        ));
+    }
+    if let Some((at, c)) = value.char_indices().find(|(_, c)| is_forbidden_char(*c)) {
+        return Err(invalid(
+            name,
+            value,
+            format!(
+                "contains the control or invisible character {:?} at byte {at}, which could \
+                 forge or hide lines in logs; {fix}",
+                c
+            ),
+        ));
+    }
+    Ok(value.to_owned())
+}
+
+/// The volume name is never part of a path (the volume lives at
+/// `<volumes dir>/<volume ID>`). Path-looking names (`/`, `\`, `.`, `..`)
+/// are still refused, so that logs, registry records and metric labels
+/// cannot be read as a path by a person or a script.
+fn volume_name(value: &str) -> Result<String, InputError> {
+    let value = label(var::VOLUME_NAME, value, false)?;
+    let fix = fix_for(var::VOLUME_NAME);
+    if value == "." || value == ".." {
+        return Err(invalid(
+            var::VOLUME_NAME,
+            &value,
+            format!("looks like a path, which names must not; {fix}"),
+        ));
+    }
+    if let Some(sep) = value.chars().find(|c| *c == '/' || *c == '\\') {
+        return Err(invalid(
+            var::VOLUME_NAME,
+            &value,
+            format!("contains {sep:?}, and names must not look like paths; {fix}"),
+        ));
+    }
+    Ok(value)
+}
+
+fn volume_id(value: &str) -> Result<VolumeId, InputError> {
+    VolumeId::parse(value).map_err(|_| {
+        invalid(
+            var::VOLUME_ID,
+            value,
+            format!(
+                "not a Nomad volume ID (a UUID of 8-4-4-4-12 hexadecimal digits such as \
+                 {EXAMPLE_UUID}); Nomad always generates one, so check what runs the plugin"
+            ),
+        )
+    })
+}
+
+/// Nomad writes capacities with Go's `%d` of an int64: plain ASCII digits.
+/// Anything else is a caller that is not Nomad, and guessing what it meant
+/// (a sign, a float, hex) could size a volume wrongly.
+fn capacity(name: &'static str, value: &str) -> Result<u64, InputError> {
+    if value.is_empty() {
+        return Err(invalid(
+            name,
+            value,
+            "empty; Nomad sends 0 when the volume spec leaves it unset",
+        ));
+    }
+    if !value.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(invalid(
+            name,
+            value,
+            "not a whole number of bytes: only the digits 0-9 are accepted (no sign, spaces, \
+             decimal point, unit or hex); set capacity_min/capacity_max in the volume spec",
+        ));
+    }
+    match value.parse::<u64>() {
+        Ok(n) if n <= i64::MAX as u64 => Ok(n),
+        _ => Err(invalid(
+            name,
+            value,
+            format!(
+                "larger than {}, the largest size Nomad can record; request less in the \
+                 volume spec",
+                i64::MAX
+            ),
+        )),
+    }
+}
+
+fn parameters(value: Option<&str>) -> Result<Parameters, InputError> {
+    let Some(value) = value else {
+        return Ok(Parameters::new());
+    };
+    if value.is_empty() {
+        return Ok(Parameters::new());
+    }
+    if value.len() > MAX_PARAMETERS_LEN {
+        return Err(InputError::ParametersTooLarge { len: value.len() });
+    }
+    let problem = RefCell::new(None);
+    let mut de = serde_json::Deserializer::from_str(value);
+    let parsed = ParametersSeed { problem: &problem }
+        .deserialize(&mut de)
+        .and_then(|params| de.end().map(|()| params));
+    if let Some(problem) = problem.into_inner() {
+        return Err(problem);
+    }
+    parsed.map_err(|e| InputError::ParametersSyntax {
+        message: e.to_string(),
+    })
+}
+
+/// Parses the parameters object. Problems are reported through `problem` as
+/// typed errors; the serde error returned alongside only stops serde_json.
+/// A plain `BTreeMap` would silently keep the last of two duplicate keys.
+struct ParametersSeed<'a> {
+    problem: &'a RefCell<Option<InputError>>,
+}
+
+impl ParametersSeed<'_> {
+    fn fail<E: de::Error, T>(&self, problem: InputError) -> Result<T, E> {
+        *self.problem.borrow_mut() = Some(problem);
+        Err(E::custom("invalid DHV_PARAMETERS"))
+    }
+
+    fn not_object<E: de::Error, T>(&self, found: &'static str) -> Result<T, E> {
+        self.fail(InputError::ParametersNotObject { found })
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for ParametersSeed<'_> {
+    type Value = Parameters;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Parameters, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ParametersSeed<'_> {
+    type Value = Parameters;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object of strings, or null")
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Parameters, E> {
+        Ok(Parameters::new())
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Parameters, E> {
+        self.not_object("a boolean")
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Parameters, E> {
+        self.not_object("a number")
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Parameters, E> {
+        self.not_object("a number")
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Parameters, E> {
+        self.not_object("a number")
+    }
+
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Parameters, E> {
+        self.not_object("a string")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<Parameters, A::Error> {
+        self.not_object("an array")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Parameters, A::Error> {
+        let mut out = Parameters::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let reason = if key.is_empty() {
+                Some("empty; give every parameter a name in the volume spec".to_owned())
+            } else if key.len() > MAX_PARAMETER_KEY_LEN {
+                Some(format!(
+                    "{} bytes long, more than the {MAX_PARAMETER_KEY_LEN} this plugin accepts; \
+                     the parameters it knows have short names",
+                    key.len()
+                ))
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                return self.fail(InputError::InvalidParameterName { key, reason });
+            }
+            if out.contains_key(&key) {
+                return self.fail(InputError::DuplicateParameter { key });
+            }
+            let value = map.next_value_seed(StringValue {
+                problem: self.problem,
+                key: &key,
+            })?;
+            if value.len() > MAX_PARAMETER_VALUE_LEN {
+                return self.fail(InputError::ParameterValueTooLong {
+                    key,
+                    len: value.len(),
+                });
+            }
+            out.insert(key, value);
+        }
+        Ok(out)
+    }
+}
+
+/// One parameter value: a JSON string, and nothing else. Arrays and objects
+/// are refused without being descended into, so nesting depth costs nothing.
+struct StringValue<'a> {
+    problem: &'a RefCell<Option<InputError>>,
+    key: &'a str,
+}
+
+impl StringValue<'_> {
+    fn not_string<E: de::Error>(&self, found: &'static str) -> Result<String, E> {
+        *self.problem.borrow_mut() = Some(InputError::ParameterNotString {
+            key: self.key.to_owned(),
+            found,
+        });
+        Err(E::custom("invalid DHV_PARAMETERS"))
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for StringValue<'_> {
+    type Value = String;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<String, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for StringValue<'_> {
+    type Value = String;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<String, E> {
+        Ok(v.to_owned())
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<String, E> {
+        Ok(v)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<String, E> {
+        self.not_string("null")
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<String, E> {
+        self.not_string("a boolean")
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<String, E> {
+        self.not_string("a number")
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<String, E> {
+        self.not_string("a number")
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<String, E> {
+        self.not_string("a number")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<String, A::Error> {
+        self.not_string("an array")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, _: A) -> Result<String, A::Error> {
+        self.not_string("an object")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::ffi::OsStrExt;
+
+    const ID: &str = "8f3e9d2c-4b1a-4c6e-9a7d-2e5b6c1f0a93";
+    const VOLUMES: &str = "/opt/nomad/data/host_volumes";
+
+    type Env = Vec<(OsString, OsString)>;
+
+    fn env(pairs: &[(&str, &str)]) -> Env {
+        pairs.iter().map(|(k, v)| (k.into(), v.into())).collect()
+    }
+
+    /// Exactly what Nomad's external plugin runner builds for create, in order.
+    fn create_env() -> Env {
+        env(&[
+            ("DHV_OPERATION", "create"),
+            ("DHV_VOLUMES_DIR", VOLUMES),
+            ("DHV_PLUGIN_DIR", "/opt/nomad/plugins"),
+            ("DHV_NODE_POOL", "default"),
+            ("DHV_NAMESPACE", "default"),
+            ("DHV_VOLUME_NAME", "postgres-data"),
+            ("DHV_VOLUME_ID", ID),
+            ("DHV_CAPACITY_MIN_BYTES", "1073741824"),
+            ("DHV_CAPACITY_MAX_BYTES", "21474836480"),
+            ("DHV_NODE_ID", "5b3d1f7e-2c4a-4e8b-9f6d-1a2b3c4d5e6f"),
+            ("DHV_PARAMETERS", "null"),
+        ])
+    }
+
+    /// Exactly what Nomad builds for delete, in order.
+    fn delete_env() -> Env {
+        env(&[
+            ("DHV_OPERATION", "delete"),
+            ("DHV_VOLUMES_DIR", VOLUMES),
+            ("DHV_PLUGIN_DIR", "/opt/nomad/plugins"),
+            ("DHV_NODE_POOL", "default"),
+            ("DHV_CREATED_PATH", &format!("{VOLUMES}/{ID}")),
+            ("DHV_NAMESPACE", "default"),
+            ("DHV_VOLUME_NAME", "postgres-data"),
+            ("DHV_VOLUME_ID", ID),
+            ("DHV_NODE_ID", "5b3d1f7e-2c4a-4e8b-9f6d-1a2b3c4d5e6f"),
+            ("DHV_PARAMETERS", "{\"mode\":\"0750\"}"),
+        ])
+    }
+
+    fn with(mut e: Env, key: &str, value: impl AsRef<OsStr>) -> Env {
+        match e.iter_mut().find(|(k, _)| k == key) {
+            Some(slot) => slot.1 = value.as_ref().to_owned(),
+            None => e.push((key.into(), value.as_ref().to_owned())),
+        }
+        e
+    }
+
+    fn without(mut e: Env, key: &str) -> Env {
+        e.retain(|(k, _)| k != key);
+        e
+    }
+
+    fn twice(mut e: Env, key: &str, value: &str) -> Env {
+        e.push((key.into(), value.into()));
+        e
+    }
+
+    fn raw(bytes: &[u8]) -> OsString {
+        OsStr::from_bytes(bytes).to_owned()
+    }
+
+    fn params_env(json: &str) -> Env {
+        with(create_env(), "DHV_PARAMETERS", json)
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    enum Want {
+        Missing(&'static str),
+        Duplicate(&'static str),
+        NotUnicode(&'static str),
+        Operation,
+        Invalid(&'static str),
+        MinAboveMax,
+        ParamsTooLarge,
+        ParamsSyntax,
+        ParamsNotObject,
+        DupParam(&'static str),
+        NotString(&'static str),
+        ValueTooLong(&'static str),
+        ParamName,
+    }
+
+    fn matches_want(e: &InputError, want: Want) -> bool {
+        use InputError as E;
+        match (e, want) {
+            (E::MissingVariable { name }, Want::Missing(w)) => *name == w,
+            (E::DuplicateVariable { name }, Want::Duplicate(w)) => name == w,
+            (E::NotUnicode { name, .. }, Want::NotUnicode(w)) => *name == w,
+            (E::OperationMismatch { .. }, Want::Operation) => true,
+            (E::InvalidVariable { name, .. }, Want::Invalid(w)) => *name == w,
+            (E::CapacityMinAboveMax { .. }, Want::MinAboveMax) => true,
+            (E::ParametersTooLarge { .. }, Want::ParamsTooLarge) => true,
+            (E::ParametersSyntax { message }, Want::ParamsSyntax) => message.contains("line "),
+            (E::ParametersNotObject { .. }, Want::ParamsNotObject) => true,
+            (E::DuplicateParameter { key }, Want::DupParam(w)) => key == w,
+            (E::ParameterNotString { key, .. }, Want::NotString(w)) => key == w,
+            (E::ParameterValueTooLong { key, .. }, Want::ValueTooLong(w)) => key == w,
+            (E::InvalidParameterName { .. }, Want::ParamName) => true,
+            _ => false,
+        }
+    }
+
+    /// The name a message must mention for each expectation.
+    fn named(want: Want) -> &'static str {
+        match want {
+            Want::Missing(n) | Want::Duplicate(n) | Want::NotUnicode(n) | Want::Invalid(n) => n,
+            Want::Operation => "DHV_OPERATION",
+            Want::MinAboveMax => "DHV_CAPACITY_MIN_BYTES",
+            Want::DupParam(k) | Want::NotString(k) | Want::ValueTooLong(k) => k,
+            _ => "DHV_PARAMETERS",
+        }
+    }
+
+    fn nested(depth: usize) -> String {
+        format!("{{\"a\":{}{}}}", "[".repeat(depth), "]".repeat(depth))
+    }
+
+    /// (what, is_create, env, expected error). One line per case: a table.
+    #[rustfmt::skip]
+    fn hostile_cases() -> Vec<(&'static str, bool, Env, Want)> {
+        use Want::*;
+        let long_name = "n".repeat(10 * 1024);
+        vec![
+            ("id traversal", true, with(create_env(), "DHV_VOLUME_ID", "../x"), Invalid(var::VOLUME_ID)),
+            ("id deep traversal of uuid length", true, with(create_env(), "DHV_VOLUME_ID", "../../../../../../../../etc/passwd.."), Invalid(var::VOLUME_ID)),
+            ("id with slash, 36 chars", true, with(create_env(), "DHV_VOLUME_ID", "8f3e9d2c-4b1a-4c6e-9a7d-2e5b6c1f/a93"), Invalid(var::VOLUME_ID)),
+            ("id with NUL", true, with(create_env(), "DHV_VOLUME_ID", "8f3e9d2c-4b1a-4c6e-9a7d-2e5b6c1f0a9\0"), Invalid(var::VOLUME_ID)),
+            ("id with newline", true, with(create_env(), "DHV_VOLUME_ID", format!("{ID}\n")), Invalid(var::VOLUME_ID)),
+            ("id abc", true, with(create_env(), "DHV_VOLUME_ID", "abc"), Invalid(var::VOLUME_ID)),
+            ("id in braces", true, with(create_env(), "DHV_VOLUME_ID", format!("{{{ID}}}")), Invalid(var::VOLUME_ID)),
+            ("id as urn", true, with(create_env(), "DHV_VOLUME_ID", format!("urn:uuid:{ID}")), Invalid(var::VOLUME_ID)),
+            ("id without hyphens", true, with(create_env(), "DHV_VOLUME_ID", ID.replace('-', "")), Invalid(var::VOLUME_ID)),
+            ("id non-hex", true, with(create_env(), "DHV_VOLUME_ID", ID.replace('f', "g")), Invalid(var::VOLUME_ID)),
+            ("id empty", true, with(create_env(), "DHV_VOLUME_ID", ""), Invalid(var::VOLUME_ID)),
+            ("id missing", true, without(create_env(), "DHV_VOLUME_ID"), Missing(var::VOLUME_ID)),
+            ("delete id traversal", false, with(delete_env(), "DHV_VOLUME_ID", "../../etc"), Invalid(var::VOLUME_ID)),
+            ("relative volumes dir", true, with(create_env(), "DHV_VOLUMES_DIR", "data/host_volumes"), Invalid(var::VOLUMES_DIR)),
+            ("dot-dot in volumes dir", true, with(create_env(), "DHV_VOLUMES_DIR", "/opt/nomad/../../etc"), Invalid(var::VOLUMES_DIR)),
+            ("trailing dot-dot in volumes dir", true, with(create_env(), "DHV_VOLUMES_DIR", "/opt/nomad/.."), Invalid(var::VOLUMES_DIR)),
+            ("dot in volumes dir", true, with(create_env(), "DHV_VOLUMES_DIR", "/opt/./nomad"), Invalid(var::VOLUMES_DIR)),
+            ("root as volumes dir", true, with(create_env(), "DHV_VOLUMES_DIR", "/"), Invalid(var::VOLUMES_DIR)),
+            ("slashes as volumes dir", false, with(delete_env(), "DHV_VOLUMES_DIR", "///"), Invalid(var::VOLUMES_DIR)),
+            ("empty volumes dir", true, with(create_env(), "DHV_VOLUMES_DIR", ""), Invalid(var::VOLUMES_DIR)),
+            ("NUL in volumes dir", true, with(create_env(), "DHV_VOLUMES_DIR", "/opt/nomad\0/x"), Invalid(var::VOLUMES_DIR)),
+            ("huge volumes dir", true, with(create_env(), "DHV_VOLUMES_DIR", format!("/{}", "d".repeat(1024))), Invalid(var::VOLUMES_DIR)),
+            ("missing volumes dir", false, without(delete_env(), "DHV_VOLUMES_DIR"), Missing(var::VOLUMES_DIR)),
+            ("NUL in plugin dir", true, with(create_env(), "DHV_PLUGIN_DIR", "/opt\0"), Invalid(var::PLUGIN_DIR)),
+            ("name with newline", true, with(create_env(), "DHV_VOLUME_NAME", "db\nlevel=error msg=forged"), Invalid(var::VOLUME_NAME)),
+            ("name with CR", true, with(create_env(), "DHV_VOLUME_NAME", "db\r"), Invalid(var::VOLUME_NAME)),
+            ("name with tab", true, with(create_env(), "DHV_VOLUME_NAME", "a\tb"), Invalid(var::VOLUME_NAME)),
+            ("name with escape sequence", true, with(create_env(), "DHV_VOLUME_NAME", "\u{1b}[2Jdb"), Invalid(var::VOLUME_NAME)),
+            ("name with DEL", true, with(create_env(), "DHV_VOLUME_NAME", "db\u{7f}"), Invalid(var::VOLUME_NAME)),
+            ("name with NEL", true, with(create_env(), "DHV_VOLUME_NAME", "db\u{85}x"), Invalid(var::VOLUME_NAME)),
+            ("name with line separator", true, with(create_env(), "DHV_VOLUME_NAME", "db\u{2028}x"), Invalid(var::VOLUME_NAME)),
+            ("name with paragraph separator", true, with(create_env(), "DHV_VOLUME_NAME", "db\u{2029}x"), Invalid(var::VOLUME_NAME)),
+            ("name with bidi override", true, with(create_env(), "DHV_VOLUME_NAME", "db\u{202e}atad"), Invalid(var::VOLUME_NAME)),
+            ("name traversal", true, with(create_env(), "DHV_VOLUME_NAME", "../etc"), Invalid(var::VOLUME_NAME)),
+            ("name dot-dot", true, with(create_env(), "DHV_VOLUME_NAME", ".."), Invalid(var::VOLUME_NAME)),
+            ("name dot", true, with(create_env(), "DHV_VOLUME_NAME", "."), Invalid(var::VOLUME_NAME)),
+            ("name backslash", true, with(create_env(), "DHV_VOLUME_NAME", "a\\b"), Invalid(var::VOLUME_NAME)),
+            ("name 10 KB", true, with(create_env(), "DHV_VOLUME_NAME", &long_name), Invalid(var::VOLUME_NAME)),
+            ("name 257 bytes", true, with(create_env(), "DHV_VOLUME_NAME", "é".repeat(128) + "x"), Invalid(var::VOLUME_NAME)),
+            ("name empty on create", true, with(create_env(), "DHV_VOLUME_NAME", ""), Invalid(var::VOLUME_NAME)),
+            ("name missing", true, without(create_env(), "DHV_VOLUME_NAME"), Missing(var::VOLUME_NAME)),
+            ("delete name with newline", false, with(delete_env(), "DHV_VOLUME_NAME", "x\ny"), Invalid(var::VOLUME_NAME)),
+            ("delete name 10 KB", false, with(delete_env(), "DHV_VOLUME_NAME", &long_name), Invalid(var::VOLUME_NAME)),
+            ("namespace with CR", true, with(create_env(), "DHV_NAMESPACE", "default\r"), Invalid(var::NAMESPACE)),
+            ("delete namespace with NUL", false, with(delete_env(), "DHV_NAMESPACE", "a\0b"), Invalid(var::NAMESPACE)),
+            ("namespace empty on create", true, with(create_env(), "DHV_NAMESPACE", ""), Invalid(var::NAMESPACE)),
+            ("node pool empty", true, with(create_env(), "DHV_NODE_POOL", ""), Invalid(var::NODE_POOL)),
+            ("delete node pool empty", false, with(delete_env(), "DHV_NODE_POOL", ""), Invalid(var::NODE_POOL)),
+            ("node id 300 bytes", true, with(create_env(), "DHV_NODE_ID", "a".repeat(300)), Invalid(var::NODE_ID)),
+            ("node id missing", false, without(delete_env(), "DHV_NODE_ID"), Missing(var::NODE_ID)),
+            ("created path relative", false, with(delete_env(), "DHV_CREATED_PATH", "host_volumes/x"), Invalid(var::CREATED_PATH)),
+            ("created path with NUL", false, with(delete_env(), "DHV_CREATED_PATH", "/opt\0/x"), Invalid(var::CREATED_PATH)),
+            ("parameter number", true, params_env("{\"mode\":755}"), NotString("mode")),
+            ("parameter negative float", true, params_env("{\"uid\":-1.5}"), NotString("uid")),
+            ("parameter boolean", true, params_env("{\"mode\":true}"), NotString("mode")),
+            ("parameter null", true, params_env("{\"mode\":null}"), NotString("mode")),
+            ("parameter nested object", true, params_env("{\"mode\":{\"x\":\"0750\"}}"), NotString("mode")),
+            ("parameter array", true, params_env("{\"mode\":[\"0750\"]}"), NotString("mode")),
+            ("parameter 10k-deep nesting", true, params_env(&nested(10_000)), NotString("a")),
+            ("parameters 10k-deep top level", true, params_env(&"[".repeat(10_000)), ParamsNotObject),
+            ("parameters array", true, params_env("[\"mode\",\"0750\"]"), ParamsNotObject),
+            ("parameters string", true, params_env("\"mode=0750\""), ParamsNotObject),
+            ("parameters number", true, params_env("42"), ParamsNotObject),
+            ("duplicate parameter", true, params_env("{\"mode\":\"0700\",\"mode\":\"0777\"}"), DupParam("mode")),
+            ("duplicate parameter via escape", true, params_env("{\"mode\":\"0700\",\"\\u006dode\":\"0777\"}"), DupParam("mode")),
+            ("invalid JSON", true, params_env("{\"mode\":"), ParamsSyntax),
+            ("single-quoted JSON", true, params_env("{'mode':'0750'}"), ParamsSyntax),
+            ("trailing garbage", true, params_env("{} {}"), ParamsSyntax),
+            ("whitespace only", true, params_env(" "), ParamsSyntax),
+            ("1 MB value", true, params_env(&format!("{{\"mode\":\"{}\"}}", "7".repeat(1 << 20))), ParamsTooLarge),
+            ("5 KB value", true, params_env(&format!("{{\"mode\":\"{}\"}}", "7".repeat(5 * 1024))), ValueTooLong("mode")),
+            ("empty parameter name", true, params_env("{\"\":\"x\"}"), ParamName),
+            ("100-byte parameter name", true, params_env(&format!("{{\"{}\":\"x\"}}", "k".repeat(100))), ParamName),
+            ("delete with bad parameters", false, with(delete_env(), "DHV_PARAMETERS", "{\"a\":1}"), NotString("a")),
+            ("capacity negative", true, with(create_env(), "DHV_CAPACITY_MIN_BYTES", "-1"), Invalid(var::CAPACITY_MIN)),
+            ("capacity i64::MAX + 1", true, with(create_env(), "DHV_CAPACITY_MAX_BYTES", "9223372036854775808"), Invalid(var::CAPACITY_MAX)),
+            ("capacity beyond u64", true, with(create_env(), "DHV_CAPACITY_MAX_BYTES", "99999999999999999999"), Invalid(var::CAPACITY_MAX)),
+            ("capacity float", true, with(create_env(), "DHV_CAPACITY_MAX_BYTES", "5.0"), Invalid(var::CAPACITY_MAX)),
+            ("capacity leading space", true, with(create_env(), "DHV_CAPACITY_MIN_BYTES", " 5"), Invalid(var::CAPACITY_MIN)),
+            ("capacity trailing newline", true, with(create_env(), "DHV_CAPACITY_MIN_BYTES", "5\n"), Invalid(var::CAPACITY_MIN)),
+            ("capacity plus sign", true, with(create_env(), "DHV_CAPACITY_MIN_BYTES", "+5"), Invalid(var::CAPACITY_MIN)),
+            ("capacity hex", true, with(create_env(), "DHV_CAPACITY_MAX_BYTES", "0x10"), Invalid(var::CAPACITY_MAX)),
+            ("capacity with unit", true, with(create_env(), "DHV_CAPACITY_MAX_BYTES", "10GiB"), Invalid(var::CAPACITY_MAX)),
+            ("capacity non-ASCII digits", true, with(create_env(), "DHV_CAPACITY_MAX_BYTES", "٥"), Invalid(var::CAPACITY_MAX)),
+            ("capacity empty", true, with(create_env(), "DHV_CAPACITY_MIN_BYTES", ""), Invalid(var::CAPACITY_MIN)),
+            ("capacity missing", true, without(create_env(), "DHV_CAPACITY_MAX_BYTES"), Missing(var::CAPACITY_MAX)),
+            ("min above max", true, with(with(create_env(), "DHV_CAPACITY_MIN_BYTES", "2000"), "DHV_CAPACITY_MAX_BYTES", "1999"), MinAboveMax),
+            ("duplicated volume id", true, twice(create_env(), "DHV_VOLUME_ID", "8f3e9d2c-4b1a-4c6e-9a7d-2e5b6c1f0a94"), Duplicate("DHV_VOLUME_ID")),
+            ("duplicated identical value", false, twice(delete_env(), "DHV_VOLUMES_DIR", VOLUMES), Duplicate("DHV_VOLUMES_DIR")),
+            ("duplicated unknown DHV variable", true, twice(twice(create_env(), "DHV_FUTURE", "a"), "DHV_FUTURE", "b"), Duplicate("DHV_FUTURE")),
+            ("operation delete for create", true, with(create_env(), "DHV_OPERATION", "delete"), Operation),
+            ("operation create for delete", false, with(delete_env(), "DHV_OPERATION", "create"), Operation),
+            ("operation in capitals", true, with(create_env(), "DHV_OPERATION", "CREATE"), Operation),
+            ("operation empty", true, with(create_env(), "DHV_OPERATION", ""), Operation),
+            ("operation missing", false, without(delete_env(), "DHV_OPERATION"), Missing(var::OPERATION)),
+            ("non-UTF-8 name", true, with(create_env(), "DHV_VOLUME_NAME", raw(b"db\xff\xfe")), NotUnicode(var::VOLUME_NAME)),
+            ("non-UTF-8 volumes dir", false, with(delete_env(), "DHV_VOLUMES_DIR", raw(b"/opt/\xc0\xaf")), NotUnicode(var::VOLUMES_DIR)),
+            ("non-UTF-8 parameters", true, with(create_env(), "DHV_PARAMETERS", raw(b"{\"mode\":\"\xff\"}")), NotUnicode(var::PARAMETERS)),
+            ("non-UTF-8 volume id", true, with(create_env(), "DHV_VOLUME_ID", raw(b"\x80")), NotUnicode(var::VOLUME_ID)),
+            ("non-UTF-8 created path", false, with(delete_env(), "DHV_CREATED_PATH", raw(b"/x/\xff")), NotUnicode(var::CREATED_PATH)),
+        ]
+    }
+
+    #[test]
+    fn hostile_environments_are_refused_with_a_specific_error() {
+        let cases = hostile_cases();
+        assert!(cases.len() >= 35);
+        for (what, is_create, env, want) in cases {
+            let result = if is_create {
+                parse_create(env).map(|_| ())
+            } else {
+                parse_delete(env).map(|_| ())
+            };
+            let err = match result {
+                Err(e) => e,
+                Ok(()) => panic!("{what}: accepted, expected {want:?}"),
+            };
+            assert!(
+                matches_want(&err, want),
+                "{what}: expected {want:?}, got {err:?}"
+            );
+            let msg = err.to_string();
+            assert!(
+                msg.contains(named(want)),
+                "{what}: message does not name {}: {msg}",
+                named(want)
+            );
+            // A message must stay one readable line, whatever the input.
+            assert!(
+                !msg.contains('\n') && !msg.contains('\r') && !msg.contains('\0'),
+                "{what}: {msg:?}"
+            );
+            assert!(msg.len() < 800, "{what}: message is {} bytes", msg.len());
+        }
+    }
+
+    #[test]
+    fn create_exactly_as_nomad_sends_it() {
+        let req = parse_create(create_env()).unwrap();
+        assert_eq!(
+            req,
+            CreateRequest {
+                volumes_dir: PathBuf::from(VOLUMES),
+                plugin_dir: Some(PathBuf::from("/opt/nomad/plugins")),
+                node_pool: "default".into(),
+                namespace: "default".into(),
+                volume_name: "postgres-data".into(),
+                volume_id: VolumeId::parse(ID).unwrap(),
+                capacity_min: 1 << 30,
+                capacity_max: 20 << 30,
+                node_id: "5b3d1f7e-2c4a-4e8b-9f6d-1a2b3c4d5e6f".into(),
+                parameters: Parameters::new(),
+            }
+        );
+    }
+
+    #[test]
+    fn parameters_forms_nomad_sends() {
+        for json in ["null", "{}", ""] {
+            assert!(
+                parse_create(params_env(json))
+                    .unwrap()
+                    .parameters
+                    .is_empty(),
+                "{json:?}"
+            );
+        }
+        let missing = without(create_env(), "DHV_PARAMETERS");
+        assert!(parse_create(missing).unwrap().parameters.is_empty());
+        // Go's json.Marshal: sorted keys, `<>&` escaped.
+        let req = parse_create(params_env(
+            r#"{"gid":"\u003c\u0026\u003e","mode":"0750","uid":"1000"}"#,
+        ))
+        .unwrap();
+        let want: Parameters = [("gid", "<&>"), ("mode", "0750"), ("uid", "1000")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        assert_eq!(req.parameters, want);
+        // Limits are inclusive.
+        let max_value = "v".repeat(MAX_PARAMETER_VALUE_LEN);
+        let max_key = "k".repeat(MAX_PARAMETER_KEY_LEN);
+        let req = parse_create(params_env(&format!("{{\"{max_key}\":\"{max_value}\"}}"))).unwrap();
+        assert_eq!(req.parameters[&max_key], max_value);
+    }
+
+    #[test]
+    fn volumes_dir_is_normalised() {
+        for (given, want) in [
+            ("/opt/nomad/data/host_volumes/", VOLUMES),
+            ("//opt//nomad/data/host_volumes//", VOLUMES),
+            ("/srv", "/srv"),
+            ("/srv/.hidden/..x/x..", "/srv/.hidden/..x/x.."),
+        ] {
+            let req = parse_create(with(create_env(), "DHV_VOLUMES_DIR", given)).unwrap();
+            assert_eq!(req.volumes_dir, PathBuf::from(want), "{given}");
+            assert_eq!(req.volumes_dir.to_str().unwrap(), want);
+        }
+        let longest = format!("/{}", "d".repeat(MAX_VOLUMES_DIR_LEN - 1));
+        parse_create(with(create_env(), "DHV_VOLUMES_DIR", &longest)).unwrap();
+    }
+
+    #[test]
+    fn accepted_variations() {
+        let req = parse_create(with(create_env(), "DHV_VOLUME_ID", ID.to_uppercase())).unwrap();
+        assert_eq!(req.volume_id.as_str(), ID);
+        let req = parse_create(with(create_env(), "DHV_PLUGIN_DIR", "")).unwrap();
+        assert_eq!(req.plugin_dir, None);
+        let req = parse_create(without(create_env(), "DHV_PLUGIN_DIR")).unwrap();
+        assert_eq!(req.plugin_dir, None);
+        let req = parse_create(with(create_env(), "DHV_PLUGIN_DIR", "plugins")).unwrap();
+        assert_eq!(req.plugin_dir, Some(PathBuf::from("plugins")));
+        // Unset capacities are 0; min alone and equal bounds are fine.
+        for (min, max) in [
+            ("0", "0"),
+            ("5", "0"),
+            ("0", "5"),
+            ("7", "7"),
+            ("0", "9223372036854775807"),
+        ] {
+            let e = with(
+                with(create_env(), "DHV_CAPACITY_MIN_BYTES", min),
+                "DHV_CAPACITY_MAX_BYTES",
+                max,
+            );
+            let req = parse_create(e).unwrap();
+            assert_eq!(
+                (req.capacity_min.to_string(), req.capacity_max.to_string()),
+                (min.into(), max.into())
+            );
+        }
+        let req = parse_create(with(create_env(), "DHV_CAPACITY_MIN_BYTES", "007")).unwrap();
+        assert_eq!(req.capacity_min, 7);
+        // Names may be any printable Unicode up to the limit.
+        let prefix = "données-é-🚀";
+        let name = prefix.to_owned() + &"x".repeat(MAX_LABEL_LEN - prefix.len());
+        assert_eq!(name.len(), MAX_LABEL_LEN);
+        let req = parse_create(with(create_env(), "DHV_VOLUME_NAME", &name)).unwrap();
+        assert_eq!(req.volume_name, name);
+    }
+
+    #[test]
+    fn unrelated_and_unknown_variables_are_ignored() {
+        let mut e = create_env();
+        e.insert(0, ("PRJQUOTA_FAULT".into(), "after-mkdir".into()));
+        e.push(("PATH".into(), "/bin".into()));
+        e.push(("PATH".into(), "/usr/bin".into()));
+        e.push(("DHV_SOMETHING_NEW".into(), raw(b"\xff")));
+        e.push((raw(b"DHV_\xff"), "x".into()));
+        e.push(("dhv_volume_id".into(), "../x".into()));
+        e.push(("HOME".into(), raw(b"\xff")));
+        assert_eq!(
+            parse_create(e).unwrap(),
+            parse_create(create_env()).unwrap()
+        );
+    }
+
+    #[test]
+    fn delete_exactly_as_nomad_sends_it() {
+        let req = parse_delete(delete_env()).unwrap();
+        assert_eq!(
+            req.created_path,
+            Some(PathBuf::from(format!("{VOLUMES}/{ID}")))
+        );
+        assert_eq!(req.volume_id.as_str(), ID);
+        assert_eq!(req.parameters["mode"], "0750");
+        assert_eq!(
+            (req.namespace.as_str(), req.volume_name.as_str()),
+            ("default", "postgres-data")
+        );
+        // Delete takes no capacities; stray ones are ignored, not required.
+        let extra = with(delete_env(), "DHV_CAPACITY_MIN_BYTES", "garbage");
+        assert_eq!(parse_delete(extra).unwrap(), req);
+    }
+
+    #[test]
+    fn delete_auto_delete_trap_env_parses_so_the_plugin_can_refuse_safely() {
+        // After a failed state save Nomad sends the whole volumes dir as the
+        // created path, and empty name and namespace.
+        let e = with(
+            with(
+                with(delete_env(), "DHV_CREATED_PATH", format!("{VOLUMES}/")),
+                "DHV_NAMESPACE",
+                "",
+            ),
+            "DHV_VOLUME_NAME",
+            "",
+        );
+        let req = parse_delete(e).unwrap();
+        assert_eq!(req.namespace, "");
+        assert_eq!(req.volume_name, "");
+        assert_eq!(req.created_path.as_deref(), Some(req.volumes_dir.as_path()));
+        assert_eq!(req.volume_id.as_str(), ID);
+    }
+
+    #[test]
+    fn delete_created_path_optional() {
+        let req = parse_delete(with(delete_env(), "DHV_CREATED_PATH", "")).unwrap();
+        assert_eq!(req.created_path, None);
+        let req = parse_delete(without(delete_env(), "DHV_CREATED_PATH")).unwrap();
+        assert_eq!(req.created_path, None);
+        let req = parse_delete(with(delete_env(), "DHV_PARAMETERS", "null")).unwrap();
+        assert!(req.parameters.is_empty());
+        // Delete does not re-check what create refused, so a volume can always go.
+        let req = parse_delete(with(delete_env(), "DHV_VOLUME_NAME", "a/b")).unwrap();
+        assert_eq!(req.volume_name, "a/b");
+    }
+
+    #[test]
+    fn error_messages_escape_and_truncate_values() {
+        let e = parse_create(with(
+            create_env(),
+            "DHV_VOLUME_NAME",
+            format!("x\n{}", "y".repeat(10_000)),
+        ))
+        .unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.starts_with("DHV_VOLUME_NAME=\"x\\ny"), "{msg}");
+        assert!(msg.contains("… (10002 bytes in all)"), "{msg}");
+        assert!(msg.contains("rename the volume"), "{msg}");
+        let msg = parse_create(with(create_env(), "DHV_VOLUME_NAME", "a\u{202e}b"))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("\\u{202e}"), "{msg}");
+        let msg = parse_create(with(create_env(), "DHV_VOLUMES_DIR", "rel"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("host_volumes_dir") && msg.contains("absolute"),
+            "{msg}"
+        );
+        let msg = parse_create(with(
+            with(create_env(), "DHV_CAPACITY_MIN_BYTES", "2147483648"),
+            "DHV_CAPACITY_MAX_BYTES",
+            "1073741824",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            msg.contains("2147483648") && msg.contains("1073741824") && msg.contains("2 GiB"),
+            "{msg}"
+        );
+        let msg = parse_create(params_env("{\"mode\":"))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("line 1 column 8"), "{msg}");
+    }
+
+    #[test]
+    fn volume_id_rules() {
+        let id = VolumeId::parse(&ID.to_uppercase()).unwrap();
+        assert_eq!(id.as_str(), ID);
+        assert_eq!(id.to_string(), ID);
+        assert_eq!(id, ID.parse::<VolumeId>().unwrap());
+        for bad in [
+            "",
+            "abc",
+            "../x",
+            &ID[1..],
+            &format!("{ID}0"),
+            &format!(" {}", &ID[1..]),
+            &ID.replace('-', "_"),
+            "8f3e9d2c-4b1a-4c6e-9a7d2-e5b6c1f0a93",
+        ] {
+            assert!(
+                matches!(
+                    VolumeId::parse(bad),
+                    Err(InputError::InvalidVolumeId { .. })
+                ),
+                "{bad:?}"
+            );
+        }
+        let msg = VolumeId::parse("../x").unwrap_err().to_string();
+        assert!(
+            msg.contains("\"../x\"") && msg.contains("8-4-4-4-12"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn volume_id_serde_is_a_validated_string() {
+        let id = VolumeId::parse(ID).unwrap();
+        assert_eq!(serde_json::to_string(&id).unwrap(), format!("\"{ID}\""));
+        let back: VolumeId = serde_json::from_str(&format!("\"{}\"", ID.to_uppercase())).unwrap();
+        assert_eq!(back, id);
+        let err = serde_json::from_str::<VolumeId>("\"../../etc\"").unwrap_err();
+        assert!(err.to_string().contains("not a Nomad volume ID"), "{err}");
+        assert!(serde_json::from_str::<VolumeId>("42").is_err());
+    }
+
+    #[test]
+    fn operation_parse() {
+        assert_eq!(
+            Operation::parse("fingerprint"),
+            Some(Operation::Fingerprint)
+        );
+        assert_eq!(Operation::parse("create"), Some(Operation::Create));
+        assert_eq!(Operation::parse("delete"), Some(Operation::Delete));
+        for bad in ["", "Create", "create ", "remove", "--help"] {
+            assert_eq!(Operation::parse(bad), None, "{bad:?}");
+        }
+        for op in [Operation::Fingerprint, Operation::Create, Operation::Delete] {
+            assert_eq!(Operation::parse(&op.to_string()), Some(op));
+        }
+    }
+
+    #[test]
+    fn response_json() {
+        let path = Path::new(VOLUMES).join(ID);
+        assert_eq!(
+            create_response_json(&path, 21474836480),
+            format!("{{\"path\":\"{VOLUMES}/{ID}\",\"bytes\":21474836480}}")
+        );
+        assert_eq!(
+            create_response_json(Path::new("/v"), i64::MAX as u64),
+            "{\"path\":\"/v\",\"bytes\":9223372036854775807}"
+        );
+        assert_eq!(
+            error_json("volume \"x\"\nfailed\\"),
+            r#"{"error":"volume \"x\"\nfailed\\"}"#
+        );
+        assert_eq!(fingerprint_json("0.1.0"), r#"{"version":"0.1.0"}"#);
+        // What Nomad would decode must round-trip.
+        let v: serde_json::Value = serde_json::from_str(&error_json("a\u{0}b")).unwrap();
+        assert_eq!(v["error"], "a\u{0}b");
+    }
+}

@@ -1,0 +1,20 @@
+//! prjquota: capacity-enforced Nomad host volumes on project quotas.
+//!
+//! The crate is both the `prjquota` plugin executable and the library that
+//! the exporter and the tests share. Pure logic (the Nomad contract, node
+//! configuration, capacity arithmetic, parameters) is free of syscalls and
+//! unit-tested on any host; everything that talks to the kernel goes through
+//! [`sys`] (the only `unsafe` code) and the thin safe layers above it
+//! ([`quota`], [`fs`], [`registry`], [`remove`]).
+
+pub mod capacity;
+pub mod config;
+pub mod contract;
+pub mod fault;
+pub mod fs;
+pub mod ops;
+pub mod params;
+pub mod quota;
+pub mod registry;
+pub mod remove;
+pub mod sys;

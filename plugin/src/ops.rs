@@ -1,0 +1,596 @@
+//! `create` and `delete`, as Nomad runs them.
+//!
+//! Each operation is a short sequence of idempotent steps, ordered so that a
+//! crash (`kill -9`) at any point leaves state that the next call for the
+//! same volume finishes or cleans up:
+//!
+//! - create: record (`creating`, with the reserved project ID) → hard limit on
+//!   the ID → directory → mode/owner → project tag → record `ready`. The limit
+//!   comes before the tag, so there is never a moment when a tagged volume is
+//!   unlimited.
+//! - delete: record `deleting` → directory tree removed → limits cleared →
+//!   record removed. The record goes last, so a half-deleted volume is always
+//!   known.
+//!
+//! The same `create` serves a first create, Nomad's restore at agent start
+//! and a spec update: it compares the request with the record, does nothing
+//! when they agree, grows or (when usage fits) shrinks the limit in place,
+//! and never touches the volume's content.
+
+use std::collections::BTreeSet;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use crate::capacity;
+use crate::config::{self, Config};
+use crate::contract::{CreateRequest, DeleteRequest, VolumeId};
+use crate::fault;
+use crate::fs::{FsType, VolumesFs};
+use crate::params::{self, VolumeParams};
+use crate::quota::{self, Limits, Support};
+use crate::registry::{self, Entry, Record, Registry, State};
+use crate::remove;
+use crate::sys;
+
+/// What `create` returns to Nomad.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Created {
+    pub path: PathBuf,
+    pub bytes: u64,
+}
+
+/// A diagnostic line on stderr, which Nomad logs. stdout is reserved for the
+/// one JSON value Nomad parses.
+pub fn log(volume: &VolumeId, msg: impl std::fmt::Display) {
+    eprintln!("prjquota: volume={volume} {msg}");
+}
+
+/// The node configuration: `prjquota.toml` in Nomad's plugin dir, or beside
+/// the executable when Nomad did not say where that is.
+pub fn load_config(plugin_dir: Option<&Path>) -> Result<Config> {
+    let dir = match plugin_dir {
+        Some(d) => d.to_path_buf(),
+        None => std::env::current_exe()
+            .ok()
+            .and_then(|p| p.parent().map(Path::to_path_buf))
+            .unwrap_or_else(|| PathBuf::from(".")),
+    };
+    config::load(&dir).map_err(|e| anyhow!("{e}"))
+}
+
+fn cname(id: &VolumeId) -> CString {
+    CString::new(id.as_str()).expect("a validated UUID has no NUL")
+}
+
+/// The limits a volume should have.
+fn limits_for(bytes: u64, params: &VolumeParams) -> Limits {
+    Limits {
+        bytes_hard: bytes,
+        bytes_soft: 0,
+        inodes_hard: params.max_inodes.unwrap_or(0),
+        inodes_soft: 0,
+    }
+}
+
+/// The kernel's answer to "are these the limits in force?". The kernel
+/// reports byte limits in whole KiB (rounded up), so compare at that grain.
+fn limits_match(have: &Limits, want: &Limits) -> bool {
+    have.bytes_hard == want.bytes_hard.div_ceil(1024) * 1024
+        && have.bytes_soft == want.bytes_soft.div_ceil(1024) * 1024
+        && have.inodes_hard == want.inodes_hard
+        && have.inodes_soft == want.inodes_soft
+}
+
+/// Opens a volume's root directory without following a link, and checks it
+/// lives on the volumes filesystem itself (not a mount placed there).
+fn open_volume_dir(vfs: &VolumesFs, id: &VolumeId) -> io::Result<OwnedFd> {
+    let fd = sys::openat(
+        vfs.fd(),
+        &cname(id),
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        0,
+    )?;
+    let st = sys::fstat(fd.as_fd())?;
+    if st.st_dev != vfs.dev || sys::mount_id(fd.as_fd())? != sys::mount_id(vfs.fd())? {
+        return Err(io::Error::other(
+            "the volume directory is a mount point, not a directory of the volumes filesystem",
+        ));
+    }
+    Ok(fd)
+}
+
+fn is_empty_dir(fd: &OwnedFd) -> io::Result<bool> {
+    Ok(sys::read_dir(fd.as_fd())?.is_empty())
+}
+
+/// Applies mode and owner to the volume root (never to its content).
+fn apply_root_attrs(fd: &OwnedFd, p: &VolumeParams) -> io::Result<()> {
+    let st = sys::fstat(fd.as_fd())?;
+    if (p.uid.is_some() && p.uid != Some(st.st_uid))
+        || (p.gid.is_some() && p.gid != Some(st.st_gid))
+    {
+        sys::fchown(
+            fd.as_fd(),
+            p.uid.unwrap_or(u32::MAX),
+            p.gid.unwrap_or(u32::MAX),
+        )?;
+    }
+    // After chown: the kernel clears setuid/setgid bits on chown.
+    let st = sys::fstat(fd.as_fd())?;
+    if st.st_mode & 0o7777 != p.mode {
+        sys::fchmod(fd.as_fd(), p.mode)?;
+    }
+    Ok(())
+}
+
+/// Explains a failure to tag a directory with a project ID.
+fn tag_error(e: io::Error, vfs: &VolumesFs, id: u32) -> anyhow::Error {
+    match (e.raw_os_error(), vfs.fstype) {
+        (Some(libc::EINVAL), FsType::Xfs) if id > 65535 => anyhow!(
+            "XFS refused project ID {id} on {}: the filesystem lacks projid32bit (an old v4 XFS); set project_id_max = 65535 and a matching project_id_min in prjquota.toml, or recreate the filesystem with mkfs.xfs defaults",
+            vfs.describe()
+        ),
+        (Some(libc::EOPNOTSUPP), FsType::Ext4) => anyhow!(
+            "ext4 refused project ID {id} on {}: the filesystem lacks the project feature or has 128-byte inodes; run `tune2fs -O project,quota` on it while unmounted (inodes must be 256 bytes: mkfs.ext4 -I 256)",
+            vfs.describe()
+        ),
+        _ => anyhow::Error::new(e).context(format!("cannot set project ID {id} on the volume directory")),
+    }
+}
+
+fn quota_error(e: io::Error, what: &str, id: u32, vfs: &VolumesFs) -> anyhow::Error {
+    if e.raw_os_error() == Some(libc::EPERM) {
+        anyhow!(
+            "the kernel refused to {what} project {id} on {}: quota changes need CAP_SYS_ADMIN; run the Nomad client agent as root",
+            vfs.describe()
+        )
+    } else {
+        anyhow::Error::new(e).context(format!("cannot {what} project {id} on {}", vfs.describe()))
+    }
+}
+
+/// Chooses a project ID that no record holds and the kernel reports no
+/// usage, inodes or limits for. Called under the allocation lock.
+fn allocate_project_id(vfs: &VolumesFs, reg: &Registry, cfg: &Config) -> Result<u32> {
+    let range = cfg.project_id_min..=cfg.project_id_max;
+    let mut taken: BTreeSet<u32> = BTreeSet::new();
+    for e in reg.load_all()? {
+        if let Entry::Record(r) = e {
+            taken.insert(r.project_id);
+        }
+    }
+    let kernel = quota::list(vfs.fd(), range.clone())
+        .map_err(|e| quota_error(e, "list", cfg.project_id_min, vfs))?;
+    taken.extend(kernel.iter().filter(|q| !q.is_unused()).map(|q| q.id));
+    let mut candidate = cfg.project_id_min;
+    for id in taken.range(range.clone()) {
+        if *id != candidate {
+            break;
+        }
+        candidate = match candidate.checked_add(1) {
+            Some(c) => c,
+            None => break,
+        };
+    }
+    if !range.contains(&candidate) || taken.contains(&candidate) {
+        bail!(
+            "no free project ID left in {}..={} on {} ({} in use): widen project_id_min/project_id_max in {}, or delete volumes",
+            cfg.project_id_min,
+            cfg.project_id_max,
+            vfs.describe(),
+            taken.range(range).count(),
+            cfg.source
+                .as_ref()
+                .map_or_else(|| "prjquota.toml".to_string(), |p| p.display().to_string())
+        );
+    }
+    Ok(candidate)
+}
+
+/// What this call changed, so a failed create can put things back.
+#[derive(Default)]
+struct Undo {
+    record: bool,
+    limits: bool,
+    dir: bool,
+}
+
+/// `create`: a new volume, a restore, or an update. Returns what Nomad must
+/// be told.
+pub fn create(req: &CreateRequest, plugin_id: &str) -> Result<Created> {
+    let id = &req.volume_id;
+    let cfg = load_config(req.plugin_dir.as_deref())?;
+    let params = params::parse(&req.parameters, &cfg).map_err(|e| anyhow!("{e}"))?;
+    let requested =
+        capacity::requested_limit(req.capacity_min, req.capacity_max, cfg.default_capacity)
+            .map_err(|e| anyhow!("{e}"))?;
+    let vfs = VolumesFs::open(&req.volumes_dir, true)?;
+    vfs.require_enforced_quota()?;
+    let bytes = capacity::round_up(requested, vfs.block_size).map_err(|e| anyhow!("{e}"))?;
+    let reg = Registry::open(vfs.fd(), &vfs.path, true)?
+        .expect("open with create always yields a registry");
+    let _lock = reg.lock_volume(id)?;
+
+    match reg.load(id)? {
+        Some(rec) if rec.state == State::Deleting => bail!(
+            "volume {id} was being deleted when a previous delete stopped, and part of its data may be gone: run `nomad volume delete` for it again"
+        ),
+        Some(rec) => update(&vfs, &reg, rec, req, plugin_id, params, bytes),
+        None => create_new(&vfs, &reg, &cfg, req, plugin_id, params, bytes),
+    }
+}
+
+fn new_record(
+    vfs: &VolumesFs,
+    req: &CreateRequest,
+    plugin_id: &str,
+    project_id: u32,
+    params: VolumeParams,
+    bytes: u64,
+) -> Record {
+    let now = registry::now_unix();
+    Record {
+        version: registry::RECORD_VERSION,
+        state: State::Creating,
+        volume_id: req.volume_id.clone(),
+        volume_name: req.volume_name.clone(),
+        namespace: req.namespace.clone(),
+        node_pool: req.node_pool.clone(),
+        node_id: req.node_id.clone(),
+        plugin_id: plugin_id.to_string(),
+        path: vfs.path.join(req.volume_id.as_str()),
+        fstype: vfs.fstype.name().to_string(),
+        project_id,
+        capacity_min_bytes: req.capacity_min,
+        capacity_max_bytes: req.capacity_max,
+        provisioned_bytes: bytes,
+        params,
+        parameters: req.parameters.clone(),
+        created_unix: now,
+        updated_unix: now,
+    }
+}
+
+fn create_new(
+    vfs: &VolumesFs,
+    reg: &Registry,
+    cfg: &Config,
+    req: &CreateRequest,
+    plugin_id: &str,
+    params: VolumeParams,
+    bytes: u64,
+) -> Result<Created> {
+    let id = &req.volume_id;
+    let path = vfs.path.join(id.as_str());
+    // A directory may already stand where the volume goes: adopt it when the
+    // kernel state says it is ours (the registry was lost), use it when it is
+    // empty, refuse otherwise. Its content is never touched.
+    let mut adopt: Option<u32> = None;
+    let mut dir_existed = false;
+    match sys::fstatat_nofollow(vfs.fd(), &cname(id)) {
+        Ok(st) if st.st_mode & libc::S_IFMT != libc::S_IFDIR => bail!(
+            "{} exists and is not a directory (a symlink or a file): prjquota will neither use nor remove it; move it away and create the volume again",
+            path.display()
+        ),
+        Ok(_) => {
+            dir_existed = true;
+            let fd = open_volume_dir(vfs, id)
+                .with_context(|| format!("cannot open the existing {}", path.display()))?;
+            let (projid, _) = quota::project_of(fd.as_fd())
+                .with_context(|| format!("cannot read the project ID of {}", path.display()))?;
+            let claimed = reg.load_all()?.into_iter().any(
+                |e| matches!(e, Entry::Record(r) if r.project_id == projid),
+            );
+            if projid != 0 && (cfg.project_id_min..=cfg.project_id_max).contains(&projid) && !claimed {
+                log(id, format_args!("adopting the existing directory {} with project ID {projid} (no record was found)", path.display()));
+                adopt = Some(projid);
+            } else if !is_empty_dir(&fd)? {
+                bail!(
+                    "{} already exists with content but prjquota has no record of it (project ID {projid}): it was not made by this plugin on this filesystem; move it away, or run `prjquota reconcile` to see what is on this node",
+                    path.display()
+                );
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot inspect {}", path.display())),
+    }
+
+    let project_id = {
+        let _alloc = reg.lock_allocation()?;
+        let pid = match adopt {
+            Some(p) => p,
+            None => allocate_project_id(vfs, reg, cfg)?,
+        };
+        reg.store(&new_record(vfs, req, plugin_id, pid, params.clone(), bytes))?;
+        pid
+    };
+    fault::point("create:recorded");
+
+    let mut undo = Undo {
+        record: true,
+        ..Undo::default()
+    };
+    let result = converge(vfs, id, project_id, &params, bytes, &mut undo).and_then(|()| {
+        let mut rec = new_record(vfs, req, plugin_id, project_id, params.clone(), bytes);
+        rec.state = State::Ready;
+        reg.store(&rec)
+    });
+    match result {
+        Ok(()) => Ok(Created { path, bytes }),
+        Err(e) => {
+            if dir_existed {
+                undo.dir = false;
+            }
+            rollback(vfs, reg, id, project_id, &undo);
+            Err(e)
+        }
+    }
+}
+
+/// Brings the kernel and the directory to the wanted state, step by step;
+/// each step is skipped when already done.
+fn converge(
+    vfs: &VolumesFs,
+    id: &VolumeId,
+    project_id: u32,
+    params: &VolumeParams,
+    bytes: u64,
+    undo: &mut Undo,
+) -> Result<()> {
+    let want = limits_for(bytes, params);
+    let have = quota::get(vfs.fd(), project_id)
+        .map_err(|e| quota_error(e, "read the quota of", project_id, vfs))?;
+    if !limits_match(&have.limits, &want) {
+        quota::set_limits(vfs.fd(), project_id, &want)
+            .map_err(|e| quota_error(e, "set the limits of", project_id, vfs))?;
+        undo.limits = have.limits.is_none();
+    }
+    fault::point("create:limited");
+
+    match sys::mkdirat(vfs.fd(), &cname(id), 0o700) {
+        Ok(()) => undo.dir = true,
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(e)
+                .with_context(|| format!("cannot create {}", vfs.path.join(id.as_str()).display()))
+        }
+    }
+    fault::point("create:mkdir");
+    let fd = open_volume_dir(vfs, id)
+        .with_context(|| format!("cannot open {}", vfs.path.join(id.as_str()).display()))?;
+    apply_root_attrs(&fd, params).with_context(|| {
+        format!(
+            "cannot set mode {:o} / owner {:?}:{:?} on {}",
+            params.mode,
+            params.uid,
+            params.gid,
+            vfs.path.join(id.as_str()).display()
+        )
+    })?;
+    fault::point("create:attrs");
+    quota::tag(fd.as_fd(), project_id).map_err(|e| tag_error(e, vfs, project_id))?;
+    fault::point("create:tagged");
+    Ok(())
+}
+
+/// Undoes what a failed first create made. Best effort: each failure is
+/// logged, and the record stays if the directory could not be removed, so
+/// the next create or delete still knows the volume.
+fn rollback(vfs: &VolumesFs, reg: &Registry, id: &VolumeId, project_id: u32, undo: &Undo) {
+    let mut keep_record = false;
+    if undo.dir {
+        // Only an empty directory made by this call: never content.
+        if let Err(e) = sys::unlinkat(vfs.fd(), &cname(id), true) {
+            if e.kind() != io::ErrorKind::NotFound {
+                log(
+                    id,
+                    format_args!("rollback: cannot remove the new directory: {e}"),
+                );
+                keep_record = true;
+            }
+        }
+    }
+    if undo.limits {
+        if let Err(e) = quota::set_limits(vfs.fd(), project_id, &Limits::NONE) {
+            log(
+                id,
+                format_args!("rollback: cannot clear the limits of project {project_id}: {e}"),
+            );
+        }
+    }
+    if undo.record && !keep_record {
+        if let Err(e) = reg.remove(id) {
+            log(
+                id,
+                format_args!("rollback: cannot remove the record: {e:#}"),
+            );
+        }
+    }
+}
+
+/// A create for a volume that has a record: restore, finish a crashed
+/// create, or apply an updated spec.
+fn update(
+    vfs: &VolumesFs,
+    reg: &Registry,
+    mut rec: Record,
+    req: &CreateRequest,
+    plugin_id: &str,
+    params: VolumeParams,
+    bytes: u64,
+) -> Result<Created> {
+    let id = &req.volume_id;
+    let path = vfs.path.join(id.as_str());
+    let pid = rec.project_id;
+
+    // Refuse a shrink below what is stored before changing anything.
+    let shrinking = bytes < rec.provisioned_bytes
+        || match (params.max_inodes, rec.params.max_inodes) {
+            (Some(new), Some(old)) => new < old,
+            (Some(_), None) => true,
+            _ => false,
+        };
+    if shrinking {
+        let used =
+            quota::get(vfs.fd(), pid).map_err(|e| quota_error(e, "read the usage of", pid, vfs))?;
+        capacity::check_fits(
+            id.as_str(),
+            bytes,
+            used.used_bytes,
+            params.max_inodes,
+            used.used_inodes,
+        )
+        .map_err(|e| anyhow!("{e}"))?;
+    }
+
+    let kernel_ok = rec.state == State::Ready
+        && quota::get(vfs.fd(), pid)
+            .map(|q| limits_match(&q.limits, &limits_for(bytes, &params)))
+            .unwrap_or(false)
+        && match open_volume_dir(vfs, id) {
+            Ok(fd) => {
+                quota::project_of(fd.as_fd()).is_ok_and(|(p, inherit)| p == pid && inherit)
+                    && sys::fstat(fd.as_fd()).is_ok_and(|st| {
+                        st.st_mode & 0o7777 == params.mode
+                            && params.uid.is_none_or(|u| u == st.st_uid)
+                            && params.gid.is_none_or(|g| g == st.st_gid)
+                    })
+            }
+            Err(_) => false,
+        };
+    let labels_same = rec.volume_name == req.volume_name
+        && rec.namespace == req.namespace
+        && rec.node_pool == req.node_pool
+        && rec.node_id == req.node_id
+        && rec.plugin_id == plugin_id
+        && rec.capacity_min_bytes == req.capacity_min
+        && rec.capacity_max_bytes == req.capacity_max
+        && rec.provisioned_bytes == bytes
+        && rec.params == params
+        && rec.parameters == req.parameters;
+    if kernel_ok && labels_same {
+        // A restore with nothing changed: no write at all.
+        return Ok(Created { path, bytes });
+    }
+
+    if rec.state == State::Ready && rec.provisioned_bytes != bytes {
+        log(
+            id,
+            format_args!(
+                "resizing from {} to {}",
+                capacity::human(rec.provisioned_bytes),
+                capacity::human(bytes)
+            ),
+        );
+    }
+    let mut undo = Undo::default();
+    converge(vfs, id, pid, &params, bytes, &mut undo)?;
+    rec.state = State::Ready;
+    rec.volume_name = req.volume_name.clone();
+    rec.namespace = req.namespace.clone();
+    rec.node_pool = req.node_pool.clone();
+    rec.node_id = req.node_id.clone();
+    rec.plugin_id = plugin_id.to_string();
+    rec.capacity_min_bytes = req.capacity_min;
+    rec.capacity_max_bytes = req.capacity_max;
+    rec.provisioned_bytes = bytes;
+    rec.params = params;
+    rec.parameters = req.parameters.clone();
+    rec.fstype = vfs.fstype.name().to_string();
+    rec.path = path.clone();
+    rec.updated_unix = registry::now_unix();
+    reg.store(&rec)?;
+    Ok(Created { path, bytes })
+}
+
+/// `delete`. Succeeds when the volume is already gone. Only
+/// `<volumes dir>/<volume ID>` of a recorded volume is ever removed;
+/// `DHV_CREATED_PATH` is compared and logged, never deleted.
+pub fn delete(req: &DeleteRequest) -> Result<()> {
+    let id = &req.volume_id;
+    match std::fs::symlink_metadata(&req.volumes_dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            log(
+                id,
+                format_args!(
+                    "{} does not exist: nothing to delete",
+                    req.volumes_dir.display()
+                ),
+            );
+            return Ok(());
+        }
+        _ => {}
+    }
+    let vfs = VolumesFs::open(&req.volumes_dir, false)?;
+    let Some(reg) = Registry::open(vfs.fd(), &vfs.path, false)? else {
+        log(
+            id,
+            "no prjquota registry in the volumes directory: nothing to delete",
+        );
+        return Ok(());
+    };
+    let _lock = reg.lock_volume(id)?;
+    let path = vfs.path.join(id.as_str());
+    let Some(mut rec) = reg.load(id)? else {
+        if sys::fstatat_nofollow(vfs.fd(), &cname(id)).is_ok() {
+            log(id, format_args!("{} exists but prjquota has no record of it: left in place (see `prjquota reconcile`)", path.display()));
+        } else {
+            log(id, "already deleted");
+        }
+        return Ok(());
+    };
+    if let Some(cp) = &req.created_path {
+        if cp != &rec.path {
+            log(id, format_args!("DHV_CREATED_PATH {} is not the recorded path {}: deleting only the recorded volume", cp.display(), rec.path.display()));
+        }
+    }
+
+    if rec.state != State::Deleting {
+        rec.state = State::Deleting;
+        rec.updated_unix = registry::now_unix();
+        reg.store(&rec)?;
+    }
+    fault::point("delete:marked");
+
+    let removed = remove::remove_tree(vfs.fd(), &cname(id))
+        .with_context(|| format!("cannot remove {}", path.display()))?;
+    fault::point("delete:removed");
+
+    let pid = rec.project_id;
+    match quota::support(vfs.fd()) {
+        Ok(Support::Enforced | Support::AccountingOnly) => {
+            quota::set_limits(vfs.fd(), pid, &Limits::NONE)
+                .map_err(|e| quota_error(e, "clear the limits of", pid, &vfs))?;
+            let left = quota::get(vfs.fd(), pid)
+                .map_err(|e| quota_error(e, "read the usage of", pid, &vfs))?;
+            if !left.is_unused() {
+                log(id, format_args!("project {pid} still charges {} bytes and {} inodes after the delete (files moved out of the volume, or still open): the ID stays out of use until they are gone", left.used_bytes, left.used_inodes));
+            }
+        }
+        _ => log(
+            id,
+            format_args!(
+                "project quota is off on {}: the limits of project {pid} could not be cleared",
+                vfs.describe()
+            ),
+        ),
+    }
+    fault::point("delete:unlimited");
+
+    reg.remove(id)?;
+    reg.forget_lock(id)?;
+    log(
+        id,
+        format_args!(
+            "deleted {} ({} files, {} directories)",
+            path.display(),
+            removed.files,
+            removed.dirs
+        ),
+    );
+    Ok(())
+}

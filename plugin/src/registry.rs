@@ -1,0 +1,358 @@
+//! The volume registry: which project ID belongs to which Nomad volume.
+//!
+//! Project IDs are per filesystem, so the registry lives on the volumes
+//! filesystem itself, beside the volumes:
+//!
+//! ```text
+//! <volumes dir>/.prjquota/
+//!     alloc.lock            held while a project ID is chosen and recorded
+//!     volumes/<id>.json     one record per volume (the exporter's inventory)
+//!     locks/<id>.lock       held for the whole of one create or delete
+//! ```
+//!
+//! Records are replaced atomically (write a temp file, fsync, rename, fsync
+//! the directory), so a reader — another plugin process or the exporter —
+//! sees either the old or the new record, never a torn one, and needs no lock.
+
+use std::ffi::CString;
+use std::io::{self, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{anyhow, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::contract::{Parameters, VolumeId};
+use crate::params::VolumeParams;
+use crate::sys;
+
+pub const DIR_NAME: &str = ".prjquota";
+const VOLUMES: &str = "volumes";
+const LOCKS: &str = "locks";
+const ALLOC_LOCK: &str = "alloc.lock";
+pub const RECORD_VERSION: u32 = 1;
+
+/// Where a volume is in its life. A record is written before anything else
+/// of a volume exists and removed after everything else is gone, so a crash
+/// at any point leaves a record that says what the next call must finish.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// The project ID is reserved; directory, limits or tag may be missing.
+    Creating,
+    /// Fully created and returned to Nomad.
+    Ready,
+    /// Delete has started; the directory may be partly removed.
+    Deleting,
+}
+
+/// One volume as the plugin made it. Carries every label the exporter needs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub version: u32,
+    pub state: State,
+    pub volume_id: VolumeId,
+    pub volume_name: String,
+    pub namespace: String,
+    pub node_pool: String,
+    pub node_id: String,
+    /// The plugin's file name in Nomad's plugin dir (Nomad's `plugin_id`).
+    pub plugin_id: String,
+    pub path: PathBuf,
+    pub fstype: String,
+    pub project_id: u32,
+    pub capacity_min_bytes: u64,
+    pub capacity_max_bytes: u64,
+    /// The hard limit in force, as returned to Nomad.
+    pub provisioned_bytes: u64,
+    pub params: VolumeParams,
+    /// The parameters exactly as the volume spec gave them.
+    pub parameters: Parameters,
+    pub created_unix: u64,
+    pub updated_unix: u64,
+}
+
+pub fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn c(name: &str) -> CString {
+    CString::new(name).expect("registry names never contain NUL")
+}
+
+fn record_name(id: &VolumeId) -> String {
+    format!("{id}.json")
+}
+
+/// Opens (creating if asked) a directory below `parent`, never following a
+/// symlink: a `.prjquota` that is a link is an attack or a mistake, not a
+/// registry.
+fn open_subdir(parent: BorrowedFd<'_>, name: &str, create: bool) -> io::Result<OwnedFd> {
+    let n = c(name);
+    if create {
+        match sys::mkdirat(parent, &n, 0o700) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    sys::openat(
+        parent,
+        &n,
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        0,
+    )
+}
+
+/// An exclusive `flock` held until dropped.
+#[derive(Debug)]
+pub struct Lock {
+    _fd: OwnedFd,
+}
+
+/// Takes an exclusive lock on `dir/name`, creating the file. The file is
+/// re-checked after the lock is granted: if a delete unlinked and replaced it
+/// meanwhile, the lock would guard nothing, so we start again.
+fn lock_file(dir: BorrowedFd<'_>, name: &str) -> io::Result<Lock> {
+    let n = c(name);
+    loop {
+        let fd = sys::openat(
+            dir,
+            &n,
+            libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW,
+            0o600,
+        )?;
+        sys::flock(fd.as_fd(), true)?;
+        let held = sys::fstat(fd.as_fd())?;
+        match sys::fstatat_nofollow(dir, &n) {
+            Ok(now) if now.st_ino == held.st_ino && now.st_dev == held.st_dev => {
+                return Ok(Lock { _fd: fd })
+            }
+            Ok(_) => continue,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The registry of one volumes directory.
+#[derive(Debug)]
+pub struct Registry {
+    path: PathBuf,
+    root: OwnedFd,
+    volumes: OwnedFd,
+    locks: OwnedFd,
+}
+
+impl Registry {
+    /// Opens the registry below `volumes_dir` (an open descriptor of it),
+    /// creating it when `create` is set. Without `create`, a missing registry
+    /// is `Ok(None)`: no volume was ever made here.
+    pub fn open(
+        volumes_dir: BorrowedFd<'_>,
+        volumes_path: &Path,
+        create: bool,
+    ) -> Result<Option<Registry>> {
+        let path = volumes_path.join(DIR_NAME);
+        let ctx = || format!("cannot open the prjquota registry {}", path.display());
+        let root = match open_subdir(volumes_dir, DIR_NAME, create) {
+            Ok(fd) => fd,
+            Err(e) if !create && e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(anyhow!(
+                    "{} is a symlink; the registry must be a real directory: move the link away and run `prjquota reconcile`",
+                    path.display()
+                ))
+            }
+            Err(e) => return Err(e).with_context(ctx),
+        };
+        let volumes = open_subdir(root.as_fd(), VOLUMES, create).with_context(ctx)?;
+        let locks = open_subdir(root.as_fd(), LOCKS, create).with_context(ctx)?;
+        Ok(Some(Registry {
+            path,
+            root,
+            volumes,
+            locks,
+        }))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Serialises all create and delete work on one volume, across processes.
+    pub fn lock_volume(&self, id: &VolumeId) -> Result<Lock> {
+        lock_file(self.locks.as_fd(), &format!("{id}.lock"))
+            .with_context(|| format!("cannot lock volume {id} in {}", self.path.display()))
+    }
+
+    /// Serialises project-ID allocation across processes.
+    pub fn lock_allocation(&self) -> Result<Lock> {
+        lock_file(self.root.as_fd(), ALLOC_LOCK)
+            .with_context(|| format!("cannot take the allocation lock in {}", self.path.display()))
+    }
+
+    /// Removes a volume's lock file. Only called while holding that lock, at
+    /// the end of a delete; `lock_file` copes with the race this opens.
+    pub fn forget_lock(&self, id: &VolumeId) -> Result<()> {
+        match sys::unlinkat(self.locks.as_fd(), &c(&format!("{id}.lock")), false) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                Err(e).with_context(|| format!("cannot remove the lock file of volume {id}"))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The record of one volume, if there is one.
+    pub fn load(&self, id: &VolumeId) -> Result<Option<Record>> {
+        let name = record_name(id);
+        let fd = match sys::openat(
+            self.volumes.as_fd(),
+            &c(&name),
+            libc::O_RDONLY | libc::O_NOFOLLOW,
+            0,
+        ) {
+            Ok(fd) => fd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("cannot read {}/{VOLUMES}/{name}", self.path.display())
+                })
+            }
+        };
+        let rec = parse_record(std::fs::File::from(fd), id.as_str()).with_context(|| {
+            format!(
+                "the record {}/{VOLUMES}/{name} is unreadable; run `prjquota reconcile` to inspect it",
+                self.path.display()
+            )
+        })?;
+        Ok(Some(rec))
+    }
+
+    /// Replaces a volume's record atomically and durably.
+    pub fn store(&self, rec: &Record) -> Result<()> {
+        let name = record_name(&rec.volume_id);
+        let tmp = format!(".{name}.tmp");
+        let ctx = || format!("cannot write {}/{VOLUMES}/{name}", self.path.display());
+        let mut body = serde_json::to_vec_pretty(rec).with_context(ctx)?;
+        body.push(b'\n');
+        let fd = sys::openat(
+            self.volumes.as_fd(),
+            &c(&tmp),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_NOFOLLOW,
+            0o600,
+        )
+        .with_context(ctx)?;
+        let mut f = std::fs::File::from(fd);
+        f.write_all(&body).with_context(ctx)?;
+        f.sync_all().with_context(ctx)?;
+        drop(f);
+        sys::renameat(self.volumes.as_fd(), &c(&tmp), &c(&name)).with_context(ctx)?;
+        sys::fsync(self.volumes.as_fd()).with_context(ctx)?;
+        Ok(())
+    }
+
+    /// Removes a volume's record (and any temp file of it), durably.
+    pub fn remove(&self, id: &VolumeId) -> Result<()> {
+        let name = record_name(id);
+        for n in [format!(".{name}.tmp"), name.clone()] {
+            match sys::unlinkat(self.volumes.as_fd(), &c(&n), false) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!("cannot remove {}/{VOLUMES}/{n}", self.path.display())
+                    })
+                }
+            }
+        }
+        sys::fsync(self.volumes.as_fd())
+            .with_context(|| format!("cannot sync {}/{VOLUMES}", self.path.display()))
+    }
+
+    /// Every record, in volume-ID order. Entries that are not records are
+    /// ignored; a record that cannot be parsed is returned as an error entry
+    /// so callers can report it without losing the others.
+    pub fn load_all(&self) -> Result<Vec<Entry>> {
+        load_all_from(self.volumes.as_fd())
+            .with_context(|| format!("cannot list {}/{VOLUMES}", self.path.display()))
+    }
+}
+
+/// One file of the registry as read: a record, or why it is unusable.
+#[derive(Debug)]
+pub enum Entry {
+    Record(Box<Record>),
+    Corrupt { file: String, error: String },
+}
+
+fn parse_record(mut f: std::fs::File, expected_id: &str) -> Result<Record> {
+    use std::io::Read;
+    let mut body = Vec::new();
+    // Records are a few hundred bytes; refuse to read a planted giant.
+    Read::by_ref(&mut f).take(1 << 20).read_to_end(&mut body)?;
+    let rec: Record = serde_json::from_slice(&body).context("invalid JSON record")?;
+    if rec.volume_id.as_str() != expected_id {
+        anyhow::bail!(
+            "the record's volume_id {} does not match its file name",
+            rec.volume_id
+        );
+    }
+    if rec.version != RECORD_VERSION {
+        anyhow::bail!(
+            "record version {} is not supported (this prjquota reads version {RECORD_VERSION})",
+            rec.version
+        );
+    }
+    Ok(rec)
+}
+
+fn load_all_from(dir: BorrowedFd<'_>) -> io::Result<Vec<Entry>> {
+    let mut names: Vec<String> = sys::read_dir(dir)?
+        .into_iter()
+        .filter_map(|e| e.name.into_string().ok())
+        .filter(|n| n.ends_with(".json") && !n.starts_with('.'))
+        .collect();
+    names.sort();
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        let id = &name[..name.len() - ".json".len()];
+        let fd = match sys::openat(dir, &c(&name), libc::O_RDONLY | libc::O_NOFOLLOW, 0) {
+            Ok(fd) => fd,
+            // Deleted between listing and opening: the volume is gone.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                out.push(Entry::Corrupt {
+                    file: name,
+                    error: e.to_string(),
+                });
+                continue;
+            }
+        };
+        match parse_record(std::fs::File::from(fd), id) {
+            Ok(r) => out.push(Entry::Record(Box::new(r))),
+            Err(e) => out.push(Entry::Corrupt {
+                file: name,
+                error: format!("{e:#}"),
+            }),
+        }
+    }
+    Ok(out)
+}
+
+/// Reads every record below a volumes directory without creating or locking
+/// anything: the exporter's and `prjquota list`'s view. A volumes directory
+/// without a registry holds no volumes.
+pub fn read_all(volumes_dir: &Path) -> io::Result<Vec<Entry>> {
+    let dir = volumes_dir.join(DIR_NAME).join(VOLUMES);
+    let f = match std::fs::File::open(&dir) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let fd = OwnedFd::from(f);
+    load_all_from(fd.as_fd())
+}

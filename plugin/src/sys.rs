@@ -1,0 +1,543 @@
+//! The kernel boundary: project-quota and file-attribute syscalls.
+//!
+//! This is the only module of the workspace that contains `unsafe`. Every item
+//! that `libc` lacks is defined here once, with the uapi header it comes from,
+//! and every struct carries a compile-time size check against the C layout
+//! (x86-64 and arm64 agree on all of them).
+//!
+//! Callers get small safe functions that take a file descriptor and return
+//! `io::Result`; the meaning of errno values is interpreted one level up, in
+//! [`crate::quota`], where the filesystem and path are known.
+
+use std::ffi::CStr;
+use std::io;
+use std::mem::{size_of, MaybeUninit};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+// ---------------------------------------------------------------------------
+// include/uapi/linux/fs.h
+// ---------------------------------------------------------------------------
+
+/// `struct fsxattr`: the attributes behind `FS_IOC_FSGETXATTR`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FsXattr {
+    pub xflags: u32,
+    pub extsize: u32,
+    pub nextents: u32,
+    pub projid: u32,
+    pub cowextsize: u32,
+    pub pad: [u8; 8],
+}
+const _: () = assert!(size_of::<FsXattr>() == 28);
+
+/// `_IOR('X', 31, struct fsxattr)`.
+const FS_IOC_FSGETXATTR: libc::c_ulong = ioc(2, b'X', 31, size_of::<FsXattr>());
+/// `_IOW('X', 32, struct fsxattr)`.
+const FS_IOC_FSSETXATTR: libc::c_ulong = ioc(1, b'X', 32, size_of::<FsXattr>());
+/// New files and directories inherit the directory's project ID.
+pub const FS_XFLAG_PROJINHERIT: u32 = 0x0000_0200;
+
+/// The generic `_IOC` encoding (asm-generic/ioctl.h), used by x86 and arm.
+const fn ioc(dir: u64, ty: u8, nr: u8, size: usize) -> libc::c_ulong {
+    ((dir << 30) | ((size as u64) << 16) | ((ty as u64) << 8) | nr as u64) as libc::c_ulong
+}
+const _: () = assert!(FS_IOC_FSGETXATTR as u64 == 0x801c_581f);
+const _: () = assert!(FS_IOC_FSSETXATTR as u64 == 0x401c_5820);
+
+// ---------------------------------------------------------------------------
+// include/uapi/linux/quota.h
+// ---------------------------------------------------------------------------
+
+/// Quota type of project quotas (`USRQUOTA` 0, `GRPQUOTA` 1).
+pub const PRJQUOTA: i32 = 2;
+const Q_GETQUOTA: i32 = 0x80_0007;
+const Q_GETNEXTQUOTA: i32 = 0x80_0009;
+
+/// `struct if_nextdqblk`: `if_dqblk` plus the ID it describes. Space is in
+/// bytes, block limits in 1 KiB units.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IfNextDqblk {
+    pub bhardlimit: u64,
+    pub bsoftlimit: u64,
+    pub curspace: u64,
+    pub ihardlimit: u64,
+    pub isoftlimit: u64,
+    pub curinodes: u64,
+    pub btime: u64,
+    pub itime: u64,
+    pub valid: u32,
+    pub id: u32,
+}
+const _: () = assert!(size_of::<IfNextDqblk>() == 72);
+
+/// `struct if_dqblk` is the same layout without the trailing `dqb_id`; the
+/// kernel writes 72 bytes for it too (the tail is padding), so one struct
+/// serves both calls.
+type IfDqblk = IfNextDqblk;
+
+// ---------------------------------------------------------------------------
+// include/uapi/linux/dqblk_xfs.h
+// ---------------------------------------------------------------------------
+
+const fn xqm_cmd(x: i32) -> i32 {
+    ((b'X' as i32) << 8) + x
+}
+const Q_XGETQUOTA: i32 = xqm_cmd(3);
+const Q_XSETQLIM: i32 = xqm_cmd(4);
+const Q_XGETQSTAT: i32 = xqm_cmd(5);
+
+pub const FS_DQUOT_VERSION: i8 = 1;
+pub const FS_PROJ_QUOTA: i8 = 2;
+pub const FS_DQ_ISOFT: u16 = 1 << 0;
+pub const FS_DQ_IHARD: u16 = 1 << 1;
+pub const FS_DQ_BSOFT: u16 = 1 << 2;
+pub const FS_DQ_BHARD: u16 = 1 << 3;
+/// Project quota accounting is on.
+pub const FS_QUOTA_PDQ_ACCT: u16 = 1 << 4;
+/// Project quota limits are enforced.
+pub const FS_QUOTA_PDQ_ENFD: u16 = 1 << 5;
+
+/// `struct fs_disk_quota`. Block counts are in 512-byte basic blocks.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FsDiskQuota {
+    pub version: i8,
+    pub flags: i8,
+    pub fieldmask: u16,
+    pub id: u32,
+    pub blk_hardlimit: u64,
+    pub blk_softlimit: u64,
+    pub ino_hardlimit: u64,
+    pub ino_softlimit: u64,
+    pub bcount: u64,
+    pub icount: u64,
+    pub itimer: i32,
+    pub btimer: i32,
+    pub iwarns: u16,
+    pub bwarns: u16,
+    pub itimer_hi: i8,
+    pub btimer_hi: i8,
+    pub rtbtimer_hi: i8,
+    pub padding2: i8,
+    pub rtb_hardlimit: u64,
+    pub rtb_softlimit: u64,
+    pub rtbcount: u64,
+    pub rtbtimer: i32,
+    pub rtbwarns: u16,
+    pub padding3: i16,
+    pub padding4: [u8; 8],
+}
+const _: () = assert!(size_of::<FsDiskQuota>() == 112);
+
+/// `struct fs_qfilestat`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct FsQfilestat {
+    ino: u64,
+    nblks: u64,
+    nextents: u32,
+}
+
+/// `struct fs_quota_stat` (the v1 ABI, same on every arch that matters here).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct FsQuotaStat {
+    version: i8,
+    flags: u16,
+    pad: i8,
+    uquota: FsQfilestat,
+    gquota: FsQfilestat,
+    incoredqs: u32,
+    btimelimit: i32,
+    itimelimit: i32,
+    rtbtimelimit: i32,
+    bwarnlimit: u16,
+    iwarnlimit: u16,
+}
+const _: () = assert!(size_of::<FsQuotaStat>() == 80);
+
+const fn qcmd(cmd: i32, ty: i32) -> i32 {
+    (cmd << 8) | (ty & 0xff)
+}
+
+// ---------------------------------------------------------------------------
+// Safe wrappers
+// ---------------------------------------------------------------------------
+
+fn cvt(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// `quotactl_fd(2)` (Linux 5.14+). `fd` may be any descriptor on the
+/// filesystem, an `O_PATH` one included.
+///
+/// # Safety
+/// `addr` must be null or point to a value of the type that `cmd` reads or
+/// writes, valid for the duration of the call.
+unsafe fn quotactl_fd(
+    fd: BorrowedFd<'_>,
+    cmd: i32,
+    id: u32,
+    addr: *mut libc::c_void,
+) -> io::Result<()> {
+    // SAFETY: raw syscall with a live fd (borrowed for the call); the caller
+    // guarantees `addr` matches `cmd`.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_quotactl_fd,
+            fd.as_raw_fd() as libc::c_long,
+            cmd as libc::c_long,
+            id as libc::c_long,
+            addr,
+        )
+    })
+    .map(drop)
+}
+
+/// Project-quota state flags of the filesystem holding `fd`
+/// (`FS_QUOTA_PDQ_ACCT`, `FS_QUOTA_PDQ_ENFD`, …). ENOSYS means no quota
+/// support is active on this mount at all.
+pub fn quota_stat_flags(fd: BorrowedFd<'_>) -> io::Result<u16> {
+    let mut st = FsQuotaStat::default();
+    // SAFETY: Q_XGETQSTAT writes one `fs_quota_stat` (80 bytes, checked above).
+    unsafe {
+        quotactl_fd(
+            fd,
+            qcmd(Q_XGETQSTAT, PRJQUOTA),
+            0,
+            (&mut st as *mut FsQuotaStat).cast(),
+        )?
+    };
+    Ok(st.flags)
+}
+
+/// Sets the project's limits named by `q.fieldmask`. Usage fields are never
+/// sent: the fieldmask only carries limit bits, so counters are left alone
+/// (on ext4 a usage field would overwrite the kernel's counters).
+pub fn set_project_limits(fd: BorrowedFd<'_>, q: &FsDiskQuota) -> io::Result<()> {
+    debug_assert_eq!(
+        q.fieldmask & !(FS_DQ_ISOFT | FS_DQ_IHARD | FS_DQ_BSOFT | FS_DQ_BHARD),
+        0
+    );
+    let mut q = *q;
+    // SAFETY: Q_XSETQLIM reads one `fs_disk_quota` (112 bytes, checked above).
+    unsafe {
+        quotactl_fd(
+            fd,
+            qcmd(Q_XSETQLIM, PRJQUOTA),
+            q.id,
+            (&mut q as *mut FsDiskQuota).cast(),
+        )
+    }
+}
+
+/// Usage and limits of one project, XFS-style units. XFS answers ENOENT for a
+/// project that has no dquot; ext4 answers with zeros.
+pub fn get_project_quota(fd: BorrowedFd<'_>, id: u32) -> io::Result<FsDiskQuota> {
+    let mut q = FsDiskQuota::default();
+    // SAFETY: Q_XGETQUOTA writes one `fs_disk_quota` (112 bytes, checked above).
+    unsafe {
+        quotactl_fd(
+            fd,
+            qcmd(Q_XGETQUOTA, PRJQUOTA),
+            id,
+            (&mut q as *mut FsDiskQuota).cast(),
+        )?
+    };
+    Ok(q)
+}
+
+/// Usage and limits of one project through the generic interface: space in
+/// bytes (not rounded to 512-byte blocks), limits in KiB.
+pub fn get_project_dqblk(fd: BorrowedFd<'_>, id: u32) -> io::Result<IfNextDqblk> {
+    let mut q = IfDqblk::default();
+    // SAFETY: Q_GETQUOTA writes one `if_dqblk` (72 bytes; our struct is 72).
+    unsafe {
+        quotactl_fd(
+            fd,
+            qcmd(Q_GETQUOTA, PRJQUOTA),
+            id,
+            (&mut q as *mut IfDqblk).cast(),
+        )?
+    };
+    q.id = id;
+    Ok(q)
+}
+
+/// The first project with an ID `>= id` that the filesystem holds a dquot
+/// for; ENOENT past the last one.
+pub fn get_next_project_dqblk(fd: BorrowedFd<'_>, id: u32) -> io::Result<IfNextDqblk> {
+    let mut q = IfNextDqblk::default();
+    // SAFETY: Q_GETNEXTQUOTA writes one `if_nextdqblk` (72 bytes, checked above).
+    unsafe {
+        quotactl_fd(
+            fd,
+            qcmd(Q_GETNEXTQUOTA, PRJQUOTA),
+            id,
+            (&mut q as *mut IfNextDqblk).cast(),
+        )?
+    };
+    Ok(q)
+}
+
+/// `FS_IOC_FSGETXATTR` on an open file or directory.
+pub fn get_fsxattr(fd: BorrowedFd<'_>) -> io::Result<FsXattr> {
+    let mut attr = FsXattr::default();
+    // SAFETY: the ioctl writes one `fsxattr` (28 bytes, checked above) to a
+    // valid, exclusively borrowed buffer; `fd` is live for the call.
+    cvt(
+        unsafe { libc::ioctl(fd.as_raw_fd(), FS_IOC_FSGETXATTR, &mut attr as *mut FsXattr) }
+            as libc::c_long,
+    )?;
+    Ok(attr)
+}
+
+/// `FS_IOC_FSSETXATTR` on an open file or directory.
+pub fn set_fsxattr(fd: BorrowedFd<'_>, attr: &FsXattr) -> io::Result<()> {
+    // SAFETY: the ioctl reads one `fsxattr` from a valid buffer; `fd` is live.
+    cvt(
+        unsafe { libc::ioctl(fd.as_raw_fd(), FS_IOC_FSSETXATTR, attr as *const FsXattr) }
+            as libc::c_long,
+    )
+    .map(drop)
+}
+
+/// `fstatfs(2)`.
+pub fn fstatfs(fd: BorrowedFd<'_>) -> io::Result<libc::statfs> {
+    let mut st = MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: fstatfs fills the whole struct on success; read only after Ok.
+    cvt(unsafe { libc::fstatfs(fd.as_raw_fd(), st.as_mut_ptr()) } as libc::c_long)?;
+    // SAFETY: initialised by the successful call above.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// `fstatat(2)` relative to `dir`, never following a final symlink.
+pub fn fstatat_nofollow(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<libc::stat> {
+    let mut st = MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `name` is NUL-terminated; fstatat fills the struct on success.
+    cvt(unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    } as libc::c_long)?;
+    // SAFETY: initialised by the successful call above.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// The mount ID of the mount holding `fd` (`statx` with `STATX_MNT_ID`,
+/// Linux 5.8+). Two directories on one device can still be different mounts
+/// (bind mounts); only the mount ID tells them apart.
+pub fn mount_id(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    const STATX_MNT_ID: u32 = 0x0000_1000;
+    let mut stx = MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: an empty path with AT_EMPTY_PATH makes statx describe `fd`
+    // itself; the kernel writes at most one `struct statx`.
+    cvt(unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            STATX_MNT_ID,
+            stx.as_mut_ptr(),
+        )
+    } as libc::c_long)?;
+    // SAFETY: zero-initialised and filled by the successful call above.
+    let stx = unsafe { stx.assume_init() };
+    if stx.stx_mask & STATX_MNT_ID == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "statx did not report a mount ID (kernel older than 5.8)",
+        ));
+    }
+    Ok(stx.stx_mnt_id)
+}
+
+/// `fstat(2)`.
+pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
+    let mut st = MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat fills the struct on success.
+    cvt(unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) } as libc::c_long)?;
+    // SAFETY: initialised by the successful call above.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// `openat(2)` relative to `dir`; `O_CLOEXEC` is always added.
+pub fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    // SAFETY: `name` is NUL-terminated; on success the kernel returns a new
+    // descriptor that nothing else owns, so OwnedFd may take it.
+    let fd = cvt(unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            flags | libc::O_CLOEXEC,
+            mode as libc::c_uint,
+        )
+    } as libc::c_long)?;
+    // SAFETY: see above; fd is a fresh, owned descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// `mkdirat(2)`.
+pub fn mkdirat(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
+    // SAFETY: `name` is NUL-terminated.
+    cvt(
+        unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode as libc::mode_t) }
+            as libc::c_long,
+    )
+    .map(drop)
+}
+
+/// `unlinkat(2)`; `remove_dir` selects `AT_REMOVEDIR`. Never follows links:
+/// unlinking a symlink removes the link, not its target.
+pub fn unlinkat(dir: BorrowedFd<'_>, name: &CStr, remove_dir: bool) -> io::Result<()> {
+    let flags = if remove_dir { libc::AT_REMOVEDIR } else { 0 };
+    // SAFETY: `name` is NUL-terminated.
+    cvt(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) } as libc::c_long).map(drop)
+}
+
+/// `fchmod(2)`.
+pub fn fchmod(fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
+    // SAFETY: plain syscall on a live descriptor.
+    cvt(unsafe { libc::fchmod(fd.as_raw_fd(), mode as libc::mode_t) } as libc::c_long).map(drop)
+}
+
+/// `fchown(2)`.
+pub fn fchown(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: plain syscall on a live descriptor.
+    cvt(unsafe { libc::fchown(fd.as_raw_fd(), uid, gid) } as libc::c_long).map(drop)
+}
+
+/// `fsync(2)`.
+pub fn fsync(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: plain syscall on a live descriptor.
+    cvt(unsafe { libc::fsync(fd.as_raw_fd()) } as libc::c_long).map(drop)
+}
+
+/// `flock(2)`; `exclusive` selects `LOCK_EX`, else `LOCK_SH`. Blocks.
+pub fn flock(fd: BorrowedFd<'_>, exclusive: bool) -> io::Result<()> {
+    let op = if exclusive {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
+    };
+    loop {
+        // SAFETY: plain syscall on a live descriptor.
+        match cvt(unsafe { libc::flock(fd.as_raw_fd(), op) } as libc::c_long) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other.map(drop),
+        }
+    }
+}
+
+/// `renameat(2)` within one directory.
+pub fn renameat(dir: BorrowedFd<'_>, from: &CStr, to: &CStr) -> io::Result<()> {
+    // SAFETY: both names are NUL-terminated.
+    cvt(
+        unsafe { libc::renameat(dir.as_raw_fd(), from.as_ptr(), dir.as_raw_fd(), to.as_ptr()) }
+            as libc::c_long,
+    )
+    .map(drop)
+}
+
+/// One directory entry: its name and `d_type` (`DT_UNKNOWN` on filesystems
+/// that do not fill it).
+pub struct DirEntry {
+    pub name: std::ffi::CString,
+    pub d_type: u8,
+}
+
+/// Lists a directory through its descriptor (`.` and `..` left out). The
+/// descriptor is duplicated, so `dir` stays open and usable afterwards.
+pub fn read_dir(dir: BorrowedFd<'_>) -> io::Result<Vec<DirEntry>> {
+    let dup = dir.try_clone_to_owned()?;
+    // SAFETY: fdopendir takes ownership of the duplicated descriptor on
+    // success; on failure we still own it and OwnedFd closes it.
+    let dirp = unsafe { libc::fdopendir(dup.as_raw_fd()) };
+    if dirp.is_null() {
+        return Err(io::Error::last_os_error());
+    }
+    std::mem::forget(dup);
+    // The DIR shares the file offset with `dir`; rewind so a second listing
+    // of the same descriptor starts at the beginning.
+    // SAFETY: dirp is a valid, open DIR stream.
+    unsafe { libc::rewinddir(dirp) };
+    let mut out = Vec::new();
+    let result = loop {
+        // readdir returns NULL both at the end and on error; errno tells which.
+        // SAFETY: errno is thread-local; dirp is valid until closedir below.
+        unsafe { *libc::__errno_location() = 0 };
+        let ent = unsafe { libc::readdir64(dirp) };
+        if ent.is_null() {
+            let err = io::Error::last_os_error();
+            break if err.raw_os_error() == Some(0) {
+                Ok(())
+            } else {
+                Err(err)
+            };
+        }
+        // SAFETY: a non-null entry is valid until the next readdir on dirp,
+        // and d_name is NUL-terminated.
+        let (name, d_type) = unsafe { (CStr::from_ptr((*ent).d_name.as_ptr()), (*ent).d_type) };
+        let bytes = name.to_bytes();
+        if bytes != b"." && bytes != b".." {
+            out.push(DirEntry {
+                name: name.to_owned(),
+                d_type,
+            });
+        }
+    };
+    // SAFETY: dirp is valid and closed exactly once (this closes the dup).
+    unsafe { libc::closedir(dirp) };
+    result.map(|()| out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quota_commands_match_the_headers() {
+        // Values from include/uapi/linux/{quota,dqblk_xfs}.h.
+        assert_eq!(qcmd(Q_XGETQSTAT, PRJQUOTA), 0x5805 << 8 | 2);
+        assert_eq!(Q_XSETQLIM, 0x5804);
+        assert_eq!(Q_XGETQUOTA, 0x5803);
+        assert_eq!(qcmd(Q_GETNEXTQUOTA, PRJQUOTA), 0x8000_0902u32 as i32);
+    }
+
+    #[test]
+    fn read_dir_lists_entries_and_can_repeat() {
+        let dir = std::env::temp_dir().join(format!("prjquota-sys-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        std::fs::write(dir.join("file"), b"x").unwrap();
+        let fd: OwnedFd = std::fs::File::open(&dir).unwrap().into();
+        for _ in 0..2 {
+            let mut names: Vec<_> = read_dir(fd.as_fd_borrowed())
+                .unwrap()
+                .into_iter()
+                .map(|e| e.name.into_string().unwrap())
+                .collect();
+            names.sort();
+            assert_eq!(names, ["file", "sub"]);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    trait Borrow {
+        fn as_fd_borrowed(&self) -> BorrowedFd<'_>;
+    }
+    impl Borrow for OwnedFd {
+        fn as_fd_borrowed(&self) -> BorrowedFd<'_> {
+            use std::os::fd::AsFd;
+            self.as_fd()
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! Helpers for the real-kernel tests in `tests/tests/`.
+//!
+//! These tests need a kernel that enforces project quotas, which the host does
+//! not have: `cargo xtask test` boots Debian's kernel under QEMU, mounts the
+//! test filesystems in the guest and exports their paths (see
+//! `tests/vm/guest-init.sh`). Outside the VM every helper panics with a message
+//! that says so, rather than letting a test pass against the wrong kernel.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// An environment variable set by the VM runner, or a panic explaining how to
+/// get it.
+fn vm_env(name: &str) -> String {
+    match std::env::var(name) {
+        Ok(v) if !v.is_empty() => v,
+        _ => panic!(
+            "{name} is not set: real-kernel tests run inside the VM: use `cargo xtask test` \
+             (or `cargo xtask test --vm-only`)"
+        ),
+    }
+}
+
+fn vm_dir(name: &str) -> PathBuf {
+    let dir = PathBuf::from(vm_env(name));
+    assert!(dir.is_dir(), "{name}={} is not a directory", dir.display());
+    dir
+}
+
+/// True inside the VM that `cargo xtask vm` / `cargo xtask test` boots.
+pub fn in_vm() -> bool {
+    std::env::var_os("PRJQUOTA_IN_VM").is_some_and(|v| v == "1")
+}
+
+/// Root of a fresh XFS mounted with `prjquota` (enforcing).
+pub fn xfs_mount() -> PathBuf {
+    vm_dir("PRJQUOTA_TEST_XFS")
+}
+
+/// Root of a fresh ext4 (`-O quota,project`) mounted with `prjquota`.
+pub fn ext4_mount() -> PathBuf {
+    vm_dir("PRJQUOTA_TEST_EXT4")
+}
+
+/// Root of an XFS mounted WITHOUT project quotas, for the negative tests.
+pub fn xfs_noquota_mount() -> PathBuf {
+    vm_dir("PRJQUOTA_TEST_XFS_NOQUOTA")
+}
+
+/// Path of a workspace binary (`prjquota`, `prjquota-exporter`) built by the
+/// runner before the VM boots.
+pub fn bin(name: &str) -> PathBuf {
+    let path = vm_dir("PRJQUOTA_BIN_DIR").join(name);
+    assert!(
+        path.is_file(),
+        "{} does not exist: `cargo xtask test` builds the workspace binaries first",
+        path.display()
+    );
+    path
+}
+
+/// A new, empty directory under `mount`, unique to this process and call, so
+/// that tests running in parallel on one filesystem do not collide.
+pub fn scratch_dir(mount: &Path, tag: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let dir = mount.join(format!("{tag}-{}-{n}", std::process::id()));
+    std::fs::create_dir(&dir)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+    dir
+}

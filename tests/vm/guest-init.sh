@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Runs inside the VM that `cargo xtask vm|test|demo` boots with vng, as root,
+# on Debian's own kernel. Prepares the test filesystems, then runs the command.
+#
+#   guest-init.sh FS CWD CMD
+#     FS   xfs | ext4 | all      which quota filesystems to mount
+#     CWD  directory to run CMD in (the host's working directory)
+#     CMD  a bash command line, run with `bash -c`
+#
+# Exports for CMD:
+#   PRJQUOTA_IN_VM=1
+#   PRJQUOTA_TEST_XFS          XFS (1 GiB sparse) mounted with prjquota
+#   PRJQUOTA_TEST_EXT4         ext4 -O quota,project (512 MiB) mounted with prjquota (FS=ext4|all)
+#   PRJQUOTA_TEST_XFS_NOQUOTA  XFS (320 MiB) mounted WITHOUT project quotas (always)
+# Guest /tmp is a tmpfs-backed overlay; the rest of the host's root is read-only.
+#
+# xtask reads the `prjquota-vm:` lines: keep their wording.
+set -euo pipefail
+
+fs=${1:?usage: guest-init.sh FS CWD CMD}
+cwd=${2:?usage: guest-init.sh FS CWD CMD}
+cmd=${3:?usage: guest-init.sh FS CWD CMD}
+
+export PATH="/usr/local/sbin:/usr/sbin:/sbin:$PATH"
+echo "prjquota-vm: guest up, kernel $(uname -r)"
+
+fail() {
+    echo "prjquota-vm: SETUP FAILED: $*" >&2
+    exit 97
+}
+trap 'fail "line $LINENO: $BASH_COMMAND (exit $?)"' ERR
+
+case $fs in
+    xfs | ext4 | all) ;;
+    *) fail "unknown FS '$fs' (want xfs, ext4 or all)" ;;
+esac
+
+base=/tmp/prjquota-vm
+mkdir -p "$base"
+
+modprobe loop
+modprobe xfs
+
+# make_fs NAME SIZE MOUNT_OPTS MKFS...: sparse image in guest /tmp, mkfs, mount.
+make_fs() {
+    local name=$1 size=$2 opts=$3
+    shift 3
+    local img="$base/$name.img" mnt="$base/$name"
+    truncate -s "$size" "$img"
+    "$@" "$img" >/dev/null || fail "$* $img"
+    mkdir -p "$mnt"
+    mount -o "loop${opts:+,$opts}" "$img" "$mnt" || fail "mount -o loop${opts:+,$opts} $img $mnt"
+}
+
+# has_opt MOUNTPOINT OPT: the mount's options in /proc/mounts include OPT.
+has_opt() {
+    awk -v m="$1" -v o="$2" '$2 == m { n = split($4, a, ","); for (i = 1; i <= n; i++) if (a[i] == o) f = 1 } END { exit !f }' /proc/mounts
+}
+
+if [[ $fs == xfs || $fs == all ]]; then
+    make_fs xfs 1G prjquota mkfs.xfs -q -f
+    has_opt "$base/xfs" prjquota || fail "$base/xfs is not mounted with prjquota"
+    export PRJQUOTA_TEST_XFS=$base/xfs
+fi
+
+if [[ $fs == ext4 || $fs == all ]]; then
+    modprobe ext4
+    modprobe quota_v2
+    make_fs ext4 512M prjquota mkfs.ext4 -q -F -O quota,project -I 256
+    has_opt "$base/ext4" prjquota || fail "$base/ext4 is not mounted with prjquota"
+    export PRJQUOTA_TEST_EXT4=$base/ext4
+fi
+
+make_fs xfs-noquota 320M "" mkfs.xfs -q -f
+export PRJQUOTA_TEST_XFS_NOQUOTA=$base/xfs-noquota
+
+# eBPF tests need tracefs and bpffs.
+mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing
+mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
+
+export PRJQUOTA_IN_VM=1
+echo "prjquota-vm: ready: XFS=${PRJQUOTA_TEST_XFS:--} EXT4=${PRJQUOTA_TEST_EXT4:--} XFS_NOQUOTA=$PRJQUOTA_TEST_XFS_NOQUOTA"
+
+trap - ERR
+set +e
+cd "$cwd" || fail "cannot cd to $cwd"
+bash -c "$cmd"
+rc=$?
+echo "prjquota-vm: command exited with status $rc"
+exit "$rc"
