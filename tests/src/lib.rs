@@ -6,6 +6,9 @@
 //! `tests/vm/guest-init.sh`). Outside the VM every helper panics with a message
 //! that says so, rather than letting a test pass against the wrong kernel.
 
+pub mod fixture;
+pub mod nomad;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -65,7 +68,6 @@ pub fn scratch_dir(mount: &Path, tag: &str) -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
     let dir = mount.join(format!("{tag}-{}-{n}", std::process::id()));
-    std::fs::create_dir(&dir)
-        .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+    std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
     dir
 }

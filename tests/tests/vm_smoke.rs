@@ -12,7 +12,13 @@ fn fs_type(path: &Path) -> i64 {
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: `c` is a valid NUL-terminated path and `st` a valid out-pointer.
     let rc = unsafe { libc::statfs(c.as_ptr(), &mut st) };
-    assert_eq!(rc, 0, "statfs {}: {}", path.display(), std::io::Error::last_os_error());
+    assert_eq!(
+        rc,
+        0,
+        "statfs {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
     st.f_type as i64
 }
 
@@ -21,10 +27,14 @@ fn mount_options(path: &Path) -> Vec<String> {
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
     let line = mounts
         .lines()
-        .filter(|l| l.split(' ').nth(1) == Some(path.to_str().unwrap()))
-        .next_back()
+        .rfind(|l| l.split(' ').nth(1) == Some(path.to_str().unwrap()))
         .unwrap_or_else(|| panic!("{} is not a mount point:\n{mounts}", path.display()));
-    line.split(' ').nth(3).unwrap().split(',').map(str::to_owned).collect()
+    line.split(' ')
+        .nth(3)
+        .unwrap()
+        .split(',')
+        .map(str::to_owned)
+        .collect()
 }
 
 #[test]
@@ -40,7 +50,12 @@ fn xfs_noquota_mount_has_no_project_quota() {
     let mnt = prjquota_vmtests::xfs_noquota_mount();
     assert_eq!(fs_type(&mnt), XFS_SUPER_MAGIC);
     let opts = mount_options(&mnt);
-    assert!(!opts.iter().any(|o| o.contains("prjquota") || o.contains("pquota")), "{opts:?}");
+    assert!(
+        !opts
+            .iter()
+            .any(|o| o.contains("prjquota") || o.contains("pquota")),
+        "{opts:?}"
+    );
 }
 
 #[test]

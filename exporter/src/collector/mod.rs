@@ -1,0 +1,280 @@
+//! Collectors and the scrape driver (node_exporter's collector pattern).
+//!
+//! Each source of metrics is one module implementing [`Collector`]; none of
+//! them knows about HTTP. A scrape is:
+//!
+//! 1. `registry` reads the prjquota registries into the [`Inventory`] (the
+//!    Ready volumes), shared by everything after it;
+//! 2. `quota` reads every project's usage and limits (one pass per
+//!    filesystem) and leaves them in [`Scrape::quota`] for `statfs`;
+//! 3. `statfs`, then `quota_events`, then (later) `ebpf`.
+//!
+//! The driver times every collector and turns a failure into
+//! `prjquota_exporter_scrape_collector_success{collector} 0` plus one log line
+//! when the error first appears (and one when it clears), never into a failed
+//! scrape: whatever a failing collector produced before failing is served.
+//!
+//! Adding the eBPF collector: a module `ebpf.rs` with a type implementing
+//! [`Collector`] (`name() == "ebpf"`), which on each scrape syncs its map of
+//! volume roots from `scrape.inventory` and emits
+//! `nomad_host_volume_written_bytes_total` & co. as [`Family::counter`]s with
+//! per-volume samples; then push it in [`Exporter::new`] after
+//! `quota_events`.
+
+pub mod quota;
+pub mod quota_events;
+pub mod registry;
+pub mod statfs;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use prjquota::quota::ProjectQuota;
+
+use crate::inventory::Inventory;
+use crate::metrics::Family;
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What the collectors of one scrape share.
+#[derive(Debug, Default)]
+pub struct Scrape {
+    pub inventory: Arc<Inventory>,
+    /// Per inventory volume (same index): the project's quota usage and
+    /// limits, `None` where quotas could not be read. Set by `quota`.
+    pub quota: OnceLock<Vec<Option<ProjectQuota>>>,
+}
+
+impl Scrape {
+    pub fn new(inventory: Inventory) -> Scrape {
+        Scrape {
+            inventory: Arc::new(inventory),
+            quota: OnceLock::new(),
+        }
+    }
+}
+
+/// One source of metrics.
+pub trait Collector: Send + Sync {
+    /// The `collector` label value.
+    fn name(&self) -> &'static str;
+
+    /// Pushes this scrape's families to `out`. An error marks the collector
+    /// failed for this scrape; families pushed before it are still served.
+    fn collect<'a>(
+        &'a self,
+        scrape: &'a Scrape,
+        out: &'a mut Vec<Family>,
+    ) -> BoxFuture<'a, anyhow::Result<()>>;
+}
+
+/// Settings of an [`Exporter`].
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Nomad `host_volumes_dir`s whose prjquota registries to export.
+    pub volumes_dirs: Vec<PathBuf>,
+    /// How long a statfs (or quotactl, or registry read) may take before its
+    /// directory is treated as stuck.
+    pub statfs_timeout: Duration,
+    /// Subscribe to the kernel's quota netlink warnings.
+    pub quota_events: bool,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            volumes_dirs: vec![PathBuf::from("/opt/nomad/data/host_volumes")],
+            statfs_timeout: Duration::from_secs(5),
+            quota_events: true,
+        }
+    }
+}
+
+/// One finished scrape, ready to encode.
+#[derive(Debug)]
+pub struct Scraped {
+    pub inventory: Arc<Inventory>,
+    pub families: Vec<Family>,
+}
+
+impl Scraped {
+    /// The whole exposition as one string (tests; HTTP streams instead).
+    pub fn to_text(&self) -> String {
+        crate::metrics::encode_all(&self.families, &self.inventory)
+            .expect("families built by collectors always encode")
+    }
+}
+
+/// Runs every collector once per scrape.
+pub struct Exporter {
+    registry: registry::Registry,
+    collectors: Vec<Box<dyn Collector>>,
+    /// Longest any one collector may run before the driver gives up on it.
+    deadline: Duration,
+    /// The last error of each failing collector, so that a persistent
+    /// failure is logged once, not at every scrape.
+    failing: Mutex<HashMap<&'static str, String>>,
+}
+
+pub const BUILD_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+impl Exporter {
+    pub fn new(config: &Config) -> Exporter {
+        let events = if config.quota_events {
+            quota_events::QuotaEvents::start()
+        } else {
+            quota_events::QuotaEvents::disabled("disabled by configuration")
+        };
+        Exporter::with_collectors(
+            config,
+            vec![
+                Box::new(quota::Quota::new(config.statfs_timeout)),
+                Box::new(statfs::Statfs::new(config.statfs_timeout)),
+                Box::new(events),
+                // Box::new(ebpf::Ebpf::start(…)) goes here.
+            ],
+        )
+    }
+
+    /// An exporter with the registry of `config` and the given collectors
+    /// after it (tests replace sources with fakes this way).
+    pub fn with_collectors(config: &Config, collectors: Vec<Box<dyn Collector>>) -> Exporter {
+        Exporter {
+            registry: registry::Registry::new(&config.volumes_dirs, config.statfs_timeout),
+            collectors,
+            deadline: (config.statfs_timeout * 3).max(Duration::from_secs(10)),
+            failing: Mutex::default(),
+        }
+    }
+
+    pub async fn scrape(&self) -> Scraped {
+        let mut families = Vec::new();
+        let mut outcomes: Vec<(&'static str, f64, bool)> = Vec::new();
+
+        let start = Instant::now();
+        let (inventory, loaded) = self.registry.load().await;
+        let scrape = Scrape::new(inventory);
+        let collected = self.registry.collect(&scrape, &mut families).await;
+        let ok = self.note(self.registry.name(), loaded.and(collected));
+        outcomes.push((self.registry.name(), start.elapsed().as_secs_f64(), ok));
+
+        for c in &self.collectors {
+            let start = Instant::now();
+            let result =
+                match tokio::time::timeout(self.deadline, c.collect(&scrape, &mut families)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(anyhow::anyhow!(
+                        "gave up after {:.0}s (a bug: collectors time their own calls out)",
+                        self.deadline.as_secs_f64()
+                    )),
+                };
+            let ok = self.note(c.name(), result);
+            outcomes.push((c.name(), start.elapsed().as_secs_f64(), ok));
+        }
+
+        families.extend(self_metrics(&scrape.inventory, &outcomes));
+        Scraped {
+            inventory: scrape.inventory,
+            families,
+        }
+    }
+
+    /// Logs a collector's error when it first appears or changes, and its
+    /// recovery; returns whether it succeeded.
+    fn note(&self, name: &'static str, result: anyhow::Result<()>) -> bool {
+        let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
+        match result {
+            Ok(()) => {
+                if failing.remove(name).is_some() {
+                    crate::info!("collector succeeded again", collector = name);
+                }
+                true
+            }
+            Err(e) => {
+                let msg = format!("{e:#}");
+                if failing.get(name) != Some(&msg) {
+                    crate::warn!("collector failed", collector = name, err = msg);
+                    failing.insert(name, msg);
+                } else {
+                    crate::debug!("collector still failing", collector = name, err = msg);
+                }
+                false
+            }
+        }
+    }
+}
+
+fn self_metrics(inventory: &Inventory, outcomes: &[(&'static str, f64, bool)]) -> Vec<Family> {
+    let mut build = Family::gauge(
+        "prjquota_exporter_build_info",
+        "A metric with a constant '1' value labelled by the version of prjquota-exporter.",
+    );
+    build.labelled(vec![("version", BUILD_VERSION.to_string())], 1.0);
+    let mut duration = Family::gauge(
+        "prjquota_exporter_scrape_collector_duration_seconds",
+        "prjquota_exporter: Duration of a collector scrape.",
+    );
+    let mut success = Family::gauge(
+        "prjquota_exporter_scrape_collector_success",
+        "prjquota_exporter: Whether a collector succeeded.",
+    );
+    for (name, secs, ok) in outcomes {
+        duration.labelled(vec![("collector", name.to_string())], *secs);
+        success.labelled(
+            vec![("collector", name.to_string())],
+            if *ok { 1.0 } else { 0.0 },
+        );
+    }
+    let mut volumes = Family::gauge(
+        "prjquota_exporter_volumes",
+        "Number of Ready volumes in the prjquota registries of the configured volumes directories.",
+    );
+    volumes.plain(inventory.volumes.len() as f64);
+    vec![build, duration, success, volumes]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Failing;
+
+    impl Collector for Failing {
+        fn name(&self) -> &'static str {
+            "failing"
+        }
+        fn collect<'a>(
+            &'a self,
+            _: &'a Scrape,
+            out: &'a mut Vec<Family>,
+        ) -> BoxFuture<'a, anyhow::Result<()>> {
+            Box::pin(async move {
+                let mut f = Family::gauge("partial_metric", "Pushed before failing.");
+                f.plain(1.0);
+                out.push(f);
+                anyhow::bail!("broken on purpose")
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failing_collector_is_a_metric_not_a_failed_scrape() {
+        let dir = std::env::temp_dir().join(format!("prjq-exp-none-{}", std::process::id()));
+        let config = Config {
+            volumes_dirs: vec![dir],
+            ..Config::default()
+        };
+        let exporter = Exporter::with_collectors(&config, vec![Box::new(Failing)]);
+        let text = exporter.scrape().await.to_text();
+        assert!(text.contains("prjquota_exporter_scrape_collector_success{collector=\"failing\"} 0\n"), "{text}");
+        assert!(text.contains("prjquota_exporter_scrape_collector_success{collector=\"registry\"} 1\n"), "{text}");
+        assert!(text.contains("partial_metric 1\n"), "{text}");
+        assert!(text.contains("prjquota_exporter_volumes 0\n"), "{text}");
+        assert!(text.contains(&format!("prjquota_exporter_build_info{{version=\"{BUILD_VERSION}\"}} 1\n")));
+        assert!(exporter.failing.lock().unwrap().contains_key("failing"));
+    }
+}

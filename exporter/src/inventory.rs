@@ -1,0 +1,178 @@
+//! The inventory: every `Ready` volume the prjquota registries list, built
+//! once per scrape by the registry collector and shared by the others.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use prjquota::registry::Record;
+
+/// What the exporter keeps of a registry record: the labels and numbers it
+/// reports, not the volume's parameters or timestamps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Volume {
+    /// Index of the volumes directory in [`Inventory::dirs`].
+    pub dir: usize,
+    pub volume_id: String,
+    pub volume_name: String,
+    pub namespace: String,
+    pub node_pool: String,
+    pub node_id: String,
+    pub plugin_id: String,
+    pub fstype: String,
+    pub project_id: u32,
+    pub capacity_min_bytes: u64,
+    pub capacity_max_bytes: u64,
+    pub provisioned_bytes: u64,
+    pub max_inodes: Option<u64>,
+    /// The volume root, `<volumes dir>/<volume ID>`: built from the validated
+    /// ID, never taken from the record, so a tampered record cannot point the
+    /// exporter's statfs at another path.
+    pub root: PathBuf,
+}
+
+impl Volume {
+    pub fn from_record(dir: usize, volumes_dir: &Path, r: &Record) -> Volume {
+        Volume {
+            dir,
+            volume_id: r.volume_id.as_str().to_string(),
+            volume_name: r.volume_name.clone(),
+            namespace: r.namespace.clone(),
+            node_pool: r.node_pool.clone(),
+            node_id: r.node_id.clone(),
+            plugin_id: r.plugin_id.clone(),
+            fstype: r.fstype.clone(),
+            project_id: r.project_id,
+            capacity_min_bytes: r.capacity_min_bytes,
+            capacity_max_bytes: r.capacity_max_bytes,
+            provisioned_bytes: r.provisioned_bytes,
+            max_inodes: r.params.max_inodes,
+            root: volumes_dir.join(r.volume_id.as_str()),
+        }
+    }
+}
+
+/// One configured volumes directory as the last registry read saw it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Dir {
+    pub path: PathBuf,
+    /// `st_dev` of the directory: the filesystem its volumes live on and the
+    /// device the kernel names in quota warnings. `None` when it is missing.
+    pub dev: Option<u64>,
+    /// Registry files that could not be read as records.
+    pub corrupt: usize,
+    /// Records of a create or delete in flight.
+    pub creating: usize,
+    pub deleting: usize,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Inventory {
+    pub dirs: Vec<Dir>,
+    /// Ready volumes, grouped by directory, in volume-ID order within one.
+    pub volumes: Vec<Arc<Volume>>,
+}
+
+impl Inventory {
+    /// Assembles an inventory; a volume ID seen in an earlier directory is
+    /// dropped (the same directory configured twice, or a bind mount of it),
+    /// since two series with one label set would make the scrape invalid.
+    /// Returns the dropped IDs too.
+    pub fn assemble(dirs: Vec<Dir>, per_dir: Vec<Vec<Arc<Volume>>>) -> (Inventory, Vec<String>) {
+        let mut seen = HashSet::new();
+        let mut dropped = Vec::new();
+        let mut volumes = Vec::with_capacity(per_dir.iter().map(Vec::len).sum());
+        for vols in per_dir {
+            for v in vols {
+                if seen.insert(v.volume_id.clone()) {
+                    volumes.push(v);
+                } else {
+                    dropped.push(v.volume_id.clone());
+                }
+            }
+        }
+        (Inventory { dirs, volumes }, dropped)
+    }
+
+    /// An inventory of one directory from records, as a test would build it;
+    /// records that are not `Ready` are counted, not listed.
+    pub fn from_records(volumes_dir: &Path, dev: Option<u64>, records: &[Record]) -> Inventory {
+        use prjquota::registry::State;
+        let mut dir = Dir {
+            path: volumes_dir.to_path_buf(),
+            dev,
+            ..Dir::default()
+        };
+        let mut vols: Vec<Arc<Volume>> = Vec::new();
+        for r in records {
+            match r.state {
+                State::Ready => vols.push(Arc::new(Volume::from_record(0, volumes_dir, r))),
+                State::Creating => dir.creating += 1,
+                State::Deleting => dir.deleting += 1,
+            }
+        }
+        vols.sort_by(|a, b| a.volume_id.cmp(&b.volume_id));
+        Inventory::assemble(vec![dir], vec![vols]).0
+    }
+
+    /// Indices of the volumes of directory `dir`.
+    pub fn volumes_of(&self, dir: usize) -> impl Iterator<Item = usize> + '_ {
+        self.volumes
+            .iter()
+            .enumerate()
+            .filter(move |(_, v)| v.dir == dir)
+            .map(|(i, _)| i)
+    }
+
+    #[cfg(test)]
+    pub fn for_tests(volumes: Vec<Volume>) -> Inventory {
+        Inventory {
+            dirs: vec![Dir {
+                path: "/srv/volumes".into(),
+                dev: Some(libc::makedev(8, 16)),
+                ..Dir::default()
+            }],
+            volumes: volumes.into_iter().map(Arc::new).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+pub mod tests {
+    use super::*;
+
+    /// A volume in directory 0 whose ID ends in `project_id`.
+    pub fn volume(namespace: &str, node_pool: &str, project_id: u32) -> Volume {
+        let volume_id = format!("00000000-0000-4000-8000-{project_id:012}");
+        Volume {
+            dir: 0,
+            root: Path::new("/srv/volumes").join(&volume_id),
+            volume_id,
+            volume_name: format!("vol-{project_id}"),
+            namespace: namespace.into(),
+            node_pool: node_pool.into(),
+            node_id: "node-1".into(),
+            plugin_id: "prjquota".into(),
+            fstype: "xfs".into(),
+            project_id,
+            capacity_min_bytes: 1 << 30,
+            capacity_max_bytes: 2 << 30,
+            provisioned_bytes: 2 << 30,
+            max_inodes: None,
+        }
+    }
+
+    #[test]
+    fn duplicate_volume_ids_across_dirs_are_dropped() {
+        let a = Arc::new(volume("a", "p", 1));
+        let mut b = volume("b", "p", 1);
+        b.dir = 1;
+        let (inv, dropped) = Inventory::assemble(
+            vec![Dir::default(), Dir::default()],
+            vec![vec![a.clone()], vec![Arc::new(b)]],
+        );
+        assert_eq!(inv.volumes.len(), 1);
+        assert_eq!(inv.volumes[0].namespace, "a");
+        assert_eq!(dropped, vec![a.volume_id.clone()]);
+    }
+}

@@ -1,0 +1,140 @@
+//! A Nomad client node on a test filesystem: a plugin dir holding the
+//! `prjquota` executable and a node config with a project-ID range of its
+//! own (tests share filesystems, and project IDs are per filesystem), and a
+//! volumes dir the plugin creates on first use.
+
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::nomad::{uuid, Node, Spec};
+use crate::{bin, scratch_dir};
+
+pub struct Fixture {
+    pub root: PathBuf,
+    pub node: Node,
+    pub id_min: u32,
+    pub id_max: u32,
+}
+
+/// A disjoint slice of project IDs for one fixture, from a random base.
+fn id_range() -> (u32, u32) {
+    let r = u32::from_str_radix(&uuid()[..6], 16).expect("hex");
+    let base = 10_000_000 + (r % 400_000) * 1000;
+    (base, base + 999)
+}
+
+impl Fixture {
+    /// A fresh node on `mount`, using the `prjquota` binary built by the runner.
+    pub fn new(mount: &Path, tag: &str) -> Fixture {
+        Self::with_plugin(mount, tag, &bin("prjquota"))
+    }
+
+    /// A fresh node whose plugin is `plugin` (the crash tests use a build
+    /// with fault injection).
+    pub fn with_plugin(mount: &Path, tag: &str, plugin: &Path) -> Fixture {
+        let root = scratch_dir(mount, tag);
+        let plugin_dir = root.join("plugins");
+        std::fs::create_dir(&plugin_dir).expect("plugin dir");
+        // Nomad runs `<plugin dir>/<plugin id>`; a link keeps argv[0] right.
+        std::os::unix::fs::symlink(plugin, plugin_dir.join("prjquota")).expect("link plugin");
+        let (id_min, id_max) = id_range();
+        std::fs::write(
+            plugin_dir.join("prjquota.toml"),
+            format!("project_id_min = {id_min}\nproject_id_max = {id_max}\n"),
+        )
+        .expect("node config");
+        let node = Node::new(
+            plugin_dir.join("prjquota"),
+            root.join("volumes"),
+            plugin_dir,
+        );
+        Fixture {
+            root,
+            node,
+            id_min,
+            id_max,
+        }
+    }
+
+    /// Creates a volume and returns its path and the bytes Nomad was told.
+    pub fn create(&self, spec: &Spec) -> (PathBuf, i64) {
+        self.node.create(spec).created()
+    }
+
+    /// The kernel's view of a project on this fixture's filesystem.
+    pub fn quota(&self, project_id: u32) -> prjquota::quota::ProjectQuota {
+        let dir = std::fs::File::open(&self.node.volumes_dir).expect("open volumes dir");
+        prjquota::quota::get(dir.as_fd(), project_id).expect("quotactl")
+    }
+
+    /// Project ID and PROJINHERIT of a directory.
+    pub fn project_of(path: &Path) -> (u32, bool) {
+        let f = std::fs::File::open(path).expect("open");
+        prjquota::quota::project_of(f.as_fd()).expect("fsgetxattr")
+    }
+
+    /// The registry record of a volume, as JSON.
+    pub fn record(&self, id: &str) -> Option<serde_json::Value> {
+        let p = self
+            .node
+            .volumes_dir
+            .join(".prjquota/volumes")
+            .join(format!("{id}.json"));
+        match std::fs::read(&p) {
+            Ok(b) => Some(serde_json::from_slice(&b).expect("record is JSON")),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => panic!("read {}: {e}", p.display()),
+        }
+    }
+
+    pub fn project_id(&self, id: &str) -> u32 {
+        self.record(id).expect("record exists")["project_id"]
+            .as_u64()
+            .expect("project_id") as u32
+    }
+}
+
+/// What `fill` reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Filled {
+    pub written: u64,
+    pub errno: Option<i32>,
+}
+
+/// Writes up to `bytes` zeros to `path` in a child process running as `uid`
+/// (`None`: as root) and reports how far it got.
+pub fn fill(path: &Path, bytes: u64, uid: Option<u32>) -> Filled {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(bin("fill"));
+    cmd.arg(path).arg(bytes.to_string());
+    if let Some(u) = uid {
+        cmd.uid(u).gid(u);
+    }
+    let out = cmd.output().expect("run fill");
+    assert!(
+        out.status.success(),
+        "fill failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("fill prints JSON");
+    Filled {
+        written: v["written"].as_u64().expect("written"),
+        errno: v["errno"].as_i64().map(|e| e as i32),
+    }
+}
+
+/// `statvfs` of a path: (size bytes, available bytes, files, free files).
+pub fn statvfs(path: &Path) -> (u64, u64, u64, u64) {
+    let f = std::fs::File::open(path).expect("open");
+    let st = prjquota::sys::fstatfs(f.as_fd()).expect("statfs");
+    let bs = st.f_frsize as u64;
+    (
+        st.f_blocks as u64 * bs,
+        st.f_bavail as u64 * bs,
+        st.f_files as u64,
+        st.f_ffree as u64,
+    )
+}
+
+pub const MIB: u64 = 1 << 20;

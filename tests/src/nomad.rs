@@ -1,0 +1,287 @@
+//! Runs the plugin exactly as Nomad's client does (see
+//! shared/docs/nomad-dhv-contract.md): argv `[<plugin dir>/<id>, op]`, an
+//! environment holding only the `DHV_*` variables in Nomad's order, stdin
+//! `/dev/null`, a deadline after which the direct child is SIGKILLed, and
+//! stdout parsed as exactly one JSON value.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Nomad's deadline for create and delete.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A client node: where its volumes and plugins live.
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub plugin: PathBuf,
+    pub volumes_dir: PathBuf,
+    pub plugin_dir: PathBuf,
+    pub node_pool: String,
+    pub node_id: String,
+}
+
+/// A volume spec as Nomad turns it into variables.
+#[derive(Clone, Debug)]
+pub struct Spec {
+    pub id: String,
+    pub name: String,
+    pub namespace: String,
+    pub min: i64,
+    pub max: i64,
+    /// `None` is sent as `null`, as Nomad does for a spec without parameters.
+    pub parameters: Option<BTreeMap<String, String>>,
+}
+
+impl Spec {
+    /// A spec with a fresh UUID and `capacity_max = max`.
+    pub fn new(name: &str, max: i64) -> Spec {
+        Spec {
+            id: uuid(),
+            name: name.to_string(),
+            namespace: "default".into(),
+            min: 0,
+            max,
+            parameters: None,
+        }
+    }
+
+    pub fn param(mut self, k: &str, v: &str) -> Spec {
+        self.parameters
+            .get_or_insert_with(BTreeMap::new)
+            .insert(k.into(), v.into());
+        self
+    }
+}
+
+/// A random RFC 4122 version-4 UUID from /dev/urandom.
+pub fn uuid() -> String {
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .expect("read /dev/urandom");
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// What one plugin run gave back.
+#[derive(Debug)]
+pub struct Outcome {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+    pub killed: bool,
+}
+
+impl Outcome {
+    /// The one JSON value on stdout (whitespace allowed around it).
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not exactly one JSON value ({e}): {:?}\nstderr: {}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+
+    /// A successful create: exit 0, `{"path": abs, "bytes": int64}`.
+    pub fn created(&self) -> (PathBuf, i64) {
+        assert!(
+            self.status.success(),
+            "create failed: {:?}\nstdout: {}\nstderr: {}",
+            self.status,
+            self.stdout,
+            self.stderr
+        );
+        let v = self.json();
+        let path = v["path"].as_str().expect("path is a string");
+        let bytes = v["bytes"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("bytes is not a JSON integer: {}", v["bytes"]));
+        let path = PathBuf::from(path);
+        assert!(path.is_absolute(), "path {path:?} is not absolute");
+        (path, bytes)
+    }
+
+    /// A failure: non-zero exit and `{"error": "..."}`; returns the message.
+    pub fn error(&self) -> String {
+        assert!(
+            !self.status.success(),
+            "expected a failure, got success: {}",
+            self.stdout
+        );
+        let v = self.json();
+        let msg = v["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no error string in {}", self.stdout));
+        assert!(!msg.is_empty());
+        msg.to_string()
+    }
+
+    pub fn ok(&self) {
+        assert!(
+            self.status.success(),
+            "expected success: {:?}\nstdout: {}\nstderr: {}",
+            self.status,
+            self.stdout,
+            self.stderr
+        );
+    }
+}
+
+impl Node {
+    /// A node whose volumes dir is `volumes_dir` and whose plugin is the
+    /// `prjquota` binary installed (copied) into `plugin_dir` as `prjquota`.
+    pub fn new(plugin: PathBuf, volumes_dir: PathBuf, plugin_dir: PathBuf) -> Node {
+        Node {
+            plugin,
+            volumes_dir,
+            plugin_dir,
+            node_pool: "default".into(),
+            node_id: uuid(),
+        }
+    }
+
+    /// Runs `op` with exactly these variables, in this order.
+    pub fn run(&self, op: &str, vars: &[(&str, String)]) -> Outcome {
+        run_plugin(&self.plugin, op, vars, DEADLINE)
+    }
+
+    fn params_json(spec: &Spec) -> String {
+        match &spec.parameters {
+            None => "null".into(),
+            Some(m) => serde_json::to_string(m).expect("params serialise"),
+        }
+    }
+
+    /// The create variables, in Nomad's order.
+    pub fn create_vars(&self, spec: &Spec) -> Vec<(&'static str, String)> {
+        vec![
+            ("DHV_OPERATION", "create".into()),
+            ("DHV_VOLUMES_DIR", self.volumes_dir.display().to_string()),
+            ("DHV_PLUGIN_DIR", self.plugin_dir.display().to_string()),
+            ("DHV_NODE_POOL", self.node_pool.clone()),
+            ("DHV_NAMESPACE", spec.namespace.clone()),
+            ("DHV_VOLUME_NAME", spec.name.clone()),
+            ("DHV_VOLUME_ID", spec.id.clone()),
+            ("DHV_CAPACITY_MIN_BYTES", spec.min.to_string()),
+            ("DHV_CAPACITY_MAX_BYTES", spec.max.to_string()),
+            ("DHV_NODE_ID", self.node_id.clone()),
+            ("DHV_PARAMETERS", Self::params_json(spec)),
+        ]
+    }
+
+    /// The delete variables, in Nomad's order, with `DHV_CREATED_PATH` as
+    /// Nomad would have recorded it.
+    pub fn delete_vars(&self, spec: &Spec, created_path: &Path) -> Vec<(&'static str, String)> {
+        vec![
+            ("DHV_OPERATION", "delete".into()),
+            ("DHV_VOLUMES_DIR", self.volumes_dir.display().to_string()),
+            ("DHV_PLUGIN_DIR", self.plugin_dir.display().to_string()),
+            ("DHV_NODE_POOL", self.node_pool.clone()),
+            ("DHV_CREATED_PATH", created_path.display().to_string()),
+            ("DHV_NAMESPACE", spec.namespace.clone()),
+            ("DHV_VOLUME_NAME", spec.name.clone()),
+            ("DHV_VOLUME_ID", spec.id.clone()),
+            ("DHV_NODE_ID", self.node_id.clone()),
+            ("DHV_PARAMETERS", Self::params_json(spec)),
+        ]
+    }
+
+    pub fn create(&self, spec: &Spec) -> Outcome {
+        self.run("create", &self.create_vars(spec))
+    }
+
+    pub fn delete(&self, spec: &Spec) -> Outcome {
+        let path = self.volumes_dir.join(&spec.id);
+        self.run("delete", &self.delete_vars(spec, &path))
+    }
+
+    pub fn fingerprint(&self) -> Outcome {
+        run_plugin(
+            &self.plugin,
+            "fingerprint",
+            &[("DHV_OPERATION", "fingerprint".into())],
+            Duration::from_secs(1),
+        )
+    }
+}
+
+/// Runs a plugin binary as Nomad does. `/usr/bin/env -i` sets exactly the
+/// given variables in the given order (std's Command would sort them) and
+/// then execs the plugin, so the plugin is still the direct child that a
+/// timeout kills.
+pub fn run_plugin(plugin: &Path, op: &str, vars: &[(&str, String)], deadline: Duration) -> Outcome {
+    run_plugin_with(plugin, op, vars, deadline, &[])
+}
+
+/// As [`run_plugin`], with extra variables appended after Nomad's (the
+/// crash tests use `PRJQUOTA_FAULT`).
+pub fn run_plugin_with(
+    plugin: &Path,
+    op: &str,
+    vars: &[(&str, String)],
+    deadline: Duration,
+    extra: &[(&str, String)],
+) -> Outcome {
+    let mut cmd = Command::new("/usr/bin/env");
+    cmd.arg("-i");
+    for (k, v) in vars.iter().chain(extra) {
+        cmd.arg(format!("{k}={v}"));
+    }
+    cmd.arg(plugin)
+        .arg(op)
+        .env_clear()
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let start = Instant::now();
+    let mut child = cmd.spawn().expect("spawn the plugin");
+    let mut out = child.stdout.take().expect("stdout piped");
+    let mut err = child.stderr.take().expect("stderr piped");
+    let out_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let mut killed = false;
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait for the plugin") {
+            break st;
+        }
+        if start.elapsed() > deadline {
+            let _ = child.kill();
+            killed = true;
+            break child.wait().expect("wait after kill");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let elapsed = start.elapsed();
+    Outcome {
+        status,
+        stdout: out_t.join().expect("stdout reader"),
+        stderr: err_t.join().expect("stderr reader"),
+        elapsed,
+        killed,
+    }
+}

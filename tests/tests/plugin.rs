@@ -1,0 +1,453 @@
+//! The plugin against a kernel that enforces project quotas, run exactly as
+//! Nomad runs it. Each test builds its own node (plugin dir, node config,
+//! project-ID range, volumes dir) on the VM's test filesystems.
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use prjquota_vmtests::fixture::{fill, statvfs, Fixture, MIB};
+use prjquota_vmtests::nomad::{run_plugin, Spec};
+use prjquota_vmtests::{xfs_mount, xfs_noquota_mount};
+
+fn xfs(tag: &str) -> Fixture {
+    Fixture::new(&xfs_mount(), tag)
+}
+
+#[test]
+fn fingerprint_prints_the_crate_version_well_inside_one_second() {
+    let f = xfs("fp");
+    let out = f.node.fingerprint();
+    out.ok();
+    let v = out.json();
+    let version = v["version"].as_str().expect("version is a string");
+    assert_eq!(version, env!("CARGO_PKG_VERSION"));
+    assert!(out.elapsed < Duration::from_secs(1), "{:?}", out.elapsed);
+}
+
+#[test]
+fn create_enforces_the_limit_with_enospc_and_statfs_reports_it() {
+    let f = xfs("enforce");
+    let spec = Spec::new("pg-data", 16 * MIB as i64);
+    let (path, bytes) = f.create(&spec);
+    assert_eq!(path, f.node.volumes_dir.join(&spec.id));
+    assert_eq!(bytes, 16 * MIB as i64);
+    let (pid, inherit) = Fixture::project_of(&path);
+    assert!(inherit, "PROJINHERIT must be set on the volume root");
+    assert!(
+        (f.id_min..=f.id_max).contains(&pid),
+        "project ID {pid} outside the node's range"
+    );
+    assert_eq!(f.project_id(&spec.id), pid);
+
+    let (size, avail, _, _) = statvfs(&path);
+    assert_eq!(size, 16 * MIB, "statvfs on the volume reports the limit");
+    assert!(avail <= 16 * MIB);
+
+    let r = fill(&path.join("blob"), 32 * MIB, None);
+    assert_eq!(r.errno, Some(libc::ENOSPC), "{r:?}");
+    assert!(
+        r.written <= 16 * MIB && r.written >= 15 * MIB,
+        "the kernel stopped the write at {} bytes, not about 16 MiB",
+        r.written
+    );
+    let q = f.quota(pid);
+    assert!(
+        q.used_bytes <= 16 * MIB && q.used_bytes >= 15 * MIB,
+        "{q:?}"
+    );
+    assert_eq!(q.limits.bytes_hard, 16 * MIB);
+    assert_eq!(statvfs(&path).1, 0, "no space left after the fill");
+}
+
+#[test]
+fn capacity_rounds_up_to_the_block_and_min_alone_is_the_limit() {
+    let f = xfs("round");
+    let mut spec = Spec::new("odd", 0);
+    spec.min = 10 * MIB as i64 + 1;
+    let (_, bytes) = f.create(&spec);
+    assert_eq!(
+        bytes,
+        10 * MIB as i64 + 4096,
+        "rounded up to the 4 KiB block"
+    );
+    let pid = f.project_id(&spec.id);
+    assert_eq!(f.quota(pid).limits.bytes_hard, 10 * MIB + 4096);
+}
+
+#[test]
+fn restore_is_idempotent_fast_and_keeps_content() {
+    let f = xfs("restore");
+    let spec = Spec::new("keep", 16 * MIB as i64).param("mode", "0750");
+    let first = f.node.create(&spec);
+    let (path, _) = first.created();
+    std::fs::write(path.join("data"), b"precious").unwrap();
+    let rec_path = f
+        .node
+        .volumes_dir
+        .join(".prjquota/volumes")
+        .join(format!("{}.json", spec.id));
+    let before = std::fs::metadata(&rec_path).unwrap();
+    for _ in 0..3 {
+        let again = f.node.create(&spec);
+        again.created();
+        assert_eq!(again.stdout, first.stdout, "identical output on restore");
+    }
+    let after = std::fs::metadata(&rec_path).unwrap();
+    assert_eq!(
+        before.ino(),
+        after.ino(),
+        "a restore with nothing changed writes nothing"
+    );
+    assert_eq!(before.mtime_nsec(), after.mtime_nsec());
+    assert_eq!(std::fs::read(path.join("data")).unwrap(), b"precious");
+}
+
+#[test]
+fn grow_in_place_lets_writes_continue() {
+    let f = xfs("grow");
+    let mut spec = Spec::new("grow", 16 * MIB as i64);
+    let (path, _) = f.create(&spec);
+    std::fs::write(path.join("keep"), b"x").unwrap();
+    let r = fill(&path.join("a"), 32 * MIB, None);
+    assert_eq!(r.errno, Some(libc::ENOSPC));
+    spec.max = 32 * MIB as i64;
+    let (path2, bytes) = f.create(&spec);
+    assert_eq!(path2, path);
+    assert_eq!(bytes, 32 * MIB as i64);
+    assert_eq!(statvfs(&path).0, 32 * MIB);
+    let r2 = fill(&path.join("b"), 8 * MIB, None);
+    assert_eq!(r2.errno, None, "writes succeed after growing: {r2:?}");
+    assert_eq!(std::fs::read(path.join("keep")).unwrap(), b"x");
+    assert_eq!(f.record(&spec.id).unwrap()["provisioned_bytes"], 32 * MIB);
+}
+
+#[test]
+fn shrink_is_refused_above_usage_and_applied_below() {
+    let f = xfs("shrink");
+    let mut spec = Spec::new("shrink", 32 * MIB as i64);
+    let (path, _) = f.create(&spec);
+    assert_eq!(fill(&path.join("a"), 12 * MIB, None).errno, None);
+    spec.max = 8 * MIB as i64;
+    let out = f.node.create(&spec);
+    let msg = out.error();
+    assert!(msg.contains("12"), "the error names the usage: {msg}");
+    assert!(
+        msg.contains("8 MiB"),
+        "the error names the requested size: {msg}"
+    );
+    assert_eq!(
+        statvfs(&path).0,
+        32 * MIB,
+        "a refused shrink changes nothing"
+    );
+    assert_eq!(f.record(&spec.id).unwrap()["provisioned_bytes"], 32 * MIB);
+
+    spec.max = 16 * MIB as i64;
+    let (_, bytes) = f.create(&spec);
+    assert_eq!(bytes, 16 * MIB as i64);
+    assert_eq!(statvfs(&path).0, 16 * MIB);
+    assert_eq!(std::fs::metadata(path.join("a")).unwrap().len(), 12 * MIB);
+}
+
+#[test]
+fn parameters_set_mode_and_owner_of_the_root_only() {
+    let f = xfs("params");
+    let mut spec = Spec::new("params", 16 * MIB as i64)
+        .param("mode", "0750")
+        .param("uid", "1000")
+        .param("gid", "1001");
+    let (path, _) = f.create(&spec);
+    let m = std::fs::metadata(&path).unwrap();
+    assert_eq!(m.permissions().mode() & 0o7777, 0o750);
+    assert_eq!((m.uid(), m.gid()), (1000, 1001));
+    std::fs::create_dir(path.join("child")).unwrap();
+    std::fs::set_permissions(path.join("child"), std::fs::Permissions::from_mode(0o700)).unwrap();
+
+    spec = spec.param("mode", "0775");
+    f.create(&spec);
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777,
+        0o775
+    );
+    let child = std::fs::metadata(path.join("child")).unwrap();
+    assert_eq!(
+        child.permissions().mode() & 0o7777,
+        0o700,
+        "content is never touched"
+    );
+    assert_eq!(child.uid(), 0);
+}
+
+#[test]
+fn default_mode_is_0700_and_unknown_parameters_are_refused() {
+    let f = xfs("defmode");
+    let spec = Spec::new("m", 16 * MIB as i64);
+    let (path, _) = f.create(&spec);
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777,
+        0o700
+    );
+
+    let bad = Spec::new("bad", 16 * MIB as i64).param("size", "10G");
+    let msg = f.node.create(&bad).error();
+    assert!(msg.contains("size") && msg.contains("mode"), "{msg}");
+    assert!(!f.node.volumes_dir.join(&bad.id).exists());
+    assert!(f.record(&bad.id).is_none());
+}
+
+#[test]
+fn max_inodes_limits_the_number_of_files() {
+    let f = xfs("inodes");
+    let spec = Spec::new("inodes", 16 * MIB as i64).param("max_inodes", "10");
+    let (path, _) = f.create(&spec);
+    let mut made = 0;
+    let mut last_err = None;
+    for i in 0..50 {
+        match std::fs::write(path.join(format!("f{i}")), b"") {
+            Ok(()) => made += 1,
+            Err(e) => {
+                last_err = e.raw_os_error();
+                break;
+            }
+        }
+    }
+    // The root directory is the project's first inode.
+    assert_eq!(made, 9, "files created under a 10-inode limit");
+    assert_eq!(last_err, Some(libc::ENOSPC));
+    let pid = f.project_id(&spec.id);
+    assert_eq!(f.quota(pid).limits.inodes_hard, 10);
+    assert_eq!(statvfs(&path).2, 10, "statvfs reports the inode limit");
+}
+
+#[test]
+fn thirty_two_parallel_creates_get_distinct_enforced_project_ids() {
+    let f = xfs("parallel");
+    let specs: Vec<Spec> = (0..32)
+        .map(|i| Spec::new(&format!("v{i}"), 4 * MIB as i64))
+        .collect();
+    let outs: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = specs
+            .iter()
+            .map(|sp| s.spawn(|| f.node.create(sp)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut ids = BTreeSet::new();
+    for (spec, out) in specs.iter().zip(&outs) {
+        let (path, _) = out.created();
+        let (pid, inherit) = Fixture::project_of(&path);
+        assert!(inherit);
+        assert_eq!(pid, f.project_id(&spec.id));
+        ids.insert(pid);
+    }
+    assert_eq!(ids.len(), 32, "every volume has its own project ID");
+    // Every one of them is enforced.
+    std::thread::scope(|s| {
+        for spec in &specs {
+            let p = f.node.volumes_dir.join(&spec.id).join("blob");
+            s.spawn(move || {
+                let r = fill(&p, 8 * MIB, None);
+                assert_eq!(r.errno, Some(libc::ENOSPC), "{r:?}");
+                assert!(r.written <= 4 * MIB);
+            });
+        }
+    });
+}
+
+#[test]
+fn restore_storm_of_200_volumes_fits_nomads_50_second_budget() {
+    let f = xfs("storm");
+    let specs: Vec<Spec> = (0..200)
+        .map(|i| Spec::new(&format!("s{i}"), 1 << 30))
+        .collect();
+    for chunk in specs.chunks(16) {
+        std::thread::scope(|s| {
+            for sp in chunk {
+                s.spawn(|| f.create(sp));
+            }
+        });
+    }
+    // Nomad replays every create at once at agent start.
+    let start = Instant::now();
+    let outs: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = specs
+            .iter()
+            .map(|sp| s.spawn(|| f.node.create(sp)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let took = start.elapsed();
+    for (sp, o) in specs.iter().zip(&outs) {
+        assert_eq!(o.created().0, f.node.volumes_dir.join(&sp.id));
+    }
+    eprintln!(
+        "MEASURE restore_storm_200_volumes_seconds {:.3}",
+        took.as_secs_f64()
+    );
+    assert!(
+        took < Duration::from_secs(50),
+        "restore storm took {took:?}"
+    );
+}
+
+#[test]
+fn delete_removes_everything_and_never_follows_symlinks() {
+    let f = xfs("symlinks");
+    let outside = f.root.join("outside");
+    std::fs::create_dir_all(outside.join("dir")).unwrap();
+    std::fs::write(outside.join("file"), b"keep").unwrap();
+    std::fs::write(outside.join("dir/inner"), b"keep").unwrap();
+    let spec = Spec::new("hostile", 16 * MIB as i64);
+    let (path, _) = f.create(&spec);
+    let pid = f.project_id(&spec.id);
+    std::fs::create_dir_all(path.join("a/b")).unwrap();
+    std::fs::write(path.join("a/b/f"), vec![1u8; 1 << 20]).unwrap();
+    symlink(outside.join("file"), path.join("link-to-file")).unwrap();
+    symlink(outside.join("dir"), path.join("a/link-to-dir")).unwrap();
+    symlink(&f.node.volumes_dir, path.join("a/b/link-to-volumes")).unwrap();
+    symlink("/", path.join("link-to-root")).unwrap();
+
+    f.node.delete(&spec).ok();
+    assert!(!path.exists());
+    assert_eq!(std::fs::read(outside.join("file")).unwrap(), b"keep");
+    assert_eq!(std::fs::read(outside.join("dir/inner")).unwrap(), b"keep");
+    assert!(f.node.volumes_dir.is_dir());
+    assert!(f.record(&spec.id).is_none(), "record removed");
+    let q = f.quota(pid);
+    assert!(q.is_unused(), "limits cleared and usage gone: {q:?}");
+}
+
+#[test]
+fn nomads_auto_delete_with_the_whole_volumes_dir_deletes_only_that_volume() {
+    let f = xfs("trap");
+    let keep = Spec::new("keep", 16 * MIB as i64);
+    let (keep_path, _) = f.create(&keep);
+    std::fs::write(keep_path.join("data"), b"keep").unwrap();
+    let victim = Spec::new("victim", 16 * MIB as i64);
+    let (victim_path, _) = f.create(&victim);
+
+    // What Nomad sends after failing to save its state: the whole volumes dir
+    // as DHV_CREATED_PATH, empty name and namespace.
+    let mut trap = victim.clone();
+    trap.name = String::new();
+    trap.namespace = String::new();
+    let vars = f.node.delete_vars(&trap, &f.node.volumes_dir);
+    f.node.run("delete", &vars).ok();
+    assert!(!victim_path.exists());
+    assert_eq!(std::fs::read(keep_path.join("data")).unwrap(), b"keep");
+    assert!(f.record(&keep.id).is_some());
+}
+
+#[test]
+fn delete_twice_and_delete_of_an_unknown_volume_succeed() {
+    let f = xfs("double");
+    let spec = Spec::new("twice", 16 * MIB as i64);
+    f.create(&spec);
+    f.node.delete(&spec).ok();
+    f.node.delete(&spec).ok();
+    let never = Spec::new("never", 16 * MIB as i64);
+    f.node.delete(&never).ok();
+}
+
+#[test]
+fn a_filesystem_without_prjquota_is_refused_and_nothing_is_created() {
+    let f = Fixture::new(&xfs_noquota_mount(), "noquota");
+    let spec = Spec::new("nq", 16 * MIB as i64);
+    let msg = f.node.create(&spec).error();
+    assert!(msg.contains("prjquota"), "the error names the fix: {msg}");
+    assert!(msg.contains("XFS"), "the error names the filesystem: {msg}");
+    assert!(
+        !f.node.volumes_dir.exists(),
+        "nothing is created on a filesystem that cannot enforce the size"
+    );
+}
+
+#[test]
+fn bad_input_changes_nothing_on_disk() {
+    let f = xfs("badinput");
+    let good = Spec::new("good", 16 * MIB as i64);
+    f.create(&good);
+    let snapshot = || {
+        let mut v: Vec<_> = walk(&f.node.volumes_dir);
+        v.sort();
+        v
+    };
+    let before = snapshot();
+    let mut cases: Vec<Vec<(&str, String)>> = Vec::new();
+    let base = f.node.create_vars(&Spec::new("x", 16 * MIB as i64));
+    let with = |k: &str, v: &str| -> Vec<(&str, String)> {
+        base.iter()
+            .map(|(n, old)| (*n, if *n == k { v.to_string() } else { old.clone() }))
+            .collect()
+    };
+    cases.push(with("DHV_VOLUME_ID", "../../etc"));
+    cases.push(with("DHV_VOLUME_ID", &format!("{}/x", good.id)));
+    cases.push(with("DHV_CAPACITY_MAX_BYTES", "-1"));
+    cases.push(with("DHV_CAPACITY_MAX_BYTES", "99999999999999999999"));
+    cases.push(with("DHV_CAPACITY_MIN_BYTES", &(64 * MIB).to_string()));
+    cases.push(with("DHV_VOLUMES_DIR", "relative/dir"));
+    cases.push(with("DHV_PARAMETERS", "{\"mode\":0750}"));
+    cases.push(with(
+        "DHV_PARAMETERS",
+        "{\"mode\":\"0750\",\"mode\":\"0777\"}",
+    ));
+    cases.push(with("DHV_PARAMETERS", "{\"uid\":\"root\"}"));
+    cases.push(with("DHV_VOLUME_NAME", "a\nb"));
+    cases.push(with("DHV_CAPACITY_MAX_BYTES", "0"));
+    for vars in &cases {
+        let out = f.node.run("create", vars);
+        out.error();
+        assert_eq!(
+            snapshot(),
+            before,
+            "a refused create left something behind: {vars:?}"
+        );
+    }
+}
+
+/// Every path below `dir` (not following links).
+fn walk(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            out.push(e.path().display().to_string());
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_volume_with_100k_files_deletes_within_nomads_60_seconds() {
+    let f = xfs("100k");
+    let spec = Spec::new("many", 1 << 30);
+    let (path, _) = f.create(&spec);
+    for d in 0..100 {
+        let dir = path.join(format!("d{d}"));
+        std::fs::create_dir(&dir).unwrap();
+        for i in 0..1000 {
+            std::fs::File::create(dir.join(format!("f{i}"))).unwrap();
+        }
+    }
+    let out = f.node.delete(&spec);
+    out.ok();
+    eprintln!(
+        "MEASURE delete_100k_files_seconds {:.3}",
+        out.elapsed.as_secs_f64()
+    );
+    assert!(!out.killed && !path.exists());
+}
+
+#[test]
+fn a_plugin_run_without_any_environment_fails_cleanly() {
+    let f = xfs("noenv");
+    let out = run_plugin(&f.node.plugin, "create", &[], Duration::from_secs(60));
+    let msg = out.error();
+    assert!(msg.contains("DHV_"), "{msg}");
+}
