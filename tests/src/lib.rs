@@ -71,3 +71,15 @@ pub fn scratch_dir(mount: &Path, tag: &str) -> PathBuf {
     std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
     dir
 }
+
+/// The `prjquota` binary built with the `fault-injection` feature: it aborts
+/// at the step named by `PRJQUOTA_FAULT`, as abruptly as `kill -9`.
+pub fn fault_bin() -> PathBuf {
+    let path = PathBuf::from(vm_env("PRJQUOTA_FAULT_BIN"));
+    assert!(
+        path.is_file(),
+        "{} does not exist: `cargo xtask test` builds it with --features fault-injection",
+        path.display()
+    );
+    path
+}

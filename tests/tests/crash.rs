@@ -1,0 +1,155 @@
+//! Crash consistency: the plugin is killed (abort, as abrupt as `kill -9`)
+//! between every two steps of create and delete, on new and on existing
+//! volumes, and the next create or delete must converge: no leaked
+//! directory, record, limit or project ID, and no lost data.
+
+use prjquota_vmtests::fault_bin;
+use prjquota_vmtests::fixture::{fill, statvfs, Fixture, MIB};
+use prjquota_vmtests::nomad::{run_plugin_with, Spec, TEST_DEADLINE};
+use prjquota_vmtests::xfs_mount;
+
+const CREATE_POINTS: &[&str] = &[
+    "create:recorded",
+    "create:limited",
+    "create:mkdir",
+    "create:attrs",
+    "create:tagged",
+];
+const DELETE_POINTS: &[&str] = &["delete:marked", "delete:removed", "delete:unlimited"];
+
+fn crash(f: &Fixture, op: &str, vars: &[(&str, String)], point: &str) {
+    let out = run_plugin_with(
+        &f.node.plugin,
+        op,
+        vars,
+        TEST_DEADLINE,
+        &[("PRJQUOTA_FAULT", point.to_string())],
+    );
+    assert!(
+        !out.status.success(),
+        "{op} did not stop at fault point {point}: the point is never reached\nstderr: {}",
+        out.stderr
+    );
+    assert!(!out.killed);
+}
+
+/// Everything the plugin may have left for a volume is gone.
+fn assert_clean(f: &Fixture, spec: &Spec, project_id: Option<u32>) {
+    assert!(
+        !f.node.volumes_dir.join(&spec.id).exists(),
+        "directory leaked"
+    );
+    assert!(f.record(&spec.id).is_none(), "record leaked");
+    if let Some(pid) = project_id {
+        let q = f.quota(pid);
+        assert!(q.is_unused(), "project {pid} leaked: {q:?}");
+    }
+}
+
+/// The volume exists, is enforced at `bytes`, and its record is ready.
+fn assert_enforced(f: &Fixture, spec: &Spec, bytes: u64) {
+    let path = f.node.volumes_dir.join(&spec.id);
+    let rec = f.record(&spec.id).expect("record");
+    assert_eq!(rec["state"], "ready");
+    let pid = rec["project_id"].as_u64().unwrap() as u32;
+    assert_eq!(Fixture::project_of(&path), (pid, true));
+    assert_eq!(f.quota(pid).limits.bytes_hard, bytes);
+    assert_eq!(statvfs(&path).0, bytes);
+}
+
+/// The project ID a crashed create reserved, if it got that far.
+fn reserved(f: &Fixture, spec: &Spec) -> Option<u32> {
+    f.record(&spec.id)
+        .and_then(|r| r["project_id"].as_u64())
+        .map(|p| p as u32)
+}
+
+#[test]
+fn a_create_killed_at_any_step_is_finished_by_the_next_create() {
+    let f = Fixture::with_plugin(&xfs_mount(), "crash-cc", &fault_bin());
+    for point in CREATE_POINTS {
+        let spec = Spec::new(&format!("cc-{point}"), 8 * MIB as i64);
+        crash(&f, "create", &f.node.create_vars(&spec), point);
+        let (path, bytes) = f.create(&spec);
+        assert_eq!(bytes, 8 * MIB as i64, "{point}");
+        assert_enforced(&f, &spec, 8 * MIB);
+        let r = fill(&path.join("x"), 16 * MIB, None);
+        assert_eq!(r.errno, Some(libc::ENOSPC), "{point}: {r:?}");
+    }
+}
+
+#[test]
+fn a_create_killed_at_any_step_is_cleaned_up_by_delete() {
+    let f = Fixture::with_plugin(&xfs_mount(), "crash-cd", &fault_bin());
+    for point in CREATE_POINTS {
+        let spec = Spec::new(&format!("cd-{point}"), 8 * MIB as i64);
+        crash(&f, "create", &f.node.create_vars(&spec), point);
+        let pid = reserved(&f, &spec);
+        assert!(pid.is_some(), "{point}: the record is written first");
+        f.node.delete(&spec).ok();
+        assert_clean(&f, &spec, pid);
+    }
+}
+
+#[test]
+fn a_resize_killed_at_any_step_converges_and_keeps_data() {
+    let f = Fixture::with_plugin(&xfs_mount(), "crash-rs", &fault_bin());
+    for point in &["create:limited", "create:attrs", "create:tagged"] {
+        let mut spec = Spec::new("rs", 8 * MIB as i64);
+        let (path, _) = f.create(&spec);
+        std::fs::write(path.join("keep"), b"data").unwrap();
+        spec.max = 16 * MIB as i64;
+        crash(&f, "create", &f.node.create_vars(&spec), point);
+        assert_eq!(
+            std::fs::read(path.join("keep")).unwrap(),
+            b"data",
+            "{point}"
+        );
+        f.create(&spec);
+        assert_enforced(&f, &spec, 16 * MIB);
+        assert_eq!(
+            std::fs::read(path.join("keep")).unwrap(),
+            b"data",
+            "{point}"
+        );
+        f.node.delete(&spec).ok();
+    }
+}
+
+#[test]
+fn a_delete_killed_at_any_step_is_finished_by_the_next_delete() {
+    let f = Fixture::with_plugin(&xfs_mount(), "crash-dd", &fault_bin());
+    for point in DELETE_POINTS {
+        let spec = Spec::new(&format!("dd-{point}"), 8 * MIB as i64);
+        let (path, _) = f.create(&spec);
+        std::fs::create_dir_all(path.join("a/b")).unwrap();
+        std::fs::write(path.join("a/b/f"), vec![7u8; 1 << 20]).unwrap();
+        let pid = f.project_id(&spec.id);
+        crash(&f, "delete", &f.node.delete_vars(&spec, &path), point);
+        // A restore of a half-deleted volume is refused rather than
+        // resurrecting a volume whose data may be partly gone.
+        let msg = f.node.create(&spec).error();
+        assert!(msg.contains("being deleted"), "{point}: {msg}");
+        f.node.delete(&spec).ok();
+        assert_clean(&f, &spec, Some(pid));
+    }
+}
+
+#[test]
+fn project_ids_are_never_shared_after_crashes() {
+    let f = Fixture::with_plugin(&xfs_mount(), "crash-ids", &fault_bin());
+    let mut seen = std::collections::BTreeMap::new();
+    for point in CREATE_POINTS {
+        let spec = Spec::new(&format!("ids-{point}"), 4 * MIB as i64);
+        crash(&f, "create", &f.node.create_vars(&spec), point);
+        let other = Spec::new("other", 4 * MIB as i64);
+        f.create(&other);
+        f.create(&spec);
+        for s in [&spec, &other] {
+            let pid = f.project_id(&s.id);
+            if let Some(prev) = seen.insert(pid, s.id.clone()) {
+                assert_eq!(prev, s.id, "project {pid} given to two volumes");
+            }
+        }
+    }
+}
