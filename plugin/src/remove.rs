@@ -113,6 +113,7 @@ pub fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<Removed> {
         passes: 0,
     }];
     scan(stack.last_mut().expect("just pushed"), &mut done)?;
+    let mut first_open = 1;
 
     loop {
         let top = stack.last_mut().expect("stack is never empty here");
@@ -130,13 +131,12 @@ pub fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<Removed> {
                     };
                     scan(&mut frame, &mut done)?;
                     stack.push(frame);
-                    // Bound the open descriptors: close the oldest ones still
-                    // open below the root frame.
-                    let open = stack.iter().filter(|f| f.fd.is_some()).count();
-                    if open > MAX_OPEN {
-                        if let Some(f) = stack[1..].iter_mut().find(|f| f.fd.is_some()) {
-                            f.fd = None;
-                        }
+                    // Bound the open descriptors: close the oldest one still
+                    // open above the root frame. Frames from `first_open` up
+                    // are open; those below it (but the root) are closed.
+                    if stack.len() - first_open > MAX_OPEN {
+                        stack[first_open].fd = None;
+                        first_open += 1;
                     }
                 }
                 Err(e) if gone(&e) => {}
@@ -153,6 +153,7 @@ pub fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<Removed> {
         // Every subdirectory of the top frame is gone: remove the frame's
         // directory from its parent, unless a writer added entries meanwhile.
         let frame = stack.pop().expect("non-empty");
+        let depth = stack.len();
         let Some(parent_frame) = stack.last_mut() else {
             // The root of the walk: its parent is the caller's descriptor.
             match sys::unlinkat(parent, &frame.name, true) {
@@ -169,6 +170,8 @@ pub fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<Removed> {
             }
         };
         if parent_frame.fd.is_none() {
+            // Reopened below: every frame from here up is open again.
+            first_open = first_open.min(depth.saturating_sub(1)).max(1);
             let child_fd = frame.fd.as_ref().expect("popped frames are open");
             let (pfd, _) = open_dir_checked(
                 child_fd.as_fd(),
@@ -301,13 +304,11 @@ mod tests {
             Removed::default()
         );
         fs::create_dir(base.join("vol")).unwrap();
-        let fifo =
-            CString::new(base.join("vol/fifo").into_os_string().into_encoded_bytes()).unwrap();
-        // mkfifo through std is not available; use mknod via libc-free route:
-        std::process::Command::new("mkfifo")
-            .arg(fifo.to_str().unwrap())
+        let made = std::process::Command::new("mkfifo")
+            .arg(base.join("vol/fifo"))
             .status()
             .unwrap();
+        assert!(made.success());
         remove_tree(fd.as_fd(), c"vol").unwrap();
         assert!(!base.join("vol").exists());
         fs::remove_dir_all(&base).unwrap();

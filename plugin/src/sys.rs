@@ -42,8 +42,8 @@ pub const FS_XFLAG_PROJINHERIT: u32 = 0x0000_0200;
 const fn ioc(dir: u64, ty: u8, nr: u8, size: usize) -> libc::c_ulong {
     ((dir << 30) | ((size as u64) << 16) | ((ty as u64) << 8) | nr as u64) as libc::c_ulong
 }
-const _: () = assert!(FS_IOC_FSGETXATTR as u64 == 0x801c_581f);
-const _: () = assert!(FS_IOC_FSSETXATTR as u64 == 0x401c_5820);
+const _: () = assert!(FS_IOC_FSGETXATTR == 0x801c_581f);
+const _: () = assert!(FS_IOC_FSSETXATTR == 0x401c_5820);
 
 // ---------------------------------------------------------------------------
 // include/uapi/linux/quota.h
@@ -515,12 +515,13 @@ mod tests {
 
     #[test]
     fn read_dir_lists_entries_and_can_repeat() {
+        use std::os::fd::AsFd;
         let dir = std::env::temp_dir().join(format!("prjquota-sys-{}", std::process::id()));
         std::fs::create_dir_all(dir.join("sub")).unwrap();
         std::fs::write(dir.join("file"), b"x").unwrap();
         let fd: OwnedFd = std::fs::File::open(&dir).unwrap().into();
         for _ in 0..2 {
-            let mut names: Vec<_> = read_dir(fd.as_fd_borrowed())
+            let mut names: Vec<_> = read_dir(fd.as_fd())
                 .unwrap()
                 .into_iter()
                 .map(|e| e.name.into_string().unwrap())
@@ -529,15 +530,5 @@ mod tests {
             assert_eq!(names, ["file", "sub"]);
         }
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    trait Borrow {
-        fn as_fd_borrowed(&self) -> BorrowedFd<'_>;
-    }
-    impl Borrow for OwnedFd {
-        fn as_fd_borrowed(&self) -> BorrowedFd<'_> {
-            use std::os::fd::AsFd;
-            self.as_fd()
-        }
     }
 }
