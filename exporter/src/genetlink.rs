@@ -13,7 +13,9 @@
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use nix::sys::socket::{self, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType};
+use nix::sys::socket::{
+    self, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType,
+};
 
 // include/uapi/linux/netlink.h
 const NLMSG_HDRLEN: usize = 16;
@@ -53,6 +55,9 @@ pub const QUOTA_NL_ISOFTWARN: u32 = 3;
 pub const QUOTA_NL_BHARDWARN: u32 = 4;
 pub const QUOTA_NL_BSOFTLONGWARN: u32 = 5;
 pub const QUOTA_NL_BSOFTWARN: u32 = 6;
+/// First of the `*BELOW` notices (7–10): usage went back under a limit.
+pub const QUOTA_NL_IHARDBELOW: u32 = 7;
+pub const QUOTA_NL_BHARDBELOW: u32 = 9;
 
 const fn align4(n: usize) -> usize {
     (n + 3) & !3
@@ -125,7 +130,14 @@ fn finish(mut buf: Vec<u8>) -> Vec<u8> {
 /// `CTRL_CMD_GETFAMILY` for `name`.
 pub fn getfamily_request(name: &str, seq: u32) -> Vec<u8> {
     let mut buf = Vec::with_capacity(64);
-    put_header(&mut buf, GENL_ID_CTRL, NLM_F_REQUEST, seq, CTRL_CMD_GETFAMILY, 1);
+    put_header(
+        &mut buf,
+        GENL_ID_CTRL,
+        NLM_F_REQUEST,
+        seq,
+        CTRL_CMD_GETFAMILY,
+        1,
+    );
     let mut name0 = name.as_bytes().to_vec();
     name0.push(0);
     put_attr(&mut buf, CTRL_ATTR_FAMILY_NAME, &name0);
@@ -207,7 +219,10 @@ pub struct Family {
 
 impl Family {
     pub fn group(&self, name: &str) -> Option<u32> {
-        self.groups.iter().find(|(n, _)| n == name).map(|(_, id)| *id)
+        self.groups
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, id)| *id)
     }
 }
 
@@ -218,11 +233,18 @@ pub fn parse_family_reply(buf: &[u8]) -> io::Result<Option<Family>> {
     for m in messages(buf) {
         match m.kind {
             NLMSG_ERROR => {
-                let err = m.payload.get(..4).and_then(|b| b.try_into().ok()).map(i32::from_ne_bytes);
+                let err = m
+                    .payload
+                    .get(..4)
+                    .and_then(|b| b.try_into().ok())
+                    .map(i32::from_ne_bytes);
                 return match err {
                     Some(0) => Ok(None), // an ACK
                     Some(e) => Err(io::Error::from_raw_os_error(-e)),
-                    None => Err(io::Error::new(io::ErrorKind::InvalidData, "short netlink error")),
+                    None => Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "short netlink error",
+                    )),
                 };
             }
             NLMSG_DONE => return Ok(None),
@@ -317,7 +339,12 @@ pub fn resolve(name: &str) -> io::Result<Family> {
     socket::bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0)).map_err(errno)?;
     let two_s = nix::sys::time::TimeVal::new(2, 0);
     socket::setsockopt(&fd, socket::sockopt::ReceiveTimeout, &two_s).map_err(errno)?;
-    socket::send(fd.as_raw_fd(), &getfamily_request(name, 1), MsgFlags::empty()).map_err(errno)?;
+    socket::send(
+        fd.as_raw_fd(),
+        &getfamily_request(name, 1),
+        MsgFlags::empty(),
+    )
+    .map_err(errno)?;
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         let n = socket::recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty()).map_err(errno)?;
@@ -417,7 +444,10 @@ mod tests {
     fn request_layout_matches_the_uapi_structs() {
         let r = getfamily_request("VFS_DQUOT", 7);
         assert_eq!(r.len(), 16 + 4 + align4(4 + 10));
-        assert_eq!(u32::from_ne_bytes(r[0..4].try_into().unwrap()) as usize, r.len());
+        assert_eq!(
+            u32::from_ne_bytes(r[0..4].try_into().unwrap()) as usize,
+            r.len()
+        );
         assert_eq!(u16::from_ne_bytes([r[4], r[5]]), GENL_ID_CTRL);
         assert_eq!(u32::from_ne_bytes(r[8..12].try_into().unwrap()), 7);
         assert_eq!(r[16], CTRL_CMD_GETFAMILY);
@@ -462,12 +492,22 @@ mod tests {
         };
         two.extend(warning_message(17, &w2));
         assert_eq!(parse_warnings(&two, 17), vec![w, w2]);
-        assert!(parse_warnings(&two, 18).is_empty(), "other families are ignored");
+        assert!(
+            parse_warnings(&two, 18).is_empty(),
+            "other families are ignored"
+        );
         assert_eq!(w.hit(), Some(Hit::BytesHard));
         assert_eq!(w2.hit(), Some(Hit::InodesSoft));
         assert_eq!(w.dev(), libc::makedev(8, 16));
-        for below in 7..=10 {
-            assert_eq!(Warning { warning: below, ..w }.hit(), None);
+        for below in QUOTA_NL_IHARDBELOW..=QUOTA_NL_IHARDBELOW + 3 {
+            assert_eq!(
+                Warning {
+                    warning: below,
+                    ..w
+                }
+                .hit(),
+                None
+            );
         }
     }
 

@@ -74,8 +74,7 @@ pub fn format_line(
 /// control characters escaped.
 fn push_value(out: &mut String, v: &str) {
     let plain = !v.is_empty()
-        && v
-            .chars()
+        && v.chars()
             .all(|c| !c.is_control() && c != ' ' && c != '"' && c != '=' && c != '\\');
     if plain {
         out.push_str(v);

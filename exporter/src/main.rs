@@ -1,3 +1,204 @@
+//! `prjquota-exporter`: flags, logging, the runtime and signal handling.
+
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use prjquota_exporter::log::{self, Level};
+use prjquota_exporter::{error, info, Config, Exporter};
+
+/// Default listen address.
+///
+/// Port 14646 is outside the Prometheus "default port allocations" wiki
+/// ranges (9090-9094 for core components, 9100-9999 for exporters, full
+/// since 2023, and the 10000+ block newer exporters now take), below Nomad's
+/// default dynamic port range (20000-32000, where a static port could
+/// collide with an allocation on the same client) and the Linux ephemeral
+/// range (32768-60999); it echoes Nomad's own 4646. writing_exporters.md
+/// recommends a port outside the allocations for exporters of internal
+/// applications.
+const DEFAULT_LISTEN: &str = ":14646";
+
+/// Prometheus exporter for Nomad dynamic host volumes made by prjquota: size,
+/// usage, inodes and quota limit hits per volume, read from the plugin's
+/// registry, statfs, quotactl and the kernel's quota netlink warnings.
+/// Run it as root on every Nomad client (quotactl needs CAP_SYS_ADMIN).
+#[derive(Debug, Parser)]
+#[command(name = "prjquota-exporter", version)]
+struct Flags {
+    /// A Nomad client's host_volumes_dir whose prjquota registry
+    /// (<DIR>/.prjquota) to export. Repeat for several directories.
+    #[arg(
+        long = "volumes-dir",
+        value_name = "DIR",
+        default_value = "/opt/nomad/data/host_volumes"
+    )]
+    volumes_dirs: Vec<PathBuf>,
+
+    /// Address to serve /metrics on: HOST:PORT, [IPV6]:PORT, or :PORT for
+    /// every IPv4 address.
+    #[arg(long = "web.listen-address", value_name = "ADDR", default_value = DEFAULT_LISTEN)]
+    listen_address: String,
+
+    /// Least severe log level to print (logs are logfmt lines on stderr).
+    #[arg(
+        long = "log.level",
+        value_name = "LEVEL",
+        value_enum,
+        default_value = "info"
+    )]
+    log_level: Level,
+
+    /// How long statfs (and quotactl, and reading the registry) of a volumes
+    /// directory may take before that directory is reported as stuck
+    /// (nomad_host_volume_stats_error{reason="timeout"}) and not queried again
+    /// until the blocked call returns. E.g. 5s, 1500ms, 1m.
+    #[arg(long = "statfs-timeout", value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    statfs_timeout: Duration,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration such as 5s, 500ms or 1m"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" | "" => n,
+        "m" => n * 60.0,
+        _ => return Err(format!("unknown unit {unit:?} in {s:?}: use ms, s or m")),
+    };
+    if !(secs > 0.0 && secs <= 3600.0) {
+        return Err(format!("{s:?} must be above 0 and at most 1h"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// `:PORT` means every IPv4 address, as in node_exporter.
+fn listen_address(s: &str) -> String {
+    match s.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => s.to_string(),
+    }
+}
+
 fn main() {
-    println!("prjquota-exporter {}", env!("CARGO_PKG_VERSION"));
+    let flags = Flags::parse();
+    log::set_level(flags.log_level);
+    // Two workers are plenty for one scrape at a time; filesystem calls run
+    // on the blocking pool, bounded so stuck filesystems cannot pile up
+    // threads.
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(16)
+        .thread_name("prjquota-exporter")
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            error!("cannot start the async runtime", err = e);
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = runtime.block_on(run(flags)) {
+        error!("exiting", err = format!("{e:#}"));
+        std::process::exit(1);
+    }
+}
+
+async fn run(flags: Flags) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let config = Config {
+        volumes_dirs: flags.volumes_dirs,
+        statfs_timeout: flags.statfs_timeout,
+        quota_events: true,
+    };
+    let addr = listen_address(&flags.listen_address);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} (--web.listen-address)"))?;
+    info!(
+        "starting prjquota-exporter",
+        version = env!("CARGO_PKG_VERSION"),
+        address = listener.local_addr().map_or(addr, |a| a.to_string()),
+        volumes_dirs = config
+            .volumes_dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(","),
+        statfs_timeout = format!("{:?}", config.statfs_timeout),
+    );
+    let exporter = Arc::new(Exporter::new(&config));
+    prjquota_exporter::http::serve(listener, exporter, shutdown_signal()).await?;
+    info!("stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            error!("cannot listen for SIGTERM", err = e);
+            return std::future::pending().await;
+        }
+    };
+    let name = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+    };
+    info!("shutting down", signal = name);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("5h").is_err());
+        assert!(parse_duration("fast").is_err());
+    }
+
+    #[test]
+    fn flags_have_documented_defaults_and_repeat() {
+        let f = Flags::parse_from(["prjquota-exporter"]);
+        assert_eq!(
+            f.volumes_dirs,
+            vec![PathBuf::from("/opt/nomad/data/host_volumes")]
+        );
+        assert_eq!(listen_address(&f.listen_address), "0.0.0.0:14646");
+        assert_eq!(f.statfs_timeout, Duration::from_secs(5));
+        assert_eq!(f.log_level, Level::Info);
+        let f = Flags::parse_from([
+            "prjquota-exporter",
+            "--volumes-dir",
+            "/a",
+            "--volumes-dir=/b",
+            "--web.listen-address",
+            "127.0.0.1:0",
+            "--log.level",
+            "debug",
+        ]);
+        assert_eq!(
+            f.volumes_dirs,
+            vec![PathBuf::from("/a"), PathBuf::from("/b")]
+        );
+        assert_eq!(listen_address(&f.listen_address), "127.0.0.1:0");
+        assert_eq!(f.log_level, Level::Debug);
+    }
 }

@@ -126,29 +126,53 @@ impl Family {
     /// Appends the text exposition of this family to `out`. A family without
     /// samples writes nothing (the format has no empty families).
     pub fn encode(&self, inventory: &Inventory, out: &mut Vec<u8>) -> prometheus::Result<()> {
-        for (i, chunk) in self.samples.chunks(BATCH).enumerate() {
-            let mut mf = proto::MetricFamily::default();
-            mf.set_name(self.name.to_string());
-            mf.set_field_type(match self.kind {
-                Kind::Gauge => MetricType::GAUGE,
-                Kind::Counter => MetricType::COUNTER,
-            });
-            if i == 0 {
-                mf.set_help(self.help.to_string());
-            }
-            let metrics = mf.mut_metric();
-            metrics.reserve_exact(chunk.len());
-            for s in chunk {
-                metrics.push(self.metric(inventory, s));
-            }
-            let start = out.len();
-            TextEncoder::new().encode(std::slice::from_ref(&mf), out)?;
-            if i > 0 {
-                // A later batch repeats only the `# TYPE` line (help is
-                // empty): drop it so the family has one header.
-                let nl = out[start..].iter().position(|&b| b == b'\n').map_or(0, |p| p + 1);
-                out.drain(start..start + nl);
-            }
+        for b in 0..self.batches() {
+            self.encode_batch(inventory, b, out)?;
+        }
+        Ok(())
+    }
+
+    /// How many pieces [`Family::encode_batch`] writes this family in.
+    pub fn batches(&self) -> usize {
+        self.samples.len().div_ceil(BATCH)
+    }
+
+    /// Appends piece `batch` of the exposition: the header and the first
+    /// samples for batch 0, only samples after that. Lets a large family be
+    /// streamed without building all of it at once.
+    pub fn encode_batch(
+        &self,
+        inventory: &Inventory,
+        batch: usize,
+        out: &mut Vec<u8>,
+    ) -> prometheus::Result<()> {
+        let Some(chunk) = self.samples.chunks(BATCH).nth(batch) else {
+            return Ok(());
+        };
+        let mut mf = proto::MetricFamily::default();
+        mf.set_name(self.name.to_string());
+        mf.set_field_type(match self.kind {
+            Kind::Gauge => MetricType::GAUGE,
+            Kind::Counter => MetricType::COUNTER,
+        });
+        if batch == 0 {
+            mf.set_help(self.help.to_string());
+        }
+        let metrics = mf.mut_metric();
+        metrics.reserve_exact(chunk.len());
+        for s in chunk {
+            metrics.push(self.metric(inventory, s));
+        }
+        let start = out.len();
+        TextEncoder::new().encode(std::slice::from_ref(&mf), out)?;
+        if batch > 0 {
+            // A later batch repeats only the `# TYPE` line (help is empty):
+            // drop it so the family has one header.
+            let nl = out[start..]
+                .iter()
+                .position(|&b| b == b'\n')
+                .map_or(0, |p| p + 1);
+            out.drain(start..start + nl);
         }
         Ok(())
     }
@@ -243,7 +267,9 @@ mod tests {
 
     #[test]
     fn large_families_keep_one_header() {
-        let vols = (0..2500).map(|i| volume("default", "default", 100 + i)).collect();
+        let vols = (0..2500)
+            .map(|i| volume("default", "default", 100 + i))
+            .collect();
         let inv = Inventory::for_tests(vols);
         let mut f = Family::counter("nomad_host_volume_y_total", "Y.");
         for i in 0..inv.volumes.len() {
@@ -251,7 +277,11 @@ mod tests {
         }
         let text = encode_all(&[f], &inv).unwrap();
         assert_eq!(text.matches("# HELP").count(), 1);
-        assert_eq!(text.matches("# TYPE nomad_host_volume_y_total counter").count(), 1);
+        assert_eq!(
+            text.matches("# TYPE nomad_host_volume_y_total counter")
+                .count(),
+            1
+        );
         assert_eq!(text.lines().count(), 2 + 2500);
         assert!(text.ends_with(" 2499\n"));
     }

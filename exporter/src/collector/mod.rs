@@ -164,14 +164,18 @@ impl Exporter {
 
         for c in &self.collectors {
             let start = Instant::now();
-            let result =
-                match tokio::time::timeout(self.deadline, c.collect(&scrape, &mut families)).await {
-                    Ok(r) => r,
-                    Err(_) => Err(anyhow::anyhow!(
-                        "gave up after {:.0}s (a bug: collectors time their own calls out)",
-                        self.deadline.as_secs_f64()
-                    )),
-                };
+            let result = match tokio::time::timeout(
+                self.deadline,
+                c.collect(&scrape, &mut families),
+            )
+            .await
+            {
+                Ok(r) => r,
+                Err(_) => Err(anyhow::anyhow!(
+                    "gave up after {:.0}s (a bug: collectors time their own calls out)",
+                    self.deadline.as_secs_f64()
+                )),
+            };
             let ok = self.note(c.name(), result);
             outcomes.push((c.name(), start.elapsed().as_secs_f64(), ok));
         }
@@ -270,11 +274,19 @@ mod tests {
         };
         let exporter = Exporter::with_collectors(&config, vec![Box::new(Failing)]);
         let text = exporter.scrape().await.to_text();
-        assert!(text.contains("prjquota_exporter_scrape_collector_success{collector=\"failing\"} 0\n"), "{text}");
-        assert!(text.contains("prjquota_exporter_scrape_collector_success{collector=\"registry\"} 1\n"), "{text}");
+        assert!(
+            text.contains("prjquota_exporter_scrape_collector_success{collector=\"failing\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("prjquota_exporter_scrape_collector_success{collector=\"registry\"} 1\n"),
+            "{text}"
+        );
         assert!(text.contains("partial_metric 1\n"), "{text}");
         assert!(text.contains("prjquota_exporter_volumes 0\n"), "{text}");
-        assert!(text.contains(&format!("prjquota_exporter_build_info{{version=\"{BUILD_VERSION}\"}} 1\n")));
+        assert!(text.contains(&format!(
+            "prjquota_exporter_build_info{{version=\"{BUILD_VERSION}\"}} 1\n"
+        )));
         assert!(exporter.failing.lock().unwrap().contains_key("failing"));
     }
 }

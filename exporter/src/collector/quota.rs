@@ -1,0 +1,241 @@
+//! The quota collector: each volume's project usage and limits, read with
+//! one `Q_GETNEXTQUOTA` pass per filesystem over the recorded project-ID
+//! range (not one quotactl per volume).
+//!
+//! A project missing from the pass has zero usage: XFS drops dquots with no
+//! usage and no limits. Results are also left in [`Scrape::quota`] for the
+//! statfs collector's inode numbers. A filesystem without project quota
+//! (this development host, a tmpfs) fails the collector and nothing else.
+
+use std::io;
+use std::ops::RangeInclusive;
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::anyhow;
+use prjquota::quota::ProjectQuota;
+
+use super::{BoxFuture, Collector, Scrape};
+use crate::blocking::InFlight;
+use crate::metrics::Family;
+
+pub type ListFn =
+    Arc<dyn Fn(&Path, RangeInclusive<u32>) -> io::Result<Vec<ProjectQuota>> + Send + Sync>;
+
+/// Every project dquot in `range` on the filesystem holding `dir`.
+pub fn list(dir: &Path, range: RangeInclusive<u32>) -> io::Result<Vec<ProjectQuota>> {
+    let f = std::fs::File::open(dir)?;
+    prjquota::quota::list(f.as_fd(), range)
+}
+
+pub struct Quota {
+    timeout: Duration,
+    inflight: InFlight,
+    list: ListFn,
+}
+
+impl Quota {
+    pub fn new(timeout: Duration) -> Quota {
+        Quota::with_list(timeout, Arc::new(list))
+    }
+
+    pub fn with_list(timeout: Duration, list: ListFn) -> Quota {
+        Quota {
+            timeout,
+            inflight: InFlight::new("quotactl"),
+            list,
+        }
+    }
+}
+
+fn explain(dir: &Path, e: &io::Error) -> String {
+    let hint = match e.raw_os_error() {
+        Some(libc::ENOSYS | libc::ESRCH | libc::EINVAL | libc::ENOTTY | libc::EOPNOTSUPP) => {
+            " (project quota is not enabled on this filesystem: is it XFS or ext4 mounted with prjquota?)"
+        }
+        Some(libc::EPERM | libc::EACCES) => " (reading quotas of other projects needs CAP_SYS_ADMIN: run the exporter as root)",
+        _ => "",
+    };
+    format!("cannot read project quotas in {}: {e}{hint}", dir.display())
+}
+
+impl Collector for Quota {
+    fn name(&self) -> &'static str {
+        "quota"
+    }
+
+    fn collect<'a>(
+        &'a self,
+        scrape: &'a Scrape,
+        out: &'a mut Vec<Family>,
+    ) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move {
+            let inv = &scrape.inventory;
+            let mut per_volume: Vec<Option<ProjectQuota>> = vec![None; inv.volumes.len()];
+            let mut errors = Vec::new();
+            // One pass per filesystem: directories on one device share it.
+            let mut done_devs = Vec::new();
+            for (d, dir) in inv.dirs.iter().enumerate() {
+                let Some(dev) = dir.dev else { continue };
+                if done_devs.contains(&dev) {
+                    continue;
+                }
+                done_devs.push(dev);
+                let same_fs: Vec<usize> = inv
+                    .dirs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, o)| o.dev == Some(dev))
+                    .map(|(i, _)| i)
+                    .collect();
+                let idx: Vec<usize> = (0..inv.volumes.len())
+                    .filter(|&i| same_fs.contains(&inv.volumes[i].dir))
+                    .collect();
+                let (Some(lo), Some(hi)) = (
+                    idx.iter().map(|&i| inv.volumes[i].project_id).min(),
+                    idx.iter().map(|&i| inv.volumes[i].project_id).max(),
+                ) else {
+                    continue;
+                };
+                let (list, path) = (self.list.clone(), inv.dirs[d].path.clone());
+                let key = path.display().to_string();
+                match self
+                    .inflight
+                    .run(&key, self.timeout, move || list(&path, lo..=hi))
+                    .await
+                {
+                    Ok(Ok(found)) => {
+                        // `found` is in ID order.
+                        for &i in &idx {
+                            let id = inv.volumes[i].project_id;
+                            per_volume[i] = Some(match found.binary_search_by_key(&id, |q| q.id) {
+                                Ok(k) => found[k],
+                                Err(_) => ProjectQuota {
+                                    id,
+                                    ..ProjectQuota::default()
+                                },
+                            });
+                        }
+                    }
+                    Ok(Err(e)) => errors.push(explain(&dir.path, &e)),
+                    Err(blocked) => errors.push(format!("quotactl in {key}: {blocked}")),
+                }
+            }
+            out.extend(families(&per_volume));
+            let _ = scrape.quota.set(per_volume);
+            if errors.is_empty() {
+                Ok(())
+            } else {
+                Err(anyhow!(errors.join("; ")))
+            }
+        })
+    }
+}
+
+pub fn families(per_volume: &[Option<ProjectQuota>]) -> Vec<Family> {
+    let n = per_volume.iter().filter(|q| q.is_some()).count();
+    let g = |name, help| Family::gauge(name, help).with_capacity(n);
+    let mut used = g(
+        "nomad_host_volume_quota_used_bytes",
+        "Bytes charged to the volume's project quota (quotactl).",
+    );
+    let mut hard = g(
+        "nomad_host_volume_quota_hard_limit_bytes",
+        "Hard block limit of the volume's project quota in bytes; writes past it fail (ENOSPC on XFS, EDQUOT on ext4). 0 = no limit.",
+    );
+    let mut soft = g(
+        "nomad_host_volume_quota_soft_limit_bytes",
+        "Soft block limit of the volume's project quota in bytes. 0 = no limit.",
+    );
+    let mut inodes = g(
+        "nomad_host_volume_quota_used_inodes",
+        "Inodes (files, directories, links) charged to the volume's project quota (quotactl).",
+    );
+    let mut inodes_hard = g(
+        "nomad_host_volume_quota_hard_limit_inodes",
+        "Hard inode limit of the volume's project quota. 0 = no limit.",
+    );
+    for (i, q) in per_volume.iter().enumerate() {
+        let Some(q) = q else { continue };
+        used.volume(i, q.used_bytes as f64);
+        hard.volume(i, q.limits.bytes_hard as f64);
+        soft.volume(i, q.limits.bytes_soft as f64);
+        inodes.volume(i, q.used_inodes as f64);
+        inodes_hard.volume(i, q.limits.inodes_hard as f64);
+    }
+    vec![used, hard, soft, inodes, inodes_hard]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::tests::volume;
+    use crate::inventory::Inventory;
+    use prjquota::quota::Limits;
+    use std::sync::Mutex;
+
+    #[tokio::test]
+    async fn one_pass_over_the_id_range_and_absent_projects_are_zero() {
+        let vols = vec![
+            volume("default", "default", 1005),
+            volume("default", "default", 1001),
+            volume("default", "default", 1009),
+        ];
+        let ranges = Arc::new(Mutex::new(Vec::new()));
+        let seen = ranges.clone();
+        let list: ListFn = Arc::new(move |_, range| {
+            seen.lock().unwrap().push(range);
+            Ok(vec![
+                ProjectQuota {
+                    id: 1001,
+                    used_bytes: 4096,
+                    used_inodes: 3,
+                    limits: Limits {
+                        bytes_hard: 1 << 30,
+                        inodes_hard: 100,
+                        ..Limits::NONE
+                    },
+                },
+                ProjectQuota {
+                    id: 1009,
+                    used_bytes: 8192,
+                    used_inodes: 1,
+                    limits: Limits::NONE,
+                },
+            ])
+        });
+        let c = Quota::with_list(Duration::from_secs(5), list);
+        let scrape = Scrape::new(Inventory::for_tests(vols));
+        let mut out = Vec::new();
+        c.collect(&scrape, &mut out).await.unwrap();
+        assert_eq!(*ranges.lock().unwrap(), vec![1001..=1009]);
+        let q = scrape.quota.get().unwrap();
+        assert_eq!(q[0].unwrap().used_bytes, 0, "1005 has no dquot: zero usage");
+        assert_eq!(q[1].unwrap().limits.inodes_hard, 100);
+        let text = crate::metrics::encode_all(&out, &scrape.inventory).unwrap();
+        let id = &scrape.inventory.volumes[1].volume_id;
+        assert!(text.contains(&format!(
+            "nomad_host_volume_quota_hard_limit_bytes{{namespace=\"default\",node_pool=\"default\",volume_id=\"{id}\"}} 1073741824\n"
+        )), "{text}");
+        assert_eq!(
+            text.matches("nomad_host_volume_quota_used_inodes{").count(),
+            3
+        );
+    }
+
+    #[tokio::test]
+    async fn no_quota_support_fails_the_collector_with_a_hint() {
+        let list: ListFn = Arc::new(|_, _| Err(io::Error::from_raw_os_error(libc::ESRCH)));
+        let c = Quota::with_list(Duration::from_secs(5), list);
+        let scrape = Scrape::new(Inventory::for_tests(vec![volume("a", "b", 1)]));
+        let mut out = Vec::new();
+        let err = c.collect(&scrape, &mut out).await.unwrap_err().to_string();
+        assert!(err.contains("prjquota"), "{err}");
+        assert_eq!(scrape.quota.get().unwrap(), &vec![None]);
+        assert!(crate::metrics::encode_all(&out, &scrape.inventory)
+            .unwrap()
+            .is_empty());
+    }
+}

@@ -1,0 +1,392 @@
+//! The statfs collector: capacity, free space and inodes of every volume
+//! root, with kubelet's volume-stats semantics.
+//!
+//! On XFS (and ext4) a directory in an enforced project quota answers statfs
+//! with its project's limit and usage, so `f_blocks` is the volume's size,
+//! not the disk's. The inode numbers need care: with no inode limit, statfs
+//! reports the whole filesystem's inodes, which would charge every volume with
+//! every other volume's files. So `inodes_used` is the project's own inode
+//! count from quotactl (when the quota collector could read it), and
+//! `inodes`/`inodes_free` come from the project's inode hard limit when one is
+//! set, from statfs otherwise.
+//!
+//! statfs runs on the blocking pool, one thread per volumes directory at a
+//! time, never on the async runtime. If no statfs on a directory completes
+//! within `--statfs-timeout`, the directory is stuck: the volumes not yet
+//! answered report `nomad_host_volume_stats_error{reason="timeout"}`, and the
+//! directory is not queried again until the blocked call returns
+//! (node_exporter's stuckMounts).
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::anyhow;
+use prjquota::quota::ProjectQuota;
+
+use super::{BoxFuture, Collector, Scrape};
+use crate::blocking::InFlight;
+use crate::metrics::{Extra, Family};
+
+/// The statfs numbers the metrics need.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FsStat {
+    /// `f_frsize`: the unit of the block counts.
+    pub frsize: u64,
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+}
+
+pub type StatFn = Arc<dyn Fn(&Path) -> io::Result<FsStat> + Send + Sync>;
+
+/// `statvfs(2)` of `path`.
+pub fn statvfs(path: &Path) -> io::Result<FsStat> {
+    let s = nix::sys::statvfs::statvfs(path).map_err(|e| io::Error::from_raw_os_error(e as i32))?;
+    Ok(FsStat {
+        frsize: s.fragment_size() as u64,
+        blocks: s.blocks() as u64,
+        bfree: s.blocks_free() as u64,
+        bavail: s.blocks_available() as u64,
+        files: s.files() as u64,
+        ffree: s.files_free() as u64,
+    })
+}
+
+/// Bounded reasons of `nomad_host_volume_stats_error`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    Timeout,
+    NotFound,
+    Permission,
+    Other,
+}
+
+impl Reason {
+    pub fn from_errno(errno: i32) -> Reason {
+        match errno {
+            libc::ENOENT | libc::ENOTDIR => Reason::NotFound,
+            libc::EACCES | libc::EPERM => Reason::Permission,
+            _ => Reason::Other,
+        }
+    }
+
+    fn labels(self) -> Extra {
+        match self {
+            Reason::Timeout => &[("reason", "timeout")],
+            Reason::NotFound => &[("reason", "not_found")],
+            Reason::Permission => &[("reason", "permission")],
+            Reason::Other => &[("reason", "other")],
+        }
+    }
+}
+
+/// kubelet's numbers for one volume: (capacity, available, used) bytes.
+pub fn bytes(st: &FsStat) -> (u64, u64, u64) {
+    let f = st.frsize;
+    (
+        st.blocks.saturating_mul(f),
+        st.bavail.saturating_mul(f),
+        st.blocks.saturating_sub(st.bfree).saturating_mul(f),
+    )
+}
+
+/// (inodes, inodes_free, inodes_used) by the design's rule.
+pub fn inodes(st: &FsStat, quota: Option<&ProjectQuota>) -> (u64, u64, u64) {
+    match quota {
+        Some(q) if q.limits.inodes_hard > 0 => {
+            let limit = q.limits.inodes_hard;
+            (limit, limit.saturating_sub(q.used_inodes), q.used_inodes)
+        }
+        Some(q) => (st.files, st.ffree, q.used_inodes),
+        None => (st.files, st.ffree, st.files.saturating_sub(st.ffree)),
+    }
+}
+
+pub struct Statfs {
+    timeout: Duration,
+    inflight: InFlight,
+    stat: StatFn,
+}
+
+impl Statfs {
+    pub fn new(timeout: Duration) -> Statfs {
+        Statfs::with_stat(timeout, Arc::new(statvfs))
+    }
+
+    /// With another statfs (tests simulate stuck filesystems this way).
+    pub fn with_stat(timeout: Duration, stat: StatFn) -> Statfs {
+        Statfs {
+            timeout,
+            inflight: InFlight::new("statfs"),
+            stat,
+        }
+    }
+
+    /// statfs of `paths` in order on one blocking thread. Entries left `None`
+    /// got no answer in time.
+    async fn stat_all(
+        &self,
+        key: &str,
+        paths: Vec<PathBuf>,
+    ) -> (Vec<Option<Result<FsStat, i32>>>, Option<String>) {
+        let n = paths.len();
+        let ticket = match self.inflight.begin(key) {
+            Ok(t) => t,
+            Err(blocked) => return (vec![None; n], Some(format!("statfs in {key}: {blocked}"))),
+        };
+        let stuck = ticket.stuck_flag();
+        let results = Arc::new(Mutex::new(vec![None; n]));
+        let (progress, mut done) = tokio::sync::watch::channel(0usize);
+        let (stat, shared, abort) = (self.stat.clone(), results.clone(), stuck.clone());
+        tokio::task::spawn_blocking(move || {
+            let _ticket = ticket;
+            for (i, p) in paths.iter().enumerate() {
+                if abort.load(Ordering::Relaxed) {
+                    break;
+                }
+                let r = stat(p).map_err(|e| e.raw_os_error().unwrap_or(0));
+                shared.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(r);
+                progress.send_replace(i + 1);
+            }
+        });
+        // Stuck means: no statfs finished within the timeout.
+        let mut error = None;
+        loop {
+            match tokio::time::timeout(self.timeout, done.changed()).await {
+                Ok(Ok(())) if *done.borrow_and_update() < n => continue,
+                Ok(_) => break, // all answered, or the thread ended
+                Err(_) => {
+                    stuck.store(true, Ordering::Relaxed);
+                    error = Some(format!(
+                        "statfs in {key} got no answer within {:.1}s; not querying it again until the blocked call returns",
+                        self.timeout.as_secs_f64()
+                    ));
+                    break;
+                }
+            }
+        }
+        let got = results.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        (got, error)
+    }
+}
+
+impl Collector for Statfs {
+    fn name(&self) -> &'static str {
+        "statfs"
+    }
+
+    fn collect<'a>(
+        &'a self,
+        scrape: &'a Scrape,
+        out: &'a mut Vec<Family>,
+    ) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move {
+            let inv = &scrape.inventory;
+            let n = inv.volumes.len();
+            let mut results: Vec<Option<Result<FsStat, i32>>> = vec![None; n];
+            let mut errors = Vec::new();
+            for (d, dir) in inv.dirs.iter().enumerate() {
+                let idx: Vec<usize> = inv.volumes_of(d).collect();
+                if idx.is_empty() {
+                    continue;
+                }
+                let paths = idx.iter().map(|&i| inv.volumes[i].root.clone()).collect();
+                let (got, error) = self.stat_all(&dir.path.display().to_string(), paths).await;
+                for (&i, r) in idx.iter().zip(got) {
+                    results[i] = r;
+                }
+                errors.extend(error);
+            }
+            out.extend(families(&results, scrape.quota.get().map(Vec::as_slice)));
+            if errors.is_empty() {
+                Ok(())
+            } else {
+                Err(anyhow!(errors.join("; ")))
+            }
+        })
+    }
+}
+
+/// The statfs families from per-volume results (`None` = timed out) and the
+/// quota collector's per-volume quotas, if it ran.
+pub fn families(
+    results: &[Option<Result<FsStat, i32>>],
+    quotas: Option<&[Option<ProjectQuota>]>,
+) -> Vec<Family> {
+    let n = results.len();
+    let g = |name, help| Family::gauge(name, help).with_capacity(n);
+    let mut capacity = g(
+        "nomad_host_volume_capacity_bytes",
+        "Capacity in bytes of the volume: statfs f_blocks*f_frsize of the volume root, which on a project-quota directory is the project's limit.",
+    );
+    let mut available = g(
+        "nomad_host_volume_available_bytes",
+        "Number of available bytes in the volume: statfs f_bavail*f_frsize of the volume root.",
+    );
+    let mut used = g(
+        "nomad_host_volume_used_bytes",
+        "Number of used bytes in the volume: statfs (f_blocks-f_bfree)*f_frsize of the volume root.",
+    );
+    let mut inodes_total = g(
+        "nomad_host_volume_inodes",
+        "Maximum number of inodes in the volume: the project's inode hard limit when one is set, else statfs f_files (the filesystem's inodes).",
+    );
+    let mut inodes_free = g(
+        "nomad_host_volume_inodes_free",
+        "Number of free inodes in the volume: inode hard limit minus the project's inodes when a limit is set, else statfs f_ffree (the filesystem's free inodes).",
+    );
+    let mut inodes_used = g(
+        "nomad_host_volume_inodes_used",
+        "Number of used inodes in the volume: the project's inode count from quotactl; statfs f_files-f_ffree (filesystem-wide) only when quotas cannot be read.",
+    );
+    let mut errors = Family::gauge(
+        "nomad_host_volume_stats_error",
+        "1 when statfs of the volume root failed at this scrape, by reason: timeout (its filesystem did not answer within --statfs-timeout and is not queried again until the blocked call returns), not_found, permission, other. No series when statfs succeeded.",
+    );
+    for (i, r) in results.iter().enumerate() {
+        match r {
+            Some(Ok(st)) => {
+                let (c, a, u) = bytes(st);
+                capacity.volume(i, c as f64);
+                available.volume(i, a as f64);
+                used.volume(i, u as f64);
+                let q = quotas.and_then(|q| q.get(i)).and_then(Option::as_ref);
+                let (t, f, u) = inodes(st, q);
+                inodes_total.volume(i, t as f64);
+                inodes_free.volume(i, f as f64);
+                inodes_used.volume(i, u as f64);
+            }
+            Some(Err(errno)) => errors.volume_with(i, Reason::from_errno(*errno).labels(), 1.0),
+            None => errors.volume_with(i, Reason::Timeout.labels(), 1.0),
+        }
+    }
+    vec![
+        capacity,
+        available,
+        used,
+        inodes_total,
+        inodes_free,
+        inodes_used,
+        errors,
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::tests::volume;
+    use crate::inventory::Inventory;
+    use prjquota::quota::Limits;
+    use std::sync::atomic::AtomicUsize;
+
+    const ST: FsStat = FsStat {
+        frsize: 4096,
+        blocks: 1000,
+        bfree: 400,
+        bavail: 300,
+        files: 1_000_000,
+        ffree: 900_000,
+    };
+
+    fn pq(used_inodes: u64, inodes_hard: u64) -> ProjectQuota {
+        ProjectQuota {
+            id: 1,
+            used_bytes: 0,
+            used_inodes,
+            limits: Limits {
+                inodes_hard,
+                ..Limits::NONE
+            },
+        }
+    }
+
+    #[test]
+    fn kubelet_byte_semantics() {
+        assert_eq!(bytes(&ST), (4_096_000, 1_228_800, 2_457_600));
+        let odd = FsStat { bfree: 2000, ..ST };
+        assert_eq!(bytes(&odd).2, 0, "never negative");
+    }
+
+    #[test]
+    fn inode_rule_limit_then_quota_then_statfs() {
+        assert_eq!(inodes(&ST, Some(&pq(120, 5000))), (5000, 4880, 120));
+        assert_eq!(inodes(&ST, Some(&pq(120, 0))), (1_000_000, 900_000, 120));
+        assert_eq!(inodes(&ST, None), (1_000_000, 900_000, 100_000));
+        assert_eq!(inodes(&ST, Some(&pq(7000, 5000))).1, 0);
+    }
+
+    #[test]
+    fn errors_map_to_bounded_reasons() {
+        let results = vec![
+            Some(Ok(ST)),
+            Some(Err(libc::ENOENT)),
+            Some(Err(libc::EACCES)),
+            Some(Err(libc::EIO)),
+            None,
+        ];
+        let vols = (0..5).map(|i| volume("default", "default", i)).collect();
+        let inv = Inventory::for_tests(vols);
+        let text = crate::metrics::encode_all(&families(&results, None), &inv).unwrap();
+        for reason in ["not_found", "permission", "other", "timeout"] {
+            assert_eq!(
+                text.matches(&format!("reason=\"{reason}\"}} 1")).count(),
+                1,
+                "{text}"
+            );
+        }
+        assert_eq!(text.matches("nomad_host_volume_capacity_bytes{").count(), 1);
+        assert!(text.contains("# TYPE nomad_host_volume_inodes_used gauge"));
+    }
+
+    #[tokio::test]
+    async fn a_stuck_filesystem_times_out_once_and_is_not_queried_until_it_returns() {
+        let vols: Vec<_> = (1..=3).map(|i| volume("default", "default", i)).collect();
+        let stuck_path = vols[1].root.clone();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let release_rx = Mutex::new(release_rx);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let calls2 = calls.clone();
+        let stat: StatFn = Arc::new(move |p: &Path| {
+            calls2.fetch_add(1, Ordering::SeqCst);
+            if p == stuck_path {
+                let _ = release_rx.lock().unwrap().recv();
+            }
+            Ok(ST)
+        });
+        let c = Statfs::with_stat(Duration::from_millis(100), stat);
+        let scrape = Scrape::new(Inventory::for_tests(vols));
+        let text = |fams: &[Family]| crate::metrics::encode_all(fams, &scrape.inventory).unwrap();
+
+        let mut out = Vec::new();
+        assert!(c.collect(&scrape, &mut out).await.is_err());
+        let t = text(&out);
+        assert_eq!(t.matches("reason=\"timeout\"} 1").count(), 2, "{t}");
+        assert_eq!(t.matches("nomad_host_volume_capacity_bytes{").count(), 1);
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+        // Still blocked: no new call, every volume of the directory times out.
+        let mut out = Vec::new();
+        assert!(c.collect(&scrape, &mut out).await.is_err());
+        assert_eq!(text(&out).matches("reason=\"timeout\"} 1").count(), 3);
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+        release_tx.send(()).unwrap();
+        for _ in 0..400 {
+            if !c.inflight.is_stuck("/srv/volumes") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        release_tx.send(()).unwrap(); // the next call on that path returns at once
+        let mut out = Vec::new();
+        c.collect(&scrape, &mut out).await.unwrap();
+        let t = text(&out);
+        assert!(!t.contains("nomad_host_volume_stats_error{"), "{t}");
+        assert_eq!(t.matches("nomad_host_volume_capacity_bytes{").count(), 3);
+    }
+}

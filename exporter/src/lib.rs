@@ -1,0 +1,24 @@
+//! prjquota-exporter: Prometheus metrics for Nomad dynamic host volumes made
+//! by the prjquota plugin.
+//!
+//! [`collector`] holds the sources (one module each) and the scrape driver,
+//! [`http`] serves what they produce, [`metrics`] is the compact metric
+//! representation and its text encoding, [`inventory`] the volumes a scrape
+//! reports. The binary (`main.rs`) only parses flags and wires these up, so
+//! tests can run an exporter against any volumes directory in-process.
+//!
+//! No `unsafe` here: the project's syscalls live in the plugin crate's `sys`
+//! module, netlink goes through nix's safe socket API.
+
+#![forbid(unsafe_code)]
+
+pub mod log;
+
+pub mod blocking;
+pub mod collector;
+pub mod genetlink;
+pub mod http;
+pub mod inventory;
+pub mod metrics;
+
+pub use collector::{Config, Exporter};

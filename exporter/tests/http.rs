@@ -1,0 +1,181 @@
+//! The real HTTP server on 127.0.0.1:0, scraped with a raw HTTP/1.1 client.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use prjquota::registry::State;
+use prjquota_exporter::{Config, Exporter};
+
+const A: &str = "aaaaaaaa-0000-4000-8000-000000000001";
+const B: &str = "bbbbbbbb-0000-4000-8000-000000000002";
+
+struct Server {
+    addr: std::net::SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    done: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+async fn start(volumes_dir: &std::path::Path) -> Server {
+    let config = Config {
+        volumes_dirs: vec![volumes_dir.to_path_buf()],
+        statfs_timeout: Duration::from_secs(5),
+        quota_events: false,
+    };
+    let exporter = Arc::new(Exporter::new(&config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let done = tokio::spawn(prjquota_exporter::http::serve(listener, exporter, async {
+        let _ = stopped.await;
+    }));
+    Server { addr, stop, done }
+}
+
+/// Runs a blocking client off the runtime the server is on.
+async fn client<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_metrics_landing_page_health_and_errors() {
+    let dir = fresh_dir(&std::env::temp_dir(), "http");
+    add_volume(&dir, record(A, "default", 1001, State::Ready));
+    add_volume(&dir, record(B, "web", 1002, State::Ready));
+    std::fs::write(
+        dir.join(".prjquota/volumes/cccccccc-0000-4000-8000-000000000003.json"),
+        b"garbage",
+    )
+    .unwrap();
+    let srv = start(&dir).await;
+    let addr = srv.addr;
+
+    let m = client(move || get(addr, "/metrics")).await;
+    assert_eq!(m.status, 200);
+    assert!(
+        m.header("content-type")
+            .unwrap()
+            .starts_with("text/plain; version=0.0.4"),
+        "{:?}",
+        m.headers
+    );
+    let text = &m.body;
+    for expected in [
+        "# TYPE nomad_host_volume_info gauge",
+        &format!("nomad_host_volume_provisioned_bytes{{namespace=\"web\",node_pool=\"default\",volume_id=\"{B}\"}} 1073741824"),
+        "prjquota_exporter_volumes 2",
+        "prjquota_exporter_scrape_collector_success{collector=\"registry\"} 1",
+        "prjquota_exporter_scrape_collector_success{collector=\"statfs\"} 1",
+        "prjquota_exporter_scrape_collector_success{collector=\"quota_events\"} 0",
+        "prjquota_exporter_quota_events_subscribed 0",
+    ] {
+        assert!(text.lines().any(|l| l == expected), "missing {expected:?} in\n{text}");
+    }
+    let corrupt = format!(
+        "prjquota_exporter_registry_corrupt_records{{volumes_dir=\"{}\"}}",
+        dir.display()
+    );
+    assert_eq!(value(text, &corrupt), Some(1.0), "{text}");
+    // statfs of a real directory: capacity and inodes for both volumes.
+    assert_eq!(text.matches("nomad_host_volume_capacity_bytes{").count(), 2);
+    assert!(value(text, &format!("nomad_host_volume_capacity_bytes{{namespace=\"default\",node_pool=\"default\",volume_id=\"{A}\"}}")).unwrap() > 0.0);
+    // Every HELP/TYPE once.
+    let mut types: Vec<_> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
+    let n = types.len();
+    types.sort();
+    types.dedup();
+    assert_eq!(types.len(), n, "a family appears twice");
+
+    let landing = client(move || get(addr, "/")).await;
+    assert_eq!(landing.status, 200);
+    assert!(landing
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/html"));
+    assert!(
+        landing.body.contains("<a href=\"metrics\">"),
+        "{}",
+        landing.body
+    );
+
+    let h = client(move || get(addr, "/healthz")).await;
+    assert_eq!((h.status, h.body.as_str()), (200, "ok"));
+
+    let nf = client(move || get(addr, "/metricz")).await;
+    assert_eq!(nf.status, 404);
+
+    let post = client(move || {
+        raw(
+            addr,
+            "POST /metrics HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        )
+    })
+    .await;
+    assert_eq!(post.status, 405);
+    assert_eq!(post.header("allow"), Some("GET, HEAD"));
+
+    let head = client(move || {
+        raw(
+            addr,
+            "HEAD /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+        )
+    })
+    .await;
+    assert_eq!(head.status, 200);
+    assert!(head.body.is_empty());
+
+    // A huge request head is refused, not buffered.
+    let big = client(move || {
+        let junk = "x".repeat(64 * 1024);
+        raw(
+            addr,
+            &format!(
+                "GET /metrics HTTP/1.1\r\nHost: t\r\nX-Junk: {junk}\r\nConnection: close\r\n\r\n"
+            ),
+        )
+    })
+    .await;
+    assert_eq!(big.status, 431);
+
+    // A deleted volume's series are gone at the next scrape.
+    std::fs::remove_file(dir.join(format!(".prjquota/volumes/{A}.json"))).unwrap();
+    let m = client(move || get(addr, "/metrics")).await;
+    assert!(!m.body.contains(A), "{}", m.body);
+    assert!(m.body.lines().any(|l| l == "prjquota_exporter_volumes 1"));
+
+    srv.stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(15), srv.done)
+        .await
+        .expect("graceful shutdown finishes")
+        .unwrap()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_sends_its_headers_is_dropped() {
+    use std::io::Read;
+    let dir = fresh_dir(&std::env::temp_dir(), "slow");
+    let srv = start(&dir).await;
+    let addr = srv.addr;
+    let closed = client(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        std::io::Write::write_all(&mut s, b"GET /metrics HTTP/1.1\r\nHost: t\r\n").unwrap();
+        let t = std::time::Instant::now();
+        let mut buf = Vec::new();
+        let _ = s.read_to_end(&mut buf);
+        t.elapsed()
+    })
+    .await;
+    assert!(
+        closed < Duration::from_secs(25),
+        "closed after {closed:?}; the header read timeout is {:?}",
+        prjquota_exporter::http::HEADER_READ_TIMEOUT
+    );
+    srv.stop.send(()).unwrap();
+    let _ = srv.done.await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}

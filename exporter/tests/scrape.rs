@@ -1,0 +1,134 @@
+//! In-process scrapes of volumes directories on this host. The host kernel
+//! has no XFS quota support and the volumes here live on tmpfs, so quota
+//! collection must fail gracefully while everything else is served. Real
+//! quota enforcement is tested in the VM (tests/ crate, `cargo xtask test`).
+
+mod common;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use prjquota::registry::State;
+use prjquota_exporter::genetlink::{self, Warning};
+use prjquota_exporter::{Config, Exporter};
+
+const A: &str = "aaaaaaaa-1111-4000-8000-000000000001";
+
+fn config(dir: &Path, quota_events: bool) -> Config {
+    Config {
+        volumes_dirs: vec![dir.to_path_buf()],
+        statfs_timeout: Duration::from_secs(5),
+        quota_events,
+    }
+}
+
+#[tokio::test]
+async fn tmpfs_volumes_dir_degrades_quota_and_keeps_the_rest() {
+    let shm = Path::new("/dev/shm");
+    if !shm.is_dir() {
+        eprintln!("skipping: no /dev/shm on this host");
+        return;
+    }
+    let dir = fresh_dir(shm, "tmpfs");
+    add_volume(&dir, record(A, "default", 4242, State::Ready));
+    let exporter = Exporter::new(&config(&dir, false));
+    let text = exporter.scrape().await.to_text();
+    assert!(
+        text.lines()
+            .any(|l| l == "prjquota_exporter_scrape_collector_success{collector=\"quota\"} 0"),
+        "{text}"
+    );
+    for ok in ["registry", "statfs"] {
+        let line = format!("prjquota_exporter_scrape_collector_success{{collector=\"{ok}\"}} 1");
+        assert!(text.lines().any(|l| l == line), "{text}");
+    }
+    let labels = format!("{{namespace=\"default\",node_pool=\"default\",volume_id=\"{A}\"}}");
+    assert!(value(&text, &format!("nomad_host_volume_capacity_bytes{labels}")).unwrap() > 0.0);
+    assert!(value(&text, &format!("nomad_host_volume_inodes_used{labels}")).is_some());
+    assert!(
+        !text.contains("nomad_host_volume_quota_used_bytes{"),
+        "{text}"
+    );
+    assert!(
+        value(
+            &text,
+            &format!("nomad_host_volume_provisioned_bytes{labels}")
+        ) == Some(1073741824.0)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_missing_volume_root_is_a_not_found_stats_error() {
+    let dir = fresh_dir(&std::env::temp_dir(), "noroot");
+    add_volume(&dir, record(A, "default", 1, State::Ready));
+    std::fs::remove_dir(dir.join(A)).unwrap();
+    let text = Exporter::new(&config(&dir, false)).scrape().await.to_text();
+    let line = format!(
+        "nomad_host_volume_stats_error{{namespace=\"default\",node_pool=\"default\",volume_id=\"{A}\",reason=\"not_found\"}} 1"
+    );
+    assert!(text.lines().any(|l| l == line), "{text}");
+    assert!(text
+        .lines()
+        .any(|l| l == "prjquota_exporter_scrape_collector_success{collector=\"statfs\"} 1"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The whole netlink path on the host kernel: subscribe to VFS_DQUOT/events,
+/// inject a warning into the group as the kernel would send it (needs
+/// CAP_NET_ADMIN), and see it counted for the right volume.
+#[tokio::test]
+async fn quota_warnings_from_netlink_are_counted_per_volume() {
+    let dir = fresh_dir(&std::env::temp_dir(), "netlink");
+    let project = 3_000_000 + std::process::id() % 1_000_000;
+    add_volume(&dir, record(A, "default", project, State::Ready));
+    let exporter = Exporter::new(&config(&dir, true));
+    let text = exporter.scrape().await.to_text();
+    if text
+        .lines()
+        .any(|l| l == "prjquota_exporter_quota_events_subscribed 0")
+    {
+        eprintln!("skipping: this kernel offers no quota netlink interface");
+        return;
+    }
+    let labels = format!("namespace=\"default\",node_pool=\"default\",volume_id=\"{A}\"");
+    let hard = format!(
+        "nomad_host_volume_quota_limit_hits_total{{{labels},resource=\"bytes\",limit=\"hard\"}}"
+    );
+    assert_eq!(value(&text, &hard), Some(0.0), "{text}");
+
+    let family = genetlink::resolve(genetlink::QUOTA_FAMILY).unwrap();
+    let group = family.group(genetlink::QUOTA_GROUP).unwrap();
+    let dev = std::fs::metadata(&dir).unwrap().dev();
+    let w = Warning {
+        qtype: genetlink::PRJQUOTA,
+        id: project.into(),
+        warning: genetlink::QUOTA_NL_BHARDWARN,
+        dev_major: libc::major(dev),
+        dev_minor: libc::minor(dev),
+        caused_by: 0,
+    };
+    let msg = genetlink::warning_message(family.id, &w);
+    if let Err(e) = genetlink::send_to_group(group, &msg) {
+        eprintln!("skipping: cannot send to the quota group ({e}); needs CAP_NET_ADMIN");
+        return;
+    }
+    genetlink::send_to_group(group, &msg).unwrap();
+    let mut seen = None;
+    for _ in 0..200 {
+        let text = exporter.scrape().await.to_text();
+        seen = value(&text, &hard);
+        if seen == Some(2.0) {
+            assert!(text
+                .lines()
+                .any(|l| l
+                    == "prjquota_exporter_scrape_collector_success{collector=\"quota_events\"} 1"));
+            std::fs::remove_dir_all(&dir).unwrap();
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the injected warnings were not counted: last value {seen:?}");
+}
