@@ -7,6 +7,7 @@
 //! [`sys`] (the only `unsafe` code) and the thin safe layers above it
 //! ([`quota`], [`fs`], [`registry`], [`remove`]).
 
+pub mod admin;
 pub mod capacity;
 pub mod config;
 pub mod contract;

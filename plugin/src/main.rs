@@ -7,6 +7,7 @@ use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 
+use prjquota::admin;
 use prjquota::contract::{self, Operation};
 use prjquota::ops;
 
@@ -19,6 +20,17 @@ Nomad runs it with one argument and DHV_* variables:
   prjquota fingerprint     print {\"version\": ...}
   prjquota create          create, restore or resize the volume DHV_VOLUME_ID
   prjquota delete          delete the volume DHV_VOLUME_ID
+
+Operator commands (Nomad never runs these):
+  prjquota check [--volumes-dir DIR] [--plugin-dir DIR] [--json]
+        is this node ready for a volume? one line per requirement, with fixes
+  prjquota list [--volumes-dir DIR] [--json] [--bytes]
+        the volumes on this node, fullest first
+  prjquota reconcile [--volumes-dir DIR] [--plugin-dir DIR] [--fix] [--json]
+        compare records, directories and quotas; --fix repairs what loses no data
+
+  --volumes-dir defaults to /opt/nomad/data/host_volumes; --plugin-dir to the
+  directory of this executable (where prjquota.toml is looked up).
 
 Options:
   -h, --help               this text
@@ -52,6 +64,59 @@ fn plugin_id(argv0: Option<&OsString>) -> String {
         .unwrap_or_else(|| "prjquota".to_string())
 }
 
+/// The operator commands. Their output is for people (or `--json`), not
+/// for Nomad, so errors are plain text on stderr with exit status 2.
+fn admin(op: &str, args: &[OsString]) -> ExitCode {
+    let args: Vec<String> = match args.iter().map(|a| a.clone().into_string()).collect() {
+        Ok(a) => a,
+        Err(_) => {
+            eprintln!("prjquota {op}: arguments must be UTF-8");
+            return ExitCode::from(2);
+        }
+    };
+    let booleans: &[&str] = match op {
+        "check" => &["--json"],
+        "list" => &["--json", "--bytes"],
+        _ => &["--json", "--fix"],
+    };
+    let flags = match admin::parse_flags(&args, booleans) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("prjquota {op}: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let ok = match op {
+        "check" => admin::check::print(&admin::check::run(&flags), flags.json),
+        "list" => match admin::list::rows(&flags) {
+            Ok(rows) if rows.is_empty() && !flags.json => {
+                eprintln!("no volumes in {}", flags.volumes_dir().display());
+                true
+            }
+            Ok(rows) => {
+                print!("{}", admin::list::render(&rows, flags.json, flags.bytes));
+                true
+            }
+            Err(e) => {
+                eprintln!("prjquota list: {e:#}");
+                return ExitCode::from(2);
+            }
+        },
+        _ => match admin::reconcile::run(&flags) {
+            Ok(findings) => admin::reconcile::print(&findings, flags.json, flags.fix),
+            Err(e) => {
+                eprintln!("prjquota reconcile: {e:#}");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
 fn main() -> ExitCode {
     // A bug must still give Nomad an error object rather than empty stdout
     // (which Nomad takes as an unparsable success).
@@ -72,6 +137,7 @@ fn main() -> ExitCode {
             println!("prjquota {VERSION}");
             return ExitCode::SUCCESS;
         }
+        "check" | "list" | "reconcile" => return admin(op, &args[2..]),
         _ => {}
     }
     let Some(operation) = Operation::parse(op) else {

@@ -67,7 +67,7 @@ fn cname(id: &VolumeId) -> CString {
 }
 
 /// The limits a volume should have.
-fn limits_for(bytes: u64, params: &VolumeParams) -> Limits {
+pub(crate) fn limits_for(bytes: u64, params: &VolumeParams) -> Limits {
     Limits {
         bytes_hard: bytes,
         bytes_soft: 0,
@@ -78,7 +78,7 @@ fn limits_for(bytes: u64, params: &VolumeParams) -> Limits {
 
 /// The kernel's answer to "are these the limits in force?". The kernel
 /// reports byte limits in whole KiB (rounded up), so compare at that grain.
-fn limits_match(have: &Limits, want: &Limits) -> bool {
+pub(crate) fn limits_match(have: &Limits, want: &Limits) -> bool {
     have.bytes_hard == want.bytes_hard.div_ceil(1024) * 1024
         && have.bytes_soft == want.bytes_soft.div_ceil(1024) * 1024
         && have.inodes_hard == want.inodes_hard
@@ -87,7 +87,7 @@ fn limits_match(have: &Limits, want: &Limits) -> bool {
 
 /// Opens a volume's root directory without following a link, and checks it
 /// lives on the volumes filesystem itself (not a mount placed there).
-fn open_volume_dir(vfs: &VolumesFs, id: &VolumeId) -> io::Result<OwnedFd> {
+pub(crate) fn open_volume_dir(vfs: &VolumesFs, id: &VolumeId) -> io::Result<OwnedFd> {
     let fd = sys::openat(
         vfs.fd(),
         &cname(id),
@@ -193,7 +193,7 @@ fn allocate_project_id(vfs: &VolumesFs, reg: &Registry, cfg: &Config) -> Result<
 
 /// What this call changed, so a failed create can put things back.
 #[derive(Default)]
-struct Undo {
+pub(crate) struct Undo {
     record: bool,
     limits: bool,
     dir: bool,
@@ -333,7 +333,7 @@ fn create_new(
 
 /// Brings the kernel and the directory to the wanted state, step by step;
 /// each step is skipped when already done.
-fn converge(
+pub(crate) fn converge(
     vfs: &VolumesFs,
     id: &VolumeId,
     project_id: u32,

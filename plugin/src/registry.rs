@@ -273,6 +273,38 @@ impl Registry {
             .with_context(|| format!("cannot sync {}/{VOLUMES}", self.path.display()))
     }
 
+    /// Leftover temp files of interrupted record writes (`.<id>.json.tmp`).
+    pub fn temp_files(&self) -> Result<Vec<String>> {
+        Ok(sys::read_dir(self.volumes.as_fd())
+            .with_context(|| format!("cannot list {}/{VOLUMES}", self.path.display()))?
+            .into_iter()
+            .filter_map(|e| e.name.into_string().ok())
+            .filter(|n| n.starts_with('.') && n.ends_with(".json.tmp"))
+            .collect())
+    }
+
+    /// Removes one temp file found by [`Registry::temp_files`].
+    pub fn remove_temp_file(&self, name: &str) -> Result<()> {
+        match sys::unlinkat(self.volumes.as_fd(), &c(name), false) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e)
+                .with_context(|| format!("cannot remove {}/{VOLUMES}/{name}", self.path.display())),
+            _ => Ok(()),
+        }
+    }
+
+    /// Volume IDs that have a lock file.
+    pub fn locked_ids(&self) -> Result<Vec<VolumeId>> {
+        Ok(sys::read_dir(self.locks.as_fd())
+            .with_context(|| format!("cannot list {}/{LOCKS}", self.path.display()))?
+            .into_iter()
+            .filter_map(|e| e.name.into_string().ok())
+            .filter_map(|n| {
+                n.strip_suffix(".lock")
+                    .and_then(|id| VolumeId::parse(id).ok())
+            })
+            .collect())
+    }
+
     /// Every record, in volume-ID order. Entries that are not records are
     /// ignored; a record that cannot be parsed is returned as an error entry
     /// so callers can report it without losing the others.
@@ -289,12 +321,26 @@ pub enum Entry {
     Corrupt { file: String, error: String },
 }
 
+/// Records are a few hundred bytes; a larger file is not a record.
+pub const MAX_RECORD_BYTES: u64 = 1 << 20;
+
 fn parse_record(mut f: std::fs::File, expected_id: &str) -> Result<Record> {
     use std::io::Read;
     let mut body = Vec::new();
-    // Records are a few hundred bytes; refuse to read a planted giant.
-    Read::by_ref(&mut f).take(1 << 20).read_to_end(&mut body)?;
-    let rec: Record = serde_json::from_slice(&body).context("invalid JSON record")?;
+    Read::by_ref(&mut f)
+        .take(MAX_RECORD_BYTES + 1)
+        .read_to_end(&mut body)?;
+    if body.len() as u64 > MAX_RECORD_BYTES {
+        anyhow::bail!("larger than {MAX_RECORD_BYTES} bytes: not a record");
+    }
+    parse_record_bytes(&body, expected_id)
+}
+
+/// Parses and checks one record file's content: valid JSON of the supported
+/// version whose `volume_id` matches the file name (`<id>.json`). The
+/// exporter, which caches records per file, uses this directly.
+pub fn parse_record_bytes(body: &[u8], expected_id: &str) -> Result<Record> {
+    let rec: Record = serde_json::from_slice(body).context("invalid JSON record")?;
     if rec.volume_id.as_str() != expected_id {
         anyhow::bail!(
             "the record's volume_id {} does not match its file name",

@@ -8,6 +8,7 @@
 
 pub mod fixture;
 pub mod nomad;
+pub mod prom;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,0 +1,214 @@
+//! `prjquota list`: the volumes on this node, fullest first.
+
+use std::collections::HashMap;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use super::Flags;
+use crate::capacity::human;
+use crate::fs::VolumesFs;
+use crate::quota;
+use crate::registry::{self, Entry, State};
+
+/// One volume as listed.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Row {
+    pub volume_id: String,
+    pub name: String,
+    pub namespace: String,
+    pub node_pool: String,
+    pub state: State,
+    pub project_id: u32,
+    pub size_bytes: u64,
+    pub used_bytes: u64,
+    pub used_percent: f64,
+    pub used_inodes: u64,
+    pub max_inodes: Option<u64>,
+    pub path: String,
+}
+
+/// Reads the registry and one quota pass over the recorded project IDs.
+pub fn rows(flags: &Flags) -> Result<Vec<Row>> {
+    let dir = flags.volumes_dir();
+    let entries = registry::read_all(&dir)
+        .with_context(|| format!("cannot read the registry under {}", dir.display()))?;
+    let records: Vec<_> = entries
+        .into_iter()
+        .filter_map(|e| match e {
+            Entry::Record(r) => Some(*r),
+            Entry::Corrupt { file, error } => {
+                eprintln!("prjquota: skipping unreadable record {file}: {error}");
+                None
+            }
+        })
+        .collect();
+    if records.is_empty() {
+        return Ok(Vec::new());
+    }
+    let vfs = VolumesFs::open(&dir, false)?;
+    let lo = records.iter().map(|r| r.project_id).min().unwrap_or(1);
+    let hi = records.iter().map(|r| r.project_id).max().unwrap_or(1);
+    let usage: HashMap<u32, quota::ProjectQuota> = quota::list(vfs.fd(), lo..=hi)
+        .with_context(|| format!("cannot read project quotas on {}", vfs.describe()))?
+        .into_iter()
+        .map(|q| (q.id, q))
+        .collect();
+    let mut rows: Vec<Row> = records
+        .into_iter()
+        .map(|r| {
+            let q = usage.get(&r.project_id).copied().unwrap_or_default();
+            let pct = if r.provisioned_bytes == 0 {
+                0.0
+            } else {
+                q.used_bytes as f64 * 100.0 / r.provisioned_bytes as f64
+            };
+            Row {
+                volume_id: r.volume_id.to_string(),
+                name: r.volume_name,
+                namespace: r.namespace,
+                node_pool: r.node_pool,
+                state: r.state,
+                project_id: r.project_id,
+                size_bytes: r.provisioned_bytes,
+                used_bytes: q.used_bytes,
+                used_percent: (pct * 10.0).round() / 10.0,
+                used_inodes: q.used_inodes,
+                max_inodes: r.params.max_inodes,
+                path: r.path.display().to_string(),
+            }
+        })
+        .collect();
+    sort(&mut rows);
+    Ok(rows)
+}
+
+/// Fullest first; ties by volume ID so the order is stable.
+pub fn sort(rows: &mut [Row]) {
+    rows.sort_by(|a, b| {
+        b.used_percent
+            .total_cmp(&a.used_percent)
+            .then_with(|| a.volume_id.cmp(&b.volume_id))
+    });
+}
+
+/// Renders the table (or JSON).
+pub fn render(rows: &[Row], json: bool, bytes: bool) -> String {
+    if json {
+        return serde_json::to_string_pretty(rows).expect("serialisable") + "\n";
+    }
+    let size = |b: u64| if bytes { b.to_string() } else { human(b) };
+    let header = [
+        "VOLUME ID",
+        "NAME",
+        "NAMESPACE",
+        "NODE POOL",
+        "PROJECT",
+        "SIZE",
+        "USED",
+        "USE%",
+        "INODES",
+        "PATH",
+    ];
+    let mut table: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
+    for r in rows {
+        let state = match r.state {
+            State::Ready => String::new(),
+            State::Creating => " (creating)".into(),
+            State::Deleting => " (deleting)".into(),
+        };
+        table.push(vec![
+            format!("{}{state}", r.volume_id),
+            r.name.escape_debug().to_string(),
+            r.namespace.clone(),
+            r.node_pool.clone(),
+            r.project_id.to_string(),
+            size(r.size_bytes),
+            size(r.used_bytes),
+            format!("{:.1}%", r.used_percent),
+            match r.max_inodes {
+                Some(m) => format!("{}/{m}", r.used_inodes),
+                None => r.used_inodes.to_string(),
+            },
+            r.path.clone(),
+        ]);
+    }
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| {
+            table
+                .iter()
+                .map(|row| row[c].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in &table {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str, pct: f64) -> Row {
+        Row {
+            volume_id: id.into(),
+            name: "n\u{1b}x".into(),
+            namespace: "default".into(),
+            node_pool: "default".into(),
+            state: State::Ready,
+            project_id: 7,
+            size_bytes: 1 << 30,
+            used_bytes: 3 << 20,
+            used_percent: pct,
+            used_inodes: 4,
+            max_inodes: Some(100),
+            path: "/v".into(),
+        }
+    }
+
+    #[test]
+    fn fullest_first_then_by_id() {
+        let mut rows = vec![row("b", 10.0), row("a", 50.0), row("c", 50.0)];
+        sort(&mut rows);
+        let ids: Vec<_> = rows.iter().map(|r| r.volume_id.as_str()).collect();
+        assert_eq!(ids, ["a", "c", "b"]);
+    }
+
+    #[test]
+    fn table_has_human_or_exact_sizes_and_escapes_names() {
+        let t = render(&[row("a", 0.3)], false, false);
+        assert!(t.starts_with("VOLUME ID"));
+        assert!(
+            t.contains("1 GiB") && t.contains("3 MiB") && t.contains("4/100"),
+            "{t}"
+        );
+        assert!(
+            t.contains("n\\u{1b}x"),
+            "control characters are escaped: {t}"
+        );
+        let t = render(&[row("a", 0.3)], false, true);
+        assert!(t.contains("1073741824") && t.contains("3145728"), "{t}");
+        let j: serde_json::Value =
+            serde_json::from_str(&render(&[row("a", 0.3)], true, false)).unwrap();
+        assert_eq!(j[0]["size_bytes"], 1u64 << 30);
+    }
+
+    #[test]
+    fn a_volumes_dir_without_registry_lists_nothing() {
+        let flags = Flags {
+            volumes_dir: Some(std::env::temp_dir().join("prjquota-list-none")),
+            ..Flags::default()
+        };
+        assert!(rows(&flags).unwrap().is_empty());
+    }
+}

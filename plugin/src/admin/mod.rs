@@ -1,0 +1,100 @@
+//! Operator commands: `prjquota check`, `list` and `reconcile`.
+//!
+//! Nomad never runs these; they share the plugin's library so that what they
+//! report is exactly what `create` and `delete` would see. They never change
+//! how `fingerprint`, `create` or `delete` behave.
+
+pub mod check;
+pub mod list;
+pub mod reconcile;
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+
+/// Nomad's default `host_volumes_dir` (`<data_dir>/host_volumes`).
+pub const DEFAULT_VOLUMES_DIR: &str = "/opt/nomad/data/host_volumes";
+
+/// Flags shared by the operator commands.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Flags {
+    pub volumes_dir: Option<PathBuf>,
+    pub plugin_dir: Option<PathBuf>,
+    pub json: bool,
+    pub bytes: bool,
+    pub fix: bool,
+}
+
+impl Flags {
+    pub fn volumes_dir(&self) -> PathBuf {
+        self.volumes_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_VOLUMES_DIR))
+    }
+}
+
+/// Parses `--volumes-dir DIR`, `--plugin-dir DIR` (also as `--x=DIR`) and
+/// the boolean flags a command accepts.
+pub fn parse_flags(args: &[String], booleans: &[&str]) -> Result<Flags> {
+    let mut f = Flags::default();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let (name, inline) = match a.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
+            _ => (a.as_str(), None),
+        };
+        let mut value = |flag: &str| -> Result<PathBuf> {
+            match inline.clone().or_else(|| it.next().cloned()) {
+                Some(v) if !v.is_empty() => Ok(PathBuf::from(v)),
+                _ => bail!("{flag} needs a directory"),
+            }
+        };
+        match name {
+            "--volumes-dir" => f.volumes_dir = Some(value(name)?),
+            "--plugin-dir" => f.plugin_dir = Some(value(name)?),
+            "--json" if booleans.contains(&"--json") => f.json = true,
+            "--bytes" if booleans.contains(&"--bytes") => f.bytes = true,
+            "--fix" if booleans.contains(&"--fix") => f.fix = true,
+            other => bail!(
+                "unknown flag {other:?}; accepted: --volumes-dir DIR, --plugin-dir DIR{}",
+                booleans
+                    .iter()
+                    .map(|b| format!(", {b}"))
+                    .collect::<String>()
+            ),
+        }
+    }
+    Ok(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn flags_take_separate_and_inline_values() {
+        let f = parse_flags(
+            &s(&["--volumes-dir", "/v", "--plugin-dir=/p", "--json"]),
+            &["--json"],
+        )
+        .unwrap();
+        assert_eq!(f.volumes_dir.as_deref(), Some(std::path::Path::new("/v")));
+        assert_eq!(f.plugin_dir.as_deref(), Some(std::path::Path::new("/p")));
+        assert!(f.json && !f.fix);
+    }
+
+    #[test]
+    fn unknown_and_unaccepted_flags_are_refused() {
+        assert!(parse_flags(&s(&["--fix"]), &["--json"]).is_err());
+        assert!(parse_flags(&s(&["--nope"]), &[]).is_err());
+        assert!(parse_flags(&s(&["--volumes-dir"]), &[]).is_err());
+        assert_eq!(
+            parse_flags(&[], &[]).unwrap().volumes_dir(),
+            PathBuf::from(DEFAULT_VOLUMES_DIR)
+        );
+    }
+}

@@ -1,0 +1,612 @@
+//! Prometheus in the tests: a minimal HTTP client, a parser for the text
+//! exposition format, and a real Prometheus server (`/usr/bin/prometheus`,
+//! Debian 12 ships 2.42) scraping test targets, queried through its HTTP API.
+//!
+//! ```ignore
+//! let prom = Prometheus::start(&[("prjquota", exporter_addr)], &[rules_file]);
+//! let result = prom.query_until("up == 1", |r| r.as_array().is_some_and(|a| !a.is_empty()));
+//! let alerts = prom.alerts();
+//! // dropped: Prometheus is stopped and its data removed
+//! ```
+//!
+//! Everything here is bounded in time but asserts no timing: the VM emulates
+//! its CPU, so waits are generous and only report how long they took.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const PROMETHEUS: &str = "/usr/bin/prometheus";
+pub const PROMTOOL: &str = "/usr/bin/promtool";
+
+/// The guest boots with only a loopback interface, possibly down; bring it
+/// up once per process (best effort: outside a fresh VM it is up already).
+pub fn ensure_loopback() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        if TcpListener::bind("127.0.0.1:0").is_err() {
+            let _ = Command::new("ip")
+                .args(["link", "set", "lo", "up"])
+                .env("PATH", "/usr/sbin:/sbin:/usr/bin:/bin")
+                .status();
+        }
+    });
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (for programs that
+/// cannot report the port they bound to `:0`).
+pub fn free_port() -> u16 {
+    ensure_loopback();
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind 127.0.0.1:0")
+        .port()
+}
+
+// ---------------------------------------------------------------------------
+// HTTP
+
+/// A reply: status and (de-chunked) body.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// `GET path` (path and query, already encoded) over HTTP/1.1 with
+/// `Connection: close`; reads until the server closes. `Err` for a
+/// connection or protocol failure (so callers can poll a server starting up).
+pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> std::io::Result<Reply> {
+    use std::io::{Error, ErrorKind};
+    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: prjquota-vmtests\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)?;
+    let bad = |what: &str| Error::new(ErrorKind::InvalidData, format!("{what} from {addr}{path}"));
+    let split = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| bad("no reply head"))?;
+    let head = std::str::from_utf8(&buf[..split]).map_err(|_| bad("a non-UTF-8 head"))?;
+    let raw_body = &buf[split + 4..];
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("no status line"))?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let chunked = headers.iter().any(|(n, v)| {
+        n.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
+    });
+    let body = if chunked {
+        dechunk(raw_body).ok_or_else(|| bad("a truncated chunked body"))?
+    } else {
+        raw_body.to_vec()
+    };
+    let body = String::from_utf8(body).map_err(|_| bad("a non-UTF-8 body"))?;
+    Ok(Reply {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// Decodes a chunked body; `None` unless it ends with the last (empty) chunk.
+fn dechunk(mut s: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let eol = s.windows(2).position(|w| w == b"\r\n")?;
+        let size = std::str::from_utf8(&s[..eol]).ok()?;
+        let size = size.split(';').next()?.trim();
+        let n = usize::from_str_radix(size, 16).ok()?;
+        s = &s[eol + 2..];
+        if n == 0 {
+            return Some(out);
+        }
+        out.extend_from_slice(s.get(..n)?);
+        s = s.get(n + 2..)?;
+    }
+}
+
+/// Percent-encodes a query parameter value (RFC 3986 unreserved kept).
+pub fn url_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 3);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------
+// The text exposition format
+
+/// One sample line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+impl Sample {
+    pub fn label(&self, name: &str) -> Option<&str> {
+        self.labels.get(name).map(String::as_str)
+    }
+
+    /// True when every `(name, value)` of `want` is among the labels.
+    pub fn has(&self, want: &[(&str, &str)]) -> bool {
+        want.iter().all(|(k, v)| self.label(k) == Some(*v))
+    }
+}
+
+/// A parsed scrape: samples in order, and the `# TYPE` and `# HELP` of each
+/// family.
+#[derive(Debug, Clone, Default)]
+pub struct Exposition {
+    pub samples: Vec<Sample>,
+    pub types: BTreeMap<String, String>,
+    pub helps: BTreeMap<String, String>,
+    pub text: String,
+}
+
+impl Exposition {
+    /// Parses the Prometheus text format (0.0.4). Panics, quoting the line,
+    /// on anything malformed: the exporter must never produce it.
+    pub fn parse(text: &str) -> Exposition {
+        let mut e = Exposition {
+            text: text.to_string(),
+            ..Exposition::default()
+        };
+        for (n, line) in text.lines().enumerate() {
+            let fail = |why: &str| -> ! { panic!("line {}: {why}: {line:?}", n + 1) };
+            if line.is_empty() {
+                continue;
+            }
+            if let Some(rest) = line.strip_prefix("# ") {
+                let mut parts = rest.splitn(3, ' ');
+                match (parts.next(), parts.next(), parts.next()) {
+                    (Some("TYPE"), Some(name), Some(t)) => {
+                        if e.types.insert(name.into(), t.into()).is_some() {
+                            fail("a second TYPE for one family");
+                        }
+                    }
+                    (Some("HELP"), Some(name), Some(h)) => {
+                        e.helps.insert(name.into(), h.into());
+                    }
+                    _ => {}
+                }
+                continue;
+            }
+            if line.starts_with('#') {
+                continue;
+            }
+            let (name, rest) = match line.find(['{', ' ']) {
+                Some(i) => line.split_at(i),
+                None => fail("no value"),
+            };
+            let mut labels = BTreeMap::new();
+            let rest = if let Some(mut r) = rest.strip_prefix('{') {
+                loop {
+                    r = r.trim_start_matches(',');
+                    if let Some(after) = r.strip_prefix('}') {
+                        break after;
+                    }
+                    let eq = r.find('=').unwrap_or_else(|| fail("a label without ="));
+                    let key = r[..eq].to_string();
+                    let mut chars = r[eq + 1..].char_indices();
+                    if chars.next().map(|c| c.1) != Some('"') {
+                        fail("an unquoted label value");
+                    }
+                    let mut value = String::new();
+                    let mut end = None;
+                    while let Some((i, c)) = chars.next() {
+                        match c {
+                            '\\' => match chars.next().map(|c| c.1) {
+                                Some('n') => value.push('\n'),
+                                Some('\\') => value.push('\\'),
+                                Some('"') => value.push('"'),
+                                _ => fail("a bad escape in a label value"),
+                            },
+                            '"' => {
+                                end = Some(eq + 1 + i + 1);
+                                break;
+                            }
+                            c => value.push(c),
+                        }
+                    }
+                    let end = end.unwrap_or_else(|| fail("an unterminated label value"));
+                    if labels.insert(key, value).is_some() {
+                        fail("a repeated label");
+                    }
+                    r = &r[end..];
+                }
+            } else {
+                rest
+            };
+            let mut fields = rest.split_whitespace();
+            let value = match fields.next() {
+                Some("NaN") => f64::NAN,
+                Some("+Inf") => f64::INFINITY,
+                Some("-Inf") => f64::NEG_INFINITY,
+                Some(v) => v.parse().unwrap_or_else(|_| fail("a value that is not a number")),
+                None => fail("no value"),
+            };
+            e.samples.push(Sample {
+                name: name.to_string(),
+                labels,
+                value,
+            });
+        }
+        e
+    }
+
+    /// Samples of metric `name` carrying all of `labels`.
+    pub fn find<'a>(
+        &'a self,
+        name: &'a str,
+        labels: &'a [(&'a str, &'a str)],
+    ) -> impl Iterator<Item = &'a Sample> + 'a {
+        self.samples
+            .iter()
+            .filter(move |s| s.name == name && s.has(labels))
+    }
+
+    /// The value of the one sample of `name` with `labels`; `None` if there
+    /// is none, a panic if there are several.
+    pub fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let found: Vec<&Sample> = self.find(name, labels).collect();
+        match found.as_slice() {
+            [] => None,
+            [s] => Some(s.value),
+            _ => panic!("{} samples of {name} with {labels:?}: {found:?}", found.len()),
+        }
+    }
+
+    /// As [`Exposition::get`], panicking (with the exposition) when absent.
+    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.get(name, labels)
+            .unwrap_or_else(|| panic!("no {name} with {labels:?} in\n{}", self.text))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// promtool
+
+/// What `promtool check metrics` said about an exposition.
+#[derive(Debug)]
+pub struct Lint {
+    pub code: Option<i32>,
+    pub output: String,
+}
+
+/// Pipes `text` to `promtool check metrics`.
+pub fn promtool_check_metrics(text: &str) -> Lint {
+    let mut child = Command::new(PROMTOOL)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {PROMTOOL}: {e}"));
+    let mut stdin = child.stdin.take().expect("stdin piped");
+    let text = text.to_string();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(text.as_bytes());
+    });
+    let out = child.wait_with_output().expect("wait for promtool");
+    writer.join().expect("stdin writer");
+    Lint {
+        code: out.status.code(),
+        output: format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+/// Runs `promtool ARGS…` and returns (exit code, stdout+stderr).
+pub fn promtool(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(PROMTOOL)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {PROMTOOL}: {e}"));
+    (
+        out.status.code(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+// ---------------------------------------------------------------------------
+// A Prometheus server
+
+/// How long to wait for Prometheus to become ready: generous, since the VM
+/// emulates its CPU (reported, never asserted).
+pub const READY_TIMEOUT: Duration = Duration::from_secs(300);
+/// Default bound of [`Prometheus::query_until`].
+pub const QUERY_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// A running Prometheus with its own config and storage in a temp dir;
+/// stopped (SIGTERM, then SIGKILL) and removed on drop.
+pub struct Prometheus {
+    child: Child,
+    pub addr: SocketAddr,
+    pub dir: PathBuf,
+    pub config: PathBuf,
+}
+
+/// A fresh private directory under the temp dir (guest /tmp is writable).
+fn temp_dir(tag: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "prjquota-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("mkdir {}: {e}", d.display()));
+    d
+}
+
+/// The Prometheus configuration: every target its own job (`job_name`),
+/// scraped every second; rule files evaluated every second.
+pub fn config_yaml(targets: &[(&str, SocketAddr)], rule_files: &[PathBuf]) -> String {
+    let mut y = String::from(
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n",
+    );
+    if !rule_files.is_empty() {
+        y.push_str("rule_files:\n");
+        for f in rule_files {
+            y.push_str(&format!("  - {}\n", serde_json::json!(f.display().to_string())));
+        }
+    }
+    y.push_str("scrape_configs:\n");
+    for (job, addr) in targets {
+        y.push_str(&format!(
+            "  - job_name: {}\n    static_configs:\n      - targets: [{}]\n",
+            serde_json::json!(job),
+            serde_json::json!(addr.to_string())
+        ));
+    }
+    y
+}
+
+impl Prometheus {
+    /// Starts Prometheus scraping `targets` (job name, address) every
+    /// second with `rule_files` loaded, and waits until `/-/ready` answers.
+    pub fn start(targets: &[(&str, SocketAddr)], rule_files: &[PathBuf]) -> Prometheus {
+        ensure_loopback();
+        let dir = temp_dir("prometheus");
+        let config = dir.join("prometheus.yml");
+        std::fs::write(&config, config_yaml(targets, rule_files)).expect("write prometheus.yml");
+        let (code, out) = promtool(&["check", "config", config.to_str().expect("UTF-8 path")]);
+        assert_eq!(code, Some(0), "promtool check config:\n{out}");
+        let started = Instant::now();
+        // The port is chosen free, then bound by Prometheus: retry if another
+        // process took it in between.
+        for attempt in 0..3 {
+            let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+            let log = std::fs::File::create(dir.join("prometheus.log")).expect("log file");
+            let child = Command::new(PROMETHEUS)
+                .arg(format!("--config.file={}", config.display()))
+                .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+                .arg(format!("--web.listen-address={addr}"))
+                .arg("--log.level=warn")
+                .current_dir(&dir)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().expect("dup log"))
+                .stderr(log)
+                .spawn()
+                .unwrap_or_else(|e| panic!("run {PROMETHEUS}: {e}"));
+            let mut p = Prometheus {
+                child,
+                addr,
+                dir: dir.clone(),
+                config: config.clone(),
+            };
+            match p.wait_ready() {
+                Ok(()) => {
+                    eprintln!(
+                        "MEASURE prometheus_ready_seconds {:.2}",
+                        started.elapsed().as_secs_f64()
+                    );
+                    return p;
+                }
+                Err(why) if attempt < 2 && why.contains("exited") => {
+                    eprintln!("prometheus on {addr} {why}; retrying on another port");
+                    // Keep the directory for the next attempt.
+                    p.dir = PathBuf::new();
+                }
+                Err(why) => panic!("prometheus {why}\n{}", p.log()),
+            }
+        }
+        unreachable!("the last attempt returns or panics")
+    }
+
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(st) = self.child.try_wait().map_err(|e| e.to_string())? {
+                return Err(format!("exited with {st} before it was ready"));
+            }
+            if let Ok(r) = http_get(self.addr, "/-/ready", Duration::from_secs(10)) {
+                if r.status == 200 {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "not ready after {}s",
+                    READY_TIMEOUT.as_secs()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// Prometheus's own log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default()
+    }
+
+    /// GET an API path; panics unless Prometheus answers `status: success`.
+    /// Returns the `data` member.
+    pub fn api(&self, path_and_query: &str) -> Value {
+        let r = http_get(self.addr, path_and_query, Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("GET {path_and_query}: {e}\n{}", self.log()));
+        let v: Value = serde_json::from_str(&r.body)
+            .unwrap_or_else(|e| panic!("GET {path_and_query}: not JSON ({e}): {}", r.body));
+        assert_eq!(
+            v["status"], "success",
+            "GET {path_and_query}: HTTP {}: {v}",
+            r.status
+        );
+        v["data"].clone()
+    }
+
+    /// An instant query; returns `data.result` (for a vector: an array of
+    /// `{"metric": {labels}, "value": [ts, "v"]}`).
+    pub fn query(&self, promql: &str) -> Value {
+        self.api(&format!("/api/v1/query?query={}", url_encode(promql)))["result"].clone()
+    }
+
+    /// Repeats [`Prometheus::query`] (every 500 ms, up to `QUERY_TIMEOUT`)
+    /// until `done` accepts the result, and returns it; panics with the last
+    /// result otherwise.
+    pub fn query_until(&self, promql: &str, done: impl Fn(&Value) -> bool) -> Value {
+        self.query_until_for(promql, QUERY_TIMEOUT, done)
+    }
+
+    pub fn query_until_for(
+        &self,
+        promql: &str,
+        timeout: Duration,
+        done: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let start = Instant::now();
+        loop {
+            let r = self.query(promql);
+            if done(&r) {
+                eprintln!(
+                    "MEASURE prometheus_query_wait_seconds{{query={promql:?}}} {:.2}",
+                    start.elapsed().as_secs_f64()
+                );
+                return r;
+            }
+            if start.elapsed() > timeout {
+                panic!(
+                    "{promql}: no acceptable result within {}s; last: {r}\ntargets: {}\n{}",
+                    timeout.as_secs(),
+                    self.api("/api/v1/targets"),
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// `data.alerts` of `/api/v1/alerts`: every pending or firing alert.
+    pub fn alerts(&self) -> Value {
+        self.api("/api/v1/alerts")["alerts"].clone()
+    }
+
+    /// `data.groups` of `/api/v1/rules`.
+    pub fn rules(&self) -> Value {
+        self.api("/api/v1/rules")["groups"].clone()
+    }
+
+    /// `data.activeTargets` of `/api/v1/targets`.
+    pub fn targets(&self) -> Value {
+        self.api("/api/v1/targets")["activeTargets"].clone()
+    }
+}
+
+/// The samples of a vector result as (labels, value).
+pub fn vector(result: &Value) -> Vec<(BTreeMap<String, String>, f64)> {
+    result
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|s| {
+                    let labels = s["metric"]
+                        .as_object()
+                        .map(|m| {
+                            m.iter()
+                                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    let v = s["value"][1]
+                        .as_str()
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(f64::NAN);
+                    (labels, v)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let pid = self.child.id() as libc::pid_t;
+        // SAFETY: signalling our own child, which has not been reaped.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100))
+                }
+                _ => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    break;
+                }
+            }
+        }
+        if std::thread::panicking() {
+            eprintln!("--- prometheus log ---\n{}", self.log());
+        }
+        if !self.dir.as_os_str().is_empty() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
