@@ -105,9 +105,26 @@ pub struct Filled {
 /// Writes up to `bytes` zeros to `path` in a child process running as `uid`
 /// (`None`: as root) and reports how far it got.
 pub fn fill(path: &Path, bytes: u64, uid: Option<u32>) -> Filled {
+    run_fill(&[path.as_os_str(), bytes.to_string().as_ref()], uid)
+}
+
+/// Creates up to `count` empty files in `dir` as `uid`; `written` is the
+/// number made.
+pub fn make_files(dir: &Path, count: u64, uid: Option<u32>) -> Filled {
+    run_fill(
+        &[
+            "--files".as_ref(),
+            dir.as_os_str(),
+            count.to_string().as_ref(),
+        ],
+        uid,
+    )
+}
+
+fn run_fill(args: &[&std::ffi::OsStr], uid: Option<u32>) -> Filled {
     use std::os::unix::process::CommandExt;
     let mut cmd = Command::new(bin("fill"));
-    cmd.arg(path).arg(bytes.to_string());
+    cmd.args(args);
     if let Some(u) = uid {
         cmd.uid(u).gid(u);
     }
@@ -138,3 +155,56 @@ pub fn statvfs(path: &Path) -> (u64, u64, u64, u64) {
 }
 
 pub const MIB: u64 = 1 << 20;
+
+/// The uid tests write as: not root, because ext4 lets a writer with
+/// CAP_SYS_RESOURCE ignore project quotas (XFS does not).
+pub const WRITER: u32 = 65534;
+
+/// One filesystem of the test matrix, and how it differs.
+pub struct FsCase {
+    pub name: &'static str,
+    pub mount: fn() -> PathBuf,
+    /// What a writer gets at the project's limit: XFS reports a full
+    /// project as ENOSPC, ext4 as EDQUOT.
+    pub full_errno: i32,
+}
+
+pub const XFS: FsCase = FsCase {
+    name: "xfs",
+    mount: crate::xfs_mount,
+    full_errno: libc::ENOSPC,
+};
+
+pub const EXT4: FsCase = FsCase {
+    name: "ext4",
+    mount: crate::ext4_mount,
+    full_errno: libc::EDQUOT,
+};
+
+impl FsCase {
+    /// A fresh node on this filesystem.
+    pub fn fixture(&self, tag: &str) -> Fixture {
+        Fixture::new(&(self.mount)(), &format!("{}-{tag}", self.name))
+    }
+}
+
+/// A spec whose volume root belongs to [`WRITER`], so tests can fill it
+/// without root's privileges.
+pub fn writable(spec: Spec) -> Spec {
+    let w = WRITER.to_string();
+    spec.param("uid", &w).param("gid", &w)
+}
+
+/// Declares each named `fn(&FsCase)` as a test on every filesystem of the
+/// matrix: `xfs::name` and `ext4::name`.
+#[macro_export]
+macro_rules! on_every_fs {
+    ($($name:ident),* $(,)?) => {
+        mod xfs {
+            $( #[test] fn $name() { super::$name(&$crate::fixture::XFS) } )*
+        }
+        mod ext4 {
+            $( #[test] fn $name() { super::$name(&$crate::fixture::EXT4) } )*
+        }
+    };
+}

@@ -7,17 +7,34 @@ use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use prjquota_vmtests::fixture::{fill, statvfs, Fixture, MIB};
+use prjquota_vmtests::fixture::{
+    fill, make_files, statvfs, writable, Fixture, FsCase, EXT4, MIB, WRITER, XFS,
+};
 use prjquota_vmtests::nomad::{run_plugin, Spec};
-use prjquota_vmtests::{xfs_mount, xfs_noquota_mount};
+use prjquota_vmtests::{on_every_fs, xfs_noquota_mount};
 
-fn xfs(tag: &str) -> Fixture {
-    Fixture::new(&xfs_mount(), tag)
-}
+on_every_fs!(
+    fingerprint_prints_the_crate_version_as_a_json_string,
+    create_enforces_the_limit_and_statfs_reports_it,
+    capacity_rounds_up_to_the_block_and_min_alone_is_the_limit,
+    restore_is_idempotent_fast_and_keeps_content,
+    grow_in_place_lets_writes_continue,
+    shrink_is_refused_above_usage_and_applied_below,
+    parameters_set_mode_and_owner_of_the_root_only,
+    default_mode_is_0700_and_unknown_parameters_are_refused,
+    max_inodes_limits_the_number_of_files,
+    thirty_two_parallel_creates_get_distinct_enforced_project_ids,
+    a_restore_storm_of_200_volumes_restores_every_one,
+    delete_removes_everything_and_never_follows_symlinks,
+    nomads_auto_delete_with_the_whole_volumes_dir_deletes_only_that_volume,
+    delete_twice_and_delete_of_an_unknown_volume_succeed,
+    bad_input_changes_nothing_on_disk,
+    a_volume_with_many_files_is_deleted_completely,
+    a_plugin_run_without_any_environment_fails_cleanly,
+);
 
-#[test]
-fn fingerprint_prints_the_crate_version_as_a_json_string() {
-    let f = xfs("fp");
+fn fingerprint_prints_the_crate_version_as_a_json_string(fs: &FsCase) {
+    let f = fs.fixture("fp");
     let out = f.node.fingerprint();
     out.ok();
     let v = out.json();
@@ -31,10 +48,9 @@ fn fingerprint_prints_the_crate_version_as_a_json_string() {
     );
 }
 
-#[test]
-fn create_enforces_the_limit_with_enospc_and_statfs_reports_it() {
-    let f = xfs("enforce");
-    let spec = Spec::new("pg-data", 16 * MIB as i64);
+fn create_enforces_the_limit_and_statfs_reports_it(fs: &FsCase) {
+    let f = fs.fixture("enforce");
+    let spec = writable(Spec::new("pg-data", 16 * MIB as i64));
     let (path, bytes) = f.create(&spec);
     assert_eq!(path, f.node.volumes_dir.join(&spec.id));
     assert_eq!(bytes, 16 * MIB as i64);
@@ -50,8 +66,8 @@ fn create_enforces_the_limit_with_enospc_and_statfs_reports_it() {
     assert_eq!(size, 16 * MIB, "statvfs on the volume reports the limit");
     assert!(avail <= 16 * MIB);
 
-    let r = fill(&path.join("blob"), 32 * MIB, None);
-    assert_eq!(r.errno, Some(libc::ENOSPC), "{r:?}");
+    let r = fill(&path.join("blob"), 32 * MIB, Some(WRITER));
+    assert_eq!(r.errno, Some(fs.full_errno), "{r:?}");
     assert!(
         r.written <= 16 * MIB && r.written >= 15 * MIB,
         "the kernel stopped the write at {} bytes, not about 16 MiB",
@@ -66,9 +82,8 @@ fn create_enforces_the_limit_with_enospc_and_statfs_reports_it() {
     assert_eq!(statvfs(&path).1, 0, "no space left after the fill");
 }
 
-#[test]
-fn capacity_rounds_up_to_the_block_and_min_alone_is_the_limit() {
-    let f = xfs("round");
+fn capacity_rounds_up_to_the_block_and_min_alone_is_the_limit(fs: &FsCase) {
+    let f = fs.fixture("round");
     let mut spec = Spec::new("odd", 0);
     spec.min = 10 * MIB as i64 + 1;
     let (_, bytes) = f.create(&spec);
@@ -81,9 +96,8 @@ fn capacity_rounds_up_to_the_block_and_min_alone_is_the_limit() {
     assert_eq!(f.quota(pid).limits.bytes_hard, 10 * MIB + 4096);
 }
 
-#[test]
-fn restore_is_idempotent_fast_and_keeps_content() {
-    let f = xfs("restore");
+fn restore_is_idempotent_fast_and_keeps_content(fs: &FsCase) {
+    let f = fs.fixture("restore");
     let spec = Spec::new("keep", 16 * MIB as i64).param("mode", "0750");
     let first = f.node.create(&spec);
     let (path, _) = first.created();
@@ -109,28 +123,26 @@ fn restore_is_idempotent_fast_and_keeps_content() {
     assert_eq!(std::fs::read(path.join("data")).unwrap(), b"precious");
 }
 
-#[test]
-fn grow_in_place_lets_writes_continue() {
-    let f = xfs("grow");
-    let mut spec = Spec::new("grow", 16 * MIB as i64);
+fn grow_in_place_lets_writes_continue(fs: &FsCase) {
+    let f = fs.fixture("grow");
+    let mut spec = writable(Spec::new("grow", 16 * MIB as i64));
     let (path, _) = f.create(&spec);
     std::fs::write(path.join("keep"), b"x").unwrap();
-    let r = fill(&path.join("a"), 32 * MIB, None);
-    assert_eq!(r.errno, Some(libc::ENOSPC));
+    let r = fill(&path.join("a"), 32 * MIB, Some(WRITER));
+    assert_eq!(r.errno, Some(fs.full_errno));
     spec.max = 32 * MIB as i64;
     let (path2, bytes) = f.create(&spec);
     assert_eq!(path2, path);
     assert_eq!(bytes, 32 * MIB as i64);
     assert_eq!(statvfs(&path).0, 32 * MIB);
-    let r2 = fill(&path.join("b"), 8 * MIB, None);
+    let r2 = fill(&path.join("b"), 8 * MIB, Some(WRITER));
     assert_eq!(r2.errno, None, "writes succeed after growing: {r2:?}");
     assert_eq!(std::fs::read(path.join("keep")).unwrap(), b"x");
     assert_eq!(f.record(&spec.id).unwrap()["provisioned_bytes"], 32 * MIB);
 }
 
-#[test]
-fn shrink_is_refused_above_usage_and_applied_below() {
-    let f = xfs("shrink");
+fn shrink_is_refused_above_usage_and_applied_below(fs: &FsCase) {
+    let f = fs.fixture("shrink");
     let mut spec = Spec::new("shrink", 32 * MIB as i64);
     let (path, _) = f.create(&spec);
     assert_eq!(fill(&path.join("a"), 12 * MIB, None).errno, None);
@@ -156,9 +168,8 @@ fn shrink_is_refused_above_usage_and_applied_below() {
     assert_eq!(std::fs::metadata(path.join("a")).unwrap().len(), 12 * MIB);
 }
 
-#[test]
-fn parameters_set_mode_and_owner_of_the_root_only() {
-    let f = xfs("params");
+fn parameters_set_mode_and_owner_of_the_root_only(fs: &FsCase) {
+    let f = fs.fixture("params");
     let mut spec = Spec::new("params", 16 * MIB as i64)
         .param("mode", "0750")
         .param("uid", "1000")
@@ -185,9 +196,8 @@ fn parameters_set_mode_and_owner_of_the_root_only() {
     assert_eq!(child.uid(), 0);
 }
 
-#[test]
-fn default_mode_is_0700_and_unknown_parameters_are_refused() {
-    let f = xfs("defmode");
+fn default_mode_is_0700_and_unknown_parameters_are_refused(fs: &FsCase) {
+    let f = fs.fixture("defmode");
     let spec = Spec::new("m", 16 * MIB as i64);
     let (path, _) = f.create(&spec);
     assert_eq!(
@@ -202,35 +212,23 @@ fn default_mode_is_0700_and_unknown_parameters_are_refused() {
     assert!(f.record(&bad.id).is_none());
 }
 
-#[test]
-fn max_inodes_limits_the_number_of_files() {
-    let f = xfs("inodes");
-    let spec = Spec::new("inodes", 16 * MIB as i64).param("max_inodes", "10");
+fn max_inodes_limits_the_number_of_files(fs: &FsCase) {
+    let f = fs.fixture("inodes");
+    let spec = writable(Spec::new("inodes", 16 * MIB as i64)).param("max_inodes", "10");
     let (path, _) = f.create(&spec);
-    let mut made = 0;
-    let mut last_err = None;
-    for i in 0..50 {
-        match std::fs::write(path.join(format!("f{i}")), b"") {
-            Ok(()) => made += 1,
-            Err(e) => {
-                last_err = e.raw_os_error();
-                break;
-            }
-        }
-    }
+    let r = make_files(&path, 50, Some(WRITER));
     // The root directory is the project's first inode.
-    assert_eq!(made, 9, "files created under a 10-inode limit");
-    assert_eq!(last_err, Some(libc::ENOSPC));
+    assert_eq!(r.written, 9, "files created under a 10-inode limit");
+    assert_eq!(r.errno, Some(fs.full_errno));
     let pid = f.project_id(&spec.id);
     assert_eq!(f.quota(pid).limits.inodes_hard, 10);
     assert_eq!(statvfs(&path).2, 10, "statvfs reports the inode limit");
 }
 
-#[test]
-fn thirty_two_parallel_creates_get_distinct_enforced_project_ids() {
-    let f = xfs("parallel");
+fn thirty_two_parallel_creates_get_distinct_enforced_project_ids(fs: &FsCase) {
+    let f = fs.fixture("parallel");
     let specs: Vec<Spec> = (0..32)
-        .map(|i| Spec::new(&format!("v{i}"), 4 * MIB as i64))
+        .map(|i| writable(Spec::new(&format!("v{i}"), 4 * MIB as i64)))
         .collect();
     let outs: Vec<_> = std::thread::scope(|s| {
         let hs: Vec<_> = specs
@@ -253,17 +251,16 @@ fn thirty_two_parallel_creates_get_distinct_enforced_project_ids() {
         for spec in &specs {
             let p = f.node.volumes_dir.join(&spec.id).join("blob");
             s.spawn(move || {
-                let r = fill(&p, 8 * MIB, None);
-                assert_eq!(r.errno, Some(libc::ENOSPC), "{r:?}");
+                let r = fill(&p, 8 * MIB, Some(WRITER));
+                assert_eq!(r.errno, Some(fs.full_errno), "{r:?}");
                 assert!(r.written <= 4 * MIB);
             });
         }
     });
 }
 
-#[test]
-fn a_restore_storm_of_200_volumes_restores_every_one() {
-    let f = xfs("storm");
+fn a_restore_storm_of_200_volumes_restores_every_one(fs: &FsCase) {
+    let f = fs.fixture("storm");
     let specs: Vec<Spec> = (0..200)
         .map(|i| Spec::new(&format!("s{i}"), 1 << 30))
         .collect();
@@ -293,9 +290,8 @@ fn a_restore_storm_of_200_volumes_restores_every_one() {
     );
 }
 
-#[test]
-fn delete_removes_everything_and_never_follows_symlinks() {
-    let f = xfs("symlinks");
+fn delete_removes_everything_and_never_follows_symlinks(fs: &FsCase) {
+    let f = fs.fixture("symlinks");
     let outside = f.root.join("outside");
     std::fs::create_dir_all(outside.join("dir")).unwrap();
     std::fs::write(outside.join("file"), b"keep").unwrap();
@@ -320,9 +316,8 @@ fn delete_removes_everything_and_never_follows_symlinks() {
     assert!(q.is_unused(), "limits cleared and usage gone: {q:?}");
 }
 
-#[test]
-fn nomads_auto_delete_with_the_whole_volumes_dir_deletes_only_that_volume() {
-    let f = xfs("trap");
+fn nomads_auto_delete_with_the_whole_volumes_dir_deletes_only_that_volume(fs: &FsCase) {
+    let f = fs.fixture("trap");
     let keep = Spec::new("keep", 16 * MIB as i64);
     let (keep_path, _) = f.create(&keep);
     std::fs::write(keep_path.join("data"), b"keep").unwrap();
@@ -341,9 +336,8 @@ fn nomads_auto_delete_with_the_whole_volumes_dir_deletes_only_that_volume() {
     assert!(f.record(&keep.id).is_some());
 }
 
-#[test]
-fn delete_twice_and_delete_of_an_unknown_volume_succeed() {
-    let f = xfs("double");
+fn delete_twice_and_delete_of_an_unknown_volume_succeed(fs: &FsCase) {
+    let f = fs.fixture("double");
     let spec = Spec::new("twice", 16 * MIB as i64);
     f.create(&spec);
     f.node.delete(&spec).ok();
@@ -365,9 +359,8 @@ fn a_filesystem_without_prjquota_is_refused_and_nothing_is_created() {
     );
 }
 
-#[test]
-fn bad_input_changes_nothing_on_disk() {
-    let f = xfs("badinput");
+fn bad_input_changes_nothing_on_disk(fs: &FsCase) {
+    let f = fs.fixture("badinput");
     let good = Spec::new("good", 16 * MIB as i64);
     f.create(&good);
     let snapshot = || {
@@ -435,11 +428,10 @@ fn populate(path: &Path, dirs: usize, per_dir: usize) {
     }
 }
 
-#[test]
-fn a_volume_with_many_files_is_deleted_completely() {
+fn a_volume_with_many_files_is_deleted_completely(fs: &FsCase) {
     // 20k files keep the suite short under emulation; the 100k-file figure
     // against Nomad's 60 s is measured by `cargo xtask bench`.
-    let f = xfs("manyfiles");
+    let f = fs.fixture("manyfiles");
     let spec = Spec::new("many", 1 << 30);
     let (path, _) = f.create(&spec);
     populate(&path, 20, 1000);
@@ -455,10 +447,33 @@ fn a_volume_with_many_files_is_deleted_completely() {
     assert!(f.quota(pid).is_unused());
 }
 
-#[test]
-fn a_plugin_run_without_any_environment_fails_cleanly() {
-    let f = xfs("noenv");
+fn a_plugin_run_without_any_environment_fails_cleanly(fs: &FsCase) {
+    let f = fs.fixture("noenv");
     let out = run_plugin(&f.node.plugin, "create", &[], Duration::from_secs(60));
     let msg = out.error();
     assert!(msg.contains("DHV_"), "{msg}");
+}
+
+/// The two kernels differ here, and the tests pin it: XFS enforces project
+/// quotas against root, ext4 lets CAP_SYS_RESOURCE ignore them (the README's
+/// security notes say so).
+#[test]
+fn xfs_limits_root_too() {
+    let f = XFS.fixture("root");
+    let spec = Spec::new("root", 8 * MIB as i64);
+    let (path, _) = f.create(&spec);
+    let r = fill(&path.join("blob"), 16 * MIB, None);
+    assert_eq!(r.errno, Some(libc::ENOSPC), "{r:?}");
+    assert!(r.written <= 8 * MIB);
+}
+
+#[test]
+fn ext4_lets_cap_sys_resource_past_the_limit_but_not_other_writers() {
+    let f = EXT4.fixture("root");
+    let spec = writable(Spec::new("root", 8 * MIB as i64));
+    let (path, _) = f.create(&spec);
+    let r = fill(&path.join("root-blob"), 12 * MIB, None);
+    assert_eq!(r.errno, None, "root passes the ext4 limit: {r:?}");
+    let r = fill(&path.join("user-blob"), MIB, Some(WRITER));
+    assert_eq!(r.errno, Some(libc::EDQUOT), "{r:?}");
 }

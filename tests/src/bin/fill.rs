@@ -1,15 +1,35 @@
-//! `fill PATH BYTES [CHUNK]`: writes zeros to PATH until BYTES are written or
-//! the kernel refuses, then fsyncs, and prints `{"written": N, "errno": E}`
-//! (`errno` null when everything was written). A separate process so tests
-//! can run it under another uid, without CAP_SYS_RESOURCE.
+//! Writes until told to stop or until the kernel refuses, and prints
+//! `{"written": N, "errno": E}` (`errno` null when everything was done).
+//!
+//! - `fill PATH BYTES [CHUNK]`: appends zeros to PATH, then fsyncs.
+//! - `fill --files DIR COUNT`: creates empty files DIR/f0, DIR/f1, …
+//!
+//! A separate process so tests can run it under another uid: ext4 lets a
+//! writer with CAP_SYS_RESOURCE (root) ignore project quotas.
 
 use std::io::Write;
 
-fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let path = &args[1];
-    let total: u64 = args[2].parse().expect("BYTES");
-    let chunk: usize = args.get(3).map_or(1 << 20, |c| c.parse().expect("CHUNK"));
+fn report(written: u64, errno: Option<i32>) {
+    let errno = errno.map_or("null".to_string(), |e| e.to_string());
+    println!("{{\"written\": {written}, \"errno\": {errno}}}");
+}
+
+fn files(dir: &str, count: u64) {
+    let mut made = 0;
+    let mut errno = None;
+    while made < count {
+        match std::fs::File::create(format!("{dir}/f{made}")) {
+            Ok(_) => made += 1,
+            Err(e) => {
+                errno = e.raw_os_error();
+                break;
+            }
+        }
+    }
+    report(made, errno);
+}
+
+fn bytes(path: &str, total: u64, chunk: usize) {
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -34,6 +54,16 @@ fn main() {
             errno = e.raw_os_error();
         }
     }
-    let errno = errno.map_or("null".to_string(), |e| e.to_string());
-    println!("{{\"written\": {written}, \"errno\": {errno}}}");
+    report(written, errno);
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args[1] == "--files" {
+        files(&args[2], args[3].parse().expect("COUNT"));
+    } else {
+        let total = args[2].parse().expect("BYTES");
+        let chunk = args.get(3).map_or(1 << 20, |c| c.parse().expect("CHUNK"));
+        bytes(&args[1], total, chunk);
+    }
 }
