@@ -1,0 +1,86 @@
+//! Workloads are hostile too: whatever a job leaves inside its volume,
+//! delete removes the volume and nothing else, without following a link.
+
+use std::ffi::CString;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::symlink;
+use std::path::Path;
+
+use prjquota::sys;
+use prjquota_vmtests::fixture::{FsCase, MIB};
+use prjquota_vmtests::nomad::Spec;
+use prjquota_vmtests::on_every_fs;
+
+on_every_fs!(
+    a_volume_root_replaced_by_a_symlink_is_unlinked_not_followed,
+    a_tree_ten_thousand_levels_deep_is_deleted,
+    hard_links_fifos_and_sockets_are_removed_and_outside_files_survive,
+);
+
+fn outside_files(root: &Path) -> std::path::PathBuf {
+    let outside = root.join("outside");
+    std::fs::create_dir_all(outside.join("dir")).unwrap();
+    std::fs::write(outside.join("dir/keep"), b"keep").unwrap();
+    outside
+}
+
+fn a_volume_root_replaced_by_a_symlink_is_unlinked_not_followed(fs: &FsCase) {
+    let f = fs.fixture("swap");
+    let outside = outside_files(&f.root);
+    let spec = Spec::new("swap", 8 * MIB as i64);
+    let (path, _) = f.create(&spec);
+    // Between create and delete the volume root becomes a link elsewhere.
+    std::fs::remove_dir(&path).unwrap();
+    symlink(outside.join("dir"), &path).unwrap();
+    f.node.delete(&spec).ok();
+    assert!(std::fs::symlink_metadata(&path).is_err(), "the link itself is gone");
+    assert_eq!(std::fs::read(outside.join("dir/keep")).unwrap(), b"keep");
+    assert!(f.record(&spec.id).is_none());
+}
+
+fn a_tree_ten_thousand_levels_deep_is_deleted(fs: &FsCase) {
+    let f = fs.fixture("deep");
+    let spec = Spec::new("deep", 64 * MIB as i64);
+    let (path, _) = f.create(&spec);
+    let pid = f.project_id(&spec.id);
+    // Far deeper than PATH_MAX: built one directory at a time through
+    // descriptors, as a hostile job would.
+    let name = CString::new("d").unwrap();
+    let mut dir: OwnedFd = std::fs::File::open(&path).unwrap().into();
+    for _ in 0..10_000 {
+        sys::mkdirat(dir.as_fd(), &name, 0o755).unwrap();
+        dir = sys::openat(dir.as_fd(), &name, libc::O_RDONLY | libc::O_DIRECTORY, 0).unwrap();
+    }
+    let leaf = CString::new("leaf").unwrap();
+    drop(sys::openat(dir.as_fd(), &leaf, libc::O_CREAT | libc::O_WRONLY, 0o644).unwrap());
+    drop(dir);
+    let out = f.node.delete(&spec);
+    out.ok();
+    eprintln!("MEASURE delete_10000_levels_seconds {:.3}", out.elapsed.as_secs_f64());
+    assert!(!path.exists());
+    assert!(f.quota(pid).is_unused(), "every inode of the tree is gone");
+}
+
+fn hard_links_fifos_and_sockets_are_removed_and_outside_files_survive(fs: &FsCase) {
+    let f = fs.fixture("special");
+    let outside = outside_files(&f.root);
+    let spec = Spec::new("special", 8 * MIB as i64);
+    let (path, _) = f.create(&spec);
+    std::fs::write(path.join("file"), b"x").unwrap();
+    std::fs::hard_link(path.join("file"), path.join("hardlink")).unwrap();
+    // A hard link from outside into the project is refused by the kernel
+    // (EXDEV across projects with PROJINHERIT), so a job cannot pin outside
+    // data inside its volume that way.
+    let err = std::fs::hard_link(outside.join("dir/keep"), path.join("in")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EXDEV));
+    assert!(std::process::Command::new("mkfifo")
+        .arg(path.join("fifo"))
+        .status()
+        .unwrap()
+        .success());
+    let _sock = std::os::unix::net::UnixListener::bind(path.join("sock")).unwrap();
+    symlink(outside.join("dir/keep"), path.join("link")).unwrap();
+    f.node.delete(&spec).ok();
+    assert!(!path.exists());
+    assert_eq!(std::fs::read(outside.join("dir/keep")).unwrap(), b"keep");
+}
