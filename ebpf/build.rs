@@ -1,0 +1,77 @@
+//! Compiles the CO-RE C programs in `src/bpf/*.c` with clang into OUT_DIR,
+//! where `src/lib.rs` embeds them.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn main() {
+    let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
+    let src = manifest.join("src/bpf");
+    let clang = env::var_os("CLANG").unwrap_or_else(|| "clang".into());
+    println!("cargo:rerun-if-env-changed=CLANG");
+    println!("cargo:rerun-if-changed={}", src.display());
+
+    // The uapi headers (<linux/types.h> needs <asm/types.h>) live under the
+    // multiarch include directory of the *target*.
+    let arch = env::var("CARGO_CFG_TARGET_ARCH").expect("CARGO_CFG_TARGET_ARCH");
+    let (multiarch, target_arch) = match arch.as_str() {
+        "x86_64" => ("x86_64-linux-gnu", "x86"),
+        "aarch64" => ("aarch64-linux-gnu", "arm64"),
+        other => panic!("prjquota-ebpf: no BPF build settings for target arch {other}"),
+    };
+
+    let mut sources: Vec<PathBuf> = std::fs::read_dir(&src)
+        .unwrap_or_else(|e| panic!("read {}: {e}", src.display()))
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "c"))
+        .collect();
+    sources.sort();
+    for entry in std::fs::read_dir(&src).expect("read src/bpf").flatten() {
+        println!("cargo:rerun-if-changed={}", entry.path().display());
+    }
+
+    for c in &sources {
+        let obj = out
+            .join(c.file_stem().expect("file stem"))
+            .with_extension("o");
+        compile(&clang, c, &obj, &src, multiarch, target_arch);
+    }
+}
+
+fn compile(
+    clang: &std::ffi::OsStr,
+    c: &Path,
+    obj: &Path,
+    include: &Path,
+    multiarch: &str,
+    target_arch: &str,
+) {
+    let status = Command::new(clang)
+        .args(["-target", "bpf", "-mcpu=v3", "-O2", "-g", "-c"])
+        .arg(format!("-D__TARGET_ARCH_{target_arch}"))
+        .args(["-Wall", "-Werror"])
+        .arg("-I")
+        .arg(include)
+        .arg(format!("-I/usr/include/{multiarch}"))
+        .arg(c)
+        .arg("-o")
+        .arg(obj)
+        .status();
+    match status {
+        Ok(s) if s.success() => {}
+        Ok(s) => panic!(
+            "prjquota-ebpf: `{} -target bpf … {}` failed ({s}); the C programs need clang \
+             and libbpf's headers (/usr/include/bpf): run `cargo xtask deps`",
+            clang.to_string_lossy(),
+            c.display()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+            "prjquota-ebpf: clang not found ({}): it compiles the eBPF programs; \
+             run `cargo xtask deps` (or set CLANG=/path/to/clang)",
+            clang.to_string_lossy()
+        ),
+        Err(e) => panic!("prjquota-ebpf: cannot run {}: {e}", clang.to_string_lossy()),
+    }
+}

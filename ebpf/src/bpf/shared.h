@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: (MPL-2.0 OR GPL-2.0) */
+/*
+ * Layouts and constants shared by the BPF programs and the Rust loader
+ * (src/raw.rs mirrors them; a host unit test parses this file and checks
+ * that both sides agree).
+ */
+#ifndef PRJQUOTA_SHARED_H
+#define PRJQUOTA_SHARED_H
+
+/* Error buckets: index into counters.errors. */
+#define BUCKET_ENOSPC 0
+#define BUCKET_EDQUOT 1
+#define BUCKET_EIO 2
+#define BUCKET_EROFS 3
+#define BUCKET_OTHER 4
+#define N_BUCKETS 5
+
+/* Index into the `unattributed` per-CPU array. */
+#define UNATTR_OTHER_FS 0    /* the file's filesystem holds no volume root */
+#define UNATTR_OUTSIDE 1     /* walked up to the filesystem root, no volume root on the way */
+#define UNATTR_WALK_LIMIT 2  /* MAX_DEPTH ancestors checked without finding a volume root */
+#define N_UNATTR 3
+
+/* Ancestors checked above the written file (the file itself is not a root). */
+#define MAX_DEPTH 32
+
+/* Default map sizes; the loader can override max_entries. */
+#define MAX_ROOTS 16384
+#define MAX_VOLUMES 4096
+#define MAX_DEVS 64
+
+/* Key of the `roots` map: a directory as the kernel names it. */
+struct root_key {
+	__u64 dev; /* super_block->s_dev, kernel dev_t encoding: major << 20 | minor */
+	__u64 ino; /* inode->i_ino */
+};
+
+/* Value of the per-CPU `volume_counters` map and `unattributed` array. */
+struct counters {
+	__u64 bytes;  /* bytes written by successful writes */
+	__u64 ops;    /* writes that wrote at least one byte */
+	__u64 errors[N_BUCKETS]; /* failed writes, by errno bucket */
+};
+
+#endif

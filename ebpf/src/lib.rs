@@ -1,0 +1,821 @@
+//! Per-volume write telemetry from eBPF: bytes written, successful writes
+//! and failed writes by errno, for every file below a registered volume root
+//! directory, whatever the submission path (write/pwrite/writev, O_DIRECT,
+//! io_uring, libaio).
+//!
+//! The programs are CO-RE C (`src/bpf/`), compiled by clang at build time
+//! and embedded here; [`WriteTelemetry::load`] relocates them against the
+//! running kernel's BTF and attaches them with aya. See
+//! `src/bpf/write_telemetry.c` for the hook points and why.
+//!
+//! # Use from a collector
+//!
+//! ```no_run
+//! use prjquota_ebpf::{Mode, WriteTelemetry};
+//!
+//! // Once, at start-up. Degrade, never die: keep the error for a self-metric.
+//! let mode = Mode::Auto;
+//! let mut telemetry = match WriteTelemetry::start(mode) {
+//!     Ok(t) => t, // None when mode is Off
+//!     Err(e) if mode == Mode::Required => panic!("{e}"),
+//!     Err(e) => {
+//!         eprintln!("write telemetry off: {e} (reason {})", e.reason());
+//!         None
+//!     }
+//! };
+//!
+//! // On every scrape: volume roots from the registry, each with a stable
+//! // index the caller chooses (e.g. assigned per volume ID), then counters.
+//! if let Some(t) = telemetry.as_mut() {
+//!     let (dev, ino) = prjquota_ebpf::root_of("/srv/volumes/3f2a…".as_ref()).unwrap();
+//!     t.set_roots(&[(dev, ino, 7)]).unwrap();
+//!     let counters = t.read().unwrap();
+//!     let v = counters.volume(7);
+//!     println!("{} bytes in {} writes", v.written_bytes, v.write_ops);
+//! }
+//! ```
+//!
+//! Counters are cumulative from load (Prometheus counters). An index whose
+//! roots all disappear from [`WriteTelemetry::set_roots`] loses its counters
+//! (so the maps never fill up); if it comes back it starts again at zero.
+
+mod error;
+mod raw;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use aya::maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray, PerCpuHashMap};
+use aya::programs::{FEntry, FExit, ProgramError};
+use aya::util::KernelVersion;
+use aya::{Btf, BtfError, Ebpf, EbpfError, EbpfLoader};
+
+use error::{chain, errno_name, errno_of};
+pub use error::{FailureReason, LoadError, ProgramFailure, TelemetryError};
+use raw::{RawCounters, RootKey};
+
+/// Where aya reads the kernel's BTF.
+pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// Volume roots are found by walking at most this many parent directories up
+/// from a written file; files deeper below their root count as
+/// [`Unattributed::walk_limit`], never for the wrong volume.
+pub const MAX_DEPTH: u32 = raw::MAX_DEPTH;
+
+/// How the exporter treats write telemetry (a config value: `off`, `auto`,
+/// `required`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// Do not load anything.
+    Off,
+    /// Load what the kernel allows; on failure run without (and say why).
+    #[default]
+    Auto,
+    /// Every program must attach, or start-up fails.
+    Required,
+}
+
+impl FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Mode, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "off" => Ok(Mode::Off),
+            "auto" => Ok(Mode::Auto),
+            "required" => Ok(Mode::Required),
+            _ => Err(format!(
+                "unknown eBPF mode `{s}` (want off, auto or required)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mode::Off => "off",
+            Mode::Auto => "auto",
+            Mode::Required => "required",
+        })
+    }
+}
+
+/// The errno buckets of write errors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ErrnoBucket {
+    /// ENOSPC: filesystem full, or an XFS project quota exhausted (XFS
+    /// reports project quota as ENOSPC).
+    Enospc,
+    /// EDQUOT: a quota exhausted (ext4 project quota, user/group quotas).
+    Edquot,
+    Eio,
+    Erofs,
+    Other,
+}
+
+impl ErrnoBucket {
+    pub const ALL: [ErrnoBucket; 5] = [
+        ErrnoBucket::Enospc,
+        ErrnoBucket::Edquot,
+        ErrnoBucket::Eio,
+        ErrnoBucket::Erofs,
+        ErrnoBucket::Other,
+    ];
+
+    /// The bucket of a positive errno (as the BPF program buckets it).
+    pub fn from_errno(errno: i32) -> ErrnoBucket {
+        match errno {
+            libc::ENOSPC => ErrnoBucket::Enospc,
+            libc::EDQUOT => ErrnoBucket::Edquot,
+            libc::EIO => ErrnoBucket::Eio,
+            libc::EROFS => ErrnoBucket::Erofs,
+            _ => ErrnoBucket::Other,
+        }
+    }
+
+    /// The label value for an `errno` label: `ENOSPC`, `EDQUOT`, `EIO`,
+    /// `EROFS`, `other`.
+    pub fn label(self) -> &'static str {
+        match self {
+            ErrnoBucket::Enospc => "ENOSPC",
+            ErrnoBucket::Edquot => "EDQUOT",
+            ErrnoBucket::Eio => "EIO",
+            ErrnoBucket::Erofs => "EROFS",
+            ErrnoBucket::Other => "other",
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            ErrnoBucket::Enospc => raw::BUCKET_ENOSPC,
+            ErrnoBucket::Edquot => raw::BUCKET_EDQUOT,
+            ErrnoBucket::Eio => raw::BUCKET_EIO,
+            ErrnoBucket::Erofs => raw::BUCKET_EROFS,
+            ErrnoBucket::Other => raw::BUCKET_OTHER,
+        }
+    }
+}
+
+/// Counters of one volume (or one unattributed bucket), summed over CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VolumeCounters {
+    /// Bytes written by successful writes.
+    pub written_bytes: u64,
+    /// Writes that wrote at least one byte (a short write counts once).
+    pub write_ops: u64,
+    /// Failed writes, indexed by [`ErrnoBucket`] order; see [`Self::errors`].
+    pub errors: [u64; 5],
+}
+
+impl VolumeCounters {
+    /// Failed writes in one bucket.
+    pub fn errors(&self, bucket: ErrnoBucket) -> u64 {
+        self.errors[bucket.index()]
+    }
+
+    /// `(bucket, count)` for every bucket, zeros included (one series each).
+    pub fn errors_by_bucket(&self) -> impl Iterator<Item = (ErrnoBucket, u64)> + '_ {
+        ErrnoBucket::ALL.into_iter().map(|b| (b, self.errors(b)))
+    }
+
+    pub fn errors_total(&self) -> u64 {
+        self.errors.iter().sum()
+    }
+
+    /// `self - earlier`, field by field (saturating), for tests and rates.
+    pub fn since(&self, earlier: &VolumeCounters) -> VolumeCounters {
+        let mut errors = [0; 5];
+        for (i, e) in errors.iter_mut().enumerate() {
+            *e = self.errors[i].saturating_sub(earlier.errors[i]);
+        }
+        VolumeCounters {
+            written_bytes: self.written_bytes.saturating_sub(earlier.written_bytes),
+            write_ops: self.write_ops.saturating_sub(earlier.write_ops),
+            errors,
+        }
+    }
+
+    fn add(&mut self, c: &RawCounters) {
+        self.written_bytes = self.written_bytes.wrapping_add(c.bytes);
+        self.write_ops = self.write_ops.wrapping_add(c.ops);
+        for (i, e) in self.errors.iter_mut().enumerate() {
+            *e = e.wrapping_add(c.errors[i]);
+        }
+    }
+}
+
+/// Writes not attributed to any volume.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Unattributed {
+    /// On a filesystem that holds no volume root (all other writes of the
+    /// host: root disk, tmpfs, …).
+    pub other_filesystems: VolumeCounters,
+    /// On a volume filesystem, but not below any volume root.
+    pub outside_roots: VolumeCounters,
+    /// More than [`MAX_DEPTH`] directories below the filesystem root with no
+    /// volume root found on the way (deeper than the walk looks).
+    pub walk_limit: VolumeCounters,
+}
+
+/// A snapshot of all counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Per volume index: every index currently in the roots (zeros until
+    /// the first write).
+    pub volumes: BTreeMap<u32, VolumeCounters>,
+    pub unattributed: Unattributed,
+}
+
+impl Counters {
+    /// The counters of one volume index (zeros if unknown).
+    pub fn volume(&self, index: u32) -> VolumeCounters {
+        self.volumes.get(&index).copied().unwrap_or_default()
+    }
+}
+
+/// What [`WriteTelemetry::set_roots`] changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RootsUpdate {
+    pub added: usize,
+    /// Roots whose volume index changed.
+    pub changed: usize,
+    pub removed: usize,
+    /// Volume indexes whose counters were dropped (no root left).
+    pub pruned_counters: usize,
+    /// Entries whose `st_dev` has no kernel `dev_t` equivalent (never from a
+    /// real `stat`); skipped.
+    pub rejected: Vec<(u64, u64, u32)>,
+}
+
+/// What the kernel measured of one hook's programs (see
+/// [`WriteTelemetry::enable_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProgramStats {
+    /// Program runs (fentry and fexit halves both count).
+    pub run_count: u64,
+    /// Time spent running them.
+    pub run_time: Duration,
+}
+
+/// Load-time knobs; [`LoadOptions::default`] suits a node with up to a few
+/// thousand volumes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Distinct volume indexes with counters (per-CPU map entries).
+    pub max_volumes: u32,
+    /// Root directories (usually one per volume).
+    pub max_roots: u32,
+    /// Fail unless every program attaches ([`Mode::Required`]).
+    pub require_all: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            max_volumes: raw::MAX_VOLUMES,
+            max_roots: raw::MAX_ROOTS,
+            require_all: false,
+        }
+    }
+}
+
+/// The kernel's `dev_t` for a userspace `st_dev`.
+///
+/// `stat(2)` reports `st_dev` in the glibc/`new_encode_dev` encoding
+/// (`minor & 0xff | major << 8 | (minor & !0xff) << 12`, plus high bits on
+/// 64-bit `dev_t`); inside the kernel `super_block->s_dev` is
+/// `MKDEV(major, minor) = major << 20 | minor`. They agree on nothing but
+/// 0:0, so roots are converted here, once. `None` if major or minor do not
+/// fit the kernel's 12/20 bits (no real `stat` gives that).
+pub fn kernel_dev(st_dev: u64) -> Option<u64> {
+    let major = libc::major(st_dev) as u64;
+    let minor = libc::minor(st_dev) as u64;
+    if major >= 1 << 12 || minor >= 1 << 20 {
+        return None;
+    }
+    Some((major << 20) | minor)
+}
+
+/// `(st_dev, st_ino)` of a directory, as [`WriteTelemetry::set_roots`]
+/// takes them.
+pub fn root_of(path: &Path) -> std::io::Result<(u64, u64)> {
+    let m = std::fs::metadata(path)?;
+    Ok((m.dev(), m.ino()))
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    FEntry,
+    FExit,
+}
+
+/// One BPF program: the symbol in the object and the kernel function.
+struct Part {
+    prog: &'static str,
+    func: &'static str,
+    kind: Kind,
+}
+
+/// A hook point as reported by [`WriteTelemetry::programs`]: one or two
+/// programs that attach together or not at all.
+struct Hook {
+    name: &'static str,
+    /// First kernel whose signature of `func` the program expects.
+    min_kernel: (u8, u8),
+    parts: &'static [Part],
+}
+
+// bpf_get_func_ret (used by every program) arrived in 5.17;
+// generic_perform_write takes a kiocb since 5.19.
+const HOOKS: &[Hook] = &[
+    Hook {
+        name: "iomap_file_buffered_write",
+        min_kernel: (5, 17),
+        parts: &[Part {
+            prog: "iomap_buffered_write_exit",
+            func: "iomap_file_buffered_write",
+            kind: Kind::FExit,
+        }],
+    },
+    Hook {
+        name: "generic_perform_write",
+        min_kernel: (5, 19),
+        parts: &[Part {
+            prog: "generic_perform_write_exit",
+            func: "generic_perform_write",
+            kind: Kind::FExit,
+        }],
+    },
+    Hook {
+        name: "iomap_dio_complete",
+        min_kernel: (5, 17),
+        // fexit first: an fentry without its fexit would only fill the
+        // hand-off map.
+        parts: &[
+            Part {
+                prog: "iomap_dio_complete_exit",
+                func: "iomap_dio_complete",
+                kind: Kind::FExit,
+            },
+            Part {
+                prog: "iomap_dio_complete_entry",
+                func: "iomap_dio_complete",
+                kind: Kind::FEntry,
+            },
+        ],
+    },
+];
+
+const MAP_ROOTS: &str = "roots";
+const MAP_ROOT_DEVS: &str = "root_devs";
+const MAP_COUNTERS: &str = "volume_counters";
+const MAP_UNATTRIBUTED: &str = "unattributed";
+
+/// The loaded, attached programs and their maps. Dropping it detaches
+/// everything.
+pub struct WriteTelemetry {
+    ebpf: Ebpf,
+    hooks: Vec<(&'static str, bool)>,
+    failures: Vec<ProgramFailure>,
+    /// Volume indexes currently in `roots`.
+    indexes: BTreeSet<u32>,
+    max_roots: u32,
+    /// Held while kernel BPF run-time statistics are wanted.
+    stats: Option<OwnedFd>,
+}
+
+impl fmt::Debug for WriteTelemetry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WriteTelemetry")
+            .field("programs", &self.hooks)
+            .field("volumes", &self.indexes.len())
+            .finish()
+    }
+}
+
+impl WriteTelemetry {
+    /// Loads and attaches every program ([`Mode::Auto`] semantics: `Ok` as
+    /// long as one program attached; [`Self::programs`] says which).
+    pub fn load() -> Result<WriteTelemetry, LoadError> {
+        Self::load_with(&LoadOptions::default())
+    }
+
+    /// [`Self::load`] for a [`Mode`]: `Ok(None)` when off; with
+    /// [`Mode::Required`], an error unless every program attached.
+    pub fn start(mode: Mode) -> Result<Option<WriteTelemetry>, LoadError> {
+        match mode {
+            Mode::Off => Ok(None),
+            Mode::Auto => Self::load().map(Some),
+            Mode::Required => Self::load_with(&LoadOptions {
+                require_all: true,
+                ..LoadOptions::default()
+            })
+            .map(Some),
+        }
+    }
+
+    pub fn load_with(opts: &LoadOptions) -> Result<WriteTelemetry, LoadError> {
+        let btf = kernel_btf()?;
+        let mut t = Self::open(&btf, opts)?;
+        let kernel = KernelVersion::current().ok();
+        for hook in HOOKS {
+            match attach_hook(&mut t.ebpf, &btf, hook, kernel) {
+                Ok(()) => t.hooks.push((hook.name, true)),
+                Err(f) => {
+                    t.hooks.push((hook.name, false));
+                    t.failures.push(f);
+                }
+            }
+        }
+        if t.hooks.iter().all(|(_, attached)| !attached) {
+            return Err(LoadError::NoProgram {
+                failures: t.failures,
+            });
+        }
+        if opts.require_all && !t.failures.is_empty() {
+            return Err(LoadError::Incomplete {
+                failures: t.failures,
+            });
+        }
+        Ok(t)
+    }
+
+    /// Parses the object and creates its maps, attaching nothing.
+    fn open(btf: &Btf, opts: &LoadOptions) -> Result<WriteTelemetry, LoadError> {
+        let ebpf = EbpfLoader::new()
+            .btf(Some(btf))
+            .map_max_entries(MAP_COUNTERS, opts.max_volumes)
+            .map_max_entries(MAP_ROOTS, opts.max_roots)
+            .load(raw::object())
+            .map_err(object_error)?;
+        Ok(WriteTelemetry {
+            ebpf,
+            hooks: Vec::new(),
+            failures: Vec::new(),
+            indexes: BTreeSet::new(),
+            max_roots: opts.max_roots,
+            stats: None,
+        })
+    }
+
+    /// Every hook point and whether it is attached, e.g.
+    /// `("iomap_dio_complete", true)`: for an `…_ebpf_program_attached`
+    /// self-metric.
+    pub fn programs(&self) -> Vec<(&'static str, bool)> {
+        self.hooks.clone()
+    }
+
+    /// Why the hooks that are not attached failed (empty when all are).
+    pub fn failures(&self) -> &[ProgramFailure] {
+        &self.failures
+    }
+
+    /// Turns on the kernel's BPF run-time statistics (`BPF_ENABLE_STATS`,
+    /// as `sysctl kernel.bpf_stats_enabled=1` does) for as long as this
+    /// telemetry lives, so [`Self::program_stats`] reports the programs'
+    /// cost. Off by default: while on, every BPF program on the host pays
+    /// two clock reads per run.
+    pub fn enable_stats(&mut self) -> Result<(), TelemetryError> {
+        if self.stats.is_none() {
+            let fd = aya::sys::enable_stats(aya::sys::Stats::RunTime)
+                .map_err(|e| TelemetryError::Stats(e.to_string()))?;
+            self.stats = Some(fd);
+        }
+        Ok(())
+    }
+
+    /// Run count and run time of every attached hook (zeros unless
+    /// statistics are on: [`Self::enable_stats`] or the sysctl).
+    pub fn program_stats(&self) -> Vec<(&'static str, ProgramStats)> {
+        let mut out = Vec::new();
+        for hook in HOOKS {
+            if !self.hooks.contains(&(hook.name, true)) {
+                continue;
+            }
+            let mut sum = ProgramStats::default();
+            for part in hook.parts {
+                if let Some(Ok(info)) = self.ebpf.program(part.prog).map(|p| p.info()) {
+                    sum.run_count += info.run_count();
+                    sum.run_time += info.run_time();
+                }
+            }
+            out.push((hook.name, sum));
+        }
+        out
+    }
+
+    /// Replaces the volume roots: `(st_dev, st_ino, volume index)` of each
+    /// root directory, as from `stat` ([`root_of`]). Adds new roots, updates
+    /// changed indexes, deletes stale roots, and drops the counters of
+    /// indexes left without a root. Nested roots are fine: a file counts for
+    /// its innermost root. Cheap when nothing changed (one map walk).
+    pub fn set_roots(&mut self, roots: &[(u64, u64, u32)]) -> Result<RootsUpdate, TelemetryError> {
+        let mut update = RootsUpdate::default();
+        let mut desired: HashMap<RootKey, u32> = HashMap::with_capacity(roots.len());
+        for &(st_dev, st_ino, index) in roots {
+            match kernel_dev(st_dev) {
+                Some(dev) => {
+                    desired.insert(RootKey { dev, ino: st_ino }, index);
+                }
+                None => update.rejected.push((st_dev, st_ino, index)),
+            }
+        }
+        if desired.len() > self.max_roots as usize {
+            return Err(TelemetryError::TooManyRoots {
+                given: desired.len(),
+                max: self.max_roots,
+            });
+        }
+        let mut devs: BTreeMap<u64, u32> = BTreeMap::new();
+        for key in desired.keys() {
+            *devs.entry(key.dev).or_default() += 1;
+        }
+        if devs.len() > raw::MAX_DEVS as usize {
+            return Err(TelemetryError::TooManyDevices {
+                given: devs.len(),
+                max: raw::MAX_DEVS,
+            });
+        }
+
+        // Devices first (they gate the walk), then roots, then removals.
+        {
+            let mut dev_map: BpfHashMap<&mut MapData, u64, u32> = map_err(
+                MAP_ROOT_DEVS,
+                BpfHashMap::try_from(self.map_mut(MAP_ROOT_DEVS)?),
+            )?;
+            for (dev, n) in &devs {
+                map_err(MAP_ROOT_DEVS, dev_map.insert(dev, n, 0))?;
+            }
+        }
+        {
+            let mut root_map: BpfHashMap<&mut MapData, RootKey, u32> =
+                map_err(MAP_ROOTS, BpfHashMap::try_from(self.map_mut(MAP_ROOTS)?))?;
+            let current: HashMap<RootKey, u32> =
+                map_err(MAP_ROOTS, root_map.iter().collect::<Result<_, _>>())?;
+            for (key, index) in &desired {
+                match current.get(key) {
+                    Some(i) if i == index => continue,
+                    Some(_) => update.changed += 1,
+                    None => update.added += 1,
+                }
+                map_err(MAP_ROOTS, root_map.insert(key, index, 0))?;
+            }
+            for key in current.keys().filter(|k| !desired.contains_key(k)) {
+                map_err(MAP_ROOTS, remove_ok(root_map.remove(key)))?;
+                update.removed += 1;
+            }
+        }
+        {
+            let mut dev_map: BpfHashMap<&mut MapData, u64, u32> = map_err(
+                MAP_ROOT_DEVS,
+                BpfHashMap::try_from(self.map_mut(MAP_ROOT_DEVS)?),
+            )?;
+            let stale: Vec<u64> = map_err(MAP_ROOT_DEVS, dev_map.keys().collect())?;
+            for dev in stale.iter().filter(|d| !devs.contains_key(d)) {
+                map_err(MAP_ROOT_DEVS, remove_ok(dev_map.remove(dev)))?;
+            }
+        }
+        let indexes: BTreeSet<u32> = desired.values().copied().collect();
+        {
+            let mut counters: PerCpuHashMap<&mut MapData, u32, RawCounters> = map_err(
+                MAP_COUNTERS,
+                PerCpuHashMap::try_from(self.map_mut(MAP_COUNTERS)?),
+            )?;
+            let keys: Vec<u32> = map_err(MAP_COUNTERS, counters.keys().collect())?;
+            for index in keys.iter().filter(|i| !indexes.contains(i)) {
+                map_err(MAP_COUNTERS, remove_ok(counters.remove(index)))?;
+                update.pruned_counters += 1;
+            }
+        }
+        self.indexes = indexes;
+        Ok(update)
+    }
+
+    /// All counters, summed over CPUs: one entry per volume index in the
+    /// roots, plus the unattributed buckets.
+    pub fn read(&self) -> Result<Counters, TelemetryError> {
+        let mut out = Counters::default();
+        for index in &self.indexes {
+            out.volumes.insert(*index, VolumeCounters::default());
+        }
+        let counters: PerCpuHashMap<&MapData, u32, RawCounters> = map_err(
+            MAP_COUNTERS,
+            PerCpuHashMap::try_from(self.map(MAP_COUNTERS)?),
+        )?;
+        for item in counters.iter() {
+            let (index, per_cpu) = map_err(MAP_COUNTERS, item)?;
+            let sum = out.volumes.entry(index).or_default();
+            for c in per_cpu.iter() {
+                sum.add(c);
+            }
+        }
+        let unattributed: PerCpuArray<&MapData, RawCounters> = map_err(
+            MAP_UNATTRIBUTED,
+            PerCpuArray::try_from(self.map(MAP_UNATTRIBUTED)?),
+        )?;
+        for (i, slot) in [
+            (
+                raw::UNATTR_OTHER_FS,
+                &mut out.unattributed.other_filesystems,
+            ),
+            (raw::UNATTR_OUTSIDE, &mut out.unattributed.outside_roots),
+            (raw::UNATTR_WALK_LIMIT, &mut out.unattributed.walk_limit),
+        ] {
+            let per_cpu = map_err(MAP_UNATTRIBUTED, unattributed.get(&i, 0))?;
+            for c in per_cpu.iter() {
+                slot.add(c);
+            }
+        }
+        debug_assert_eq!(raw::N_UNATTR, 3);
+        Ok(out)
+    }
+
+    fn map(&self, name: &'static str) -> Result<&Map, TelemetryError> {
+        self.ebpf
+            .map(name)
+            .ok_or(TelemetryError::MissingMap { map: name })
+    }
+
+    fn map_mut(&mut self, name: &'static str) -> Result<&mut Map, TelemetryError> {
+        self.ebpf
+            .map_mut(name)
+            .ok_or(TelemetryError::MissingMap { map: name })
+    }
+}
+
+fn map_err<T>(map: &'static str, r: Result<T, aya::maps::MapError>) -> Result<T, TelemetryError> {
+    r.map_err(|source| TelemetryError::Map { map, source })
+}
+
+/// A key that vanished meanwhile is as good as removed.
+fn remove_ok(r: Result<(), aya::maps::MapError>) -> Result<(), aya::maps::MapError> {
+    match r {
+        Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+        Err(e) if errno_of(&e) == Some(libc::ENOENT) => Ok(()),
+        other => other,
+    }
+}
+
+fn kernel_btf() -> Result<Btf, LoadError> {
+    if let Err(source) = std::fs::metadata(KERNEL_BTF) {
+        return Err(LoadError::NoBtf {
+            path: KERNEL_BTF,
+            source,
+        });
+    }
+    Btf::from_sys_fs().map_err(|e| LoadError::BadBtf {
+        path: KERNEL_BTF,
+        detail: chain(&e),
+    })
+}
+
+fn object_error(e: EbpfError) -> LoadError {
+    let errno = errno_of(&e);
+    let detail = chain(&e);
+    match &e {
+        EbpfError::MapError(_) | EbpfError::BtfError(BtfError::LoadError { .. }) => {
+            let hint = match errno {
+                Some(libc::EPERM | libc::EACCES) => {
+                    " (not permitted: needs root or CAP_BPF; unprivileged BPF or a sandbox \
+                     policy may forbid it)"
+                }
+                Some(libc::ENOSYS) => " (the kernel has no bpf(2): CONFIG_BPF_SYSCALL is off)",
+                _ => "",
+            };
+            LoadError::BpfUnavailable {
+                errno,
+                detail: format!("{detail}{hint}"),
+            }
+        }
+        _ => LoadError::BpfUnavailable {
+            errno,
+            detail: format!("the write-telemetry object does not fit this kernel: {detail}"),
+        },
+    }
+}
+
+fn attach_hook(
+    ebpf: &mut Ebpf,
+    btf: &Btf,
+    hook: &Hook,
+    kernel: Option<KernelVersion>,
+) -> Result<(), ProgramFailure> {
+    let fail = |part: &Part, reason, detail: String| ProgramFailure {
+        program: hook.name,
+        part: format!(
+            "{}/{} as {}",
+            match part.kind {
+                Kind::FEntry => "fentry",
+                Kind::FExit => "fexit",
+            },
+            part.func,
+            part.prog
+        ),
+        reason,
+        detail,
+    };
+    let (maj, min) = hook.min_kernel;
+    if let Some(k) = kernel {
+        if k < KernelVersion::new(maj, min, 0) {
+            return Err(fail(
+                &hook.parts[0],
+                FailureReason::KernelTooOld,
+                format!("running {k}, the program needs {maj}.{min} or later"),
+            ));
+        }
+    }
+    for (i, part) in hook.parts.iter().enumerate() {
+        if let Err(e) = load_part(ebpf, btf, part) {
+            // All or nothing: undo the parts already attached.
+            for done in &hook.parts[..i] {
+                unload_part(ebpf, done);
+            }
+            let (reason, detail) = classify(&e);
+            return Err(fail(part, reason, detail));
+        }
+    }
+    Ok(())
+}
+
+fn load_part(ebpf: &mut Ebpf, btf: &Btf, part: &Part) -> Result<(), ProgramError> {
+    let program = ebpf
+        .program_mut(part.prog)
+        .ok_or_else(|| ProgramError::InvalidName {
+            name: part.prog.to_string(),
+        })?;
+    match part.kind {
+        Kind::FExit => {
+            let p: &mut FExit = program.try_into()?;
+            p.load(part.func, btf)?;
+            p.attach()?;
+        }
+        Kind::FEntry => {
+            let p: &mut FEntry = program.try_into()?;
+            p.load(part.func, btf)?;
+            p.attach()?;
+        }
+    }
+    Ok(())
+}
+
+fn unload_part(ebpf: &mut Ebpf, part: &Part) {
+    let Some(program) = ebpf.program_mut(part.prog) else {
+        return;
+    };
+    // Unloading also drops the program's links (detaches it).
+    let _ = match part.kind {
+        Kind::FExit => <&mut FExit>::try_from(program).map(|p| p.unload()),
+        Kind::FEntry => <&mut FEntry>::try_from(program).map(|p| p.unload()),
+    };
+}
+
+fn classify(e: &ProgramError) -> (FailureReason, String) {
+    let errno = errno_of(e);
+    let errno_text = errno.map(errno_name).unwrap_or_default();
+    match e {
+        ProgramError::Btf(BtfError::UnknownBtfTypeName { type_name }) => (
+            FailureReason::FunctionNotFound,
+            format!("`{type_name}` is not a function in {KERNEL_BTF} (renamed, inlined, or in a module)"),
+        ),
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            let log = verifier_log.to_string();
+            let tail: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+            let tail = tail[tail.len().saturating_sub(6)..].join(" | ");
+            if tail.is_empty() && matches!(errno, Some(libc::EPERM | libc::EACCES)) {
+                (
+                    FailureReason::PermissionDenied,
+                    format!("BPF_PROG_LOAD returned {errno_text} ({io_error}) with no verifier output"),
+                )
+            } else if !tail.is_empty() {
+                (
+                    FailureReason::Verifier,
+                    format!("BPF_PROG_LOAD returned {errno_text} ({io_error}); verifier: {tail}"),
+                )
+            } else {
+                (
+                    FailureReason::Other,
+                    format!("BPF_PROG_LOAD returned {errno_text} ({io_error})"),
+                )
+            }
+        }
+        ProgramError::SyscallError(s) => {
+            let reason = if matches!(errno, Some(libc::EPERM | libc::EACCES)) {
+                FailureReason::PermissionDenied
+            } else {
+                FailureReason::Attach
+            };
+            (reason, format!("{} returned {errno_text} ({})", s.call, s.io_error))
+        }
+        other => (FailureReason::Other, chain(other)),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,56 @@
+//! The BPF object and the map layouts shared with it: every `unsafe` of the
+//! crate is here.
+//!
+//! Mirrors `src/bpf/shared.h`; `tests::header_matches_rust` parses that header
+//! and checks both sides agree, and aya checks key and value sizes against
+//! the maps' definitions whenever a map is opened.
+
+/// The compiled `src/bpf/write_telemetry.c`, 8-byte aligned as ELF parsing
+/// wants.
+pub(crate) fn object() -> &'static [u8] {
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/write_telemetry.o"))
+}
+
+pub(crate) const BUCKET_ENOSPC: usize = 0;
+pub(crate) const BUCKET_EDQUOT: usize = 1;
+pub(crate) const BUCKET_EIO: usize = 2;
+pub(crate) const BUCKET_EROFS: usize = 3;
+pub(crate) const BUCKET_OTHER: usize = 4;
+pub(crate) const N_BUCKETS: usize = 5;
+
+pub(crate) const UNATTR_OTHER_FS: u32 = 0;
+pub(crate) const UNATTR_OUTSIDE: u32 = 1;
+pub(crate) const UNATTR_WALK_LIMIT: u32 = 2;
+pub(crate) const N_UNATTR: u32 = 3;
+
+pub(crate) const MAX_DEPTH: u32 = 32;
+pub(crate) const MAX_ROOTS: u32 = 16384;
+pub(crate) const MAX_VOLUMES: u32 = 4096;
+pub(crate) const MAX_DEVS: u32 = 64;
+
+/// `struct root_key`: a directory as the kernel names it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct RootKey {
+    /// `super_block->s_dev`, kernel encoding (see `crate::kernel_dev`).
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// `struct counters`: one CPU's share of a volume's counters.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RawCounters {
+    pub bytes: u64,
+    pub ops: u64,
+    pub errors: [u64; N_BUCKETS],
+}
+
+// SAFETY: `aya::Pod` requires a plain-old-data type: `Copy`, `#[repr(C)]`,
+// every bit pattern valid, no padding (aya copies raw bytes to and from the
+// kernel). `RootKey` is two `u64`s: 16 bytes, no padding, any bits valid.
+unsafe impl aya::Pod for RootKey {}
+
+// SAFETY: as above: seven `u64`s (56 bytes), `#[repr(C)]`, no padding, any
+// bit pattern is a valid value.
+unsafe impl aya::Pod for RawCounters {}
