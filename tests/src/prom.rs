@@ -1,24 +1,27 @@
 //! Prometheus in the tests: a minimal HTTP client, a parser for the text
-//! exposition format, and a real Prometheus server (`/usr/bin/prometheus`,
+//! exposition format, the `prjquota-exporter` binary run as a guarded child
+//! process, `promtool`, and a real Prometheus server (`/usr/bin/prometheus`,
 //! Debian 12 ships 2.42) scraping test targets, queried through its HTTP API.
 //!
 //! ```ignore
-//! let prom = Prometheus::start(&[("prjquota", exporter_addr)], &[rules_file]);
-//! let result = prom.query_until("up == 1", |r| r.as_array().is_some_and(|a| !a.is_empty()));
+//! let exporter = Exporter::start(&[&fixture.node.volumes_dir]);
+//! let scrape: Exposition = exporter.scrape();
+//! let prom = Prometheus::start(&[("prjquota", exporter.addr)], &[rules_file]);
+//! let result = prom.query_until("up == 1", |r| !vector(r).is_empty());
 //! let alerts = prom.alerts();
-//! // dropped: Prometheus is stopped and its data removed
+//! // dropped: Prometheus and the exporter are stopped, Prometheus's data removed
 //! ```
 //!
 //! Everything here is bounded in time but asserts no timing: the VM emulates
 //! its CPU, so waits are generous and only report how long they took.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Once;
+use std::sync::{mpsc, Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -196,9 +199,12 @@ impl Exposition {
                 let mut parts = rest.splitn(3, ' ');
                 match (parts.next(), parts.next(), parts.next()) {
                     (Some("TYPE"), Some(name), Some(t)) => {
-                        if e.types.insert(name.into(), t.into()).is_some() {
-                            fail("a second TYPE for one family");
-                        }
+                        let previous = e.types.insert(name.into(), t.into());
+                        assert!(
+                            previous.is_none(),
+                            "line {}: a second TYPE: {line:?}",
+                            n + 1
+                        );
                     }
                     (Some("HELP"), Some(name), Some(h)) => {
                         e.helps.insert(name.into(), h.into());
@@ -258,7 +264,9 @@ impl Exposition {
                 Some("NaN") => f64::NAN,
                 Some("+Inf") => f64::INFINITY,
                 Some("-Inf") => f64::NEG_INFINITY,
-                Some(v) => v.parse().unwrap_or_else(|_| fail("a value that is not a number")),
+                Some(v) => v
+                    .parse()
+                    .unwrap_or_else(|_| fail("a value that is not a number")),
                 None => fail("no value"),
             };
             e.samples.push(Sample {
@@ -288,7 +296,10 @@ impl Exposition {
         match found.as_slice() {
             [] => None,
             [s] => Some(s.value),
-            _ => panic!("{} samples of {name} with {labels:?}: {found:?}", found.len()),
+            _ => panic!(
+                "{} samples of {name} with {labels:?}: {found:?}",
+                found.len()
+            ),
         }
     }
 
@@ -296,6 +307,152 @@ impl Exposition {
     pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
         self.get(name, labels)
             .unwrap_or_else(|| panic!("no {name} with {labels:?} in\n{}", self.text))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// A running prjquota-exporter
+
+/// The exporter binary, running until dropped.
+pub struct Exporter {
+    child: Child,
+    pub addr: SocketAddr,
+    log: Arc<Mutex<String>>,
+}
+
+impl Exporter {
+    /// Starts `prjquota-exporter --volumes-dir D…` on 127.0.0.1 with a port
+    /// the kernel picks, and returns once it listens.
+    pub fn start(volumes_dirs: &[&Path]) -> Exporter {
+        ensure_loopback();
+        let mut cmd = Command::new(crate::bin("prjquota-exporter"));
+        for d in volumes_dirs {
+            cmd.arg("--volumes-dir").arg(d);
+        }
+        cmd.args([
+            "--web.listen-address",
+            "127.0.0.1:0",
+            "--log.level",
+            "debug",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("start prjquota-exporter");
+        let stderr = child.stderr.take().expect("stderr piped");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel();
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("msg=\"starting prjquota-exporter\"") {
+                    let addr = line
+                        .split(' ')
+                        .find_map(|f| f.strip_prefix("address="))
+                        .and_then(|a| a.parse::<SocketAddr>().ok());
+                    let _ = tx.send(addr);
+                }
+                let mut l = log2.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        let started = Instant::now();
+        let addr = match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(Some(a)) => a,
+            other => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "the exporter did not report its address ({other:?}):\n{}",
+                    log.lock().unwrap()
+                );
+            }
+        };
+        eprintln!(
+            "MEASURE exporter_start_seconds {:.3}",
+            started.elapsed().as_secs_f64()
+        );
+        Exporter { child, addr, log }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// GET /metrics: asserts 200 and the text format, returns the body and
+    /// the time the request took (connect to last byte).
+    pub fn scrape_text(&self) -> (String, Duration) {
+        let start = Instant::now();
+        let r = http_get(self.addr, "/metrics", Duration::from_secs(300))
+            .unwrap_or_else(|e| panic!("GET /metrics: {e}\n{}", self.log()));
+        let took = start.elapsed();
+        assert_eq!(r.status, 200, "GET /metrics: {}\n{}", r.body, self.log());
+        let ct = r.header("content-type").unwrap_or_default();
+        assert!(
+            ct.starts_with("text/plain") && ct.contains("version=0.0.4"),
+            "content-type {ct:?}"
+        );
+        (r.body, took)
+    }
+
+    pub fn scrape(&self) -> Exposition {
+        Exposition::parse(&self.scrape_text().0)
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// (VmHWM, VmRSS) in KiB.
+    pub fn memory_kib(&self) -> (u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("read /proc/PID/status");
+        let field = |name: &str| -> u64 {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in\n{status}"))
+        };
+        (field("VmHWM:"), field("VmRSS:"))
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child, which has not been reaped.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(st)) => break Some(st),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                _ => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    break None;
+                }
+            }
+        };
+        if std::thread::panicking() {
+            eprintln!(
+                "--- exporter log (exit {status:?}) ---\n{}",
+                self.log.lock().unwrap()
+            );
+        } else {
+            assert!(
+                status.is_some_and(|s| s.success()),
+                "the exporter did not stop cleanly on SIGTERM: {status:?}\n{}",
+                self.log.lock().unwrap()
+            );
+        }
     }
 }
 
@@ -391,7 +548,10 @@ pub fn config_yaml(targets: &[(&str, SocketAddr)], rule_files: &[PathBuf]) -> St
     if !rule_files.is_empty() {
         y.push_str("rule_files:\n");
         for f in rule_files {
-            y.push_str(&format!("  - {}\n", serde_json::json!(f.display().to_string())));
+            y.push_str(&format!(
+                "  - {}\n",
+                serde_json::json!(f.display().to_string())
+            ));
         }
     }
     y.push_str("scrape_configs:\n");
@@ -415,6 +575,15 @@ impl Prometheus {
         std::fs::write(&config, config_yaml(targets, rule_files)).expect("write prometheus.yml");
         let (code, out) = promtool(&["check", "config", config.to_str().expect("UTF-8 path")]);
         assert_eq!(code, Some(0), "promtool check config:\n{out}");
+        for f in rule_files {
+            let (code, out) = promtool(&["check", "rules", f.to_str().expect("UTF-8 path")]);
+            assert_eq!(
+                code,
+                Some(0),
+                "promtool check rules {}:\n{out}",
+                f.display()
+            );
+        }
         let started = Instant::now();
         // The port is chosen free, then bound by Prometheus: retry if another
         // process took it in between.
@@ -423,7 +592,10 @@ impl Prometheus {
             let log = std::fs::File::create(dir.join("prometheus.log")).expect("log file");
             let child = Command::new(PROMETHEUS)
                 .arg(format!("--config.file={}", config.display()))
-                .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+                .arg(format!(
+                    "--storage.tsdb.path={}",
+                    dir.join("data").display()
+                ))
                 .arg(format!("--web.listen-address={addr}"))
                 .arg("--log.level=warn")
                 .current_dir(&dir)
@@ -469,10 +641,7 @@ impl Prometheus {
                 }
             }
             if Instant::now() > deadline {
-                return Err(format!(
-                    "not ready after {}s",
-                    READY_TIMEOUT.as_secs()
-                ));
+                return Err(format!("not ready after {}s", READY_TIMEOUT.as_secs()));
             }
             std::thread::sleep(Duration::from_millis(250));
         }

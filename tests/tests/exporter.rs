@@ -1,0 +1,959 @@
+//! The real `prjquota-exporter` binary against volumes the real plugin made,
+//! on a kernel that enforces project quotas: every number it publishes is
+//! compared with what the test wrote and with what the kernel says, its
+//! exposition is checked by `promtool` and scraped by a real Prometheus,
+//! and its cost is measured next to a bare loop doing the same syscalls.
+//!
+//! Each test starts its own exporter (on 127.0.0.1, port chosen by the
+//! kernel and read back from the exporter's start-up log line) against its
+//! own Nomad node, and stops it when the test ends, passed or not.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::CString;
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use prjquota_vmtests::fixture::{fill, statvfs, Fixture, MIB};
+use prjquota_vmtests::nomad::{uuid, Spec};
+use prjquota_vmtests::prom::{self, Exporter, Exposition, Prometheus};
+use prjquota_vmtests::{ext4_mount, scratch_dir, xfs_mount, xfs_noquota_mount};
+
+const BLOCK: u64 = 4096;
+
+// ---------------------------------------------------------------------------
+// Volumes with known content
+
+/// What a test puts into one volume.
+struct Plan {
+    name: &'static str,
+    namespace: &'static str,
+    limit: u64,
+    max_inodes: Option<u64>,
+    /// Written with `fill` (zeros, fsynced) as `data.bin`.
+    bulk: u64,
+    /// Sizes of further files, written and fsynced one by one.
+    small: &'static [u64],
+    /// A subdirectory holding one more file of this size.
+    subdir_file: Option<u64>,
+}
+
+/// A volume the plugin made and the test filled.
+struct Made {
+    spec: Spec,
+    path: PathBuf,
+    limit: u64,
+    project_id: u32,
+    max_inodes: Option<u64>,
+    /// Σ over files of the size rounded up to the block: what the data
+    /// itself occupies (no file here is sparse or shares blocks).
+    data_bytes: u64,
+    /// Directories, the root included.
+    dirs: u64,
+    /// Files and directories, the root included.
+    inodes: u64,
+}
+
+impl Made {
+    fn labels<'a>(&'a self, node_pool: &'a str) -> [(&'a str, &'a str); 3] {
+        [
+            ("namespace", self.spec.namespace.as_str()),
+            ("node_pool", node_pool),
+            ("volume_id", self.spec.id.as_str()),
+        ]
+    }
+}
+
+fn round_up(n: u64) -> u64 {
+    n.div_ceil(BLOCK) * BLOCK
+}
+
+fn write_file(path: &Path, len: u64) {
+    let mut f = std::fs::File::create(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    f.write_all(&vec![b'x'; len as usize]).unwrap();
+    f.sync_all().unwrap();
+}
+
+fn make(f: &Fixture, plans: &[Plan]) -> Vec<Made> {
+    plans
+        .iter()
+        .map(|p| {
+            let mut spec = Spec::new(p.name, p.limit as i64);
+            spec.namespace = p.namespace.into();
+            if let Some(n) = p.max_inodes {
+                spec = spec.param("max_inodes", &n.to_string());
+            }
+            let (path, bytes) = f.create(&spec);
+            assert_eq!(bytes as u64, p.limit);
+            let mut data_bytes = 0;
+            let mut inodes = 1;
+            let mut dirs = 1;
+            if p.bulk > 0 {
+                let r = fill(&path.join("data.bin"), p.bulk, None);
+                assert_eq!((r.written, r.errno), (p.bulk, None), "fill {}", p.name);
+                data_bytes += round_up(p.bulk);
+                inodes += 1;
+            }
+            for (i, &len) in p.small.iter().enumerate() {
+                write_file(&path.join(format!("small-{i}")), len);
+                data_bytes += round_up(len);
+                inodes += 1;
+            }
+            if let Some(len) = p.subdir_file {
+                std::fs::create_dir(path.join("sub")).unwrap();
+                write_file(&path.join("sub/file"), len);
+                data_bytes += round_up(len);
+                inodes += 2;
+                dirs += 1;
+            }
+            let project_id = f.project_id(&spec.id);
+            Made {
+                spec,
+                path,
+                limit: p.limit,
+                project_id,
+                max_inodes: p.max_inodes,
+                data_bytes,
+                dirs,
+                inodes,
+            }
+        })
+        .collect()
+}
+
+/// Three volumes of different sizes, namespaces and contents (1, 3, 5 MiB
+/// plus small files), the last with an inode limit.
+const THREE: &[Plan] = &[
+    Plan {
+        name: "small",
+        namespace: "default",
+        limit: 16 * MIB,
+        max_inodes: None,
+        bulk: MIB,
+        small: &[100, 5000],
+        subdir_file: None,
+    },
+    Plan {
+        name: "medium",
+        namespace: "team-b",
+        limit: 48 * MIB,
+        max_inodes: None,
+        bulk: 3 * MIB,
+        small: &[1, 4096, 4097],
+        subdir_file: Some(10_000),
+    },
+    Plan {
+        name: "limited",
+        namespace: "batch",
+        limit: 24 * MIB,
+        max_inodes: Some(50),
+        bulk: 5 * MIB,
+        // Empty files: inodes without blocks.
+        small: &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        subdir_file: None,
+    },
+];
+
+/// Bytes a directory holding a handful of entries takes beyond its inode:
+/// none on XFS (a short-form directory lives inside the inode), one block on
+/// ext4 (no inline_data in `mkfs.ext4 -O quota,project`).
+fn dir_block(fstype: &str) -> u64 {
+    match fstype {
+        "xfs" => 0,
+        "ext4" => BLOCK,
+        other => panic!("unknown fstype {other}"),
+    }
+}
+
+fn fstype_of(mount: &Path) -> &'static str {
+    if mount == xfs_mount() {
+        "xfs"
+    } else {
+        "ext4"
+    }
+}
+
+/// Collector success values by collector.
+fn successes(e: &Exposition) -> BTreeMap<String, f64> {
+    e.find("prjquota_exporter_scrape_collector_success", &[])
+        .map(|s| (s.label("collector").unwrap_or("").to_string(), s.value))
+        .collect()
+}
+
+/// Every `nomad_host_volume_*` sample carries namespace, node_pool and
+/// volume_id; the IDs are exactly `ids`; each family has one series per
+/// volume and label set; every family has TYPE and HELP.
+fn assert_per_volume_labels(e: &Exposition, ids: &BTreeSet<&str>) {
+    let mut seen_ids = BTreeSet::new();
+    let mut series = BTreeSet::new();
+    for s in e
+        .samples
+        .iter()
+        .filter(|s| s.name.starts_with("nomad_host_volume_"))
+    {
+        for l in ["namespace", "node_pool", "volume_id"] {
+            assert!(
+                s.label(l).is_some_and(|v| !v.is_empty()),
+                "{} lacks {l}: {s:?}",
+                s.name
+            );
+        }
+        let id = s.label("volume_id").unwrap();
+        assert!(ids.contains(id), "a series of an unknown volume: {s:?}");
+        seen_ids.insert(id.to_string());
+        assert!(
+            series.insert((s.name.clone(), s.labels.clone())),
+            "duplicate series {s:?}"
+        );
+        assert!(e.types.contains_key(&s.name), "no TYPE for {}", s.name);
+        assert!(e.helps.contains_key(&s.name), "no HELP for {}", s.name);
+    }
+    let want: BTreeSet<String> = ids.iter().map(|s| s.to_string()).collect();
+    assert_eq!(seen_ids, want);
+}
+
+// ---------------------------------------------------------------------------
+// 1, 2: every metric of every volume, on XFS and on ext4
+
+fn metrics_match_what_was_written(mount: &Path) {
+    let fstype = fstype_of(mount);
+    let mut f = Fixture::new(mount, &format!("exp-metrics-{fstype}"));
+    f.node.node_pool = "pool-a".into();
+    let made = make(&f, THREE);
+    let exp = Exporter::start(&[&f.node.volumes_dir]);
+    let e = exp.scrape();
+
+    let ids: BTreeSet<&str> = made.iter().map(|m| m.spec.id.as_str()).collect();
+    assert_per_volume_labels(&e, &ids);
+    assert_eq!(e.value("prjquota_exporter_volumes", &[]), 3.0);
+    for (c, ok) in successes(&e) {
+        assert_eq!(ok, 1.0, "collector {c} failed:\n{}", exp.log());
+    }
+    for c in ["registry", "quota", "statfs", "quota_events"] {
+        assert!(successes(&e).contains_key(c), "no collector {c}");
+    }
+    assert_eq!(
+        e.value("prjquota_exporter_quota_events_subscribed", &[]),
+        1.0
+    );
+    assert_eq!(
+        e.types["nomad_host_volume_quota_limit_hits_total"], "counter",
+        "hits are a counter"
+    );
+    assert_eq!(e.find("nomad_host_volume_stats_error", &[]).count(), 0);
+
+    for m in &made {
+        let l = m.labels("pool-a");
+        let v = |name: &str| e.value(name, &l);
+        let q = f.quota(m.project_id);
+        let (_, _, fs_files, _) = statvfs(&m.path);
+
+        // What the registry recorded.
+        assert_eq!(v("nomad_host_volume_provisioned_bytes"), m.limit as f64);
+        assert_eq!(v("nomad_host_volume_requested_max_bytes"), m.limit as f64);
+        assert_eq!(v("nomad_host_volume_requested_min_bytes"), 0.0);
+        let info: Vec<_> = e.find("nomad_host_volume_info", &l).collect();
+        assert_eq!(info.len(), 1);
+        let info = info[0];
+        assert_eq!(info.value, 1.0);
+        assert_eq!(info.label("volume_name"), Some(m.spec.name.as_str()));
+        assert_eq!(info.label("node_id"), Some(f.node.node_id.as_str()));
+        assert_eq!(info.label("plugin_id"), Some("prjquota"));
+        assert_eq!(info.label("fstype"), Some(fstype));
+        assert_eq!(
+            info.label("project_id"),
+            Some(m.project_id.to_string().as_str())
+        );
+
+        // Limits, from quotactl and statfs.
+        assert_eq!(v("nomad_host_volume_capacity_bytes"), m.limit as f64);
+        assert_eq!(
+            v("nomad_host_volume_quota_hard_limit_bytes"),
+            m.limit as f64
+        );
+        assert_eq!(v("nomad_host_volume_quota_soft_limit_bytes"), 0.0);
+        assert_eq!(
+            v("nomad_host_volume_quota_hard_limit_inodes"),
+            m.max_inodes.unwrap_or(0) as f64
+        );
+
+        // Usage. The data occupies exactly `data_bytes` (every file is
+        // written whole and fsynced, so delayed allocation is resolved, and
+        // closed, so XFS has trimmed speculative preallocation); directories
+        // add `dir_block` each. One block of slack above that, for metadata
+        // a filesystem may charge to the project (an extent block), and
+        // nothing below: used bytes can never be less than the data.
+        let used = v("nomad_host_volume_quota_used_bytes");
+        let floor = m.data_bytes + m.dirs * dir_block(fstype);
+        eprintln!(
+            "{fstype} {}: quota_used_bytes {used} data {} dirs {} (kernel says {})",
+            m.spec.name, m.data_bytes, m.dirs, q.used_bytes
+        );
+        assert!(
+            used >= floor as f64 && used <= (floor + BLOCK) as f64,
+            "{fstype} {}: quota_used_bytes {used} outside [{floor}, {}]",
+            m.spec.name,
+            floor + BLOCK
+        );
+        // Nothing is written meanwhile: the exporter read what the kernel holds.
+        assert_eq!(used, q.used_bytes as f64, "{}", m.spec.name);
+        // statfs on a project directory reports the project's usage in whole
+        // blocks; usage here is whole blocks, so the two agree exactly.
+        assert_eq!(v("nomad_host_volume_used_bytes"), used, "{}", m.spec.name);
+        assert_eq!(
+            v("nomad_host_volume_available_bytes"),
+            m.limit as f64 - used,
+            "{}",
+            m.spec.name
+        );
+
+        // Inodes: the project's own count, exact.
+        assert_eq!(
+            v("nomad_host_volume_quota_used_inodes"),
+            m.inodes as f64,
+            "{}",
+            m.spec.name
+        );
+        assert_eq!(v("nomad_host_volume_inodes_used"), m.inodes as f64);
+        match m.max_inodes {
+            Some(max) => {
+                assert_eq!(v("nomad_host_volume_inodes"), max as f64);
+                assert_eq!(v("nomad_host_volume_inodes_free"), (max - m.inodes) as f64);
+            }
+            None => {
+                // The filesystem's inodes (statfs), which XFS sizes
+                // dynamically: compare orders, not values.
+                let total = v("nomad_host_volume_inodes");
+                assert!(total > m.inodes as f64, "{total}");
+                assert!(v("nomad_host_volume_inodes_free") <= total);
+                assert!(fs_files > 0);
+            }
+        }
+
+        assert_eq!(
+            e.value(
+                "nomad_host_volume_quota_limit_hits_total",
+                &[l[0], l[1], l[2], ("resource", "bytes"), ("limit", "hard")]
+            ),
+            0.0
+        );
+    }
+}
+
+#[test]
+fn xfs_every_metric_matches_what_was_written_and_what_the_kernel_says() {
+    metrics_match_what_was_written(&xfs_mount());
+}
+
+#[test]
+fn ext4_every_metric_matches_what_was_written_and_what_the_kernel_says() {
+    metrics_match_what_was_written(&ext4_mount());
+}
+
+// ---------------------------------------------------------------------------
+// 3: quota limit hits, from the kernel's netlink warnings
+
+fn hits(e: &Exposition, m: &Made) -> f64 {
+    e.value(
+        "nomad_host_volume_quota_limit_hits_total",
+        &[
+            ("volume_id", m.spec.id.as_str()),
+            ("resource", "bytes"),
+            ("limit", "hard"),
+        ],
+    )
+}
+
+/// Fills one volume past its limit as `uid` and waits (bounded) for the
+/// exporter to count the hit on that volume and no other.
+fn quota_hits_are_counted_for_the_full_volume_only(mount: &Path, uid: Option<u32>) {
+    let fstype = fstype_of(mount);
+    let f = Fixture::new(mount, &format!("exp-hits-{fstype}"));
+    let mut specs = Vec::new();
+    for (name, ns) in [
+        ("full", "default"),
+        ("quiet-1", "default"),
+        ("quiet-2", "other"),
+    ] {
+        let mut s = Spec::new(name, 8 * MIB as i64);
+        s.namespace = ns.into();
+        if let Some(u) = uid {
+            s = s.param("uid", &u.to_string()).param("gid", &u.to_string());
+        }
+        specs.push(s);
+    }
+    let made: Vec<Made> = specs
+        .into_iter()
+        .map(|spec| {
+            let (path, bytes) = f.create(&spec);
+            let project_id = f.project_id(&spec.id);
+            Made {
+                spec,
+                path,
+                limit: bytes as u64,
+                project_id,
+                max_inodes: None,
+                data_bytes: 0,
+                dirs: 1,
+                inodes: 1,
+            }
+        })
+        .collect();
+    let exp = Exporter::start(&[&f.node.volumes_dir]);
+    let before = exp.scrape();
+    assert_eq!(
+        before.value("prjquota_exporter_quota_events_subscribed", &[]),
+        1.0,
+        "{}",
+        exp.log()
+    );
+    for m in &made {
+        assert_eq!(hits(&before, m), 0.0);
+    }
+
+    let r = fill(&made[0].path.join("blob"), 32 * MIB, uid);
+    let refused = [libc::ENOSPC, libc::EDQUOT];
+    assert!(
+        r.errno.is_some_and(|e| refused.contains(&e)),
+        "{fstype}: the kernel did not refuse the write: {r:?}"
+    );
+    assert!(r.written <= made[0].limit, "{r:?}");
+
+    // The warning reaches the exporter asynchronously: poll a bounded number
+    // of scrapes.
+    let start = Instant::now();
+    let mut e = exp.scrape();
+    for _ in 0..20 {
+        if hits(&e, &made[0]) >= 1.0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        e = exp.scrape();
+    }
+    eprintln!(
+        "MEASURE quota_hit_visible_seconds{{fs={fstype:?}}} {:.2}",
+        start.elapsed().as_secs_f64()
+    );
+    let n = hits(&e, &made[0]);
+    assert!(
+        n >= 1.0,
+        "{fstype}: no hard byte hit counted for the full volume:\n{}\n{}",
+        e.text,
+        exp.log()
+    );
+    eprintln!("{fstype}: {n} hard byte hit(s) counted");
+    for m in &made[1..] {
+        assert_eq!(hits(&e, m), 0.0, "{fstype}: a hit on {}", m.spec.name);
+    }
+    assert!(e.value("prjquota_exporter_quota_events_total", &[]) >= 1.0);
+    // The full volume is reported full.
+    let l = made[0].labels("default");
+    let used = e.value("nomad_host_volume_quota_used_bytes", &l);
+    assert!(
+        used <= made[0].limit as f64 && used >= (made[0].limit - MIB) as f64,
+        "{used}"
+    );
+    assert!(e.value("nomad_host_volume_available_bytes", &l) < MIB as f64);
+}
+
+#[test]
+fn xfs_quota_hits_are_counted_for_the_full_volume_only() {
+    // XFS enforces project quotas on root too.
+    quota_hits_are_counted_for_the_full_volume_only(&xfs_mount(), None);
+}
+
+#[test]
+fn ext4_quota_hits_are_counted_for_the_full_volume_only() {
+    // ext4 lets CAP_SYS_RESOURCE (root) past quotas: write as nobody.
+    quota_hits_are_counted_for_the_full_volume_only(&ext4_mount(), Some(65534));
+}
+
+// ---------------------------------------------------------------------------
+// 4: a deleted volume's series vanish
+
+#[test]
+fn a_deleted_volumes_series_vanish_at_the_next_scrape() {
+    let f = Fixture::new(&xfs_mount(), "exp-delete");
+    let made = make(&f, THREE);
+    let exp = Exporter::start(&[&f.node.volumes_dir]);
+    let e = exp.scrape();
+    let all: BTreeSet<&str> = made.iter().map(|m| m.spec.id.as_str()).collect();
+    assert_per_volume_labels(&e, &all);
+
+    let gone = &made[1];
+    f.node.delete(&gone.spec).ok();
+    assert!(!gone.path.exists());
+    let e = exp.scrape();
+    let left: BTreeSet<&str> = all
+        .iter()
+        .copied()
+        .filter(|id| *id != gone.spec.id)
+        .collect();
+    assert_per_volume_labels(&e, &left);
+    assert!(
+        !e.text.contains(&gone.spec.id),
+        "the deleted volume is still exported:\n{}",
+        e.text
+    );
+    assert_eq!(e.value("prjquota_exporter_volumes", &[]), 2.0);
+    for m in [&made[0], &made[2]] {
+        let l = m.labels("default");
+        assert_eq!(
+            e.value("nomad_host_volume_capacity_bytes", &l),
+            m.limit as f64
+        );
+        assert!(e.value("nomad_host_volume_quota_used_bytes", &l) >= m.data_bytes as f64);
+    }
+    for (c, ok) in successes(&e) {
+        assert_eq!(ok, 1.0, "collector {c} failed:\n{}", exp.log());
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 5: no quota, no directory: degraded, never failed
+
+/// Stores a Ready record for volume `id` with the plugin's own registry
+/// writer, as the plugin does at the end of a create.
+fn store_record(
+    volumes_dir: &Path,
+    id: &str,
+    name: &str,
+    namespace: &str,
+    node_id: &str,
+    project_id: u32,
+) {
+    use prjquota::contract::VolumeId;
+    use prjquota::params::VolumeParams;
+    use prjquota::registry::{Record, Registry, State, RECORD_VERSION};
+    let rec = Record {
+        version: RECORD_VERSION,
+        state: State::Ready,
+        volume_id: VolumeId::parse(id).unwrap(),
+        volume_name: name.into(),
+        namespace: namespace.into(),
+        node_pool: "default".into(),
+        node_id: node_id.into(),
+        plugin_id: "prjquota".into(),
+        path: volumes_dir.join(id),
+        fstype: "xfs".into(),
+        project_id,
+        capacity_min_bytes: 0,
+        capacity_max_bytes: 16 * MIB,
+        provisioned_bytes: 16 * MIB,
+        params: VolumeParams {
+            mode: 0o700,
+            uid: None,
+            gid: None,
+            max_inodes: None,
+        },
+        parameters: BTreeMap::new(),
+        created_unix: 1_700_000_000,
+        updated_unix: 1_700_000_000,
+    };
+    let dir = std::fs::File::open(volumes_dir).unwrap();
+    let reg = Registry::open(dir.as_fd(), volumes_dir, true)
+        .unwrap()
+        .expect("a registry");
+    reg.store(&rec).unwrap();
+}
+
+/// A Ready volume where the plugin refuses to make one (no project quota):
+/// a directory and a record.
+fn record_volume(volumes_dir: &Path, name: &str, project_id: u32) -> String {
+    let id = uuid();
+    std::fs::create_dir_all(volumes_dir.join(&id)).unwrap();
+    store_record(volumes_dir, &id, name, "default", &uuid(), project_id);
+    id
+}
+
+#[test]
+fn without_quota_or_without_a_directory_the_scrape_still_answers() {
+    let noquota = scratch_dir(&xfs_noquota_mount(), "exp-noquota").join("volumes");
+    std::fs::create_dir(&noquota).unwrap();
+    let nq: Vec<String> = (0..2)
+        .map(|i| record_volume(&noquota, &format!("nq-{i}"), 4_000_000 + i))
+        .collect();
+    let missing = scratch_dir(&xfs_noquota_mount(), "exp-missing").join("never-created");
+
+    // A volumes dir on an XFS without project quota: the quota collector
+    // fails, everything else is served.
+    {
+        let exp = Exporter::start(&[&noquota]);
+        let e = exp.scrape();
+        let ok = successes(&e);
+        assert_eq!(ok["quota"], 0.0, "{}", e.text);
+        assert_eq!(ok["registry"], 1.0);
+        assert_eq!(ok["statfs"], 1.0);
+        assert_eq!(e.value("prjquota_exporter_volumes", &[]), 2.0);
+        assert_eq!(e.find("prjquota_exporter_build_info", &[]).count(), 1);
+        for id in &nq {
+            let l = [("volume_id", id.as_str())];
+            assert_eq!(e.find("nomad_host_volume_info", &l).count(), 1);
+            assert_eq!(
+                e.value("nomad_host_volume_provisioned_bytes", &l),
+                (16 * MIB) as f64
+            );
+            // statfs of a plain directory: the filesystem's numbers.
+            assert_eq!(
+                e.value("nomad_host_volume_capacity_bytes", &l),
+                statvfs(&noquota).0 as f64
+            );
+            assert_eq!(e.get("nomad_host_volume_quota_used_bytes", &l), None);
+        }
+        assert!(
+            exp.log().contains("collector=quota"),
+            "the failure is logged:\n{}",
+            exp.log()
+        );
+    }
+
+    // A volumes dir that does not exist: an empty inventory, no failure.
+    {
+        let exp = Exporter::start(&[&missing]);
+        let e = exp.scrape();
+        for (c, ok) in successes(&e) {
+            assert_eq!(ok, 1.0, "collector {c}:\n{}", e.text);
+        }
+        assert_eq!(e.value("prjquota_exporter_volumes", &[]), 0.0);
+        assert_eq!(
+            e.samples
+                .iter()
+                .filter(|s| s.name.starts_with("nomad_host_volume_"))
+                .count(),
+            0,
+            "{}",
+            e.text
+        );
+        assert_eq!(e.find("prjquota_exporter_build_info", &[]).count(), 1);
+        assert!(e
+            .find("prjquota_exporter_scrape_collector_duration_seconds", &[])
+            .any(|s| s.label("collector") == Some("registry")));
+    }
+
+    // All three at once: the XFS with quota keeps its quota metrics.
+    {
+        let f = Fixture::new(&xfs_mount(), "exp-mixed");
+        let good = make(&f, &THREE[..1]);
+        let exp = Exporter::start(&[&f.node.volumes_dir, &noquota, &missing]);
+        let e = exp.scrape();
+        assert_eq!(successes(&e)["quota"], 0.0);
+        assert_eq!(e.value("prjquota_exporter_volumes", &[]), 3.0);
+        let l = good[0].labels("default");
+        assert_eq!(
+            e.value("nomad_host_volume_quota_hard_limit_bytes", &l),
+            good[0].limit as f64
+        );
+        assert!(e.value("nomad_host_volume_quota_used_bytes", &l) >= good[0].data_bytes as f64);
+        assert_eq!(
+            e.value("nomad_host_volume_capacity_bytes", &l),
+            good[0].limit as f64
+        );
+        for id in &nq {
+            let l = [("volume_id", id.as_str())];
+            assert_eq!(e.get("nomad_host_volume_quota_used_bytes", &l), None);
+            assert!(e.get("nomad_host_volume_capacity_bytes", &l).is_some());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 6: a real Prometheus scrapes it
+
+#[test]
+fn prometheus_scrapes_every_volume_with_its_labels_and_values() {
+    let mut f = Fixture::new(&xfs_mount(), "exp-prom");
+    f.node.node_pool = "pool-p".into();
+    let made = make(&f, THREE);
+    let exp = Exporter::start(&[&f.node.volumes_dir]);
+    let prom = Prometheus::start(&[("prjquota", exp.addr)], &[]);
+    let instance = exp.addr.to_string();
+
+    let r = prom.query_until("nomad_host_volume_capacity_bytes", |r| {
+        prom::vector(r).len() == made.len()
+    });
+    let got = prom::vector(&r);
+    for m in &made {
+        let (labels, value) = got
+            .iter()
+            .find(|(l, _)| l.get("volume_id") == Some(&m.spec.id))
+            .unwrap_or_else(|| panic!("no series for {}: {r}", m.spec.name));
+        assert_eq!(*value, m.limit as f64, "{}", m.spec.name);
+        assert_eq!(labels["namespace"], m.spec.namespace);
+        assert_eq!(labels["node_pool"], "pool-p");
+        assert_eq!(labels["job"], "prjquota");
+        assert_eq!(labels["instance"], instance);
+        let expected: BTreeSet<&str> = [
+            "__name__",
+            "namespace",
+            "node_pool",
+            "volume_id",
+            "job",
+            "instance",
+        ]
+        .into();
+        assert_eq!(
+            labels.keys().map(String::as_str).collect::<BTreeSet<_>>(),
+            expected,
+            "per-volume series carry only the three volume labels"
+        );
+    }
+
+    let up = prom::vector(&prom.query("up{job=\"prjquota\"}"));
+    assert_eq!(up.len(), 1, "{up:?}");
+    assert_eq!(up[0].1, 1.0);
+
+    // The join the design promises: names come from the info metric.
+    let joined = prom::vector(&prom.query(
+        "nomad_host_volume_quota_used_bytes * on(namespace, node_pool, volume_id) group_left(volume_name, fstype) nomad_host_volume_info",
+    ));
+    assert_eq!(joined.len(), made.len(), "{joined:?}");
+    for m in &made {
+        let (labels, value) = joined
+            .iter()
+            .find(|(l, _)| l.get("volume_id") == Some(&m.spec.id))
+            .expect("joined series");
+        assert_eq!(labels["volume_name"], m.spec.name);
+        assert_eq!(labels["fstype"], "xfs");
+        assert!(*value >= m.data_bytes as f64);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 7: promtool accepts the exposition
+
+#[test]
+fn promtool_check_metrics_accepts_the_exposition() {
+    let f = Fixture::new(&xfs_mount(), "exp-lint");
+    let made = make(&f, THREE);
+    // A hit, so that the counter has a non-zero series too.
+    let r = fill(&made[0].path.join("blob"), 32 * MIB, None);
+    assert_eq!(r.errno, Some(libc::ENOSPC));
+    let exp = Exporter::start(&[&f.node.volumes_dir]);
+    let (text, _) = exp.scrape_text();
+    let lint = prom::promtool_check_metrics(&text);
+    eprintln!(
+        "promtool check metrics: exit {:?}\n{}",
+        lint.code, lint.output
+    );
+    assert_eq!(
+        lint.code,
+        Some(0),
+        "promtool:\n{}\n---\n{text}",
+        lint.output
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 8: cost at scale, next to the floor
+
+/// A bare loop doing what a scrape must do at least: statfs of every volume
+/// root and one quota pass over the project-ID range. Returns its time.
+fn floor_pass(roots: &[CString], volumes_dir: &Path, ids: (u32, u32)) -> Duration {
+    let start = Instant::now();
+    for r in roots {
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `r` is NUL-terminated and `st` a valid out-pointer.
+        let rc = unsafe { libc::statvfs(r.as_ptr(), &mut st) };
+        assert_eq!(rc, 0);
+        std::hint::black_box(st.f_blocks);
+    }
+    let dir = std::fs::File::open(volumes_dir).unwrap();
+    let q = prjquota::quota::list(dir.as_fd(), ids.0..=ids.1).unwrap();
+    std::hint::black_box(q.len());
+    start.elapsed()
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// The first volumes of the scale test go through `prjquota::ops::create`,
+/// the plugin's own code path without a process per volume.
+const VIA_OPS: usize = 100;
+
+/// Creates volume `i` through `prjquota::ops::create`; returns its root.
+fn create_via_ops(volumes_dir: &Path, plugin_dir: &Path, node_id: &str, i: usize) -> PathBuf {
+    let env: Vec<(String, String)> = [
+        ("DHV_OPERATION", "create".to_string()),
+        ("DHV_VOLUMES_DIR", volumes_dir.display().to_string()),
+        ("DHV_PLUGIN_DIR", plugin_dir.display().to_string()),
+        ("DHV_NODE_POOL", "default".into()),
+        ("DHV_NAMESPACE", format!("ns-{}", i % 10)),
+        ("DHV_VOLUME_NAME", format!("vol-{i}")),
+        ("DHV_VOLUME_ID", uuid()),
+        ("DHV_CAPACITY_MIN_BYTES", "0".into()),
+        ("DHV_CAPACITY_MAX_BYTES", (16 * MIB).to_string()),
+        ("DHV_NODE_ID", node_id.to_string()),
+        ("DHV_PARAMETERS", "null".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let req = prjquota::contract::parse_create(env).expect("a valid request");
+    prjquota::ops::create(&req, "prjquota")
+        .expect("create")
+        .path
+}
+
+/// Volume `i` with project ID `project_id`, the quick way: the end state of
+/// a create (directory, hard limit, project tag, Ready record written by the
+/// plugin's registry code) without its per-create scan of every record and
+/// quota, which makes `ops::create` O(volumes) per call.
+fn create_quick(volumes_dir: &Path, node_id: &str, i: usize, project_id: u32) -> PathBuf {
+    use prjquota::quota::{self, Limits};
+    let id = uuid();
+    let path = volumes_dir.join(&id);
+    std::fs::create_dir(&path).unwrap();
+    let vdir = std::fs::File::open(volumes_dir).unwrap();
+    let limits = Limits {
+        bytes_hard: 16 * MIB,
+        ..Limits::NONE
+    };
+    quota::set_limits(vdir.as_fd(), project_id, &limits).expect("set limits");
+    let root = std::fs::File::open(&path).unwrap();
+    quota::tag(root.as_fd(), project_id).expect("tag");
+    store_record(
+        volumes_dir,
+        &id,
+        &format!("vol-{i}"),
+        &format!("ns-{}", i % 10),
+        node_id,
+        project_id,
+    );
+    path
+}
+
+/// Creates volumes up to each count (the first [`VIA_OPS`] through the
+/// plugin's library, the rest quickly, on two threads), then starts a fresh
+/// exporter and measures it next to the floor.
+fn scale(counts: &[usize]) {
+    let root = scratch_dir(&xfs_mount(), "exp-scale");
+    let plugin_dir = root.join("plugins");
+    std::fs::create_dir(&plugin_dir).unwrap();
+    // Outside every Fixture's range (10,000,000 to 410,000,000).
+    let base = 600_000_000 + (std::process::id() % 1000) * 20_000;
+    let ids = (base, base + 19_999);
+    std::fs::write(
+        plugin_dir.join("prjquota.toml"),
+        format!("project_id_min = {}\nproject_id_max = {}\n", ids.0, ids.1),
+    )
+    .unwrap();
+    let volumes_dir = root.join("volumes");
+    let node_id = uuid();
+    let mut roots: Vec<CString> = Vec::new();
+    let cstr = |p: PathBuf| CString::new(p.as_os_str().as_bytes()).unwrap();
+    for &n in counts {
+        let start = Instant::now();
+        let before = roots.len();
+        while roots.len() < n.min(VIA_OPS) {
+            let p = create_via_ops(&volumes_dir, &plugin_dir, &node_id, roots.len());
+            roots.push(cstr(p));
+        }
+        if roots.len() < n {
+            let from = roots.len();
+            let made: Vec<PathBuf> = std::thread::scope(|s| {
+                let workers: Vec<_> = (0..2)
+                    .map(|w| {
+                        let (vd, node) = (&volumes_dir, &node_id);
+                        s.spawn(move || {
+                            (from..n)
+                                .filter(|i| i % 2 == w)
+                                .map(|i| (i, create_quick(vd, node, i, base + i as u32)))
+                                .collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                let mut all: Vec<(usize, PathBuf)> = workers
+                    .into_iter()
+                    .flat_map(|w| w.join().expect("creator thread"))
+                    .collect();
+                all.sort();
+                all.into_iter().map(|(_, p)| p).collect()
+            });
+            roots.extend(made.into_iter().map(cstr));
+        }
+        assert_eq!(roots.len(), n);
+        if roots.len() > before {
+            eprintln!(
+                "MEASURE scale_create_seconds_per_volume{{volumes={n}}} {:.4}",
+                start.elapsed().as_secs_f64() / (roots.len() - before) as f64
+            );
+        }
+
+        let exp = Exporter::start(&[&volumes_dir]);
+        let (cold_text, cold) = exp.scrape_text();
+        let e = Exposition::parse(&cold_text);
+        assert_eq!(e.value("prjquota_exporter_volumes", &[]), n as f64);
+        assert_eq!(e.find("nomad_host_volume_capacity_bytes", &[]).count(), n);
+        assert_eq!(e.find("nomad_host_volume_quota_used_bytes", &[]).count(), n);
+        for (c, ok) in successes(&e) {
+            assert_eq!(ok, 1.0, "collector {c} failed at {n} volumes");
+        }
+        // The registry skips unchanged directories only when its last scan
+        // began a second after their last change.
+        std::thread::sleep(Duration::from_millis(1100));
+        let mut warm = Vec::new();
+        let mut text_len = 0;
+        for _ in 0..5 {
+            let (t, d) = exp.scrape_text();
+            text_len = t.len();
+            warm.push(d);
+        }
+        // The exporter's own account of where a scrape's time goes.
+        let last = Exposition::parse(&exp.scrape_text().0);
+        let mut collectors = 0.0;
+        for s in last.find("prjquota_exporter_scrape_collector_duration_seconds", &[]) {
+            collectors += s.value;
+            eprintln!(
+                "MEASURE exporter_collector_seconds{{volumes={n},collector={:?}}} {:.4}",
+                s.label("collector").unwrap_or(""),
+                s.value
+            );
+        }
+        let (hwm, rss) = exp.memory_kib();
+        drop(exp);
+
+        let floor = median(
+            (0..5)
+                .map(|_| floor_pass(&roots, &volumes_dir, ids))
+                .collect(),
+        );
+        let warm = median(warm);
+        eprintln!(
+            "MEASURE exporter_scrape_cold_seconds{{volumes={n}}} {:.4}",
+            cold.as_secs_f64()
+        );
+        eprintln!(
+            "MEASURE exporter_scrape_seconds{{volumes={n}}} {:.4}",
+            warm.as_secs_f64()
+        );
+        eprintln!("MEASURE exporter_collectors_seconds{{volumes={n}}} {collectors:.4}");
+        eprintln!(
+            "MEASURE floor_statfs_quota_seconds{{volumes={n}}} {:.4}",
+            floor.as_secs_f64()
+        );
+        eprintln!(
+            "MEASURE exporter_scrape_floor_ratio{{volumes={n}}} {:.2}",
+            warm.as_secs_f64() / floor.as_secs_f64()
+        );
+        eprintln!("MEASURE exporter_vmhwm_kib{{volumes={n}}} {hwm}");
+        eprintln!("MEASURE exporter_vmrss_kib{{volumes={n}}} {rss}");
+        eprintln!("MEASURE exposition_bytes{{volumes={n}}} {text_len}");
+    }
+}
+
+#[test]
+fn scrape_cost_at_100_and_1000_volumes() {
+    scale(&[100, 1000]);
+}
+
+/// `cargo xtask bench` runs it: creating 10,000 volumes takes minutes under
+/// emulation.
+#[test]
+#[ignore = "minutes of emulated time: run by `cargo xtask bench`"]
+fn scrape_cost_at_100_1000_and_10000_volumes() {
+    scale(&[100, 1000, 10_000]);
+}
