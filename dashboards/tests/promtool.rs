@@ -1,0 +1,177 @@
+//! The rules through Prometheus' own tool: `promtool check rules` and
+//! `promtool test rules` (the unit tests in alerts_test.yaml), plus what
+//! promtool does not check: every alert carries the annotations an operator
+//! needs, links a runbook section that exists, and has tests that fire it
+//! and tests where it must stay quiet.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::Command;
+
+use prjquota_dashboards::{dir, read, repo_root, rule_list, rules, RULES, RULES_TEST, RUNBOOK_URL};
+
+const PROMTOOL: &str = "/usr/bin/promtool";
+
+/// Runs promtool in dashboards/; panics with its output unless it succeeds.
+fn promtool(args: &[&str]) -> String {
+    assert!(
+        Path::new(PROMTOOL).is_file(),
+        "{PROMTOOL} is missing: run `cargo xtask deps` (it installs Debian's `prometheus` package, which ships promtool)"
+    );
+    let out = Command::new(PROMTOOL)
+        .args(args)
+        .current_dir(dir())
+        .output()
+        .unwrap_or_else(|e| panic!("run {PROMTOOL}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "promtool {} failed ({}):\n{text}",
+        args.join(" "),
+        out.status
+    );
+    text
+}
+
+#[test]
+fn promtool_check_rules_accepts_the_rules() {
+    let out = promtool(&["check", "rules", RULES]);
+    assert!(out.contains("SUCCESS"), "{out}");
+}
+
+#[test]
+fn promtool_test_rules_passes() {
+    let out = promtool(&["test", "rules", RULES_TEST]);
+    assert!(out.contains("SUCCESS"), "{out}");
+}
+
+/// The `## Heading` anchors of docs/runbooks.md, as GitHub makes them.
+fn runbook_anchors() -> BTreeSet<String> {
+    let p = repo_root().join("docs/runbooks.md");
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
+    text.lines()
+        .filter_map(|l| l.strip_prefix("## "))
+        .map(|h| {
+            h.trim()
+                .to_lowercase()
+                .chars()
+                .filter_map(|c| match c {
+                    ' ' => Some('-'),
+                    c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn every_alert_is_documented_and_links_its_runbook() {
+    let rules = rules();
+    let anchors = runbook_anchors();
+    let mut alerts = 0;
+    for r in rule_list(&rules) {
+        let Some(name) = r["alert"].as_str() else {
+            let record = r["record"]
+                .as_str()
+                .expect("a rule is an alert or a record");
+            assert!(
+                record.starts_with("nomad_host_volume:"),
+                "recording rule {record}: name it level:metric:operation under nomad_host_volume:"
+            );
+            continue;
+        };
+        alerts += 1;
+        let severity = r["labels"]["severity"].as_str().unwrap_or("");
+        assert!(
+            ["critical", "warning", "info"].contains(&severity),
+            "{name}: severity {severity:?} (want critical, warning or info)"
+        );
+        let a = &r["annotations"];
+        for key in ["summary", "description", "runbook_url"] {
+            assert!(
+                a[key].as_str().is_some_and(|s| !s.trim().is_empty()),
+                "{name}: no {key} annotation"
+            );
+        }
+        let summary = a["summary"].as_str().unwrap();
+        assert!(
+            summary.ends_with('.') && !summary.contains("{{"),
+            "{name}: a summary is one constant sentence (as kubernetes-mixin's): {summary:?}"
+        );
+        let url = a["runbook_url"].as_str().unwrap();
+        let anchor = url
+            .strip_prefix(RUNBOOK_URL)
+            .and_then(|rest| rest.strip_prefix('#'))
+            .unwrap_or_else(|| panic!("{name}: runbook_url {url:?} is not {RUNBOOK_URL}#<anchor>"));
+        assert_eq!(
+            anchor,
+            name.to_lowercase(),
+            "{name}: runbook_url anchor is the alert name in lower case"
+        );
+        assert!(
+            anchors.contains(anchor),
+            "{name}: docs/runbooks.md has no `## {name}` section (anchors: {anchors:?})"
+        );
+        let description = a["description"].as_str().unwrap();
+        let expr = r["expr"].as_str().unwrap_or("");
+        if expr.contains("volume_id") {
+            // Per-volume alerts say which volume: namespace, ID and name.
+            for label in ["namespace", "volume_id", "volume_name"] {
+                assert!(
+                    description.contains(&format!("$labels.{label}")),
+                    "{name}: the description does not name the {label}"
+                );
+            }
+            assert!(
+                expr.contains("group_left (volume_name)"),
+                "{name}: join volume_name from nomad_host_volume_info so the alert can name the volume"
+            );
+        }
+    }
+    assert!(alerts >= 7, "only {alerts} alerts in {RULES}");
+}
+
+#[test]
+fn every_alert_has_tests_that_fire_it_and_tests_where_it_must_not() {
+    let rules = rules();
+    let names: BTreeSet<String> = rule_list(&rules)
+        .into_iter()
+        .filter_map(|r| r["alert"].as_str().map(str::to_string))
+        .collect();
+    let tests: serde_yaml::Value = serde_yaml::from_str(&read(RULES_TEST)).expect("YAML");
+    // alert name -> (evaluations expecting it to fire, evaluations expecting nothing)
+    let mut seen: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    for t in tests["tests"].as_sequence().expect("tests:") {
+        for a in t["alert_rule_test"].as_sequence().into_iter().flatten() {
+            let name = a["alertname"].as_str().expect("alertname").to_string();
+            let firing = a["exp_alerts"].as_sequence().map_or(0, Vec::len);
+            let e = seen.entry(name).or_default();
+            if firing > 0 {
+                e.0 += 1;
+            } else {
+                e.1 += 1;
+            }
+        }
+    }
+    for name in &names {
+        let (fire, quiet) = seen.get(name).copied().unwrap_or_default();
+        assert!(
+            fire > 0,
+            "{name}: no test in {RULES_TEST} expects it to fire"
+        );
+        assert!(
+            quiet > 0,
+            "{name}: no test in {RULES_TEST} expects it to stay quiet (a guard, a pending `for`)"
+        );
+    }
+    let unknown: Vec<&String> = seen.keys().filter(|n| !names.contains(*n)).collect();
+    assert!(
+        unknown.is_empty(),
+        "tests of alerts that do not exist: {unknown:?}"
+    );
+}

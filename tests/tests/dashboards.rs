@@ -1,0 +1,464 @@
+//! The dashboard and the alert rules of `dashboards/` against the real
+//! thing: the plugin makes two volumes on an XFS with enforced project
+//! quotas, the real `prjquota-exporter` reports them, a real Prometheus
+//! scrapes it every second with (a copy of) `dashboards/alerts.yaml`
+//! loaded, and one volume is filled past its limit. Then:
+//!
+//! - `NomadHostVolumeFillingUp` and `NomadHostVolumeQuotaLimitHit` fire for
+//!   the full volume, with its namespace, node pool, ID and name, and no
+//!   alert names the other volume;
+//! - every panel's expression, with the dashboard variables set to the full
+//!   volume's node pool, namespace and ID, returns data through Prometheus'
+//!   HTTP API, only for that volume, with the volume's name joined where the
+//!   panel joins it (the eBPF panels may be empty when the exporter's eBPF
+//!   programs are not attached: see [`EBPF_METRICS`]);
+//! - every variable's `label_values` selector finds the test's values.
+//!
+//! The copy of the rules has every `for:` shortened to 1s, so the alerts
+//! fire within seconds of the condition; everything else is as shipped.
+//!
+//! Runs in the VM (`cargo xtask test`), like every test of this package:
+//!
+//! ```text
+//! cargo build --workspace --bins
+//! cargo test -p prjquota-vmtests --test dashboards --no-run   # prints the executable
+//! vng -r /boot/vmlinuz-6.1.0-56-amd64 --disable-kvm --memory 2G --cpus 2 -- \
+//!   "PRJQUOTA_BIN_DIR=$PWD/target/debug bash tests/vm/guest-init.sh all $PWD \
+//!    '<executable> --test-threads 1 --nocapture'" </dev/null
+//! ```
+//!
+//! The VM emulates its CPU: waits are generous and reported (`MEASURE`),
+//! never asserted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prjquota_vmtests::fixture::{fill, writable, Fixture, MIB, WRITER};
+use prjquota_vmtests::nomad::Spec;
+use prjquota_vmtests::prom::{self, vector, Prometheus};
+use prjquota_vmtests::{bin, xfs_mount};
+use serde_json::Value;
+
+/// Metrics only the exporter's eBPF programs produce. A panel reading one
+/// of them may return nothing when no program is attached (the exporter
+/// degrades, and `prjquota_exporter_ebpf_program_attached` says so; on a
+/// build without the eBPF collector the metrics do not exist at all).
+/// When a program is attached, these panels must return data like the rest.
+const EBPF_METRICS: &[&str] = &[
+    "nomad_host_volume_written_bytes_total",
+    "nomad_host_volume_write_operations_total",
+    "nomad_host_volume_write_errors_total",
+    "prjquota_exporter_ebpf_program_attached",
+];
+
+/// The job name the rules expect (`PrjquotaExporterDown` matches
+/// `job=~".*prjquota.*"`; dashboards/README.md tells operators to use this).
+const JOB: &str = "prjquota-exporter";
+
+/// How long to wait for the alerts (reported, never asserted).
+const ALERT_TIMEOUT: Duration = Duration::from_secs(900);
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+// ---------------------------------------------------------------------------
+// The exporter binary
+
+/// `prjquota-exporter` on 127.0.0.1 (port picked by the kernel, read back
+/// from its start-up log line), stopped with SIGTERM when dropped.
+struct Exporter {
+    child: Child,
+    addr: SocketAddr,
+    log: Arc<Mutex<String>>,
+}
+
+impl Exporter {
+    fn start(volumes_dir: &Path) -> Exporter {
+        prom::ensure_loopback();
+        let mut child = Command::new(bin("prjquota-exporter"))
+            .arg("--volumes-dir")
+            .arg(volumes_dir)
+            .args([
+                "--web.listen-address",
+                "127.0.0.1:0",
+                "--log.level",
+                "debug",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start prjquota-exporter");
+        let stderr = child.stderr.take().expect("stderr piped");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel();
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("msg=\"starting prjquota-exporter\"") {
+                    let addr = line
+                        .split(' ')
+                        .find_map(|f| f.strip_prefix("address="))
+                        .and_then(|a| a.parse::<SocketAddr>().ok());
+                    let _ = tx.send(addr);
+                }
+                let mut l = log2.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(Some(addr)) => Exporter { child, addr, log },
+            other => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "the exporter did not report its address ({other:?}):\n{}",
+                    log.lock().unwrap()
+                );
+            }
+        }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child, which has not been reaped.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                _ => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    break;
+                }
+            }
+        }
+        if std::thread::panicking() {
+            eprintln!("--- exporter log ---\n{}", self.log());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The artefacts under test
+
+/// `dashboards/alerts.yaml` with every `for:` set to 1s, written to a temp
+/// file (a line-wise rewrite: the file keeps `for:` on lines of its own).
+fn rules_with_short_for() -> PathBuf {
+    let src = repo_root().join("dashboards/alerts.yaml");
+    let text =
+        std::fs::read_to_string(&src).unwrap_or_else(|e| panic!("read {}: {e}", src.display()));
+    let mut n = 0;
+    let rewritten: Vec<String> = text
+        .lines()
+        .map(|l| {
+            let body = l.trim_start();
+            if body.starts_with("for:") {
+                n += 1;
+                format!("{}for: 1s", &l[..l.len() - body.len()])
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    assert!(n >= 5, "only {n} `for:` lines in {}", src.display());
+    let dir = std::env::temp_dir().join(format!("prjquota-dashboards-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dst = dir.join("alerts.yaml");
+    std::fs::write(&dst, rewritten.join("\n") + "\n").expect("write rules copy");
+    let (code, out) = prom::promtool(&["check", "rules", dst.to_str().expect("UTF-8")]);
+    assert_eq!(code, Some(0), "the rewritten rules:\n{out}");
+    dst
+}
+
+fn dashboard() -> Value {
+    let p = repo_root().join("dashboards/prjquota.json");
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", p.display()))
+}
+
+/// (panel title, refId, expression, panel type) of every panel target.
+fn panel_targets(d: &Value) -> Vec<(String, String, String, String)> {
+    fn walk(list: &Value, out: &mut Vec<(String, String, String, String)>) {
+        for p in list.as_array().into_iter().flatten() {
+            for t in p["targets"].as_array().into_iter().flatten() {
+                out.push((
+                    p["title"].as_str().unwrap_or("").to_string(),
+                    t["refId"].as_str().unwrap_or("").to_string(),
+                    t["expr"].as_str().unwrap_or("").to_string(),
+                    p["type"].as_str().unwrap_or("").to_string(),
+                ));
+            }
+            walk(&p["panels"], out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(&d["panels"], &mut out);
+    out
+}
+
+/// Grafana's substitution of `${x}` and `$x` (longest names first).
+fn substitute(expr: &str, vars: &[(&str, String)]) -> String {
+    let mut vars: Vec<&(&str, String)> = vars.iter().collect();
+    vars.sort_by_key(|(n, _)| std::cmp::Reverse(n.len()));
+    let mut s = expr.to_string();
+    for (name, value) in vars {
+        s = s.replace(&format!("${{{name}}}"), value);
+        s = s.replace(&format!("${name}"), value);
+    }
+    assert!(!s.contains('$'), "a variable is left in {s}");
+    s
+}
+
+fn reads_ebpf(expr: &str) -> bool {
+    EBPF_METRICS.iter().any(|m| expr.contains(m))
+}
+
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_volume_filling_past_its_limit_shows_on_every_panel_and_fires_its_alerts() {
+    let started = Instant::now();
+    let mut f = Fixture::new(&xfs_mount(), "dashboards");
+    f.node.node_pool = "pool-dash".into();
+    let mut full = writable(Spec::new("dash-full", 16 * MIB as i64));
+    full.namespace = "team-dash".into();
+    let mut calm = writable(Spec::new("dash-calm", 64 * MIB as i64));
+    calm.namespace = "team-dash".into();
+    let (full_path, _) = f.create(&full);
+    let (calm_path, _) = f.create(&calm);
+    let r = fill(&calm_path.join("some.bin"), MIB, Some(WRITER));
+    assert_eq!(r.errno, None, "{r:?}");
+
+    let exporter = Exporter::start(&f.node.volumes_dir);
+    let rules = rules_with_short_for();
+    let prom = Prometheus::start(&[(JOB, exporter.addr)], std::slice::from_ref(&rules));
+    let has_data = |r: &Value| r.as_array().is_some_and(|a| !a.is_empty());
+    prom.query_until(
+        &format!("nomad_host_volume:used_ratio{{volume_id=\"{}\"}}", full.id),
+        has_data,
+    );
+
+    // Fill in steps, so the trend panels see space shrink over several
+    // scrapes, then past the limit.
+    for i in 0..3 {
+        let r = fill(
+            &full_path.join(format!("part-{i}.bin")),
+            4 * MIB,
+            Some(WRITER),
+        );
+        assert_eq!(r.errno, None, "{r:?}");
+        // Let Prometheus scrape each step (a wait for a sample, not a time).
+        let used = (i + 1) as f64 * 4.0 * MIB as f64;
+        prom.query_until(
+            &format!(
+                "nomad_host_volume_used_bytes{{volume_id=\"{}\"}} >= {used}",
+                full.id
+            ),
+            has_data,
+        );
+    }
+    let r = fill(&full_path.join("last.bin"), 32 * MIB, Some(WRITER));
+    assert_eq!(
+        r.errno,
+        Some(libc::ENOSPC),
+        "XFS refuses the write at the limit: {r:?}"
+    );
+
+    // The alerts: both fire for the full volume, none names the other.
+    let wait = Instant::now();
+    let want = ["NomadHostVolumeFillingUp", "NomadHostVolumeQuotaLimitHit"];
+    let alerts = loop {
+        let alerts = prom.alerts();
+        let firing: BTreeSet<&str> = alerts
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|a| a["state"] == "firing" && a["labels"]["volume_id"] == full.id.as_str())
+            .filter_map(|a| a["labels"]["alertname"].as_str())
+            .collect();
+        if want.iter().all(|w| firing.contains(w)) {
+            break alerts;
+        }
+        assert!(
+            wait.elapsed() < ALERT_TIMEOUT,
+            "{want:?} not firing for {} after {}s; alerts: {alerts:#}\nrules: {:#}\nexporter log:\n{}",
+            full.id,
+            ALERT_TIMEOUT.as_secs(),
+            prom.rules(),
+            exporter.log()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    eprintln!(
+        "MEASURE dashboards_alerts_firing_seconds {:.1}",
+        wait.elapsed().as_secs_f64()
+    );
+    for a in alerts.as_array().unwrap() {
+        let l = &a["labels"];
+        let name = l["alertname"].as_str().unwrap_or("");
+        assert_ne!(
+            l["volume_id"],
+            calm.id.as_str(),
+            "an alert for the volume that is not full: {a:#}"
+        );
+        if !want.contains(&name) || a["state"] != "firing" {
+            continue;
+        }
+        assert_eq!(
+            l["volume_id"],
+            full.id.as_str(),
+            "{name} for another volume: {a:#}"
+        );
+        assert_eq!(l["namespace"], "team-dash", "{a:#}");
+        assert_eq!(l["node_pool"], "pool-dash", "{a:#}");
+        assert_eq!(l["volume_name"], "dash-full", "{a:#}");
+        assert_eq!(l["job"], JOB, "{a:#}");
+        let ann = &a["annotations"];
+        let description = ann["description"].as_str().unwrap_or("");
+        assert!(
+            description.contains("dash-full") && description.contains(&full.id),
+            "{name}: {description}"
+        );
+        assert!(
+            ann["runbook_url"]
+                .as_str()
+                .is_some_and(|u| u.ends_with(&format!("#{}", name.to_lowercase()))),
+            "{a:#}"
+        );
+        if name == "NomadHostVolumeQuotaLimitHit" {
+            assert_eq!(l["resource"], "bytes", "{a:#}");
+            assert_eq!(l["limit"], "hard", "{a:#}");
+        }
+    }
+
+    // Every panel, with the variables set to the full volume.
+    let ebpf_attached = has_data(&prom.query("prjquota_exporter_ebpf_program_attached == 1"));
+    eprintln!("eBPF programs attached: {ebpf_attached}");
+    let vars: Vec<(&str, String)> = vec![
+        ("node_pool", "pool-dash".into()),
+        ("namespace", "team-dash".into()),
+        ("volume", full.id.clone()),
+        ("__rate_interval", "1m".into()),
+        ("__interval", "15s".into()),
+        ("__range", "1h".into()),
+    ];
+    let d = dashboard();
+    let targets = panel_targets(&d);
+    assert!(targets.len() > 20, "only {} panel targets", targets.len());
+    let mut empty = Vec::new();
+    let mut allowed_empty = Vec::new();
+    let mut label_sets: BTreeMap<String, BTreeSet<Vec<String>>> = BTreeMap::new();
+    for (title, ref_id, expr, kind) in &targets {
+        let q = substitute(expr, &vars);
+        let result = prom.query(&q);
+        let series = vector(&result);
+        let place = format!("panel {title:?} target {ref_id}");
+        if series.is_empty() {
+            if reads_ebpf(expr) && !ebpf_attached {
+                allowed_empty.push(place);
+            } else {
+                empty.push(format!("{place}: {q}"));
+            }
+            continue;
+        }
+        for (labels, _) in &series {
+            if let Some(id) = labels.get("volume_id") {
+                assert_eq!(
+                    id, &full.id,
+                    "{place} ignores the volume selection: {q}\n{result:#}"
+                );
+            }
+            if expr.contains("group_left (volume_name)") {
+                assert_eq!(
+                    labels.get("volume_name").map(String::as_str),
+                    Some("dash-full"),
+                    "{place} does not carry the volume's name: {q}\n{result:#}"
+                );
+            }
+        }
+        if kind == "table" {
+            let keys: Vec<String> = series[0].0.keys().cloned().collect();
+            label_sets.entry(title.clone()).or_default().insert(keys);
+        }
+    }
+    assert!(
+        empty.is_empty(),
+        "panels without data:\n{}\ntargets: {}",
+        empty.join("\n"),
+        prom.targets()
+    );
+    if !allowed_empty.is_empty() {
+        eprintln!(
+            "eBPF not attached: empty as allowed: {}",
+            allowed_empty.join(", ")
+        );
+    }
+    // A table merges its queries by their labels: they must be the same.
+    for (title, sets) in &label_sets {
+        assert_eq!(
+            sets.len(),
+            1,
+            "table {title:?}: its queries' labels differ: {sets:?}"
+        );
+    }
+
+    // The variables find the test's values.
+    for v in d["templating"]["list"].as_array().unwrap() {
+        if v["type"] != "query" {
+            continue;
+        }
+        let name = v["name"].as_str().unwrap();
+        let query = v["query"]["query"]
+            .as_str()
+            .or_else(|| v["query"].as_str())
+            .unwrap();
+        let inner = query
+            .strip_prefix("label_values(")
+            .and_then(|q| q.strip_suffix(')'))
+            .unwrap_or_else(|| panic!("{name}: {query}"));
+        let (selector, label) = inner.rsplit_once(',').unwrap();
+        let found: BTreeSet<String> = vector(&prom.query(&substitute(selector.trim(), &vars)))
+            .into_iter()
+            .filter_map(|(l, _)| l.get(label.trim()).cloned())
+            .collect();
+        let want = &vars.iter().find(|(n, _)| *n == name).unwrap().1;
+        assert!(
+            found.contains(want),
+            "variable {name}: {query} found {found:?}"
+        );
+    }
+    // Annotations evaluate (they may be empty by now).
+    for a in d["annotations"]["list"].as_array().unwrap() {
+        if let Some(e) = a["expr"].as_str() {
+            prom.query(&substitute(e, &vars));
+        }
+    }
+    eprintln!(
+        "MEASURE dashboards_e2e_seconds {:.1}",
+        started.elapsed().as_secs_f64()
+    );
+    let _ = std::fs::remove_dir_all(rules.parent().unwrap());
+}
