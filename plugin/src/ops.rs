@@ -17,7 +17,6 @@
 //! when they agree, grows or (when usage fits) shrinks the limit in place,
 //! and never touches the volume's content.
 
-use std::collections::BTreeSet;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -32,7 +31,7 @@ use crate::fault;
 use crate::fs::{FsType, VolumesFs};
 use crate::params::{self, VolumeParams};
 use crate::quota::{self, Limits, Support};
-use crate::registry::{self, Entry, Record, Registry, State};
+use crate::registry::{self, Record, Registry, State};
 use crate::remove;
 use crate::sys;
 
@@ -153,16 +152,14 @@ fn quota_error(e: io::Error, what: &str, id: u32, vfs: &VolumesFs) -> anyhow::Er
     }
 }
 
-/// Chooses a project ID that no record holds and the kernel reports no
-/// usage, inodes or limits for. Called under the allocation lock.
+/// Chooses a project ID that no volume has reserved and the kernel reports
+/// no usage, inodes or limits for. Called under the allocation lock; costs one
+/// listing of the reservations and one pass over the kernel's quotas,
+/// however many volumes exist.
 fn allocate_project_id(vfs: &VolumesFs, reg: &Registry, cfg: &Config) -> Result<u32> {
     let range = cfg.project_id_min..=cfg.project_id_max;
-    let mut taken: BTreeSet<u32> = BTreeSet::new();
-    for e in reg.load_all()? {
-        if let Entry::Record(r) = e {
-            taken.insert(r.project_id);
-        }
-    }
+    let mut taken: std::collections::BTreeSet<u32> =
+        reg.reservations()?.into_iter().map(|(p, _)| p).collect();
     let kernel = quota::list(vfs.fd(), range.clone())
         .map_err(|e| quota_error(e, "list", cfg.project_id_min, vfs))?;
     taken.extend(kernel.iter().filter(|q| !q.is_unused()).map(|q| q.id));
@@ -282,9 +279,10 @@ fn create_new(
                 .with_context(|| format!("cannot open the existing {}", path.display()))?;
             let (projid, _) = quota::project_of(fd.as_fd())
                 .with_context(|| format!("cannot read the project ID of {}", path.display()))?;
-            let claimed = reg.load_all()?.into_iter().any(
-                |e| matches!(e, Entry::Record(r) if r.project_id == projid),
-            );
+            let claimed = reg
+                .reservations()?
+                .iter()
+                .any(|(p, owner)| *p == projid && owner != id);
             if projid != 0 && (cfg.project_id_min..=cfg.project_id_max).contains(&projid) && !claimed {
                 log(id, format_args!("adopting the existing directory {} with project ID {projid} (no record was found)", path.display()));
                 adopt = Some(projid);
@@ -301,11 +299,23 @@ fn create_new(
 
     let project_id = {
         let _alloc = reg.lock_allocation()?;
-        let pid = match adopt {
-            Some(p) => p,
-            None => allocate_project_id(vfs, reg, cfg)?,
+        // A create killed after reserving, before recording, left its
+        // reservation: take it back rather than leak the ID.
+        let own = reg
+            .reservations()?
+            .into_iter()
+            .find(|(_, owner)| owner == id)
+            .map(|(p, _)| p);
+        let pid = match (adopt, own) {
+            (Some(p), _) | (None, Some(p)) => p,
+            (None, None) => allocate_project_id(vfs, reg, cfg)?,
         };
-        reg.store(&new_record(vfs, req, plugin_id, pid, params.clone(), bytes))?;
+        reg.reserve_id(pid, id)?;
+        fault::point("create:reserved");
+        if let Err(e) = reg.store(&new_record(vfs, req, plugin_id, pid, params.clone(), bytes)) {
+            let _ = reg.release_id(pid, id);
+            return Err(e);
+        }
         pid
     };
     fault::point("create:recorded");
@@ -403,11 +413,19 @@ fn rollback(vfs: &VolumesFs, reg: &Registry, id: &VolumeId, project_id: u32, und
         }
     }
     if undo.record && !keep_record {
-        if let Err(e) = reg.remove(id) {
-            log(
+        match reg.remove(id) {
+            Ok(()) => {
+                if let Err(e) = reg.release_id(project_id, id) {
+                    log(
+                        id,
+                        format_args!("rollback: cannot release project ID {project_id}: {e:#}"),
+                    );
+                }
+            }
+            Err(e) => log(
                 id,
                 format_args!("rollback: cannot remove the record: {e:#}"),
-            );
+            ),
         }
     }
 }
@@ -448,6 +466,7 @@ fn update(
     }
 
     let kernel_ok = rec.state == State::Ready
+        && reg.is_reserved(pid, id)
         && quota::get(vfs.fd(), pid)
             .map(|q| limits_match(&q.limits, &limits_for(bytes, &params)))
             .unwrap_or(false)
@@ -488,6 +507,11 @@ fn update(
         );
     }
     let mut undo = Undo::default();
+    {
+        // Volumes recorded before reservations existed, or after a repair.
+        let _alloc = reg.lock_allocation()?;
+        reg.reserve_id(pid, id)?;
+    }
     converge(vfs, id, pid, &params, bytes, &mut undo)?;
     rec.state = State::Ready;
     rec.volume_name = req.volume_name.clone();
@@ -536,6 +560,18 @@ pub fn delete(req: &DeleteRequest) -> Result<()> {
     let _lock = reg.lock_volume(id)?;
     let path = vfs.path.join(id.as_str());
     let Some(mut rec) = reg.load(id)? else {
+        let _alloc = reg.lock_allocation()?;
+        for (pid, owner) in reg.reservations()? {
+            if &owner == id {
+                reg.release_id(pid, id)?;
+                log(
+                    id,
+                    format_args!(
+                        "released project ID {pid}, reserved by a create that did not finish"
+                    ),
+                );
+            }
+        }
         if sys::fstatat_nofollow(vfs.fd(), &cname(id)).is_ok() {
             log(id, format_args!("{} exists but prjquota has no record of it: left in place (see `prjquota reconcile`)", path.display()));
         } else {
@@ -582,6 +618,8 @@ pub fn delete(req: &DeleteRequest) -> Result<()> {
     fault::point("delete:unlimited");
 
     reg.remove(id)?;
+    fault::point("delete:unrecorded");
+    reg.release_id(pid, id)?;
     reg.forget_lock(id)?;
     log(
         id,

@@ -8,7 +8,14 @@
 //!     alloc.lock            held while a project ID is chosen and recorded
 //!     volumes/<id>.json     one record per volume (the exporter's inventory)
 //!     locks/<id>.lock       held for the whole of one create or delete
+//!     ids/<project ID>      the volume ID a project ID is reserved for
 //! ```
+//!
+//! The `ids/` reservations let a create see every project ID in use with one
+//! directory listing instead of parsing every record. A reservation is made
+//! before its record and released after it, so the set of reservations always
+//! covers the set of recorded IDs; a crash can only leave a reservation
+//! behind (`prjquota reconcile` clears it), never an ID in use unreserved.
 //!
 //! Records are replaced atomically (write a temp file, fsync, rename, fsync
 //! the directory), so a reader — another plugin process or the exporter —
@@ -30,6 +37,7 @@ use crate::sys;
 pub const DIR_NAME: &str = ".prjquota";
 const VOLUMES: &str = "volumes";
 const LOCKS: &str = "locks";
+const IDS: &str = "ids";
 const ALLOC_LOCK: &str = "alloc.lock";
 pub const RECORD_VERSION: u32 = 1;
 
@@ -145,6 +153,7 @@ pub struct Registry {
     root: OwnedFd,
     volumes: OwnedFd,
     locks: OwnedFd,
+    ids: OwnedFd,
 }
 
 impl Registry {
@@ -171,11 +180,13 @@ impl Registry {
         };
         let volumes = open_subdir(root.as_fd(), VOLUMES, create).with_context(ctx)?;
         let locks = open_subdir(root.as_fd(), LOCKS, create).with_context(ctx)?;
+        let ids = open_subdir(root.as_fd(), IDS, create).with_context(ctx)?;
         Ok(Some(Registry {
             path,
             root,
             volumes,
             locks,
+            ids,
         }))
     }
 
@@ -271,6 +282,55 @@ impl Registry {
         }
         sys::fsync(self.volumes.as_fd())
             .with_context(|| format!("cannot sync {}/{VOLUMES}", self.path.display()))
+    }
+
+    /// Reserves project ID `pid` for volume `id`: an empty file
+    /// `ids/<pid>.<volume ID>`. Call under the allocation lock, after
+    /// checking [`Registry::reservations`]. Reserving again is a no-op.
+    pub fn reserve_id(&self, pid: u32, id: &VolumeId) -> Result<()> {
+        let ctx = || {
+            format!(
+                "cannot reserve project ID {pid} in {}/{IDS}",
+                self.path.display()
+            )
+        };
+        let fd = sys::openat(
+            self.ids.as_fd(),
+            &c(&format!("{pid}.{id}")),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_NOFOLLOW,
+            0o600,
+        )
+        .with_context(ctx)?;
+        drop(fd);
+        sys::fsync(self.ids.as_fd()).with_context(ctx)
+    }
+
+    /// Whether `pid` is reserved for `id` (one `fstatat`).
+    pub fn is_reserved(&self, pid: u32, id: &VolumeId) -> bool {
+        sys::fstatat_nofollow(self.ids.as_fd(), &c(&format!("{pid}.{id}"))).is_ok()
+    }
+
+    /// Releases a reservation (after the volume's record is gone).
+    pub fn release_id(&self, pid: u32, id: &VolumeId) -> Result<()> {
+        match sys::unlinkat(self.ids.as_fd(), &c(&format!("{pid}.{id}")), false) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e).with_context(|| {
+                format!("cannot release project ID {pid} in {}", self.path.display())
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Every reservation: (project ID, volume ID), from one directory listing.
+    pub fn reservations(&self) -> Result<Vec<(u32, VolumeId)>> {
+        Ok(sys::read_dir(self.ids.as_fd())
+            .with_context(|| format!("cannot list {}/{IDS}", self.path.display()))?
+            .into_iter()
+            .filter_map(|e| {
+                let name = e.name.into_string().ok()?;
+                let (pid, id) = name.split_once('.')?;
+                Some((pid.parse().ok()?, VolumeId::parse(id).ok()?))
+            })
+            .collect())
     }
 
     /// Leftover temp files of interrupted record writes (`.<id>.json.tmp`).

@@ -205,6 +205,8 @@ fn reconcile_finds_every_kind_of_orphan_and_fix_repairs_without_losing_data() {
     let reg = vols.join(".prjquota");
     std::fs::write(reg.join(format!("volumes/.{}.json.tmp", uuid())), b"{").unwrap();
     std::fs::write(reg.join(format!("locks/{}.lock", uuid())), b"").unwrap();
+    // 7. A project-ID reservation for a volume that has no record.
+    std::fs::write(reg.join(format!("ids/{}.{}", f.id_max - 2, uuid())), b"").unwrap();
 
     // The kinds found, each once (re-tagging a root also makes the other
     // project charged for it, a second orphan-project until repaired).
@@ -226,6 +228,7 @@ fn reconcile_finds_every_kind_of_orphan_and_fix_repairs_without_losing_data() {
             "orphan-directory",
             "orphan-project",
             "stale-lock-file",
+            "stale-reservation",
             "stale-temp-file",
             "wrong-limits",
             "wrong-project",

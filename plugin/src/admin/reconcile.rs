@@ -161,6 +161,39 @@ pub fn run(flags: &Flags) -> Result<Vec<Finding>> {
         }
     }
 
+    // Project-ID reservations and records must cover each other.
+    {
+        let _alloc = reg.lock_allocation()?;
+        let reservations = reg.reservations()?;
+        for (pid, vid) in &reservations {
+            if reg.load(vid)?.is_some_and(|r| r.project_id == *pid) {
+                continue;
+            }
+            let f = finding(
+                "stale-reservation",
+                format!("project {pid}"),
+                format!("reserved for volume {vid}, which has no record with that ID"),
+            );
+            out.push(repairable(f, "release the reservation", fix, || {
+                reg.release_id(*pid, vid)
+            }));
+        }
+        for rec in records.values() {
+            if !reg.is_reserved(rec.project_id, &rec.volume_id)
+                && reg.load(&rec.volume_id)?.is_some()
+            {
+                let f = finding(
+                    "missing-reservation",
+                    format!("volume {}", rec.volume_id),
+                    format!("project {} is recorded but not reserved", rec.project_id),
+                );
+                out.push(repairable(f, "reserve the project ID", fix, || {
+                    reg.reserve_id(rec.project_id, &rec.volume_id)
+                }));
+            }
+        }
+    }
+
     for name in reg.temp_files()? {
         let f = finding(
             "stale-temp-file",
