@@ -1,0 +1,53 @@
+# prjquota-exporter on every Nomad client, as a system job.
+#
+# The exporter reads project quotas (CAP_SYS_ADMIN) and loads eBPF programs
+# (CAP_BPF, CAP_PERFMON), so it runs with the host's privileges through the
+# raw_exec driver, which must be enabled on the clients:
+#   plugin "raw_exec" { config { enabled = true } }
+# The binary is expected at /usr/local/bin/prjquota-exporter (or fetch it
+# with an artifact block). Prometheus finds the instances through the Nomad
+# service "prjquota-exporter" (see deploy/prometheus/prometheus.yml).
+job "prjquota-exporter" {
+  type      = "system"
+  node_pool = "all"
+
+  group "exporter" {
+    network {
+      port "metrics" {
+        static = 14646
+      }
+    }
+
+    service {
+      name     = "prjquota-exporter"
+      provider = "nomad"
+      port     = "metrics"
+      tags     = ["prometheus"]
+
+      check {
+        type     = "http"
+        path     = "/healthz"
+        interval = "15s"
+        timeout  = "3s"
+      }
+    }
+
+    task "exporter" {
+      driver = "raw_exec"
+
+      config {
+        command = "/usr/local/bin/prjquota-exporter"
+        args = [
+          "--volumes-dir", "/opt/nomad/data/host_volumes",
+          "--web.listen-address", ":${NOMAD_PORT_metrics}",
+          "--ebpf", "auto",
+        ]
+      }
+
+      resources {
+        cpu    = 100
+        memory = 64
+      }
+    }
+  }
+}
