@@ -36,6 +36,9 @@ const PENDING_EBPF: &[(&str, Kind)] = &[
     ("nomad_host_volume_write_errors_total", Kind::Counter),
     // ebpf collector: 1 per attached hook point, 0 per detached one.
     ("prjquota_exporter_ebpf_program_attached", Kind::Gauge),
+    // guard collector (exporter/src/collector/guard.rs, not registered yet):
+    // project-ID change attempts per volume, by result.
+    ("nomad_host_volume_projid_change_attempts_total", Kind::Counter),
 ];
 
 /// Series Prometheus itself makes.

@@ -40,6 +40,7 @@
 //! (so the maps never fill up); if it comes back it starts again at zero.
 
 mod error;
+pub mod guard;
 mod raw;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

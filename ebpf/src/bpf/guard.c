@@ -1,0 +1,433 @@
+// SPDX-License-Identifier: (MPL-2.0 OR GPL-2.0)
+/*
+ * The quota-escape guard: project-ID changes of files below registered
+ * volume roots.
+ *
+ * A project quota only holds while the volume's files stay in its project.
+ * vfs_fileattr_set() lets a file's owner (or anyone with CAP_FOWNER, which
+ * root in a Docker container without user namespaces has) set another
+ * project ID with FS_IOC_FSSETXATTR, or clear PROJINHERIT on a directory
+ * with FS_IOC_FSSETXATTR or FS_IOC_SETFLAGS (chattr -P); the kernel only
+ * forbids it from inside a user namespace. From then on the file's blocks,
+ * or the new files of the directory, are not charged to the volume.
+ *
+ * An ATTEMPT is such a call on an inode at or below a volume root (the root
+ * itself included) that would
+ *   - set fsx_projid to anything but the volume's project ID
+ *     (FS_IOC_FSSETXATTR; SETFLAGS cannot change the project ID), or
+ *   - leave a directory without PROJINHERIT (both ioctls),
+ * made by a caller WITHOUT CAP_SYS_ADMIN in the initial user namespace
+ * (effective set of the subjective credentials, as capable() checks). The
+ * plugin runs as root with it; root in a default Docker container, a file
+ * owner, and anything in a user namespace lack it. Privileged changes are
+ * allowed, counted apart (GSTAT_PRIVILEGED) and reported as events: they
+ * are the plugin or an administrator. Other attribute changes (append-only,
+ * nodump, extent size hints ...) are not attempts, and nothing outside
+ * volume roots is looked at beyond one map lookup of the device.
+ *
+ * Hook points (vmlinux only: aya cannot relocate against module BTF, and
+ * XFS and ext4 are modules on Debian):
+ *
+ *   fexit  vfs_fileattr_set   DETECT: every path that changes file
+ *                             attributes ends here (ioctl FS_IOC_SETFLAGS
+ *                             and FS_IOC_FSSETXATTR, overlayfs passing a
+ *                             change down, file_setattr(2) on 6.17+). At
+ *                             exit `fa` holds the request merged with the
+ *                             old attributes, and the return value says
+ *                             whether it went through: result allowed
+ *                             (0) or denied (an error).
+ *   lsm.s  file_ioctl         ENFORCE (--guard=enforce, BPF LSM active):
+ *   lsm    file_ioctl         refuses an attempt with EPERM before the
+ *                             kernel copies the argument. 6.1 has no LSM
+ *                             hook inside vfs_fileattr_set (security_
+ *                             inode_setattr is not called there; the
+ *                             fileattr hooks arrived in 6.17), so the new
+ *                             struct fsxattr / flags word is read from user
+ *                             memory: bpf_copy_from_user in the sleepable
+ *                             variant (faults pages in), bpf_probe_read_user
+ *                             in the fallback. Unreadable: refused.
+ *
+ * The volume of an inode: walk d_parent from the inode's own dentry (the
+ * root's own attributes matter most) up to GUARD_MAX_DEPTH dentries, with
+ * bpf_loop, to the first registered (dev, ino); a device without roots is
+ * skipped after one lookup. Past the limit on a volume device the guard
+ * cannot tell the volume: it treats every FS_IOC_FSSETXATTR and every
+ * PROJINHERIT-less directory request there as an attempt (fail closed).
+ *
+ * Known gaps, documented in src/guard.rs: the LSM reads user memory that
+ * another thread may change before the kernel copies it (then the fexit
+ * still counts the escape as allowed), and it sees the file the ioctl was
+ * made on: a hard link or a rename to a writable directory outside every
+ * volume root on the same filesystem takes the inode out of the walk.
+ */
+#include "kernel.h"
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "shared.h"
+#include "guard_shared.h"
+
+char LICENSE[] SEC("license") = "Dual MPL/GPL";
+
+/* ---- kernel types beyond kernel.h (CO-RE: only the fields read) ---- */
+
+/* `struct inode` with the field kernel.h does not declare (a flavour: the
+ * part after ___ is ignored when relocating). */
+struct inode___guard {
+	unsigned short i_mode; /* umode_t */
+} __core;
+
+/* include/linux/fileattr.h (since 5.13) */
+struct fileattr {
+	__u32 flags;
+	__u32 fsx_xflags;
+	__u32 fsx_projid;
+	_Bool flags_valid : 1;
+	_Bool fsx_valid : 1;
+} __core;
+
+struct user_namespace {
+	int level; /* 0: the initial user namespace */
+} __core;
+
+/* kernel_cap_t: `struct { __u32 cap[2]; }` up to 6.2, `struct { u64 val; }`
+ * since 6.3: the same 8 bytes on little-endian targets. Read whole. */
+struct guard_caps {
+	__u32 lo;
+	__u32 hi;
+};
+
+struct cred {
+	struct guard_caps cap_effective;
+	struct user_namespace *user_ns;
+} __core;
+
+struct task_struct {
+	const struct cred *cred;
+} __core;
+
+/* ---- uapi (include/uapi/linux/fs.h, asm-generic/ioctl.h, capability.h) ---- */
+
+#define FS_IOC_SETFLAGS 0x40086602   /* _IOW('f', 2, long) */
+#define FS_IOC32_SETFLAGS 0x40046602 /* _IOW('f', 2, int): compat tasks */
+#define FS_IOC_FSSETXATTR 0x401c5820 /* _IOW('X', 32, struct fsxattr) */
+#define FS_XFLAG_PROJINHERIT 0x00000200
+#define FS_PROJINHERIT_FL 0x20000000
+#define S_IFMT 0xf000 /* 0170000 */
+#define S_IFDIR 0x4000 /* 0040000 */
+#define CAP_SYS_ADMIN 21
+#define EPERM 1
+
+/* The head of struct fsxattr (28 bytes in all ABIs). */
+struct fsxattr_head {
+	__u32 fsx_xflags;
+	__u32 fsx_extsize;
+	__u32 fsx_nextents;
+	__u32 fsx_projid;
+};
+
+/* ---- maps ---- */
+
+/* Volume root directories -> (volume index, project ID). Filled by userspace. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, GUARD_MAX_ROOTS);
+	__type(key, struct root_key);
+	__type(value, struct guard_root);
+} guard_roots SEC(".maps");
+
+/* Devices that hold at least one root. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, GUARD_MAX_DEVS);
+	__type(key, __u64);
+	__type(value, __u32);
+} guard_root_devs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, GUARD_MAX_VOLUMES);
+	__type(key, __u32);
+	__type(value, struct guard_counters);
+} guard_counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, N_GSTATS);
+	__type(key, __u32);
+	__type(value, __u64);
+} guard_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, GUARD_EVENTS_BYTES);
+} guard_events SEC(".maps");
+
+/* ---- helpers ---- */
+
+#define WHERE_OTHER_FS 0
+#define WHERE_OUTSIDE 1
+#define WHERE_VOLUME 2
+#define WHERE_WALK_LIMIT 3
+
+struct walk {
+	struct root_key key;
+	__u64 dentry; /* the dentry to look at next */
+	struct guard_root root;
+	__u32 where;
+	__u32 _pad;
+};
+
+static long walk_step(__u32 i, void *data)
+{
+	struct walk *w = data;
+	struct dentry *d = (struct dentry *)w->dentry;
+	struct guard_root *r;
+	struct dentry *up;
+
+	w->key.ino = BPF_CORE_READ(d, d_inode, i_ino);
+	r = bpf_map_lookup_elem(&guard_roots, &w->key);
+	if (r) {
+		w->root = *r;
+		w->where = WHERE_VOLUME;
+		return 1;
+	}
+	up = BPF_CORE_READ(d, d_parent);
+	if (!up || (__u64)up == w->dentry) {
+		w->where = WHERE_OUTSIDE;
+		return 1;
+	}
+	w->dentry = (__u64)up;
+	return 0;
+}
+
+/* Where the inode of `dentry` is: on which volume, if any. */
+static __always_inline __u32 locate(struct dentry *dentry, struct guard_root *root, __u64 *dev)
+{
+	struct walk w = {};
+
+	w.key.dev = BPF_CORE_READ(dentry, d_sb, s_dev);
+	*dev = w.key.dev;
+	if (!bpf_map_lookup_elem(&guard_root_devs, &w.key.dev))
+		return WHERE_OTHER_FS;
+	w.dentry = (__u64)dentry;
+	w.where = WHERE_WALK_LIMIT;
+	bpf_loop(GUARD_MAX_DEPTH, walk_step, &w, 0);
+	*root = w.root;
+	return w.where;
+}
+
+static __always_inline int is_dir(struct dentry *dentry)
+{
+	struct inode___guard *inode = (void *)BPF_CORE_READ(dentry, d_inode);
+
+	return (BPF_CORE_READ(inode, i_mode) & S_IFMT) == S_IFDIR;
+}
+
+/* CAP_SYS_ADMIN in the initial user namespace, as capable() would see it
+ * (without asking the other LSMs, and without auditing). */
+static __always_inline int privileged(void)
+{
+	struct task_struct *task = (void *)bpf_get_current_task();
+	const struct cred *cred = BPF_CORE_READ(task, cred);
+	struct guard_caps caps = {};
+
+	if (!cred)
+		return 0;
+	if (bpf_probe_read_kernel(&caps, sizeof(caps), &cred->cap_effective))
+		return 0;
+	if (BPF_CORE_READ(cred, user_ns, level) != 0)
+		return 0;
+	return (caps.lo >> CAP_SYS_ADMIN) & 1;
+}
+
+static __always_inline void stat_add(__u32 slot)
+{
+	__u64 *v = bpf_map_lookup_elem(&guard_stats, &slot);
+
+	if (v)
+		__sync_fetch_and_add(v, 1);
+}
+
+static __always_inline void count(__u32 where, __u32 index, __u8 result)
+{
+	struct guard_counters *c;
+
+	if (where != WHERE_VOLUME) {
+		stat_add(result == GUARD_ALLOWED ? GSTAT_WALK_LIMIT_ALLOWED : GSTAT_WALK_LIMIT_DENIED);
+		return;
+	}
+	c = bpf_map_lookup_elem(&guard_counters, &index);
+	if (!c) {
+		struct guard_counters zero = {};
+
+		bpf_map_update_elem(&guard_counters, &index, &zero, BPF_NOEXIST);
+		c = bpf_map_lookup_elem(&guard_counters, &index);
+		if (!c)
+			return;
+	}
+	if (result == GUARD_ALLOWED)
+		__sync_fetch_and_add(&c->allowed, 1);
+	else
+		__sync_fetch_and_add(&c->denied, 1);
+}
+
+/* What an attempt is: the request against the volume's state. */
+static __always_inline __u8 judge(__u32 where, const struct guard_root *root, int dir,
+				  int sets_projid, __u32 projid, __u32 xflags)
+{
+	__u8 what = 0;
+
+	if (sets_projid && (where != WHERE_VOLUME || projid != root->projid))
+		what |= GUARD_WHAT_PROJID;
+	if (dir && !(xflags & FS_XFLAG_PROJINHERIT))
+		what |= GUARD_WHAT_NOINHERIT;
+	return what;
+}
+
+static __always_inline void emit(struct guard_event *proto)
+{
+	struct guard_event *e = bpf_ringbuf_reserve(&guard_events, sizeof(*e), 0);
+	__u64 id;
+
+	if (!e) {
+		stat_add(GSTAT_EVENTS_LOST);
+		return;
+	}
+	*e = *proto;
+	id = bpf_get_current_pid_tgid();
+	e->pid = id >> 32;
+	e->tid = (__u32)id;
+	e->uid = (__u32)bpf_get_current_uid_gid();
+	e->cgroup_id = bpf_get_current_cgroup_id();
+	bpf_get_current_comm(e->comm, sizeof(e->comm));
+	bpf_ringbuf_submit(e, 0);
+}
+
+/* ---- detect ---- */
+
+/* vfs_fileattr_set(idmap or mnt_userns, dentry, fa): 3 parameters from 5.13
+ * through 6.18, so the return value is ctx[3]. */
+SEC("fexit/vfs_fileattr_set")
+int BPF_PROG(guard_fileattr_set_exit, void *idmap, struct dentry *dentry, struct fileattr *fa,
+	     int ret)
+{
+	struct guard_event ev = {};
+	struct guard_root root = {};
+	__u64 dev = 0;
+	__u32 where;
+	int sets_projid;
+
+	where = locate(dentry, &root, &dev);
+	if (where == WHERE_OTHER_FS || where == WHERE_OUTSIDE)
+		return 0;
+
+	/* FS_IOC_SETFLAGS fills `flags` (and the xflags it implies); only
+	 * FS_IOC_FSSETXATTR sets fsx_valid and a project ID. */
+	sets_projid = BPF_CORE_READ_BITFIELD_PROBED(fa, fsx_valid);
+	ev.projid = BPF_CORE_READ(fa, fsx_projid);
+	ev.xflags = BPF_CORE_READ(fa, fsx_xflags);
+	ev.what = judge(where, &root, is_dir(dentry), sets_projid, ev.projid, ev.xflags);
+	if (!ev.what)
+		return 0;
+
+	ev.ino = BPF_CORE_READ(dentry, d_inode, i_ino);
+	ev.dev = dev;
+	ev.index = where == WHERE_VOLUME ? root.index : GUARD_NO_VOLUME;
+	ev.volume_projid = root.projid;
+	ev.ret = ret;
+	ev.result = ret == 0 ? GUARD_ALLOWED : GUARD_DENIED;
+	ev.source = GUARD_SRC_FILEATTR;
+	ev.privileged = privileged();
+	if (ev.privileged)
+		stat_add(GSTAT_PRIVILEGED);
+	else
+		count(where, ev.index, ev.result);
+	emit(&ev);
+	return 0;
+}
+
+/* ---- enforce ---- */
+
+static __always_inline int check_ioctl(struct file *file, unsigned int cmd, unsigned long arg,
+				       int ret, int sleepable)
+{
+	struct guard_event ev = {};
+	struct guard_root root = {};
+	struct dentry *dentry;
+	__u64 dev = 0;
+	__u32 where;
+	long err;
+
+	if (ret)
+		return ret; /* an earlier BPF LSM program refused already */
+	if (cmd != FS_IOC_FSSETXATTR && cmd != FS_IOC_SETFLAGS && cmd != FS_IOC32_SETFLAGS)
+		return 0;
+	dentry = BPF_CORE_READ(file, f_path.dentry);
+	where = locate(dentry, &root, &dev);
+	if (where == WHERE_OTHER_FS || where == WHERE_OUTSIDE)
+		return 0;
+	if (privileged())
+		return 0;
+
+	if (cmd == FS_IOC_FSSETXATTR) {
+		struct fsxattr_head x = {};
+
+		if (sleepable)
+			err = bpf_copy_from_user(&x, sizeof(x), (void *)arg);
+		else
+			err = bpf_probe_read_user(&x, sizeof(x), (void *)arg);
+		if (err) {
+			ev.what = GUARD_WHAT_UNREADABLE;
+		} else {
+			ev.projid = x.fsx_projid;
+			ev.xflags = x.fsx_xflags;
+			ev.what = judge(where, &root, is_dir(dentry), 1, ev.projid, ev.xflags);
+		}
+	} else {
+		/* Both SETFLAGS variants read an int. */
+		__u32 flags = 0;
+
+		if (sleepable)
+			err = bpf_copy_from_user(&flags, sizeof(flags), (void *)arg);
+		else
+			err = bpf_probe_read_user(&flags, sizeof(flags), (void *)arg);
+		if (err) {
+			ev.what = GUARD_WHAT_UNREADABLE;
+		} else {
+			ev.xflags = (flags & FS_PROJINHERIT_FL) ? FS_XFLAG_PROJINHERIT : 0;
+			ev.projid = root.projid;
+			ev.what = judge(where, &root, is_dir(dentry), 0, 0, ev.xflags);
+		}
+	}
+	if (!ev.what)
+		return 0;
+
+	if (ev.what & GUARD_WHAT_UNREADABLE)
+		stat_add(GSTAT_UNREADABLE);
+	ev.ino = BPF_CORE_READ(dentry, d_inode, i_ino);
+	ev.dev = dev;
+	ev.index = where == WHERE_VOLUME ? root.index : GUARD_NO_VOLUME;
+	ev.volume_projid = root.projid;
+	ev.ret = -EPERM;
+	ev.result = GUARD_DENIED;
+	ev.source = GUARD_SRC_LSM;
+	ev.cmd = cmd;
+	count(where, ev.index, GUARD_DENIED);
+	emit(&ev);
+	return -EPERM;
+}
+
+SEC("lsm.s/file_ioctl")
+int BPF_PROG(guard_file_ioctl_sleepable, struct file *file, unsigned int cmd, unsigned long arg,
+	     int ret)
+{
+	return check_ioctl(file, cmd, arg, ret, 1);
+}
+
+SEC("lsm/file_ioctl")
+int BPF_PROG(guard_file_ioctl, struct file *file, unsigned int cmd, unsigned long arg, int ret)
+{
+	return check_ioctl(file, cmd, arg, ret, 0);
+}

@@ -1,0 +1,78 @@
+/* SPDX-License-Identifier: (MPL-2.0 OR GPL-2.0) */
+/*
+ * Layouts and constants shared by the quota-escape guard (guard.c) and its
+ * Rust loader (src/guard.rs mirrors them; a host unit test parses this file
+ * and checks that both sides agree).
+ */
+#ifndef PRJQUOTA_GUARD_SHARED_H
+#define PRJQUOTA_GUARD_SHARED_H
+
+/* Dentries looked at: the changed inode itself, then its ancestors. Deeper
+ * than this with no volume root found on a volume device: fail closed. */
+#define GUARD_MAX_DEPTH 4096
+
+/* Default map sizes; the loader can override max_entries. */
+#define GUARD_MAX_ROOTS 16384
+#define GUARD_MAX_VOLUMES 4096
+#define GUARD_MAX_DEVS 64
+/* Ring buffer of events, bytes (a power of two, a multiple of the page). */
+#define GUARD_EVENTS_BYTES 262144
+
+/* Index into the per-CPU `guard_stats` array. */
+#define GSTAT_EVENTS_LOST 0       /* events not sent: ring buffer full */
+#define GSTAT_PRIVILEGED 1        /* project changes under a root by a privileged caller */
+#define GSTAT_WALK_LIMIT_ALLOWED 2 /* attempts past GUARD_MAX_DEPTH that went through */
+#define GSTAT_WALK_LIMIT_DENIED 3  /* ... that were refused */
+#define GSTAT_UNREADABLE 4        /* ioctl argument unreadable in the LSM hook: refused */
+#define N_GSTATS 5
+
+/* guard_event.result */
+#define GUARD_ALLOWED 0
+#define GUARD_DENIED 1
+
+/* guard_event.source */
+#define GUARD_SRC_FILEATTR 0 /* fexit/vfs_fileattr_set: the kernel's own outcome */
+#define GUARD_SRC_LSM 1      /* lsm/file_ioctl: refused by the guard */
+
+/* guard_event.what: bits */
+#define GUARD_WHAT_PROJID 1     /* sets a project ID other than the volume's */
+#define GUARD_WHAT_NOINHERIT 2  /* leaves a directory without PROJINHERIT */
+#define GUARD_WHAT_UNREADABLE 4 /* the new attributes could not be read */
+
+/* guard_event.index when no volume root was found within GUARD_MAX_DEPTH. */
+#define GUARD_NO_VOLUME 0xffffffff
+
+/* Value of the `guard_roots` map (key: struct root_key of shared.h). */
+struct guard_root {
+	__u32 index;  /* volume index chosen by userspace */
+	__u32 projid; /* the volume's project ID */
+};
+
+/* Value of the per-CPU `guard_counters` map, per volume index. */
+struct guard_counters {
+	__u64 allowed; /* attempts that changed the file */
+	__u64 denied;  /* attempts that failed (refused by the guard or the kernel) */
+};
+
+/* One record of the `guard_events` ring buffer: 80 bytes, no padding. */
+struct guard_event {
+	__u64 cgroup_id; /* cgroup v2 id of the caller */
+	__u64 ino;       /* the inode whose attributes were to change */
+	__u64 dev;       /* its super_block->s_dev, kernel encoding */
+	__u32 pid;       /* tgid */
+	__u32 tid;
+	__u32 uid;       /* real uid, as the initial user namespace sees it */
+	__u32 index;     /* volume index, or GUARD_NO_VOLUME */
+	__u32 projid;    /* requested project ID (FS_IOC_FSSETXATTR), else the current */
+	__u32 volume_projid;
+	__u32 xflags;    /* requested fsx_xflags (SETFLAGS: translated) */
+	__s32 ret;       /* 0, or the negative errno the caller got */
+	__u8 result;     /* GUARD_ALLOWED / GUARD_DENIED */
+	__u8 source;     /* GUARD_SRC_* */
+	__u8 what;       /* GUARD_WHAT_* bits */
+	__u8 privileged; /* CAP_SYS_ADMIN in the initial user namespace */
+	__u32 cmd;       /* ioctl command (LSM), 0 from the fexit */
+	char comm[16];
+};
+
+#endif

@@ -1,0 +1,1147 @@
+//! The quota-escape guard: counts, and with the BPF LSM refuses, attempts to
+//! move files out of a volume's project.
+//!
+//! A project quota only holds while the volume's files stay in its project.
+//! `FS_IOC_FSSETXATTR` lets a file's owner (and root in a container without
+//! user namespaces, through CAP_FOWNER) give a file another project ID, and
+//! it or `FS_IOC_SETFLAGS` (`chattr -P`) can clear PROJINHERIT on a
+//! directory; from then on those writes are not charged to the volume. The
+//! kernel forbids it only from inside a user namespace.
+//!
+//! # What counts
+//!
+//! An *attempt* is a change of file attributes on an inode at or below a
+//! volume root (the root included) that would set a project ID other than
+//! the volume's, or leave a directory without PROJINHERIT, made by a caller
+//! **without CAP_SYS_ADMIN in the initial user namespace** (the effective
+//! capabilities `capable()` checks). Who is allowed, then: the plugin (it
+//! runs as root for Nomad, with every capability, and needs CAP_SYS_ADMIN
+//! for `quotactl` anyway) and host administrators; anyone who could unload
+//! the guard. Who is not: file owners, root in a Docker container with the
+//! default capabilities (no CAP_SYS_ADMIN), anything in a user namespace.
+//! Privileged changes are allowed, not counted per volume, and reported as
+//! events ([`GuardEvent::privileged`]) and in [`GuardCounters::privileged`].
+//! Other attribute changes (`chattr +a`, extent size hints, …) and changes
+//! outside every volume root are never attempts.
+//!
+//! # Modes
+//!
+//! - [`GuardMode::Detect`] (default; any kernel with BTF, 5.17 or later):
+//!   `fexit/vfs_fileattr_set`, the function every attribute change ends in,
+//!   counts attempts per volume by outcome: *allowed* (the call succeeded)
+//!   or *denied* (it failed, e.g. EPERM for a caller who does not own the
+//!   file).
+//! - [`GuardMode::Enforce`]: also a BPF LSM program on `file_ioctl` refuses
+//!   attempts with EPERM, counted as denied. Needs the BPF LSM active
+//!   (`bpf` in `/sys/kernel/security/lsm`; Debian's kernels have it). When
+//!   it is not, or the program cannot attach, the guard runs in detect mode
+//!   and [`Guard::not_enforcing`] says why.
+//! - [`GuardMode::Off`]: nothing is loaded.
+//!
+//! # Limits
+//!
+//! - The LSM hook runs before the kernel copies the ioctl argument, so it
+//!   reads the new attributes from user memory; another thread of the caller
+//!   can change them in between. Such a race wins against enforcement, but
+//!   not against detection: the fexit sees what the kernel applied and
+//!   counts an *allowed* attempt (the alert fires).
+//! - Volumes are found by walking up from the dentry the change was made
+//!   through. A hard link or a rename to a directory outside every volume
+//!   root on the same filesystem takes an inode out of that walk: keep the
+//!   volumes filesystem free of directories workloads can write outside
+//!   their volumes (Nomad's `host_volumes_dir` on its own filesystem).
+//! - Past [`GUARD_MAX_DEPTH`] dentries below a filesystem root that holds
+//!   volumes, the volume is unknown: every project-ID set and every
+//!   PROJINHERIT-less directory request there is an attempt (fail closed),
+//!   counted in [`GuardCounters::walk_limit`].
+//! - On kernels with `file_setattr(2)` (6.17+) that syscall does not go
+//!   through `file_ioctl`: detected, not refused.
+//!
+//! # Use
+//!
+//! ```no_run
+//! use prjquota_ebpf::guard::{Guard, GuardMode};
+//!
+//! let mut guard = Guard::load(GuardMode::Enforce).expect("guard");
+//! if let Some(why) = guard.not_enforcing() {
+//!     eprintln!("guard: detect only: {why}");
+//! }
+//! let (dev, ino) = prjquota_ebpf::root_of("/srv/volumes/3f2a…".as_ref()).unwrap();
+//! guard.set_roots(&[(dev, ino, 7, 10_000_001)]).unwrap();
+//! let c = guard.read().unwrap();
+//! println!("{:?}", c.volume(7));
+//! for e in guard.drain_events() {
+//!     println!("{} (pid {}) {:?}", e.comm, e.pid, e.result);
+//! }
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::io;
+use std::str::FromStr;
+
+use aya::maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
+use aya::programs::{FExit, Lsm, ProgramError};
+use aya::util::KernelVersion;
+use aya::{Btf, Ebpf, EbpfError, EbpfLoader};
+
+use crate::error::{chain, errno_of};
+use crate::raw::RootKey;
+use crate::{
+    classify, kernel_btf, kernel_dev, map_err, remove_ok, FailureReason, LoadError, LoadOptions,
+    ProgramFailure, RootsUpdate, TelemetryError,
+};
+
+/// Dentries the guard looks at: the changed inode's own, then its
+/// ancestors. See the module's *Limits*.
+pub const GUARD_MAX_DEPTH: u32 = 4096;
+
+/// Where the kernel lists the active LSMs.
+pub const LSM_LIST: &str = "/sys/kernel/security/lsm";
+
+// Default map sizes (the same as the write telemetry's: [`LoadOptions`]).
+#[cfg(test)]
+const MAX_ROOTS: u32 = 16384;
+#[cfg(test)]
+const MAX_VOLUMES: u32 = 4096;
+const MAX_DEVS: u32 = 64;
+#[cfg(test)]
+const EVENTS_BYTES: u32 = 262_144;
+
+const GSTAT_EVENTS_LOST: u32 = 0;
+const GSTAT_PRIVILEGED: u32 = 1;
+const GSTAT_WALK_LIMIT_ALLOWED: u32 = 2;
+const GSTAT_WALK_LIMIT_DENIED: u32 = 3;
+const GSTAT_UNREADABLE: u32 = 4;
+const N_GSTATS: u32 = 5;
+
+const GUARD_ALLOWED: u8 = 0;
+const GUARD_SRC_LSM: u8 = 1;
+const GUARD_WHAT_PROJID: u8 = 1;
+const GUARD_WHAT_NOINHERIT: u8 = 2;
+const GUARD_WHAT_UNREADABLE: u8 = 4;
+const GUARD_NO_VOLUME: u32 = 0xffff_ffff;
+/// `sizeof(struct guard_event)`.
+const EVENT_SIZE: usize = 80;
+
+const MAP_ROOTS: &str = "guard_roots";
+const MAP_ROOT_DEVS: &str = "guard_root_devs";
+const MAP_COUNTERS: &str = "guard_counters";
+const MAP_STATS: &str = "guard_stats";
+const MAP_EVENTS: &str = "guard_events";
+
+const DETECT_PROG: &str = "guard_fileattr_set_exit";
+const DETECT_FUNC: &str = "vfs_fileattr_set";
+/// The LSM variants, tried in order: sleepable first (bpf_copy_from_user
+/// faults the argument in), then the plain one.
+const LSM_PROGS: [(&str, &str); 2] = [
+    ("guard_file_ioctl_sleepable", "lsm.s/file_ioctl"),
+    ("guard_file_ioctl", "lsm/file_ioctl"),
+];
+const LSM_HOOK: &str = "file_ioctl";
+/// `bpf_loop` (the walk) arrived in 5.17; `vfs_fileattr_set` in 5.13.
+const MIN_KERNEL: (u8, u8) = (5, 17);
+
+/// Events returned by one [`Guard::drain_events`] at most (the rest stay
+/// in the ring buffer for the next call).
+pub const MAX_EVENTS_PER_DRAIN: usize = 16_384;
+
+/// The compiled `src/bpf/guard.c`, 8-byte aligned as ELF parsing wants.
+fn object() -> &'static [u8] {
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/guard.o"))
+}
+
+/// `struct guard_root`: a volume root's index and project ID.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct RawRoot {
+    index: u32,
+    projid: u32,
+}
+
+/// `struct guard_counters`: one CPU's share of a volume's attempts.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct RawCounters {
+    allowed: u64,
+    denied: u64,
+}
+
+// SAFETY: `aya::Pod` needs a plain-old-data type: `Copy`, `#[repr(C)]`, every
+// bit pattern valid, no padding. `RawRoot` is two `u32`s (8 bytes).
+unsafe impl aya::Pod for RawRoot {}
+
+// SAFETY: as above: two `u64`s (16 bytes), `#[repr(C)]`, no padding, any bit
+// pattern valid.
+unsafe impl aya::Pod for RawCounters {}
+
+/// What the guard does (the exporter's `--guard` flag: `off`, `detect`,
+/// `enforce`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum GuardMode {
+    /// Load nothing.
+    Off,
+    /// Count attempts by outcome; refuse nothing.
+    #[default]
+    Detect,
+    /// Count, and refuse attempts with EPERM (needs the BPF LSM; falls back
+    /// to [`GuardMode::Detect`] without it).
+    Enforce,
+}
+
+impl GuardMode {
+    pub const ALL: [GuardMode; 3] = [GuardMode::Off, GuardMode::Detect, GuardMode::Enforce];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            GuardMode::Off => "off",
+            GuardMode::Detect => "detect",
+            GuardMode::Enforce => "enforce",
+        }
+    }
+}
+
+impl FromStr for GuardMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<GuardMode, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "off" => Ok(GuardMode::Off),
+            "detect" => Ok(GuardMode::Detect),
+            "enforce" => Ok(GuardMode::Enforce),
+            _ => Err(format!(
+                "unknown guard mode `{s}` (want off, detect or enforce)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for GuardMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+/// Why [`GuardMode::Enforce`] runs as detect.
+#[derive(Debug)]
+pub enum NotEnforcing {
+    /// The BPF LSM is built in but not in the kernel's active list (boot
+    /// parameter `lsm=`): its programs would load and never run.
+    LsmInactive { active: String },
+    /// `/sys/kernel/security/lsm` could not be read (securityfs not
+    /// mounted?), so whether the BPF LSM runs is unknown.
+    LsmUnknown { source: io::Error },
+    /// The LSM program did not load or attach (each variant's failure).
+    Program { failures: Vec<ProgramFailure> },
+}
+
+impl NotEnforcing {
+    /// A bounded label: `lsm_inactive`, `lsm_unknown`, or the programs'
+    /// shared [`FailureReason::label`] (`permission`, `verifier`, …).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            NotEnforcing::LsmInactive { .. } => "lsm_inactive",
+            NotEnforcing::LsmUnknown { .. } => "lsm_unknown",
+            NotEnforcing::Program { failures } => {
+                let mut reasons = failures.iter().map(|f| f.reason);
+                match reasons.next() {
+                    Some(first) if reasons.all(|r| r == first) => first.label(),
+                    _ => "other",
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Display for NotEnforcing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotEnforcing::LsmInactive { active } => write!(
+                f,
+                "the BPF LSM is not active ({LSM_LIST} lists `{active}`): add `bpf` to the \
+                 kernel's `lsm=` boot parameter to enforce; detecting only"
+            ),
+            NotEnforcing::LsmUnknown { source } => write!(
+                f,
+                "cannot tell whether the BPF LSM is active ({LSM_LIST}: {source}; is securityfs \
+                 mounted?); detecting only"
+            ),
+            NotEnforcing::Program { failures } => {
+                f.write_str("the BPF LSM program could not be attached; detecting only: ")?;
+                for (i, p) in failures.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str("; ")?;
+                    }
+                    write!(f, "{p}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Whether the BPF LSM is in the kernel's list of active LSMs.
+pub fn bpf_lsm_active() -> Result<(bool, String), io::Error> {
+    let list = std::fs::read_to_string(LSM_LIST)?;
+    let list = list.trim().to_string();
+    Ok((list.split(',').any(|l| l == "bpf"), list))
+}
+
+/// Attempts by outcome.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outcomes {
+    /// The change went through: the file (or the directory's new files)
+    /// left the volume's project.
+    pub allowed: u64,
+    /// The change failed: refused by the guard (enforce) or by the kernel
+    /// (e.g. EPERM for a caller who does not own the file).
+    pub denied: u64,
+}
+
+impl Outcomes {
+    pub fn total(&self) -> u64 {
+        self.allowed + self.denied
+    }
+
+    /// `self - earlier`, field by field (saturating).
+    pub fn since(&self, earlier: &Outcomes) -> Outcomes {
+        Outcomes {
+            allowed: self.allowed.saturating_sub(earlier.allowed),
+            denied: self.denied.saturating_sub(earlier.denied),
+        }
+    }
+}
+
+/// A snapshot of the guard's counters (cumulative since load).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GuardCounters {
+    /// Per volume index: every index currently in the roots (zeros until
+    /// the first attempt).
+    pub volumes: BTreeMap<u32, Outcomes>,
+    /// Attempts past [`GUARD_MAX_DEPTH`] on a volume filesystem (volume
+    /// unknown).
+    pub walk_limit: Outcomes,
+    /// Project changes below a volume root by privileged callers (allowed,
+    /// not attempts).
+    pub privileged: u64,
+    /// Refused because the LSM could not read the new attributes (also
+    /// counted as denied attempts).
+    pub unreadable: u64,
+    /// Events dropped because the ring buffer was full (drain more often).
+    pub events_lost: u64,
+}
+
+impl GuardCounters {
+    /// The attempts on one volume index (zeros if unknown).
+    pub fn volume(&self, index: u32) -> Outcomes {
+        self.volumes.get(&index).copied().unwrap_or_default()
+    }
+}
+
+/// The outcome of one attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    Allowed,
+    Denied,
+}
+
+impl Outcome {
+    /// The `result` label value: `allowed`, `denied`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Denied => "denied",
+        }
+    }
+}
+
+/// Which program saw an event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventSource {
+    /// `fexit/vfs_fileattr_set`: the kernel's own outcome.
+    Fileattr,
+    /// The LSM program: refused by the guard.
+    Lsm,
+}
+
+/// One attempt (or one privileged project change), as the kernel saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuardEvent {
+    /// Process (thread group) ID.
+    pub pid: u32,
+    pub tid: u32,
+    /// Real uid, as the initial user namespace sees it.
+    pub uid: u32,
+    pub comm: String,
+    /// cgroup v2 ID of the caller (the inode number of its cgroup directory
+    /// under /sys/fs/cgroup: `find /sys/fs/cgroup -inum <id>`).
+    pub cgroup_id: u64,
+    /// The volume index; `None` past [`GUARD_MAX_DEPTH`].
+    pub index: Option<u32>,
+    pub result: Outcome,
+    pub source: EventSource,
+    /// The caller has CAP_SYS_ADMIN in the initial user namespace: allowed,
+    /// not counted as an attempt.
+    pub privileged: bool,
+    /// Sets a project ID other than the volume's.
+    pub changes_project: bool,
+    /// Leaves a directory without PROJINHERIT.
+    pub clears_inherit: bool,
+    /// The LSM could not read the new attributes (refused).
+    pub unreadable: bool,
+    /// The requested project ID (`FS_IOC_FSSETXATTR`), else the file's.
+    pub projid: u32,
+    /// The volume's project ID.
+    pub volume_projid: u32,
+    /// Requested `fsx_xflags` (from `FS_IOC_SETFLAGS`: PROJINHERIT only).
+    pub xflags: u32,
+    /// The errno the caller got (`None`: success).
+    pub errno: Option<i32>,
+    /// The ioctl command (LSM events), else 0.
+    pub cmd: u32,
+    /// `st_dev` (userspace encoding) and inode number of the changed inode.
+    pub st_dev: u64,
+    pub ino: u64,
+}
+
+impl GuardEvent {
+    /// Parses one `struct guard_event` record.
+    fn parse(b: &[u8]) -> Option<GuardEvent> {
+        if b.len() < EVENT_SIZE {
+            return None;
+        }
+        let u64_at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+        let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+        let comm = &b[64..80];
+        let end = comm.iter().position(|&c| c == 0).unwrap_or(comm.len());
+        let dev = u64_at(16);
+        let index = u32_at(36);
+        let ret = u32_at(52) as i32;
+        let what = b[58];
+        Some(GuardEvent {
+            cgroup_id: u64_at(0),
+            ino: u64_at(8),
+            st_dev: libc::makedev((dev >> 20) as u32, (dev & 0xf_ffff) as u32),
+            pid: u32_at(24),
+            tid: u32_at(28),
+            uid: u32_at(32),
+            index: (index != GUARD_NO_VOLUME).then_some(index),
+            projid: u32_at(40),
+            volume_projid: u32_at(44),
+            xflags: u32_at(48),
+            errno: (ret < 0).then_some(-ret),
+            result: if b[56] == GUARD_ALLOWED {
+                Outcome::Allowed
+            } else {
+                Outcome::Denied
+            },
+            source: if b[57] == GUARD_SRC_LSM {
+                EventSource::Lsm
+            } else {
+                EventSource::Fileattr
+            },
+            changes_project: what & GUARD_WHAT_PROJID != 0,
+            clears_inherit: what & GUARD_WHAT_NOINHERIT != 0,
+            unreadable: what & GUARD_WHAT_UNREADABLE != 0,
+            privileged: b[59] != 0,
+            cmd: u32_at(60),
+            comm: String::from_utf8_lossy(&comm[..end]).into_owned(),
+        })
+    }
+
+    /// What the caller tried, in a few words (for a log line).
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if self.changes_project {
+            parts.push(format!(
+                "set project ID {} (the volume's is {})",
+                self.projid, self.volume_projid
+            ));
+        }
+        if self.clears_inherit {
+            parts.push("clear PROJINHERIT on a directory".to_string());
+        }
+        if self.unreadable {
+            parts.push("change attributes (argument unreadable)".to_string());
+        }
+        parts.join(" and ")
+    }
+}
+
+/// The loaded guard. Counters are cumulative from load; an index whose
+/// roots all disappear from [`Guard::set_roots`] loses its counters.
+pub struct Guard {
+    ebpf: Ebpf,
+    events: RingBuf<MapData>,
+    requested: GuardMode,
+    /// The attached LSM variant's section name, when enforcing.
+    lsm: Option<&'static str>,
+    not_enforcing: Option<NotEnforcing>,
+    indexes: BTreeSet<u32>,
+    max_roots: u32,
+}
+
+impl fmt::Debug for Guard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Guard")
+            .field("requested", &self.requested)
+            .field("lsm", &self.lsm)
+            .field("not_enforcing", &self.not_enforcing)
+            .field("indexes", &self.indexes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Guard {
+    /// `None` for [`GuardMode::Off`], else [`Guard::load`].
+    pub fn start(mode: GuardMode) -> Result<Option<Guard>, LoadError> {
+        match mode {
+            GuardMode::Off => Ok(None),
+            m => Guard::load(m).map(Some),
+        }
+    }
+
+    /// Loads and attaches the guard. Fails (never panics) when the detect
+    /// program cannot run: no BTF, no bpf(2), fexit refused (as on the
+    /// development host), kernel too old. [`GuardMode::Enforce`] without a
+    /// usable BPF LSM succeeds in detect mode: see [`Guard::not_enforcing`].
+    /// [`GuardMode::Off`] is an error here (use [`Guard::start`]).
+    pub fn load(mode: GuardMode) -> Result<Guard, LoadError> {
+        Guard::load_with(mode, &LoadOptions::default())
+    }
+
+    /// [`Guard::load`] with map sizes from `opts` (`require_all` is unused).
+    pub fn load_with(mode: GuardMode, opts: &LoadOptions) -> Result<Guard, LoadError> {
+        if mode == GuardMode::Off {
+            return Err(LoadError::BpfUnavailable {
+                errno: None,
+                detail: "the quota-escape guard is off (--guard=off): nothing to load".into(),
+            });
+        }
+        let btf = kernel_btf()?;
+        let mut g = Guard::open(&btf, opts, mode)?;
+        if let Some(f) = too_old(
+            DETECT_PROG,
+            &format!("fexit/{DETECT_FUNC} as {DETECT_PROG}"),
+        ) {
+            return Err(LoadError::NoProgram { failures: vec![f] });
+        }
+        if let Err(e) = load_fexit(&mut g.ebpf, &btf) {
+            let (reason, detail) = classify(&e);
+            return Err(LoadError::NoProgram {
+                failures: vec![ProgramFailure {
+                    program: DETECT_FUNC,
+                    part: format!("fexit/{DETECT_FUNC} as {DETECT_PROG}"),
+                    reason,
+                    detail,
+                }],
+            });
+        }
+        if mode == GuardMode::Enforce {
+            match attach_lsm(&mut g.ebpf, &btf) {
+                Ok(section) => g.lsm = Some(section),
+                Err(why) => g.not_enforcing = Some(why),
+            }
+        }
+        Ok(g)
+    }
+
+    /// Parses the object and creates its maps, attaching nothing.
+    fn open(btf: &Btf, opts: &LoadOptions, requested: GuardMode) -> Result<Guard, LoadError> {
+        let mut ebpf = EbpfLoader::new()
+            .btf(Some(btf))
+            .map_max_entries(MAP_COUNTERS, opts.max_volumes)
+            .map_max_entries(MAP_ROOTS, opts.max_roots)
+            .load(object())
+            .map_err(object_error)?;
+        let events = ebpf
+            .take_map(MAP_EVENTS)
+            .ok_or_else(|| LoadError::BpfUnavailable {
+                errno: None,
+                detail: format!("the guard object has no `{MAP_EVENTS}` map"),
+            })
+            .and_then(|m| {
+                RingBuf::try_from(m).map_err(|e| LoadError::BpfUnavailable {
+                    errno: errno_of(&e),
+                    detail: format!("the guard's ring buffer: {}", chain(&e)),
+                })
+            })?;
+        Ok(Guard {
+            ebpf,
+            events,
+            requested,
+            lsm: None,
+            not_enforcing: None,
+            indexes: BTreeSet::new(),
+            max_roots: opts.max_roots,
+        })
+    }
+
+    /// The mode asked for.
+    pub fn requested_mode(&self) -> GuardMode {
+        self.requested
+    }
+
+    /// The mode in force: [`GuardMode::Enforce`] only while the LSM program
+    /// is attached.
+    pub fn mode(&self) -> GuardMode {
+        if self.enforcing() {
+            GuardMode::Enforce
+        } else {
+            GuardMode::Detect
+        }
+    }
+
+    /// Whether attempts are refused.
+    pub fn enforcing(&self) -> bool {
+        self.lsm.is_some()
+    }
+
+    /// Why enforcement was asked for and is not in force.
+    pub fn not_enforcing(&self) -> Option<&NotEnforcing> {
+        self.not_enforcing.as_ref()
+    }
+
+    /// The attached LSM program's section (`lsm.s/file_ioctl` or
+    /// `lsm/file_ioctl`), when enforcing.
+    pub fn lsm_program(&self) -> Option<&'static str> {
+        self.lsm
+    }
+
+    /// Replaces the volume roots: `(st_dev, st_ino, volume index, project
+    /// ID)` of each root directory, as from `stat` ([`crate::root_of`]) and
+    /// the registry. Adds, updates (index or project ID), deletes, and drops
+    /// the counters of indexes left without a root. Nested roots: a file
+    /// belongs to its innermost root.
+    pub fn set_roots(
+        &mut self,
+        roots: &[(u64, u64, u32, u32)],
+    ) -> Result<RootsUpdate, TelemetryError> {
+        let mut update = RootsUpdate::default();
+        let mut desired: HashMap<RootKey, RawRoot> = HashMap::with_capacity(roots.len());
+        for &(st_dev, st_ino, index, projid) in roots {
+            match kernel_dev(st_dev) {
+                Some(dev) => {
+                    desired.insert(RootKey { dev, ino: st_ino }, RawRoot { index, projid });
+                }
+                None => update.rejected.push((st_dev, st_ino, index)),
+            }
+        }
+        if desired.len() > self.max_roots as usize {
+            return Err(TelemetryError::TooManyRoots {
+                given: desired.len(),
+                max: self.max_roots,
+            });
+        }
+        let mut devs: BTreeMap<u64, u32> = BTreeMap::new();
+        for key in desired.keys() {
+            *devs.entry(key.dev).or_default() += 1;
+        }
+        if devs.len() > MAX_DEVS as usize {
+            return Err(TelemetryError::TooManyDevices {
+                given: devs.len(),
+                max: MAX_DEVS,
+            });
+        }
+        // Roots first, devices after (a device gates the walk: with the
+        // roots in place first, no window where a volume is unguarded),
+        // then removals, stale devices last.
+        {
+            let mut root_map: BpfHashMap<&mut MapData, RootKey, RawRoot> =
+                map_err(MAP_ROOTS, BpfHashMap::try_from(self.map_mut(MAP_ROOTS)?))?;
+            let current: HashMap<RootKey, RawRoot> =
+                map_err(MAP_ROOTS, root_map.iter().collect::<Result<_, _>>())?;
+            for (key, root) in &desired {
+                match current.get(key) {
+                    Some(r) if r == root => continue,
+                    Some(_) => update.changed += 1,
+                    None => update.added += 1,
+                }
+                map_err(MAP_ROOTS, root_map.insert(key, root, 0))?;
+            }
+            for key in current.keys().filter(|k| !desired.contains_key(k)) {
+                map_err(MAP_ROOTS, remove_ok(root_map.remove(key)))?;
+                update.removed += 1;
+            }
+        }
+        {
+            let mut dev_map: BpfHashMap<&mut MapData, u64, u32> = map_err(
+                MAP_ROOT_DEVS,
+                BpfHashMap::try_from(self.map_mut(MAP_ROOT_DEVS)?),
+            )?;
+            for (dev, n) in &devs {
+                map_err(MAP_ROOT_DEVS, dev_map.insert(dev, n, 0))?;
+            }
+            let stale: Vec<u64> = map_err(MAP_ROOT_DEVS, dev_map.keys().collect())?;
+            for dev in stale.iter().filter(|d| !devs.contains_key(d)) {
+                map_err(MAP_ROOT_DEVS, remove_ok(dev_map.remove(dev)))?;
+            }
+        }
+        let indexes: BTreeSet<u32> = desired.values().map(|r| r.index).collect();
+        {
+            let mut counters: PerCpuHashMap<&mut MapData, u32, RawCounters> = map_err(
+                MAP_COUNTERS,
+                PerCpuHashMap::try_from(self.map_mut(MAP_COUNTERS)?),
+            )?;
+            let keys: Vec<u32> = map_err(MAP_COUNTERS, counters.keys().collect())?;
+            for index in keys.iter().filter(|i| !indexes.contains(i)) {
+                map_err(MAP_COUNTERS, remove_ok(counters.remove(index)))?;
+                update.pruned_counters += 1;
+            }
+        }
+        self.indexes = indexes;
+        Ok(update)
+    }
+
+    /// All counters, summed over CPUs.
+    pub fn read(&self) -> Result<GuardCounters, TelemetryError> {
+        let mut out = GuardCounters::default();
+        for index in &self.indexes {
+            out.volumes.insert(*index, Outcomes::default());
+        }
+        let counters: PerCpuHashMap<&MapData, u32, RawCounters> = map_err(
+            MAP_COUNTERS,
+            PerCpuHashMap::try_from(self.map(MAP_COUNTERS)?),
+        )?;
+        for item in counters.iter() {
+            let (index, per_cpu) = map_err(MAP_COUNTERS, item)?;
+            let sum = out.volumes.entry(index).or_default();
+            for c in per_cpu.iter() {
+                sum.allowed = sum.allowed.wrapping_add(c.allowed);
+                sum.denied = sum.denied.wrapping_add(c.denied);
+            }
+        }
+        let stats: PerCpuArray<&MapData, u64> =
+            map_err(MAP_STATS, PerCpuArray::try_from(self.map(MAP_STATS)?))?;
+        let mut sums = [0u64; N_GSTATS as usize];
+        for (i, s) in sums.iter_mut().enumerate() {
+            let per_cpu = map_err(MAP_STATS, stats.get(&(i as u32), 0))?;
+            *s = per_cpu.iter().fold(0u64, |a, v| a.wrapping_add(*v));
+        }
+        out.events_lost = sums[GSTAT_EVENTS_LOST as usize];
+        out.privileged = sums[GSTAT_PRIVILEGED as usize];
+        out.walk_limit = Outcomes {
+            allowed: sums[GSTAT_WALK_LIMIT_ALLOWED as usize],
+            denied: sums[GSTAT_WALK_LIMIT_DENIED as usize],
+        };
+        out.unreadable = sums[GSTAT_UNREADABLE as usize];
+        Ok(out)
+    }
+
+    /// The events waiting in the ring buffer, oldest first (at most
+    /// [`MAX_EVENTS_PER_DRAIN`]; never blocks).
+    pub fn drain_events(&mut self) -> Vec<GuardEvent> {
+        let mut out = Vec::new();
+        while out.len() < MAX_EVENTS_PER_DRAIN {
+            let Some(item) = self.events.next() else {
+                break;
+            };
+            if let Some(e) = GuardEvent::parse(&item) {
+                out.push(e);
+            }
+        }
+        out
+    }
+
+    fn map(&self, name: &'static str) -> Result<&Map, TelemetryError> {
+        self.ebpf
+            .map(name)
+            .ok_or(TelemetryError::MissingMap { map: name })
+    }
+
+    fn map_mut(&mut self, name: &'static str) -> Result<&mut Map, TelemetryError> {
+        self.ebpf
+            .map_mut(name)
+            .ok_or(TelemetryError::MissingMap { map: name })
+    }
+}
+
+fn too_old(program: &'static str, part: &str) -> Option<ProgramFailure> {
+    let k = KernelVersion::current().ok()?;
+    let (maj, min) = MIN_KERNEL;
+    (k < KernelVersion::new(maj, min, 0)).then(|| ProgramFailure {
+        program,
+        part: part.to_string(),
+        reason: FailureReason::KernelTooOld,
+        detail: format!("running {k}, the guard needs {maj}.{min} or later (bpf_loop)"),
+    })
+}
+
+fn load_fexit(ebpf: &mut Ebpf, btf: &Btf) -> Result<(), ProgramError> {
+    let p: &mut FExit = ebpf
+        .program_mut(DETECT_PROG)
+        .ok_or_else(|| ProgramError::InvalidName {
+            name: DETECT_PROG.to_string(),
+        })?
+        .try_into()?;
+    p.load(DETECT_FUNC, btf)?;
+    p.attach()?;
+    Ok(())
+}
+
+/// Attaches the first LSM variant that loads, or says why none runs.
+fn attach_lsm(ebpf: &mut Ebpf, btf: &Btf) -> Result<&'static str, NotEnforcing> {
+    match bpf_lsm_active() {
+        Ok((true, _)) => {}
+        Ok((false, active)) => return Err(NotEnforcing::LsmInactive { active }),
+        Err(source) => return Err(NotEnforcing::LsmUnknown { source }),
+    }
+    let mut failures = Vec::new();
+    for (prog, section) in LSM_PROGS {
+        let part = format!("{section} as {prog}");
+        if let Some(f) = too_old(LSM_HOOK, &part) {
+            return Err(NotEnforcing::Program { failures: vec![f] });
+        }
+        let r = (|| -> Result<(), ProgramError> {
+            let p: &mut Lsm = ebpf
+                .program_mut(prog)
+                .ok_or_else(|| ProgramError::InvalidName {
+                    name: prog.to_string(),
+                })?
+                .try_into()?;
+            p.load(LSM_HOOK, btf)?;
+            p.attach()?;
+            Ok(())
+        })();
+        match r {
+            Ok(()) => return Ok(section),
+            Err(e) => {
+                let (reason, detail) = classify(&e);
+                failures.push(ProgramFailure {
+                    program: LSM_HOOK,
+                    part,
+                    reason,
+                    detail,
+                });
+            }
+        }
+    }
+    Err(NotEnforcing::Program { failures })
+}
+
+fn object_error(e: EbpfError) -> LoadError {
+    let errno = errno_of(&e);
+    let hint = match errno {
+        Some(libc::EPERM | libc::EACCES) => {
+            " (not permitted: needs root or CAP_BPF; unprivileged BPF or a sandbox policy may \
+             forbid it)"
+        }
+        Some(libc::ENOSYS) => " (the kernel has no bpf(2): CONFIG_BPF_SYSCALL is off)",
+        _ => "",
+    };
+    LoadError::BpfUnavailable {
+        errno,
+        detail: format!("the quota-escape guard's object: {}{hint}", chain(&e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `#define NAME VALUE` lines of a C header.
+    fn defines(header: &str) -> HashMap<String, u64> {
+        header
+            .lines()
+            .filter_map(|l| {
+                let mut w = l.split_whitespace();
+                if w.next()? != "#define" {
+                    return None;
+                }
+                let name = w.next()?.to_string();
+                let value = w.next()?;
+                let v = if let Some(hex) = value.strip_prefix("0x") {
+                    u64::from_str_radix(hex, 16).ok()?
+                } else {
+                    value.parse().ok()?
+                };
+                Some((name, v))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn header_matches_rust() {
+        let h = defines(include_str!("bpf/guard_shared.h"));
+        let expect: [(&str, u64); 19] = [
+            ("GUARD_MAX_DEPTH", GUARD_MAX_DEPTH as u64),
+            ("GUARD_MAX_ROOTS", MAX_ROOTS as u64),
+            ("GUARD_MAX_VOLUMES", MAX_VOLUMES as u64),
+            ("GUARD_MAX_DEVS", MAX_DEVS as u64),
+            ("GUARD_EVENTS_BYTES", EVENTS_BYTES as u64),
+            ("GSTAT_EVENTS_LOST", GSTAT_EVENTS_LOST as u64),
+            ("GSTAT_PRIVILEGED", GSTAT_PRIVILEGED as u64),
+            ("GSTAT_WALK_LIMIT_ALLOWED", GSTAT_WALK_LIMIT_ALLOWED as u64),
+            ("GSTAT_WALK_LIMIT_DENIED", GSTAT_WALK_LIMIT_DENIED as u64),
+            ("GSTAT_UNREADABLE", GSTAT_UNREADABLE as u64),
+            ("N_GSTATS", N_GSTATS as u64),
+            ("GUARD_ALLOWED", GUARD_ALLOWED as u64),
+            ("GUARD_DENIED", 1),
+            ("GUARD_SRC_FILEATTR", 0),
+            ("GUARD_SRC_LSM", GUARD_SRC_LSM as u64),
+            ("GUARD_WHAT_PROJID", GUARD_WHAT_PROJID as u64),
+            ("GUARD_WHAT_NOINHERIT", GUARD_WHAT_NOINHERIT as u64),
+            ("GUARD_WHAT_UNREADABLE", GUARD_WHAT_UNREADABLE as u64),
+            ("GUARD_NO_VOLUME", GUARD_NO_VOLUME as u64),
+        ];
+        for (name, value) in expect {
+            assert_eq!(h.get(name), Some(&value), "{name} in guard_shared.h");
+        }
+        assert_eq!(std::mem::size_of::<RawRoot>(), 8);
+        assert_eq!(std::mem::size_of::<RawCounters>(), 16);
+        // Shared with the C programs and the rest of the crate.
+        assert_eq!(MAX_ROOTS, crate::raw::MAX_ROOTS);
+        assert_eq!(MAX_VOLUMES, crate::raw::MAX_VOLUMES);
+        assert_eq!(MAX_DEVS, crate::raw::MAX_DEVS);
+    }
+
+    #[test]
+    #[allow(clippy::unnecessary_cast)] // c_ulong is u64 on the 64-bit targets only
+    fn uapi_values_in_guard_c_match_libc() {
+        let c = defines(include_str!("bpf/guard.c"));
+        assert_eq!(c["FS_IOC_FSSETXATTR"], 0x401c_5820);
+        assert_eq!(c["FS_IOC_SETFLAGS"], libc::FS_IOC_SETFLAGS as u64);
+        assert_eq!(c["FS_IOC32_SETFLAGS"], libc::FS_IOC32_SETFLAGS as u64);
+        assert_eq!(c["FS_XFLAG_PROJINHERIT"], 0x200);
+        assert_eq!(c["FS_PROJINHERIT_FL"], 0x2000_0000);
+        assert_eq!(c["CAP_SYS_ADMIN"], 21, "linux/capability.h");
+        assert_eq!(c["EPERM"], libc::EPERM as u64);
+        assert_eq!(
+            (c["S_IFMT"], c["S_IFDIR"]),
+            (libc::S_IFMT as u64, libc::S_IFDIR as u64)
+        );
+    }
+
+    #[test]
+    fn event_size_matches_the_c_struct() {
+        // Sum of the fields of struct guard_event, in order, no padding.
+        let sizes = [8, 8, 8, 4, 4, 4, 4, 4, 4, 4, 4, 1, 1, 1, 1, 4, 16];
+        assert_eq!(sizes.iter().sum::<usize>(), EVENT_SIZE);
+    }
+
+    #[test]
+    fn events_parse() {
+        let mut b = vec![0u8; EVENT_SIZE];
+        b[0..8].copy_from_slice(&1234u64.to_ne_bytes());
+        b[8..16].copy_from_slice(&131u64.to_ne_bytes());
+        b[16..24].copy_from_slice(&((7u64 << 20) | 300).to_ne_bytes());
+        b[24..28].copy_from_slice(&42u32.to_ne_bytes());
+        b[28..32].copy_from_slice(&43u32.to_ne_bytes());
+        b[32..36].copy_from_slice(&1000u32.to_ne_bytes());
+        b[36..40].copy_from_slice(&7u32.to_ne_bytes());
+        b[40..44].copy_from_slice(&0u32.to_ne_bytes());
+        b[44..48].copy_from_slice(&10_000_001u32.to_ne_bytes());
+        b[48..52].copy_from_slice(&0u32.to_ne_bytes());
+        b[52..56].copy_from_slice(&(-1i32).to_ne_bytes());
+        b[56] = 1;
+        b[57] = GUARD_SRC_LSM;
+        b[58] = GUARD_WHAT_PROJID;
+        b[59] = 0;
+        b[60..64].copy_from_slice(&0x401c_5820u32.to_ne_bytes());
+        b[64..70].copy_from_slice(b"xfs_io");
+        let e = GuardEvent::parse(&b).unwrap();
+        assert_eq!(e.cgroup_id, 1234);
+        assert_eq!(e.ino, 131);
+        assert_eq!(e.st_dev, libc::makedev(7, 300));
+        assert_eq!((e.pid, e.tid, e.uid), (42, 43, 1000));
+        assert_eq!(e.index, Some(7));
+        assert_eq!((e.projid, e.volume_projid), (0, 10_000_001));
+        assert_eq!(e.errno, Some(libc::EPERM));
+        assert_eq!(e.result, Outcome::Denied);
+        assert_eq!(e.source, EventSource::Lsm);
+        assert!(e.changes_project && !e.clears_inherit && !e.unreadable && !e.privileged);
+        assert_eq!(e.comm, "xfs_io");
+        assert_eq!(e.describe(), "set project ID 0 (the volume's is 10000001)");
+        b[36..40].copy_from_slice(&GUARD_NO_VOLUME.to_ne_bytes());
+        b[56] = GUARD_ALLOWED;
+        b[52..56].copy_from_slice(&0i32.to_ne_bytes());
+        let e = GuardEvent::parse(&b).unwrap();
+        assert_eq!((e.index, e.result, e.errno), (None, Outcome::Allowed, None));
+        assert!(GuardEvent::parse(&b[..79]).is_none());
+    }
+
+    #[test]
+    fn modes_parse() {
+        assert_eq!("off".parse::<GuardMode>(), Ok(GuardMode::Off));
+        assert_eq!("Detect".parse::<GuardMode>(), Ok(GuardMode::Detect));
+        assert_eq!("enforce".parse::<GuardMode>(), Ok(GuardMode::Enforce));
+        assert!("on"
+            .parse::<GuardMode>()
+            .unwrap_err()
+            .contains("off, detect or enforce"));
+        for m in GuardMode::ALL {
+            assert_eq!(m.to_string().parse::<GuardMode>(), Ok(m));
+        }
+        assert_eq!(GuardMode::default(), GuardMode::Detect);
+        assert!(Guard::start(GuardMode::Off).unwrap().is_none());
+        assert!(Guard::load(GuardMode::Off)
+            .unwrap_err()
+            .to_string()
+            .contains("--guard=off"));
+    }
+
+    #[test]
+    fn guard_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Guard>();
+        check::<NotEnforcing>();
+    }
+
+    /// On the development host fexit and LSM programs are refused (EPERM by
+    /// sandbox policy, although BTF exists): `load` fails, not panics, and
+    /// says which program and why. Where they are allowed, it attaches.
+    #[test]
+    fn load_outcome_names_the_reason() {
+        for mode in [GuardMode::Detect, GuardMode::Enforce] {
+            match Guard::load(mode) {
+                Ok(g) => {
+                    eprintln!("{mode}: loaded: {g:?}");
+                    if mode == GuardMode::Enforce && !g.enforcing() {
+                        let why = g.not_enforcing().expect("a reason");
+                        assert!(!why.to_string().is_empty());
+                    }
+                }
+                Err(e) => {
+                    let text = e.to_string();
+                    eprintln!("{mode}: load refused ({}): {text}", e.reason());
+                    assert_ne!(e.reason(), "other", "{text}");
+                    if !std::path::Path::new(crate::KERNEL_BTF).exists() {
+                        assert_eq!(e.reason(), "no_btf");
+                        continue;
+                    }
+                    if let LoadError::NoProgram { failures } = &e {
+                        assert_eq!(failures.len(), 1, "{text}");
+                        assert!(text.contains("vfs_fileattr_set"), "{text}");
+                        assert!(text.contains(DETECT_PROG), "{text}");
+                    }
+                    if e.reason() == "permission" {
+                        assert!(text.contains("EPERM") || text.contains("EACCES"), "{text}");
+                        assert!(text.contains("permission denied"), "{text}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The maps without programs (the host allows maps): roots with their
+    /// project IDs, devices, counters, stats and an empty ring buffer.
+    #[test]
+    fn roots_counters_and_events_through_real_maps() {
+        let btf = match kernel_btf() {
+            Ok(b) => b,
+            Err(e) => return eprintln!("skipping: {e}"),
+        };
+        let mut g = match Guard::open(&btf, &LoadOptions::default(), GuardMode::Detect) {
+            Ok(g) => g,
+            Err(e) => return eprintln!("skipping: BPF maps not available here: {e}"),
+        };
+        let loop0 = libc::makedev(7, 0);
+        let nvme = libc::makedev(259, 3);
+        let u = g
+            .set_roots(&[
+                (loop0, 128, 1, 1001),
+                (loop0, 129, 2, 1002),
+                (nvme, 128, 3, 7),
+            ])
+            .unwrap();
+        assert_eq!((u.added, u.changed, u.removed), (3, 0, 0));
+        let roots = kernel_roots(&g);
+        assert_eq!(
+            roots,
+            [
+                (
+                    RootKey {
+                        dev: 7 << 20,
+                        ino: 128
+                    },
+                    RawRoot {
+                        index: 1,
+                        projid: 1001
+                    }
+                ),
+                (
+                    RootKey {
+                        dev: 7 << 20,
+                        ino: 129
+                    },
+                    RawRoot {
+                        index: 2,
+                        projid: 1002
+                    }
+                ),
+                (
+                    RootKey {
+                        dev: (259 << 20) | 3,
+                        ino: 128
+                    },
+                    RawRoot {
+                        index: 3,
+                        projid: 7
+                    }
+                ),
+            ]
+        );
+
+        let ncpu = aya::util::nr_cpus().unwrap();
+        {
+            let mut m: PerCpuHashMap<&mut MapData, u32, RawCounters> =
+                PerCpuHashMap::try_from(g.ebpf.map_mut(MAP_COUNTERS).unwrap()).unwrap();
+            let per_cpu: Vec<RawCounters> = (0..ncpu)
+                .map(|cpu| RawCounters {
+                    allowed: 1,
+                    denied: cpu as u64,
+                })
+                .collect();
+            m.insert(2, aya::maps::PerCpuValues::try_from(per_cpu).unwrap(), 0)
+                .unwrap();
+        }
+        let n = ncpu as u64;
+        let c = g.read().unwrap();
+        assert_eq!(c.volumes.keys().copied().collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(
+            c.volume(2),
+            Outcomes {
+                allowed: n,
+                denied: n * (n - 1) / 2
+            }
+        );
+        assert_eq!(c.volume(1), Outcomes::default());
+        assert_eq!(
+            (c.privileged, c.events_lost, c.walk_limit.total()),
+            (0, 0, 0)
+        );
+
+        // A project ID change is a change; index 2 goes with its counters.
+        let u = g
+            .set_roots(&[(loop0, 128, 1, 1001), (nvme, 128, 3, 8)])
+            .unwrap();
+        assert_eq!(
+            (u.added, u.changed, u.removed, u.pruned_counters),
+            (0, 1, 1, 1)
+        );
+        assert_eq!(
+            g.read()
+                .unwrap()
+                .volumes
+                .keys()
+                .copied()
+                .collect::<Vec<_>>(),
+            [1, 3]
+        );
+        assert!(g.drain_events().is_empty());
+
+        let u = g.set_roots(&[]).unwrap();
+        assert_eq!(u.removed, 2);
+        assert!(kernel_roots(&g).is_empty());
+        let devs: BpfHashMap<&MapData, u64, u32> =
+            BpfHashMap::try_from(g.ebpf.map(MAP_ROOT_DEVS).unwrap()).unwrap();
+        assert_eq!(devs.keys().count(), 0);
+    }
+
+    fn kernel_roots(g: &Guard) -> Vec<(RootKey, RawRoot)> {
+        let m: BpfHashMap<&MapData, RootKey, RawRoot> =
+            BpfHashMap::try_from(g.ebpf.map(MAP_ROOTS).unwrap()).unwrap();
+        let mut v: Vec<(RootKey, RawRoot)> = m.iter().map(Result::unwrap).collect();
+        v.sort();
+        v
+    }
+}

@@ -1,0 +1,772 @@
+//! The quota-escape guard (`prjquota_ebpf::guard`) against Debian's kernel:
+//! a file's owner, and root without CAP_SYS_ADMIN (root in a default Docker
+//! container), can move a file out of its volume's project or clear
+//! PROJINHERIT on a directory. In detect mode that goes through and is
+//! counted as allowed; in enforce mode (BPF LSM) it fails with EPERM, is
+//! counted as denied, and the volume's usage still includes the file. The
+//! plugin, other attribute changes and everything outside volume roots are
+//! left alone. On XFS and ext4.
+//!
+//! Build and run (see tests/tests/ebpf.rs):
+//!
+//! ```sh
+//! cargo test -p prjquota-vmtests --test guard --no-run
+//! vng -r /boot/vmlinuz-6.1.0-56-amd64 --disable-kvm --memory 2G --cpus 2 -- \
+//!   "PRJQUOTA_BIN_DIR=$PWD/target/debug bash tests/vm/guest-init.sh all $PWD \
+//!    '<test exe> --test-threads 1 --nocapture'" </dev/null
+//! ```
+//!
+//! The acting processes are forked children of the test: a uid switch or a
+//! capability drop, then the ioctls, then `_exit(errno)`; nothing in the
+//! child allocates. Their pids identify their events.
+
+use std::fs;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::{chown, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use prjquota::sys::{self, FsXattr, FS_XFLAG_PROJINHERIT};
+use prjquota_ebpf::guard::{
+    bpf_lsm_active, EventSource, Guard, GuardEvent, GuardMode, Outcome, Outcomes,
+};
+use prjquota_ebpf::root_of;
+use prjquota_vmtests::fixture::{fill, Fixture, FsCase, MIB};
+use prjquota_vmtests::nomad::Spec;
+use prjquota_vmtests::prom::Exporter;
+use prjquota_vmtests::{on_every_fs, scratch_dir};
+
+on_every_fs!(
+    detect_counts_escapes_as_allowed_and_the_kernel_refusals_as_denied,
+    enforce_refuses_escapes_and_the_volume_keeps_the_usage,
+    enforce_leaves_other_changes_outside_volumes_and_the_plugin_alone,
+);
+
+/// The file owner of the tests: a plain user of the host.
+const OWNER: u32 = 1000;
+/// Another user, who does not own the files.
+const STRANGER: u32 = 1001;
+const CAP_SYS_ADMIN: u32 = 21;
+const FS_IOC_GETFLAGS: libc::c_ulong = 0x8008_6601;
+const FS_IOC_SETFLAGS: libc::c_ulong = 0x4008_6602;
+const FS_PROJINHERIT_FL: i64 = 0x2000_0000;
+const FS_NODUMP_FL: i64 = 0x0000_0040;
+const FS_APPEND_FL: i64 = 0x0000_0020;
+const FS_XFLAG_NOATIME: u32 = 0x0000_0040;
+
+/// Who a forked child acts as.
+#[derive(Clone, Copy, Debug)]
+enum Who {
+    /// A plain user (no capabilities).
+    User(u32),
+    /// Root with every capability but CAP_SYS_ADMIN (effective, permitted,
+    /// inheritable and bounding set): like root in a Docker container
+    /// without user namespaces (which has CAP_FOWNER).
+    RootWithoutSysAdmin,
+    /// Root with every capability: the plugin, an administrator.
+    Root,
+}
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// In the child, after fork: become `who`. Only syscalls.
+fn become_(who: Who) -> Result<(), i32> {
+    let errno = || {
+        std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(255)
+    };
+    // SAFETY: plain syscalls on values owned by this frame; the child is
+    // single-threaded.
+    unsafe {
+        match who {
+            Who::User(uid) => {
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setresgid(uid, uid, uid) != 0
+                    || libc::setresuid(uid, uid, uid) != 0
+                {
+                    return Err(errno());
+                }
+            }
+            Who::RootWithoutSysAdmin => {
+                if libc::prctl(
+                    libc::PR_CAPBSET_DROP,
+                    CAP_SYS_ADMIN as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                ) != 0
+                {
+                    return Err(errno());
+                }
+                let mut hdr = CapHeader {
+                    version: LINUX_CAPABILITY_VERSION_3,
+                    pid: 0,
+                };
+                let mut data = [CapData::default(); 2];
+                if libc::syscall(
+                    libc::SYS_capget,
+                    &mut hdr as *mut CapHeader,
+                    data.as_mut_ptr(),
+                ) != 0
+                {
+                    return Err(errno());
+                }
+                let bit = !(1u32 << CAP_SYS_ADMIN);
+                data[0].effective &= bit;
+                data[0].permitted &= bit;
+                data[0].inheritable &= bit;
+                if libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) != 0 {
+                    return Err(errno());
+                }
+            }
+            Who::Root => {}
+        }
+    }
+    Ok(())
+}
+
+/// Runs `f` in a child as `who`; returns the child's pid and what `f`
+/// returned (`Err(errno)`).
+fn as_child(who: Who, f: impl FnOnce() -> Result<(), i32>) -> (u32, Result<(), i32>) {
+    // SAFETY: the child only makes syscalls (no allocation, no locks) and
+    // leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        let code = match become_(who).and_then(|()| f()) {
+            Ok(()) => 0,
+            Err(e) => e.clamp(1, 254),
+        };
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert_eq!(r, pid, "waitpid");
+    assert!(libc::WIFEXITED(status), "child status {status:#x}");
+    let code = libc::WEXITSTATUS(status);
+    (pid as u32, if code == 0 { Ok(()) } else { Err(code) })
+}
+
+fn open(p: &Path) -> OwnedFd {
+    fs::File::open(p)
+        .unwrap_or_else(|e| panic!("open {}: {e}", p.display()))
+        .into()
+}
+
+fn errno_of(e: std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(255)
+}
+
+/// `FS_IOC_FSGETXATTR`, change, `FS_IOC_FSSETXATTR` (what `xfs_io -c
+/// 'chproj ID'` and `chattr -p`/`-P` do with fsxattr).
+fn set_xattr(fd: &OwnedFd, change: impl FnOnce(&mut FsXattr)) -> Result<(), i32> {
+    let mut a = sys::get_fsxattr(fd.as_fd()).map_err(errno_of)?;
+    change(&mut a);
+    sys::set_fsxattr(fd.as_fd(), &a).map_err(errno_of)
+}
+
+fn chproj(fd: &OwnedFd, id: u32) -> Result<(), i32> {
+    set_xattr(fd, |a| a.projid = id)
+}
+
+fn clear_inherit_xattr(fd: &OwnedFd) -> Result<(), i32> {
+    set_xattr(fd, |a| a.xflags &= !FS_XFLAG_PROJINHERIT)
+}
+
+/// `FS_IOC_GETFLAGS`, change, `FS_IOC_SETFLAGS` (what e2fsprogs' chattr
+/// does).
+fn set_flags(fd: &OwnedFd, change: impl FnOnce(i64) -> i64) -> Result<(), i32> {
+    let mut flags: i64 = 0;
+    // SAFETY: the ioctls read and write one long (the kernel uses an int)
+    // in a live local.
+    unsafe {
+        if libc::ioctl(fd.as_raw_fd(), FS_IOC_GETFLAGS, &mut flags as *mut i64) != 0 {
+            return Err(errno_of(std::io::Error::last_os_error()));
+        }
+        let new = change(flags);
+        if libc::ioctl(fd.as_raw_fd(), FS_IOC_SETFLAGS, &new as *const i64) != 0 {
+            return Err(errno_of(std::io::Error::last_os_error()));
+        }
+    }
+    Ok(())
+}
+
+/// A volume made by the plugin, holding `data` (1 MiB) and `sub/` (with
+/// `sub/more`, 256 KiB) written by [`OWNER`], and a guard watching it as
+/// volume index 1.
+struct Volume {
+    f: Fixture,
+    spec: Spec,
+    path: PathBuf,
+    projid: u32,
+}
+
+impl Volume {
+    fn new(fs: &FsCase, tag: &str) -> Volume {
+        let f = fs.fixture(tag);
+        let owner = OWNER.to_string();
+        let spec = Spec::new(tag, 64 * MIB as i64)
+            .param("uid", &owner)
+            .param("gid", &owner);
+        let (path, _) = f.create(&spec);
+        let projid = f.project_id(&spec.id);
+        assert_eq!(fill(&path.join("data"), MIB, Some(OWNER)).errno, None);
+        let sub = path.join("sub");
+        fs::create_dir(&sub).unwrap();
+        chown(&sub, Some(OWNER), Some(OWNER)).unwrap();
+        assert_eq!(fill(&sub.join("more"), MIB / 4, Some(OWNER)).errno, None);
+        assert_eq!(Fixture::project_of(&path.join("data")), (projid, false));
+        assert_eq!(Fixture::project_of(&sub), (projid, true));
+        Volume {
+            f,
+            spec,
+            path,
+            projid,
+        }
+    }
+
+    fn root(&self, index: u32) -> (u64, u64, u32, u32) {
+        let (dev, ino) = root_of(&self.path).unwrap();
+        (dev, ino, index, self.projid)
+    }
+
+    fn used(&self) -> u64 {
+        self.f.quota(self.projid).used_bytes
+    }
+}
+
+fn load(mode: GuardMode) -> Guard {
+    let g = Guard::load(mode).unwrap_or_else(|e| panic!("Guard::load({mode}): {e}"));
+    if mode == GuardMode::Enforce {
+        assert!(
+            g.enforcing(),
+            "the VM's kernel has the BPF LSM: {:?}",
+            g.not_enforcing().map(|w| w.to_string())
+        );
+    }
+    g
+}
+
+/// The events of one child.
+fn of(events: &[GuardEvent], pid: u32) -> Vec<GuardEvent> {
+    events.iter().filter(|e| e.pid == pid).cloned().collect()
+}
+
+fn counted(allowed: u64, denied: u64) -> Outcomes {
+    Outcomes { allowed, denied }
+}
+
+// ---- detect
+
+fn detect_counts_escapes_as_allowed_and_the_kernel_refusals_as_denied(fs: &FsCase) {
+    let v = Volume::new(fs, "guard-detect");
+    let mut g = load(GuardMode::Detect);
+    assert!(!g.enforcing());
+    assert_eq!(g.mode(), GuardMode::Detect);
+    g.set_roots(&[v.root(1)]).unwrap();
+    let before = g.read().unwrap();
+    assert_eq!(before.volume(1), counted(0, 0));
+    let used = v.used();
+    assert!(used >= MIB + MIB / 4, "{used}");
+
+    // The owner moves its file out of the project: it works (the escape
+    // the guard exists for), and the volume stops paying for it.
+    let data = open(&v.path.join("data"));
+    let (owner_pid, r) = as_child(Who::User(OWNER), || chproj(&data, 0));
+    assert_eq!(r, Ok(()), "detect mode refuses nothing");
+    assert_eq!(Fixture::project_of(&v.path.join("data")).0, 0);
+    let after = v.used();
+    eprintln!("{}: usage {used} -> {after} after chproj 0", fs.name);
+    assert!(
+        after + MIB <= used,
+        "the file left the project: {used} -> {after}"
+    );
+
+    // Root without CAP_SYS_ADMIN clears PROJINHERIT on a directory it does
+    // not own (CAP_FOWNER), through fsxattr and through SETFLAGS.
+    let sub = open(&v.path.join("sub"));
+    let (root_pid, r) = as_child(Who::RootWithoutSysAdmin, || clear_inherit_xattr(&sub));
+    assert_eq!(r, Ok(()));
+    assert_eq!(Fixture::project_of(&v.path.join("sub")), (v.projid, false));
+    // Back (restoring the volume's state is no attempt), then chattr -P.
+    set_xattr(&sub, |a| a.xflags |= FS_XFLAG_PROJINHERIT).unwrap();
+    let (flags_pid, r) = as_child(Who::RootWithoutSysAdmin, || {
+        set_flags(&sub, |f| f & !FS_PROJINHERIT_FL)
+    });
+    assert_eq!(r, Ok(()));
+    assert_eq!(Fixture::project_of(&v.path.join("sub")), (v.projid, false));
+
+    // Someone who does not own the file: the kernel says EPERM, counted as
+    // denied.
+    let more = open(&v.path.join("sub/more"));
+    let (stranger_pid, r) = as_child(Who::User(STRANGER), || chproj(&more, 0));
+    assert_eq!(r, Err(libc::EPERM));
+
+    let c = g.read().unwrap();
+    assert_eq!(c.volume(1).since(&before.volume(1)), counted(3, 1), "{c:?}");
+    assert_eq!(
+        c.privileged, before.privileged,
+        "restoring PROJINHERIT is no attempt"
+    );
+    assert_eq!(c.events_lost, 0);
+
+    let events = g.drain_events();
+    for e in &events {
+        eprintln!("{}: event {e:?}", fs.name);
+    }
+    let e = of(&events, owner_pid);
+    assert_eq!(e.len(), 1, "{events:?}");
+    let e = &e[0];
+    assert_eq!(
+        (e.index, e.result, e.source, e.uid, e.privileged),
+        (
+            Some(1),
+            Outcome::Allowed,
+            EventSource::Fileattr,
+            OWNER,
+            false
+        )
+    );
+    assert!(e.changes_project && !e.clears_inherit, "{e:?}");
+    assert_eq!((e.projid, e.volume_projid, e.errno), (0, v.projid, None));
+    assert_eq!(e.ino, fs::metadata(v.path.join("data")).unwrap().ino());
+    assert_eq!(e.st_dev, fs::metadata(&v.path).unwrap().dev());
+    assert_ne!(e.cgroup_id, 0);
+    assert!(!e.comm.is_empty());
+    for pid in [root_pid, flags_pid] {
+        let e = of(&events, pid);
+        assert_eq!(e.len(), 1, "{events:?}");
+        assert!(e[0].clears_inherit && !e[0].changes_project, "{:?}", e[0]);
+        assert_eq!(
+            (e[0].result, e[0].uid, e[0].privileged),
+            (Outcome::Allowed, 0, false)
+        );
+    }
+    let e = of(&events, stranger_pid);
+    assert_eq!(e.len(), 1, "{events:?}");
+    assert_eq!(
+        (e[0].result, e[0].errno),
+        (Outcome::Denied, Some(libc::EPERM))
+    );
+    assert_eq!(events.len(), 4, "{events:?}");
+    assert!(g.drain_events().is_empty());
+}
+
+// ---- enforce
+
+fn enforce_refuses_escapes_and_the_volume_keeps_the_usage(fs: &FsCase) {
+    let v = Volume::new(fs, "guard-enforce");
+    // A file 40 directories down (deeper than the write telemetry walks).
+    let mut deep = v.path.clone();
+    for i in 0..40 {
+        deep.push(format!("d{i}"));
+    }
+    fs::create_dir_all(&deep).unwrap();
+    let deep_file = deep.join("f");
+    fs::write(&deep_file, b"deep").unwrap();
+    chown(&deep_file, Some(OWNER), Some(OWNER)).unwrap();
+
+    let mut g = load(GuardMode::Enforce);
+    eprintln!(
+        "{}: enforcing with {:?}",
+        fs.name,
+        g.lsm_program().expect("an LSM program")
+    );
+    assert_eq!(g.mode(), GuardMode::Enforce);
+    g.set_roots(&[v.root(1)]).unwrap();
+    let used = v.used();
+
+    let data = open(&v.path.join("data"));
+    let sub = open(&v.path.join("sub"));
+    let root = open(&v.path);
+    let deep_fd = open(&deep_file);
+    let mut refused: Vec<(&str, u32)> = Vec::new();
+    for (what, who, fd, act) in [
+        ("owner: chproj 0", Who::User(OWNER), &data, 0),
+        (
+            "owner: chproj 0 on its directory",
+            Who::User(OWNER),
+            &sub,
+            0,
+        ),
+        ("owner: chproj 0 at depth 40", Who::User(OWNER), &deep_fd, 0),
+        (
+            "root w/o CAP_SYS_ADMIN: chproj 0",
+            Who::RootWithoutSysAdmin,
+            &data,
+            0,
+        ),
+        (
+            "root w/o CAP_SYS_ADMIN: chproj 4242",
+            Who::RootWithoutSysAdmin,
+            &data,
+            1,
+        ),
+        (
+            "root w/o CAP_SYS_ADMIN: clear PROJINHERIT (fsxattr)",
+            Who::RootWithoutSysAdmin,
+            &sub,
+            2,
+        ),
+        (
+            "root w/o CAP_SYS_ADMIN: chattr -P (SETFLAGS)",
+            Who::RootWithoutSysAdmin,
+            &sub,
+            3,
+        ),
+        (
+            "owner: chattr -P on the volume root (SETFLAGS)",
+            Who::User(OWNER),
+            &root,
+            3,
+        ),
+        (
+            "owner: clear PROJINHERIT on the volume root (fsxattr)",
+            Who::User(OWNER),
+            &root,
+            2,
+        ),
+    ] {
+        let (pid, r) = as_child(who, || match act {
+            0 => chproj(fd, 0),
+            1 => chproj(fd, 4242),
+            2 => clear_inherit_xattr(fd),
+            _ => set_flags(fd, |f| f & !FS_PROJINHERIT_FL),
+        });
+        eprintln!("{}: {what}: {r:?}", fs.name);
+        assert_eq!(r, Err(libc::EPERM), "{what}");
+        refused.push((what, pid));
+    }
+    // Nothing moved; the volume still pays for its files.
+    assert_eq!(Fixture::project_of(&v.path.join("data")), (v.projid, false));
+    assert_eq!(Fixture::project_of(&v.path.join("sub")), (v.projid, true));
+    assert_eq!(Fixture::project_of(&v.path), (v.projid, true));
+    assert_eq!(Fixture::project_of(&deep_file).0, v.projid);
+    assert_eq!(v.used(), used);
+    assert!(used >= MIB + MIB / 4, "{used}");
+
+    // An owner setting what is already there (the volume's project ID,
+    // PROJINHERIT kept) is no attempt.
+    let (_, r) = as_child(Who::User(OWNER), || chproj(&data, v.projid));
+    assert_eq!(r, Ok(()));
+
+    let c = g.read().unwrap();
+    assert_eq!(c.volume(1), counted(0, refused.len() as u64), "{c:?}");
+    assert_eq!(
+        (c.walk_limit.total(), c.unreadable, c.events_lost),
+        (0, 0, 0)
+    );
+    let events = g.drain_events();
+    for (what, pid) in &refused {
+        let e = of(&events, *pid);
+        assert_eq!(e.len(), 1, "{what}: {events:?}");
+        let e = &e[0];
+        eprintln!("{}: {what}: {e:?}", fs.name);
+        assert_eq!(
+            (e.index, e.result, e.source, e.errno, e.privileged),
+            (
+                Some(1),
+                Outcome::Denied,
+                EventSource::Lsm,
+                Some(libc::EPERM),
+                false
+            ),
+            "{what}"
+        );
+        assert!(e.changes_project || e.clears_inherit, "{what}");
+    }
+    assert_eq!(events.len(), refused.len(), "{events:?}");
+
+    // The same with the usual tool, where it is at home: `xfs_io -c chproj`
+    // as the owner, named in the event.
+    if fs.name == "xfs" {
+        let out = Command::new("setpriv")
+            .args([
+                "--reuid=1000",
+                "--regid=1000",
+                "--clear-groups",
+                "xfs_io",
+                "-c",
+                "chproj 0",
+            ])
+            .arg(v.path.join("data"))
+            .output()
+            .expect("setpriv xfs_io");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        eprintln!("xfs: xfs_io chproj 0 as the owner: {stderr}");
+        assert!(stderr.contains("Operation not permitted"), "{stderr}");
+        let events = g.drain_events();
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!((events[0].comm.as_str(), events[0].uid), ("xfs_io", OWNER));
+        refused.push(("xfs_io chproj 0", events[0].pid));
+        assert_eq!(
+            g.read().unwrap().volume(1),
+            counted(0, refused.len() as u64)
+        );
+        assert_eq!(v.used(), used);
+    }
+
+    // The plugin (and anyone with CAP_SYS_ADMIN) may: this process, as a
+    // forked root child and in place, moves a file out and back.
+    let (pid, r) = as_child(Who::Root, || chproj(&data, 0));
+    assert_eq!(r, Ok(()));
+    assert_eq!(Fixture::project_of(&v.path.join("data")).0, 0);
+    chproj(&data, v.projid).unwrap();
+    assert_eq!(v.used(), used);
+    let c = g.read().unwrap();
+    assert_eq!(c.volume(1), counted(0, refused.len() as u64));
+    assert_eq!(c.privileged, 1, "{c:?}");
+    let events = g.drain_events();
+    let e = of(&events, pid);
+    assert_eq!(e.len(), 1, "{events:?}");
+    assert!(
+        e[0].privileged && e[0].result == Outcome::Allowed,
+        "{:?}",
+        e[0]
+    );
+    assert_eq!(
+        events.len(),
+        1,
+        "restoring the volume's ID is no attempt: {events:?}"
+    );
+}
+
+fn enforce_leaves_other_changes_outside_volumes_and_the_plugin_alone(fs: &FsCase) {
+    let v = Volume::new(fs, "guard-others");
+    let mut g = load(GuardMode::Enforce);
+    g.set_roots(&[v.root(1)]).unwrap();
+
+    // Other attributes inside the volume: the owner sets nodump on its file
+    // and its directory (SETFLAGS keeps PROJINHERIT, fsxattr keeps the
+    // project ID); root without CAP_SYS_ADMIN (it keeps
+    // CAP_LINUX_IMMUTABLE) makes a file append-only and back.
+    let data = open(&v.path.join("data"));
+    let sub = open(&v.path.join("sub"));
+    let steps: [(&str, Who, &OwnedFd, u8); 5] = [
+        (
+            "owner: chattr +d file (SETFLAGS)",
+            Who::User(OWNER),
+            &data,
+            0,
+        ),
+        ("owner: chattr +d dir (SETFLAGS)", Who::User(OWNER), &sub, 0),
+        (
+            "owner: noatime through fsxattr on its dir",
+            Who::User(OWNER),
+            &sub,
+            1,
+        ),
+        (
+            "root w/o CAP_SYS_ADMIN: chattr +a",
+            Who::RootWithoutSysAdmin,
+            &data,
+            2,
+        ),
+        (
+            "root w/o CAP_SYS_ADMIN: chattr -a",
+            Who::RootWithoutSysAdmin,
+            &data,
+            3,
+        ),
+    ];
+    for (what, who, fd, act) in steps {
+        let (_, r) = as_child(who, || match act {
+            0 => set_flags(fd, |f| f | FS_NODUMP_FL),
+            1 => set_xattr(fd, |a| a.xflags |= FS_XFLAG_NOATIME),
+            2 => set_flags(fd, |f| f | FS_APPEND_FL),
+            _ => set_flags(fd, |f| f & !FS_APPEND_FL),
+        });
+        eprintln!("{}: {what}: {r:?}", fs.name);
+        assert_eq!(r, Ok(()), "{what}");
+    }
+    assert_eq!(Fixture::project_of(&v.path.join("sub")), (v.projid, true));
+    let out = Command::new("lsattr")
+        .arg("-d")
+        .arg(v.path.join("sub"))
+        .output()
+        .unwrap();
+    eprintln!(
+        "{}: lsattr: {}",
+        fs.name,
+        String::from_utf8_lossy(&out.stdout).trim()
+    );
+
+    // Outside every volume root, on the same filesystem: an owner's project
+    // change is none of the guard's business.
+    let outside = scratch_dir(&(fs.mount)(), &format!("{}-guard-outside", fs.name));
+    let file = outside.join("f");
+    fs::write(&file, b"outside").unwrap();
+    chown(&file, Some(OWNER), Some(OWNER)).unwrap();
+    let fd = open(&file);
+    chproj(&fd, 4242).unwrap();
+    let (_, r) = as_child(Who::User(OWNER), || chproj(&fd, 0));
+    assert_eq!(r, Ok(()), "outside the volumes");
+    assert_eq!(Fixture::project_of(&file).0, 0);
+
+    // The plugin, enforcing: create, resize and delete volumes, the guard
+    // watching the new one too.
+    let other = Spec::new("guard-plugin", 16 * MIB as i64);
+    let (path2, _) = v.f.create(&other);
+    let projid2 = v.f.project_id(&other.id);
+    let (dev2, ino2) = root_of(&path2).unwrap();
+    g.set_roots(&[v.root(1), (dev2, ino2, 2, projid2)]).unwrap();
+    let mut grown = other.clone();
+    grown.max = 32 * MIB as i64;
+    let (p, bytes) = v.f.create(&grown);
+    assert_eq!((p, bytes), (path2.clone(), 32 * MIB as i64));
+    assert_eq!(Fixture::project_of(&path2), (projid2, true));
+    v.f.node.delete(&grown).ok();
+    assert!(!path2.exists());
+    v.f.node.delete(&v.spec).ok();
+    assert!(!v.path.exists());
+
+    let c = g.read().unwrap();
+    assert_eq!(
+        (c.volume(1), c.volume(2)),
+        (counted(0, 0), counted(0, 0)),
+        "{c:?}"
+    );
+    assert_eq!(c.walk_limit.total(), 0);
+    let events = g.drain_events();
+    assert!(
+        events.iter().all(|e| e.privileged),
+        "only privileged changes, if any: {events:?}"
+    );
+}
+
+// ---- single tests
+
+/// The kernel facts the guard relies on, and both modes loading.
+#[test]
+fn guard_loads_in_both_modes_and_says_so() {
+    let (active, list) = bpf_lsm_active().expect("/sys/kernel/security/lsm");
+    eprintln!("active LSMs: {list}");
+    assert!(active, "Debian's kernel runs the BPF LSM: {list}");
+
+    let g = load(GuardMode::Detect);
+    assert_eq!(
+        (g.mode(), g.enforcing(), g.lsm_program()),
+        (GuardMode::Detect, false, None)
+    );
+    assert!(g.not_enforcing().is_none(), "detect was asked for");
+    drop(g);
+
+    let g = load(GuardMode::Enforce);
+    eprintln!("enforce: {g:?}");
+    assert_eq!(g.requested_mode(), GuardMode::Enforce);
+    assert_eq!(
+        g.lsm_program(),
+        Some("lsm.s/file_ioctl"),
+        "the sleepable variant loads on 6.1"
+    );
+    assert!(g.not_enforcing().is_none());
+    let c = g.read().unwrap();
+    assert!(c.volumes.is_empty());
+}
+
+/// Two guards at once (two exporters, or a test beside a running
+/// exporter): each counts its own roots.
+#[test]
+fn two_guards_count_their_own_volumes() {
+    let v = Volume::new(&prjquota_vmtests::fixture::XFS, "guard-two");
+    let mut a = load(GuardMode::Enforce);
+    let mut b = load(GuardMode::Detect);
+    a.set_roots(&[v.root(5)]).unwrap();
+    let data = open(&v.path.join("data"));
+    let (_, r) = as_child(Who::User(OWNER), || chproj(&data, 0));
+    assert_eq!(r, Err(libc::EPERM));
+    assert_eq!(a.read().unwrap().volume(5), counted(0, 1));
+    assert_eq!(b.read().unwrap().volume(5), counted(0, 0), "b has no roots");
+    assert!(b.drain_events().is_empty());
+    b.set_roots(&[v.root(9)]).unwrap();
+    let (_, r) = as_child(Who::User(OWNER), || chproj(&data, 0));
+    assert_eq!(r, Err(libc::EPERM), "a still enforces");
+    assert_eq!(a.read().unwrap().volume(5), counted(0, 2));
+    // b's fexit never runs: the LSM refused before vfs_fileattr_set.
+    assert_eq!(b.read().unwrap().volume(9), counted(0, 0));
+    drop(a);
+    let (_, r) = as_child(Who::User(OWNER), || chproj(&data, 0));
+    assert_eq!(r, Ok(()), "no guard enforcing any more");
+    assert_eq!(b.read().unwrap().volume(9), counted(1, 0));
+}
+
+/// The real exporter with `--guard=enforce`: the attempt is refused,
+/// counted for its volume, and logged with the process that made it.
+///
+/// Ignored until `exporter/src/collector/guard.rs` is registered in the
+/// exporter (its `--guard` flag); then drop the `ignore`.
+#[test]
+#[ignore = "needs the guard collector registered in prjquota-exporter (--guard)"]
+fn the_exporter_counts_refuses_and_logs_attempts() {
+    const ATTEMPTS: &str = "nomad_host_volume_projid_change_attempts_total";
+    let v = Volume::new(&prjquota_vmtests::fixture::XFS, "guard-exporter");
+    let exp = Exporter::start_with(&[&v.f.node.volumes_dir], &["--guard=enforce", "--ebpf=off"]);
+    let labels = |result| {
+        [
+            ("namespace", v.spec.namespace.as_str()),
+            ("node_pool", "default"),
+            ("volume_id", v.spec.id.as_str()),
+            ("result", result),
+        ]
+    };
+    let start = std::time::Instant::now();
+    let e = loop {
+        let e = exp.scrape();
+        if e.get(ATTEMPTS, &labels("denied")).is_some() {
+            break e;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(180),
+            "no guard counters after 180s:\n{}\n{}",
+            e.text,
+            exp.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    assert_eq!(
+        e.value("prjquota_exporter_guard_enforcing", &[]),
+        1.0,
+        "{}",
+        exp.log()
+    );
+    assert_eq!(
+        e.value("prjquota_exporter_guard_mode", &[("mode", "enforce")]),
+        1.0
+    );
+    assert_eq!(e.value(ATTEMPTS, &labels("allowed")), 0.0);
+    assert_eq!(e.value(ATTEMPTS, &labels("denied")), 0.0);
+
+    let data = open(&v.path.join("data"));
+    let (pid, r) = as_child(Who::User(OWNER), || chproj(&data, 0));
+    assert_eq!(r, Err(libc::EPERM));
+    let e = exp.scrape();
+    assert_eq!(e.value(ATTEMPTS, &labels("denied")), 1.0, "{}", e.text);
+    assert_eq!(e.value(ATTEMPTS, &labels("allowed")), 0.0);
+    let log = exp.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("quota escape attempt refused") && l.contains(&format!("pid={pid} ")))
+        .unwrap_or_else(|| panic!("no log line for pid {pid}:\n{log}"));
+    eprintln!("exporter: {line}");
+    assert!(
+        line.contains(&v.spec.id) && line.contains("uid=1000"),
+        "{line}"
+    );
+}
