@@ -324,11 +324,17 @@ impl Exporter {
     /// Starts `prjquota-exporter --volumes-dir D…` on 127.0.0.1 with a port
     /// the kernel picks, and returns once it listens.
     pub fn start(volumes_dirs: &[&Path]) -> Exporter {
+        Self::start_with(volumes_dirs, &[])
+    }
+
+    /// [`Exporter::start`] with further flags (e.g. `--ebpf=required`).
+    pub fn start_with(volumes_dirs: &[&Path], args: &[&str]) -> Exporter {
         ensure_loopback();
         let mut cmd = Command::new(crate::bin("prjquota-exporter"));
         for d in volumes_dirs {
             cmd.arg("--volumes-dir").arg(d);
         }
+        cmd.args(args);
         cmd.args([
             "--web.listen-address",
             "127.0.0.1:0",

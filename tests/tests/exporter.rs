@@ -945,7 +945,9 @@ fn scale(counts: &[usize]) {
     }
 }
 
+/// A measurement, not a behaviour: `cargo xtask bench` runs it.
 #[test]
+#[ignore = "a measurement: run by `cargo xtask bench`"]
 fn scrape_cost_at_100_and_1000_volumes() {
     scale(&[100, 1000]);
 }

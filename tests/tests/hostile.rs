@@ -33,7 +33,10 @@ fn a_volume_root_replaced_by_a_symlink_is_unlinked_not_followed(fs: &FsCase) {
     std::fs::remove_dir(&path).unwrap();
     symlink(outside.join("dir"), &path).unwrap();
     f.node.delete(&spec).ok();
-    assert!(std::fs::symlink_metadata(&path).is_err(), "the link itself is gone");
+    assert!(
+        std::fs::symlink_metadata(&path).is_err(),
+        "the link itself is gone"
+    );
     assert_eq!(std::fs::read(outside.join("dir/keep")).unwrap(), b"keep");
     assert!(f.record(&spec.id).is_none());
 }
@@ -56,7 +59,10 @@ fn a_tree_ten_thousand_levels_deep_is_deleted(fs: &FsCase) {
     drop(dir);
     let out = f.node.delete(&spec);
     out.ok();
-    eprintln!("MEASURE delete_10000_levels_seconds {:.3}", out.elapsed.as_secs_f64());
+    eprintln!(
+        "MEASURE delete_10000_levels_seconds {:.3}",
+        out.elapsed.as_secs_f64()
+    );
     assert!(!path.exists());
     assert!(f.quota(pid).is_unused(), "every inode of the tree is gone");
 }

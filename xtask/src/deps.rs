@@ -12,14 +12,20 @@ use crate::{is_executable, which};
 /// Debian packages, and why.
 const APT_PACKAGES: &[(&str, &str)] = &[
     ("qemu-system-x86", "the VM (vng runs qemu-system-x86_64)"),
-    ("linux-image-amd64", "the kernel booted in the VM, with XFS/ext4 quota support"),
+    (
+        "linux-image-amd64",
+        "the kernel booted in the VM, with XFS/ext4 quota support",
+    ),
     ("busybox-static", "vng's initramfs"),
     ("kmod", "modprobe/depmod, for vng and in the guest"),
     ("xfsprogs", "mkfs.xfs, xfs_quota, xfs_io"),
     ("e2fsprogs", "mkfs.ext4"),
     ("clang", "compiles the eBPF programs"),
     ("llvm", "llvm-strip/llvm-objdump for the eBPF programs"),
-    ("libbpf-dev", "bpf_helpers.h and friends for the eBPF programs"),
+    (
+        "libbpf-dev",
+        "bpf_helpers.h and friends for the eBPF programs",
+    ),
     ("bpftool", "vmlinux.h and inspecting loaded programs"),
     ("prometheus", "promtool, to check the alert rules"),
     ("fio", "write load in tests and benchmarks"),
@@ -142,7 +148,11 @@ fn missing_apt_packages() -> Result<Vec<&'static str>> {
 fn apt_install(pkgs: &[&str]) -> Result<()> {
     let mut update = Command::new("apt-get");
     update.args(["update", "-q"]);
-    quiet(&mut update)?;
+    // A source that cannot be reached fails the update; the lists of the
+    // others may still be enough: say so and try the install anyway.
+    if let Err(e) = quiet(&mut update) {
+        println!("warning     apt-get update: {e:#}");
+    }
     let mut install = Command::new("apt-get");
     install
         .env("DEBIAN_FRONTEND", "noninteractive")

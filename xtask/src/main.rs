@@ -5,8 +5,8 @@
 //! - `test`  fmt, clippy, host tests, then the real-kernel tests in one VM boot.
 //! - `demo`  shows a project quota being enforced, in the VM.
 
-mod deps;
 mod demo;
+mod deps;
 mod test;
 mod vm;
 
@@ -36,6 +36,7 @@ commands:
 environment:
   PRJQUOTA_VM_KERNEL         kernel image to boot (default: newest /boot/vmlinuz-*-amd64, not -cloud-)
   PRJQUOTA_VM_TIMEOUT        seconds before the VM is killed (default 3600)
+  PRJQUOTA_VM_VERBOSE=1      pass --verbose to vng (kernel console, for boot failures)
   PRJQUOTA_VNG               the vng executable (default: from PATH or python3's scripts dir)";
 
 fn main() -> ExitCode {
@@ -105,7 +106,13 @@ pub fn header(title: &str) {
 
 /// The command line of `cmd`, for messages.
 pub fn display(cmd: &Command) -> String {
-    std::iter::once(cmd.get_program())
+    let program = cmd.get_program();
+    let program = if std::env::var_os("CARGO").is_some_and(|c| c == program) {
+        OsStr::new("cargo")
+    } else {
+        program
+    };
+    std::iter::once(program)
         .chain(cmd.get_args())
         .map(|a| shell_quote(&a.to_string_lossy()))
         .collect::<Vec<_>>()
@@ -145,7 +152,10 @@ pub fn run_tee(cmd: &mut Command, timeout: Option<Duration>) -> Result<Tee> {
     let watchdog = timeout.map(|timeout| {
         std::thread::spawn(move || {
             if done_rx.recv_timeout(timeout) == Err(RecvTimeoutError::Timeout) {
-                eprintln!("xtask: timed out after {}s: killing pid {pid} and its children", timeout.as_secs());
+                eprintln!(
+                    "xtask: timed out after {}s: killing pid {pid} and its children",
+                    timeout.as_secs()
+                );
                 kill_tree(pid);
                 true
             } else {
@@ -162,7 +172,11 @@ pub fn run_tee(cmd: &mut Command, timeout: Option<Duration>) -> Result<Tee> {
     let _ = t_out.join();
     let _ = t_err.join();
     let lines = std::mem::take(&mut *lines.lock().unwrap());
-    Ok(Tee { status, lines, timed_out })
+    Ok(Tee {
+        status,
+        lines,
+        timed_out,
+    })
 }
 
 /// SIGKILLs `pid` and every process descending from it (found through /proc).
@@ -170,7 +184,11 @@ fn kill_tree(pid: u32) {
     let mut parents: Vec<(u32, u32)> = Vec::new();
     if let Ok(dir) = std::fs::read_dir("/proc") {
         for entry in dir.flatten() {
-            let Some(p) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            let Some(p) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
                 continue;
             };
             // /proc/PID/stat: "pid (comm) state ppid ...", comm may hold spaces.
@@ -190,7 +208,12 @@ fn kill_tree(pid: u32) {
     let mut i = 0;
     while i < tree.len() {
         let parent = tree[i];
-        tree.extend(parents.iter().filter(|(_, pp)| *pp == parent).map(|(p, _)| *p));
+        tree.extend(
+            parents
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
         i += 1;
     }
     let _ = Command::new("kill")
@@ -315,10 +338,16 @@ mod tests {
             .map(|s| s.to_string())
             .collect();
         let mut i = 0;
-        assert_eq!(take_value(&args, &mut i, "--fs").unwrap().as_deref(), Some("ext4"));
+        assert_eq!(
+            take_value(&args, &mut i, "--fs").unwrap().as_deref(),
+            Some("ext4")
+        );
         assert_eq!(i, 1);
         i = 2;
-        assert_eq!(take_value(&args, &mut i, "--memory").unwrap().as_deref(), Some("3G"));
+        assert_eq!(
+            take_value(&args, &mut i, "--memory").unwrap().as_deref(),
+            Some("3G")
+        );
         i = 3;
         assert_eq!(take_value(&args, &mut i, "--fs").unwrap(), None);
     }

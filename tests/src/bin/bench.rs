@@ -1,0 +1,329 @@
+//! `bench --device DEV --plugin-dir DIR --out FILE [--quick]`: the plugin
+//! comparisons of `cargo xtask bench`, run inside the VM.
+//!
+//! Every comparison runs its contenders side by side in this one boot,
+//! interleaved sample by sample, and reports ratios: the guest CPU is
+//! emulated, so absolute times mean little and ratios hold. Each plugin is
+//! run exactly as Nomad runs it (cleared environment, `DHV_*` in Nomad's
+//! order). Contenders:
+//!
+//! - `prjquota` (release build);
+//! - `mkdir`: what Nomad's built-in plugin does, as an executable;
+//! - `image`: a loopback-image plugin as in Nomad's plugin guide (`dd` a
+//!   zeroed image of the full size, `mkfs.ext4`, loop-mount).
+//!
+//! DEV is a block device of its own (the VM's attached disk): it is made an
+//! XFS mounted with prjquota, so the image plugin's 16 GiB files land on a
+//! disk rather than in guest memory.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use prjquota_vmtests::nomad::{Node, Spec};
+
+const MIB: i64 = 1 << 20;
+const GIB: i64 = 1 << 30;
+
+struct Args {
+    device: String,
+    plugin_dir: PathBuf,
+    out: PathBuf,
+    quick: bool,
+}
+
+fn args() -> Args {
+    let mut a = std::env::args().skip(1);
+    let (mut device, mut plugin_dir, mut out, mut quick) = (None, None, None, false);
+    while let Some(x) = a.next() {
+        match x.as_str() {
+            "--device" => device = a.next(),
+            "--plugin-dir" => plugin_dir = a.next().map(PathBuf::from),
+            "--out" => out = a.next().map(PathBuf::from),
+            "--quick" => quick = true,
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    Args {
+        device: device.expect("--device"),
+        plugin_dir: plugin_dir
+            .expect("--plugin-dir (holds prjquota, mkdir-plugin, image-plugin.sh)"),
+        out: out.expect("--out"),
+        quick,
+    }
+}
+
+fn sh(cmd: &str) {
+    let st = Command::new("bash")
+        .arg("-c")
+        .arg(cmd)
+        .status()
+        .expect("bash");
+    assert!(st.success(), "{cmd} failed");
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn p95(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() as f64 * 0.95).ceil() as usize).clamp(1, v.len()) - 1]
+}
+
+fn ms(d: f64) -> String {
+    if d >= 1.0 {
+        format!("{d:.2} s")
+    } else {
+        format!("{:.1} ms", d * 1000.0)
+    }
+}
+
+/// One contender: a node whose plugin is the given executable.
+fn node(mount: &Path, plugins: &Path, name: &str, file: &str) -> Node {
+    let dir = plugins.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join(name);
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(plugins.join(file), &link).unwrap();
+    let volumes = mount.join(format!("volumes-{name}"));
+    Node::new(link, volumes, dir)
+}
+
+fn timed_create(n: &Node, spec: &Spec) -> f64 {
+    let out = n.create(spec);
+    out.created();
+    out.elapsed.as_secs_f64()
+}
+
+struct Report {
+    lines: Vec<String>,
+}
+
+impl Report {
+    fn measure(&mut self, name: &str, value: f64) {
+        println!("MEASURE {name} {value:.6}");
+    }
+    fn row(&mut self, cells: &[String]) {
+        self.lines.push(format!("| {} |", cells.join(" | ")));
+    }
+}
+
+fn main() {
+    let a = args();
+    let mount = PathBuf::from("/tmp/bench-xfs");
+    sh(&format!(
+        "mkfs.xfs -q -f {d} && mkdir -p {m} && mount -o prjquota {d} {m}",
+        d = a.device,
+        m = mount.display()
+    ));
+    let (free, _) = statvfs(&mount);
+    let mut r = Report { lines: Vec::new() };
+    let contenders = [
+        node(&mount, &a.plugin_dir, "prjquota", "prjquota"),
+        node(&mount, &a.plugin_dir, "mkdir", "mkdir-plugin"),
+        node(&mount, &a.plugin_dir, "image", "image-plugin.sh"),
+    ];
+    let names = ["prjquota", "mkdir", "image"];
+
+    // 1. Create latency against capacity.
+    r.lines.push("## Create latency against capacity".into());
+    r.lines.push(String::new());
+    r.row(&[
+        "capacity".into(),
+        "prjquota median (p95)".into(),
+        "mkdir median (p95)".into(),
+        "image median (p95)".into(),
+        "prjquota / mkdir".into(),
+        "image / prjquota".into(),
+    ]);
+    r.row(&vec!["---".to_string(); 6]);
+    for (cap, label) in [(64 * MIB, "64 MiB"), (GIB, "1 GiB"), (16 * GIB, "16 GiB")] {
+        let samples = if a.quick { 3 } else { 15 };
+        let image_samples = match cap {
+            c if c >= 16 * GIB => {
+                if a.quick {
+                    1
+                } else {
+                    2
+                }
+            }
+            c if c >= GIB => {
+                if a.quick {
+                    1
+                } else {
+                    3
+                }
+            }
+            _ => {
+                if a.quick {
+                    2
+                } else {
+                    5
+                }
+            }
+        };
+        let image_fits = (cap as u64) * 2 < free;
+        let mut t: [Vec<f64>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+        for i in 0..samples {
+            for (k, n) in contenders.iter().enumerate() {
+                if k == 2 && (i >= image_samples || !image_fits) {
+                    continue;
+                }
+                let spec = Spec::new(&format!("b{i}"), cap);
+                t[k].push(timed_create(n, &spec));
+                n.delete(&spec).ok();
+            }
+        }
+        let mut cell = |k: usize| -> (String, f64) {
+            if t[k].is_empty() {
+                return ("not run: disk too small".into(), f64::NAN);
+            }
+            let m = median(&mut t[k]);
+            let p = p95(&mut t[k]);
+            r.measure(&format!("create_{}_{}_median_seconds", names[k], cap), m);
+            (format!("{} ({})", ms(m), ms(p)), m)
+        };
+        let (c0, m0) = cell(0);
+        let (c1, m1) = cell(1);
+        let (c2, m2) = cell(2);
+        r.row(&[
+            label.into(),
+            c0,
+            c1,
+            c2,
+            format!("{:.2}×", m0 / m1),
+            format!("{:.0}×", m2 / m0),
+        ]);
+    }
+
+    // 2. Restore storm: every volume re-created at once, as at agent start.
+    r.lines.push(String::new());
+    r.lines
+        .push("## Restore storm (Nomad's budget: 50 s for all volumes)".into());
+    r.lines.push(String::new());
+    r.row(&[
+        "volumes".into(),
+        "prjquota".into(),
+        "mkdir".into(),
+        "prjquota / mkdir".into(),
+        "prjquota, share of 50 s".into(),
+    ]);
+    r.row(&vec!["---".to_string(); 5]);
+    for n_vol in if a.quick { vec![100] } else { vec![100, 1000] } {
+        let mut took = [0.0; 2];
+        for (k, node) in contenders[..2].iter().enumerate() {
+            let specs: Vec<Spec> = (0..n_vol)
+                .map(|i| Spec::new(&format!("s{i}"), GIB))
+                .collect();
+            for chunk in specs.chunks(32) {
+                std::thread::scope(|s| {
+                    for sp in chunk {
+                        s.spawn(|| node.create(sp).created());
+                    }
+                });
+            }
+            let start = Instant::now();
+            std::thread::scope(|s| {
+                for sp in &specs {
+                    s.spawn(|| node.create(sp).created());
+                }
+            });
+            took[k] = start.elapsed().as_secs_f64();
+            r.measure(
+                &format!("restore_storm_{}_{}_seconds", names[k], n_vol),
+                took[k],
+            );
+            for chunk in specs.chunks(32) {
+                std::thread::scope(|s| {
+                    for sp in chunk {
+                        s.spawn(|| node.delete(sp).ok());
+                    }
+                });
+            }
+        }
+        r.row(&[
+            n_vol.to_string(),
+            ms(took[0]),
+            ms(took[1]),
+            format!("{:.2}×", took[0] / took[1]),
+            format!("{:.1} %", took[0] / 50.0 * 100.0),
+        ]);
+    }
+
+    // 3. fingerprint against Nomad's 1 s deadline.
+    let mut fp: Vec<f64> = (0..if a.quick { 5 } else { 30 })
+        .map(|_| {
+            let o = contenders[0].fingerprint();
+            o.ok();
+            o.elapsed.as_secs_f64()
+        })
+        .collect();
+    let (fm, fp95) = (median(&mut fp), p95(&mut fp));
+    r.measure("fingerprint_median_seconds", fm);
+    r.lines.push(String::new());
+    r.lines.push(format!(
+        "## fingerprint\n\nmedian {}, p95 {} (Nomad's deadline: 1 s)",
+        ms(fm),
+        ms(fp95)
+    ));
+
+    // 4. Delete of a volume full of small files, against Nomad's 60 s.
+    r.lines.push(String::new());
+    r.lines
+        .push("## Delete of a volume of small files (Nomad's deadline: 60 s)".into());
+    r.lines.push(String::new());
+    r.row(&[
+        "files".into(),
+        "prjquota".into(),
+        "mkdir (remove_dir_all)".into(),
+        "prjquota / mkdir".into(),
+    ]);
+    r.row(&vec!["---".to_string(); 4]);
+    for files in if a.quick {
+        vec![10_000]
+    } else {
+        vec![10_000, 100_000]
+    } {
+        let mut took = [0.0; 2];
+        for (k, node) in contenders[..2].iter().enumerate() {
+            let spec = Spec::new("files", 4 * GIB);
+            let (path, _) = node.create(&spec).created();
+            for d in 0..files / 1000 {
+                let dir = path.join(format!("d{d}"));
+                std::fs::create_dir(&dir).unwrap();
+                for i in 0..1000 {
+                    std::fs::File::create(dir.join(format!("f{i}"))).unwrap();
+                }
+            }
+            let out = node.delete(&spec);
+            out.ok();
+            took[k] = out.elapsed.as_secs_f64();
+            r.measure(
+                &format!("delete_{}_{}_files_seconds", names[k], files),
+                took[k],
+            );
+        }
+        r.row(&[
+            files.to_string(),
+            ms(took[0]),
+            ms(took[1]),
+            format!("{:.2}×", took[0] / took[1]),
+        ]);
+    }
+
+    let table = r.lines.join("\n") + "\n";
+    print!("{table}");
+    std::fs::write(&a.out, table).expect("write --out");
+    sh(&format!("umount {}", mount.display()));
+}
+
+/// (free bytes, size bytes) of a filesystem.
+fn statvfs(path: &Path) -> (u64, u64) {
+    use std::os::fd::AsFd;
+    let f = std::fs::File::open(path).unwrap();
+    let st = prjquota::sys::fstatfs(f.as_fd()).unwrap();
+    let bs = st.f_frsize as u64;
+    (st.f_bavail as u64 * bs, st.f_blocks as u64 * bs)
+}

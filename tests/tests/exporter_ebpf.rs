@@ -1,0 +1,301 @@
+//! The real `prjquota-exporter` binary's eBPF write telemetry on Debian's
+//! kernel, against volumes the real plugin made, on XFS and on ext4: bytes
+//! and write calls are counted exactly for the volume written to and for no
+//! other, quota refusals appear under the errno the filesystem returns
+//! (ENOSPC on XFS, EDQUOT on ext4), volumes created after start-up are
+//! picked up at the next scrape and deleted ones vanish.
+//!
+//! Run in the VM, like tests/tests/exporter.rs:
+//!
+//! ```text
+//! cargo build --workspace --bins
+//! cargo test -p prjquota-vmtests --test exporter_ebpf --no-run   # prints the test exe
+//! vng -r /boot/vmlinuz-6.1.0-56-amd64 --disable-kvm --memory 2G --cpus 2 -- \
+//!   "PRJQUOTA_BIN_DIR=$PWD/target/debug bash tests/vm/guest-init.sh all $PWD \
+//!    '<test exe> --test-threads 1 --nocapture'" </dev/null
+//! ```
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use prjquota_ebpf::ErrnoBucket;
+use prjquota_vmtests::fixture::{fill, writable, FsCase, MIB, WRITER, XFS};
+use prjquota_vmtests::nomad::Spec;
+use prjquota_vmtests::on_every_fs;
+use prjquota_vmtests::prom::{Exporter, Exposition};
+
+on_every_fs!(counts_exact_writes_and_quota_refusals_per_volume,);
+
+const NODE_POOL: &str = "default";
+const ATTACHED: &str = "prjquota_exporter_ebpf_program_attached";
+const BYTES: &str = "nomad_host_volume_written_bytes_total";
+const OPS: &str = "nomad_host_volume_write_operations_total";
+const ERRORS: &str = "nomad_host_volume_write_errors_total";
+
+/// What the exporter says of one volume.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Counted {
+    bytes: u64,
+    ops: u64,
+    /// In [`ErrnoBucket::ALL`] order.
+    errors: [u64; 5],
+}
+
+impl Counted {
+    fn since(&self, before: &Counted) -> Counted {
+        let mut errors = [0; 5];
+        for (i, e) in errors.iter_mut().enumerate() {
+            *e = self.errors[i] - before.errors[i];
+        }
+        Counted {
+            bytes: self.bytes - before.bytes,
+            ops: self.ops - before.ops,
+            errors,
+        }
+    }
+
+    fn error(&self, b: ErrnoBucket) -> u64 {
+        self.errors[ErrnoBucket::ALL.iter().position(|x| *x == b).unwrap()]
+    }
+}
+
+fn labels(spec: &Spec) -> [(&str, &str); 3] {
+    [
+        ("namespace", spec.namespace.as_str()),
+        ("node_pool", NODE_POOL),
+        ("volume_id", spec.id.as_str()),
+    ]
+}
+
+/// The volume's counters; panics unless all seven series are there.
+fn counted(e: &Exposition, spec: &Spec) -> Counted {
+    let l = labels(spec);
+    let mut errors = [0; 5];
+    for (i, b) in ErrnoBucket::ALL.iter().enumerate() {
+        let mut with = l.to_vec();
+        with.push(("errno", b.label()));
+        errors[i] = e.value(ERRORS, &with) as u64;
+    }
+    assert_eq!(
+        e.find(ERRORS, &l).count(),
+        5,
+        "one series per errno bucket for {}",
+        spec.id
+    );
+    Counted {
+        bytes: e.value(BYTES, &l) as u64,
+        ops: e.value(OPS, &l) as u64,
+        errors,
+    }
+}
+
+/// Every program the exporter reports, with its value.
+fn programs(e: &Exposition) -> Vec<(String, f64)> {
+    e.find(ATTACHED, &[])
+        .map(|s| (s.label("program").unwrap_or_default().to_string(), s.value))
+        .collect()
+}
+
+/// Scrapes until every program is attached and every volume in `specs`
+/// has its counters (the roots are registered), and returns that scrape.
+fn until_counting(exp: &Exporter, specs: &[&Spec]) -> Exposition {
+    let start = Instant::now();
+    loop {
+        let e = exp.scrape();
+        let attached = programs(&e);
+        let all_attached = !attached.is_empty() && attached.iter().all(|(_, v)| *v == 1.0);
+        let all_counted = specs.iter().all(|s| e.get(BYTES, &labels(s)).is_some());
+        if all_attached && all_counted {
+            eprintln!(
+                "MEASURE ebpf_counting_after_seconds {:.2}",
+                start.elapsed().as_secs_f64()
+            );
+            return e;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(180),
+            "write telemetry not counting after 180s: programs {attached:?}\n{}\n{}",
+            e.text,
+            exp.log()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Writes `sizes` with one write(2) each into a new file; returns the total.
+fn write_calls(path: &Path, sizes: &[usize]) -> u64 {
+    let mut f = std::fs::File::create(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    for &n in sizes {
+        let buf = vec![b'w'; n];
+        assert_eq!(f.write(&buf).unwrap(), n, "a short write(2)");
+    }
+    sizes.iter().map(|&n| n as u64).sum()
+}
+
+fn counts_exact_writes_and_quota_refusals_per_volume(fs: &FsCase) {
+    let f = fs.fixture("exporter-ebpf");
+    // A is writable by WRITER: ext4 lets root past a project quota.
+    let spec_a = writable(Spec::new("ebpf-a", (8 * MIB) as i64));
+    let spec_b = Spec::new("ebpf-b", (8 * MIB) as i64);
+    let (path_a, _) = f.create(&spec_a);
+    let (path_b, _) = f.create(&spec_b);
+
+    let exp = Exporter::start(&[&f.node.volumes_dir]);
+    let before = until_counting(&exp, &[&spec_a, &spec_b]);
+    for (program, v) in programs(&before) {
+        assert_eq!(v, 1.0, "{program} not attached:\n{}", exp.log());
+    }
+    assert!(
+        before
+            .find("prjquota_exporter_ebpf_detached_reason", &[])
+            .next()
+            .is_none(),
+        "{}",
+        before.text
+    );
+    for reason in ["other_filesystems", "outside_roots", "walk_limit"] {
+        before.value(
+            "prjquota_exporter_ebpf_unattributed_writes_total",
+            &[("reason", reason)],
+        );
+    }
+    let (a0, b0) = (counted(&before, &spec_a), counted(&before, &spec_b));
+
+    // Exactly N bytes in M write(2) calls, into a file two directories down.
+    let nested = path_a.join("sub/deeper");
+    std::fs::create_dir_all(&nested).unwrap();
+    let sizes = [1, 4096, 65_536, 100_000, 3, 12_345, 7_777];
+    let n = write_calls(&nested.join("data"), &sizes);
+    let m = sizes.len() as u64;
+    let e = exp.scrape();
+    let (da, db) = (
+        counted(&e, &spec_a).since(&a0),
+        counted(&e, &spec_b).since(&b0),
+    );
+    eprintln!("{}: wrote {n} bytes in {m} calls; A moved {da:?}", fs.name);
+    assert_eq!(
+        da,
+        Counted {
+            bytes: n,
+            ops: m,
+            errors: [0; 5]
+        },
+        "volume A"
+    );
+    assert_eq!(db, Counted::default(), "volume B was not written to");
+
+    // Past the limit: XFS refuses root too (ENOSPC); ext4 only a writer
+    // without CAP_SYS_RESOURCE (EDQUOT).
+    let uid = (fs.name != XFS.name).then_some(WRITER);
+    let a1 = counted(&e, &spec_a);
+    let b1 = counted(&e, &spec_b);
+    let filled = fill(&path_a.join("blob"), 16 * MIB, uid);
+    assert_eq!(filled.errno, Some(fs.full_errno), "{filled:?}");
+    let e = exp.scrape();
+    let (da, db) = (
+        counted(&e, &spec_a).since(&a1),
+        counted(&e, &spec_b).since(&b1),
+    );
+    let bucket = ErrnoBucket::from_errno(fs.full_errno);
+    eprintln!(
+        "{}: fill as {uid:?} wrote {} then {}; A moved {da:?}",
+        fs.name,
+        filled.written,
+        bucket.label()
+    );
+    assert_eq!(da.bytes, filled.written);
+    assert!(da.ops >= filled.written.div_ceil(MIB), "{da:?}");
+    assert_eq!(da.error(bucket), 1, "one refused write(2): {da:?}");
+    assert_eq!(
+        da.errors.iter().sum::<u64>(),
+        1,
+        "no other errno moved: {da:?}"
+    );
+    assert_eq!(db, Counted::default(), "volume B was not written to");
+
+    // A volume created now is counted from the next scrape.
+    let spec_c = Spec::new("ebpf-c", (8 * MIB) as i64);
+    let (path_c, _) = f.create(&spec_c);
+    let e = exp.scrape();
+    let c0 = counted(&e, &spec_c);
+    assert_eq!(c0, Counted::default(), "a new volume starts at zero");
+    let n = write_calls(&path_c.join("new"), &[5000, 5000]);
+    let e = exp.scrape();
+    assert_eq!(
+        counted(&e, &spec_c).since(&c0),
+        Counted {
+            bytes: n,
+            ops: 2,
+            errors: [0; 5]
+        },
+        "volume C"
+    );
+
+    // A deleted volume's series vanish; the others stay.
+    f.node.delete(&spec_b).ok();
+    assert!(!path_b.exists());
+    let e = exp.scrape();
+    assert!(
+        !e.text.contains(&spec_b.id),
+        "the deleted volume is still exported:\n{}",
+        e.text
+    );
+    let live: BTreeSet<&str> = e
+        .find(BYTES, &[])
+        .filter_map(|s| s.label("volume_id"))
+        .collect();
+    assert_eq!(
+        live,
+        BTreeSet::from([spec_a.id.as_str(), spec_c.id.as_str()]),
+        "{}",
+        e.text
+    );
+    assert!(e.value(BYTES, &labels(&spec_a)) as u64 >= a1.bytes + filled.written);
+    for s in e.find("prjquota_exporter_scrape_collector_success", &[]) {
+        assert_eq!(
+            s.value,
+            1.0,
+            "collector {:?} failed:\n{}",
+            s.label("collector"),
+            exp.log()
+        );
+    }
+}
+
+/// `--ebpf=required` starts (every program attached), and `--ebpf=off`
+/// reports the same programs, detached as `disabled`: the exporter's list
+/// for when nothing is loaded matches the crate's.
+#[test]
+fn required_attaches_everything_and_off_lists_the_same_programs() {
+    let f = XFS.fixture("exporter-ebpf-modes");
+    let spec = Spec::new("ebpf-modes", (8 * MIB) as i64);
+    f.create(&spec);
+
+    let required = Exporter::start_with(&[&f.node.volumes_dir], &["--ebpf=required"]);
+    let e = until_counting(&required, &[&spec]);
+    let attached = programs(&e);
+    assert!(
+        attached.iter().all(|(_, v)| *v == 1.0),
+        "{attached:?}\n{}",
+        required.log()
+    );
+    drop(required);
+
+    let off = Exporter::start_with(&[&f.node.volumes_dir], &["--ebpf=off"]);
+    let e = off.scrape();
+    let names = |p: &[(String, f64)]| p.iter().map(|(n, _)| n.clone()).collect::<BTreeSet<_>>();
+    let detached = programs(&e);
+    assert_eq!(names(&detached), names(&attached));
+    assert!(detached.iter().all(|(_, v)| *v == 0.0), "{detached:?}");
+    assert_eq!(
+        e.value(
+            "prjquota_exporter_ebpf_detached_reason",
+            &[("reason", "disabled")]
+        ),
+        1.0
+    );
+    assert!(e.get(BYTES, &labels(&spec)).is_none(), "{}", e.text);
+    assert_eq!(e.value("prjquota_exporter_volumes", &[]), 1.0);
+}

@@ -1,0 +1,304 @@
+//! `cargo xtask vm`: boots Debian's own kernel under QEMU with virtme-ng (vng).
+//!
+//! The guest sees the host's root filesystem read-only (9p), with a writable
+//! tmpfs-backed overlay on /tmp. `tests/vm/guest-init.sh` runs first in the
+//! guest: it creates and mounts the quota filesystems and exports their paths
+//! (PRJQUOTA_TEST_XFS, PRJQUOTA_TEST_EXT4, PRJQUOTA_TEST_XFS_NOQUOTA,
+//! PRJQUOTA_IN_VM=1), then runs the command in the host's working directory.
+//! KVM does not work on the project's machines: always TCG (`--disable-kvm`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{shell_quote, take_value};
+
+/// Which quota filesystems the guest mounts (the XFS without quotas always is).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fs {
+    Xfs,
+    Ext4,
+    All,
+}
+
+impl Fs {
+    fn parse(s: &str) -> Result<Fs> {
+        Ok(match s {
+            "xfs" => Fs::Xfs,
+            "ext4" => Fs::Ext4,
+            "all" => Fs::All,
+            _ => bail!("--fs must be xfs, ext4 or all (got `{s}`)"),
+        })
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Fs::Xfs => "xfs",
+            Fs::Ext4 => "ext4",
+            Fs::All => "all",
+        }
+    }
+}
+
+pub struct VmOpts {
+    pub fs: Fs,
+    pub memory: String,
+    pub cpus: u32,
+    /// Extra environment for the guest command.
+    pub env: Vec<(String, String)>,
+}
+
+impl Default for VmOpts {
+    fn default() -> Self {
+        VmOpts {
+            fs: Fs::Xfs,
+            memory: "2G".into(),
+            cpus: 2,
+            env: Vec::new(),
+        }
+    }
+}
+
+/// How a VM run ended, when the VM booted and the guest setup worked.
+pub struct VmRun {
+    /// Exit status of the guest command.
+    pub status: i32,
+    /// Everything the guest printed (stdout and stderr, interleaved).
+    pub lines: Vec<String>,
+}
+
+pub fn main(args: &[String]) -> Result<u8> {
+    let mut opts = VmOpts::default();
+    let mut i = 0;
+    let mut cmd: Vec<String> = Vec::new();
+    while i < args.len() {
+        if args[i] == "--" {
+            cmd = args[i + 1..].to_vec();
+            break;
+        } else if let Some(v) = take_value(args, &mut i, "--fs")? {
+            opts.fs = Fs::parse(&v)?;
+        } else if let Some(v) = take_value(args, &mut i, "--memory")? {
+            opts.memory = v;
+        } else if let Some(v) = take_value(args, &mut i, "--cpus")? {
+            opts.cpus = v.parse().context("--cpus")?;
+        } else if args[i].starts_with('-') {
+            bail!("vm: unknown option `{}`", args[i]);
+        } else {
+            cmd = args[i..].to_vec();
+            break;
+        }
+        i += 1;
+    }
+    if cmd.is_empty() {
+        bail!("vm: no command: cargo xtask vm [--fs xfs|ext4|all] [--memory 2G] -- CMD...");
+    }
+    // One argument is a bash command line; several are joined like ssh does.
+    let cmd = if cmd.len() == 1 {
+        cmd.remove(0)
+    } else {
+        cmd.join(" ")
+    };
+    let cwd = std::env::current_dir()?;
+    let run = run(&opts, &cmd, &cwd)?;
+    Ok(u8::try_from(run.status).unwrap_or(1))
+}
+
+/// The kernel to boot: $PRJQUOTA_VM_KERNEL, else the newest Debian generic
+/// kernel in /boot (`vmlinuz-*-amd64`, not `-cloud-`, which does not boot
+/// under vng) whose modules are installed.
+pub fn kernel() -> Result<PathBuf> {
+    if let Some(k) = std::env::var_os("PRJQUOTA_VM_KERNEL").filter(|k| !k.is_empty()) {
+        let k = PathBuf::from(k);
+        if !k.is_file() {
+            bail!("PRJQUOTA_VM_KERNEL={}: no such kernel image", k.display());
+        }
+        return Ok(k);
+    }
+    let mut best: Option<(String, PathBuf)> = None;
+    for entry in std::fs::read_dir("/boot").into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(release) = name.strip_prefix("vmlinuz-") else {
+            continue;
+        };
+        if !release.ends_with("-amd64") || release.contains("-cloud-") {
+            continue;
+        }
+        if !Path::new("/lib/modules").join(release).is_dir() {
+            continue;
+        }
+        if best
+            .as_ref()
+            .is_none_or(|(b, _)| version_cmp(release, b).is_gt())
+        {
+            best = Some((release.to_string(), entry.path()));
+        }
+    }
+    match best {
+        Some((_, path)) => Ok(path),
+        None => bail!(
+            "no Debian generic kernel to boot: want /boot/vmlinuz-*-amd64 (not -cloud-) with \
+             /lib/modules/<release>: run `cargo xtask deps` (installs linux-image-amd64)"
+        ),
+    }
+}
+
+/// `sort -V`-like comparison: digit runs compare as numbers.
+fn version_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+    fn chunks(s: &str) -> Vec<(bool, &str)> {
+        let mut out = Vec::new();
+        let mut start = 0;
+        let bytes = s.as_bytes();
+        for i in 1..=bytes.len() {
+            if i == bytes.len() || bytes[i].is_ascii_digit() != bytes[start].is_ascii_digit() {
+                out.push((bytes[start].is_ascii_digit(), &s[start..i]));
+                start = i;
+            }
+        }
+        out
+    }
+    let (ca, cb) = (chunks(a), chunks(b));
+    for (x, y) in ca.iter().zip(&cb) {
+        let ord = match (x, y) {
+            ((true, x), (true, y)) => x
+                .trim_start_matches('0')
+                .len()
+                .cmp(&y.trim_start_matches('0').len())
+                .then_with(|| x.trim_start_matches('0').cmp(y.trim_start_matches('0'))),
+            ((_, x), (_, y)) => x.cmp(y),
+        };
+        if ord.is_ne() {
+            return ord;
+        }
+    }
+    ca.len().cmp(&cb.len())
+}
+
+fn vng() -> Result<PathBuf> {
+    crate::deps::find_vng().context("`vng` (virtme-ng) not found: run `cargo xtask deps`")
+}
+
+fn timeout() -> Duration {
+    let secs = std::env::var("PRJQUOTA_VM_TIMEOUT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3600);
+    Duration::from_secs(secs)
+}
+
+/// Boots the VM, sets up the filesystems, runs `cmd` (a bash command line) in
+/// `cwd` with `opts.env`, streaming the output live. An error when the VM did
+/// not boot or the guest setup failed; otherwise the guest command's status.
+pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
+    let kernel = kernel()?;
+    let vng = vng()?;
+    let init = crate::repo_root().join("tests/vm/guest-init.sh");
+
+    // The command reaches the guest through the kernel command line, which is
+    // short (2 KiB): pass it a script on the shared (read-only) filesystem.
+    let dir = crate::target_dir().join("xtask");
+    std::fs::create_dir_all(&dir)?;
+    let script = dir.join(format!("vm-{}.sh", std::process::id()));
+    let mut text = String::from("# written by cargo xtask vm; run in the guest\n");
+    // The guest's PATH is vng's; give it the host's too (cargo, nextest, vng's pyenv).
+    if let Some(path) = std::env::var_os("PATH") {
+        text += &format!("export PATH={}\n", shell_quote(&path.to_string_lossy()));
+    }
+    for (k, v) in &opts.env {
+        text += &format!("export {k}={}\n", shell_quote(v));
+    }
+    text += &format!(
+        "exec bash {} {} {} {}\n",
+        shell_quote(&init.to_string_lossy()),
+        opts.fs.as_str(),
+        shell_quote(&cwd.to_string_lossy()),
+        shell_quote(cmd)
+    );
+    std::fs::write(&script, text)?;
+
+    let verbose = std::env::var_os("PRJQUOTA_VM_VERBOSE").is_some_and(|v| v == "1");
+    let mut vng_cmd = Command::new(&vng);
+    vng_cmd
+        .arg("-r")
+        .arg(&kernel)
+        .args(["--disable-kvm", "--memory", &opts.memory])
+        .args(["--cpus", &opts.cpus.to_string()])
+        .args(verbose.then_some("--verbose"))
+        .arg("--")
+        .arg(format!("bash {}", shell_quote(&script.to_string_lossy())))
+        .current_dir(cwd)
+        .stdin(Stdio::null());
+    println!(
+        "xtask vm: booting {} (TCG, {} RAM, {} CPUs, fs {})",
+        kernel.display(),
+        opts.memory,
+        opts.cpus,
+        opts.fs.as_str()
+    );
+    println!("$ {}", crate::display(&vng_cmd));
+    let started = Instant::now();
+    let tee = crate::run_tee(&mut vng_cmd, Some(timeout()));
+    let _ = std::fs::remove_file(&script);
+    let tee = tee?;
+    let elapsed = started.elapsed().as_secs_f64();
+
+    let booted = tee
+        .lines
+        .iter()
+        .any(|l| l.starts_with("prjquota-vm: guest up"));
+    let setup_failed = tee
+        .lines
+        .iter()
+        .find(|l| l.starts_with("prjquota-vm: SETUP FAILED"));
+    let exited = tee.lines.iter().rev().find_map(|l| {
+        l.strip_prefix("prjquota-vm: command exited with status ")
+            .and_then(|s| s.trim().parse::<i32>().ok())
+    });
+    if tee.timed_out {
+        bail!("the VM was killed after {elapsed:.0}s (PRJQUOTA_VM_TIMEOUT)");
+    }
+    if !booted {
+        bail!(
+            "the VM did not boot: vng {} after {elapsed:.0}s, and the guest init script never \
+             ran (kernel {}; PRJQUOTA_VM_VERBOSE=1 shows the kernel console)",
+            tee.status,
+            kernel.display()
+        );
+    }
+    if let Some(line) = setup_failed {
+        bail!("guest setup failed, the command did not run: {line}");
+    }
+    let Some(status) = exited else {
+        bail!(
+            "the VM ended before the guest command finished (vng {}, {elapsed:.0}s): \
+             kernel panic, OOM, or the guest was killed",
+            tee.status
+        );
+    };
+    println!("xtask vm: guest command exited with status {status} ({elapsed:.0}s wall)");
+    Ok(VmRun {
+        status,
+        lines: tee.lines,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cmp::Ordering::*;
+
+    #[test]
+    fn versions() {
+        assert_eq!(version_cmp("6.1.0-56-amd64", "6.1.0-9-amd64"), Greater);
+        assert_eq!(version_cmp("6.10.0-1-amd64", "6.9.0-1-amd64"), Greater);
+        assert_eq!(version_cmp("6.1.0-56-amd64", "6.1.0-56-amd64"), Equal);
+        assert_eq!(version_cmp("5.10.0-30-amd64", "6.1.0-1-amd64"), Less);
+    }
+
+    #[test]
+    fn fs_names() {
+        assert_eq!(Fs::parse("all").unwrap(), Fs::All);
+        assert!(Fs::parse("btrfs").is_err());
+    }
+}
