@@ -531,6 +531,26 @@ fn update(
     Ok(Created { path, bytes })
 }
 
+/// The project's usage once the filesystem has finished freeing what was
+/// just unlinked. XFS (5.15+) inactivates unlinked inodes in the background,
+/// so a quota read right after a delete can still count them; statfs on XFS
+/// flushes that work, and a few short waits cover what is still in flight.
+fn settled_usage(vfs: &VolumesFs, pid: u32) -> Result<quota::ProjectQuota> {
+    let read = || {
+        quota::get(vfs.fd(), pid).map_err(|e| quota_error(e, "read the usage of", pid, vfs))
+    };
+    let mut q = read()?;
+    for _ in 0..20 {
+        if q.is_unused() {
+            break;
+        }
+        let _ = sys::fstatfs(vfs.fd());
+        std::thread::sleep(std::time::Duration::from_millis(25));
+        q = read()?;
+    }
+    Ok(q)
+}
+
 /// `delete`. Succeeds when the volume is already gone. Only
 /// `<volumes dir>/<volume ID>` of a recorded volume is ever removed;
 /// `DHV_CREATED_PATH` is compared and logged, never deleted.
@@ -601,8 +621,7 @@ pub fn delete(req: &DeleteRequest) -> Result<()> {
         Ok(Support::Enforced | Support::AccountingOnly) => {
             quota::set_limits(vfs.fd(), pid, &Limits::NONE)
                 .map_err(|e| quota_error(e, "clear the limits of", pid, &vfs))?;
-            let left = quota::get(vfs.fd(), pid)
-                .map_err(|e| quota_error(e, "read the usage of", pid, &vfs))?;
+            let left = settled_usage(&vfs, pid)?;
             if !left.is_unused() {
                 log(id, format_args!("project {pid} still charges {} bytes and {} inodes after the delete (files moved out of the volume, or still open): the ID stays out of use until they are gone", left.used_bytes, left.used_inodes));
             }
