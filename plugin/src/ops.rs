@@ -536,9 +536,8 @@ fn update(
 /// so a quota read right after a delete can still count them; statfs on XFS
 /// flushes that work, and a few short waits cover what is still in flight.
 fn settled_usage(vfs: &VolumesFs, pid: u32) -> Result<quota::ProjectQuota> {
-    let read = || {
-        quota::get(vfs.fd(), pid).map_err(|e| quota_error(e, "read the usage of", pid, vfs))
-    };
+    let read =
+        || quota::get(vfs.fd(), pid).map_err(|e| quota_error(e, "read the usage of", pid, vfs));
     let mut q = read()?;
     for _ in 0..20 {
         if q.is_unused() {

@@ -4,9 +4,13 @@
 //! - `vm`    boots Debian's kernel under QEMU (vng) with quota filesystems mounted.
 //! - `test`  fmt, clippy, host tests, then the real-kernel tests in one VM boot.
 //! - `demo`  shows a project quota being enforced, in the VM.
+//! - `stress` runs the concurrency stress test for minutes instead of rounds.
+//! - `dist`  builds release binaries and an installable tarball.
 
 mod demo;
 mod deps;
+mod dist;
+mod stress;
 mod test;
 mod vm;
 
@@ -31,7 +35,10 @@ commands:
   test [--host-only | --vm-only] [--filter EXPR] [--vm-threads N] [-- NEXTEST_ARGS...]
                              fmt, clippy, host tests, then the real-kernel tests in one VM boot;
                              EXPR is a nextest filterset (passed as -E), e.g. 'test(smoke)'
-  demo                       deps, build, and show a project quota enforced on XFS in the VM
+  demo                       deps, build, and tell the whole story in the VM (plugin, exporter, eBPF)
+  stress [--secs N] [--seed S]
+                             the concurrency stress test for N seconds per filesystem (default 300)
+  dist                       release binaries and target/dist/prjquota-<version>-<arch>-linux.tar.gz
 
 environment:
   PRJQUOTA_VM_KERNEL         kernel image to boot (default: newest /boot/vmlinuz-*-amd64, not -cloud-)
@@ -50,6 +57,8 @@ fn main() -> ExitCode {
         "vm" => vm::main(rest),
         "test" => test::main(rest),
         "demo" => demo::main(rest),
+        "stress" => stress::main(rest),
+        "dist" => dist::main(rest),
         "help" | "-h" | "--help" => {
             println!("{USAGE}");
             Ok(0)

@@ -328,7 +328,15 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
                 "PRJQUOTA_FAULT_BIN".into(),
                 fault_bin.to_string_lossy().into_owned(),
             ),
-        ],
+        ]
+        .into_iter()
+        // `cargo xtask stress` sets these; a developer may too.
+        .chain(
+            ["PRJQUOTA_STRESS_SECS", "PRJQUOTA_STRESS_SEED"]
+                .iter()
+                .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))),
+        )
+        .collect(),
         ..VmOpts::default()
     };
     let result = crate::vm::run(&vm_opts, &guest_cmd, &root);
