@@ -38,7 +38,10 @@ const PENDING_EBPF: &[(&str, Kind)] = &[
     ("prjquota_exporter_ebpf_program_attached", Kind::Gauge),
     // guard collector (exporter/src/collector/guard.rs, not registered yet):
     // project-ID change attempts per volume, by result.
-    ("nomad_host_volume_projid_change_attempts_total", Kind::Counter),
+    (
+        "nomad_host_volume_projid_change_attempts_total",
+        Kind::Counter,
+    ),
 ];
 
 /// Series Prometheus itself makes.

@@ -28,7 +28,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Semaphore};
 
 use crate::collector::{Exporter, BUILD_VERSION};
-use crate::metrics::TEXT_FORMAT;
+use crate::metrics::{Encoder, TEXT_FORMAT};
 
 /// Time a client has to send a request's headers (and an idle keep-alive
 /// connection may stay open).
@@ -145,13 +145,11 @@ async fn metrics(app: &App, head_only: bool) -> Response<Body> {
                     }
                 }
             };
+            let enc = Encoder::new(&scraped.inventory);
             let mut buf = Vec::with_capacity(CHUNK * 2);
             for f in &scraped.families {
                 for b in 0..f.batches() {
-                    if let Err(e) = f.encode_batch(&scraped.inventory, b, &mut buf) {
-                        crate::error!("cannot encode a metric family", family = f.name, err = e);
-                        return;
-                    }
+                    f.encode_batch(&enc, b, &mut buf);
                     if buf.len() >= CHUNK {
                         if !send(std::mem::take(&mut buf)).await {
                             return;

@@ -64,6 +64,10 @@ pub struct Dir {
     /// Records of a create or delete in flight.
     pub creating: usize,
     pub deleting: usize,
+    /// The last read of the registry failed: the volumes listed are those of
+    /// the last good read (none if there was none), so their absence proves
+    /// nothing.
+    pub stale: bool,
 }
 
 #[derive(Clone, Debug, Default)]

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use prjquota_exporter::collector::{EbpfMode, GuardMode};
 use prjquota_exporter::log::{self, Level};
 use prjquota_exporter::{error, info, Config, Exporter};
 
@@ -24,8 +25,10 @@ const DEFAULT_LISTEN: &str = ":14646";
 
 /// Prometheus exporter for Nomad dynamic host volumes made by prjquota: size,
 /// usage, inodes and quota limit hits per volume, read from the plugin's
-/// registry, statfs, quotactl and the kernel's quota netlink warnings.
-/// Run it as root on every Nomad client (quotactl needs CAP_SYS_ADMIN).
+/// registry, statfs, quotactl and the kernel's quota netlink warnings, and
+/// bytes written, write operations and write errors per volume from eBPF.
+/// Run it as root on every Nomad client (quotactl needs CAP_SYS_ADMIN, the
+/// eBPF programs CAP_BPF and CAP_PERFMON).
 #[derive(Debug, Parser)]
 #[command(name = "prjquota-exporter", version)]
 struct Flags {
@@ -58,6 +61,30 @@ struct Flags {
     /// until the blocked call returns. E.g. 5s, 1500ms, 1m.
     #[arg(long = "statfs-timeout", value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     statfs_timeout: Duration,
+
+    /// eBPF write telemetry (written bytes, write operations and write
+    /// errors per volume): off (do not load), auto (load; if the kernel
+    /// refuses, log why once, report
+    /// prjquota_exporter_ebpf_program_attached 0 and serve everything else)
+    /// or required (exit at start-up unless every program attaches).
+    #[arg(long = "ebpf", value_name = "MODE", default_value = "auto", value_parser = parse_ebpf_mode)]
+    ebpf: EbpfMode,
+
+    /// Quota-escape guard: off, detect (count and log attempts to change the
+    /// project ID of files under a volume root) or enforce (also deny them
+    /// with EPERM through a BPF LSM program, unless the caller has
+    /// CAP_SYS_ADMIN in the initial user namespace; falls back to detect,
+    /// and says so, when the BPF LSM is not active).
+    #[arg(long = "guard", value_name = "MODE", default_value = "detect", value_parser = parse_guard_mode)]
+    guard: GuardMode,
+}
+
+fn parse_guard_mode(s: &str) -> Result<GuardMode, String> {
+    s.parse()
+}
+
+fn parse_ebpf_mode(s: &str) -> Result<EbpfMode, String> {
+    s.parse()
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -120,11 +147,22 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         volumes_dirs: flags.volumes_dirs,
         statfs_timeout: flags.statfs_timeout,
         quota_events: true,
+        ebpf: flags.ebpf,
+        guard: flags.guard,
     };
     let addr = listen_address(&flags.listen_address);
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .with_context(|| format!("cannot listen on {addr} (--web.listen-address)"))?;
+    // Starts loading the eBPF programs in the background.
+    let exporter = Arc::new(Exporter::new(&config));
+    if config.ebpf == EbpfMode::Required {
+        exporter.ebpf_ready().await.map_err(|e| {
+            anyhow::anyhow!(
+                "eBPF write telemetry is required (--ebpf=required) but did not load: {e}"
+            )
+        })?;
+    }
     info!(
         "starting prjquota-exporter",
         version = env!("CARGO_PKG_VERSION"),
@@ -136,8 +174,9 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
             .collect::<Vec<_>>()
             .join(","),
         statfs_timeout = format!("{:?}", config.statfs_timeout),
+        ebpf = config.ebpf,
+        guard = config.guard,
     );
-    let exporter = Arc::new(Exporter::new(&config));
     prjquota_exporter::http::serve(listener, exporter, shutdown_signal()).await?;
     info!("stopped");
     Ok(())
@@ -184,6 +223,7 @@ mod tests {
         assert_eq!(listen_address(&f.listen_address), "0.0.0.0:14646");
         assert_eq!(f.statfs_timeout, Duration::from_secs(5));
         assert_eq!(f.log_level, Level::Info);
+        assert_eq!(f.ebpf, EbpfMode::Auto);
         let f = Flags::parse_from([
             "prjquota-exporter",
             "--volumes-dir",
@@ -193,6 +233,7 @@ mod tests {
             "127.0.0.1:0",
             "--log.level",
             "debug",
+            "--ebpf=off",
         ]);
         assert_eq!(
             f.volumes_dirs,
@@ -200,5 +241,7 @@ mod tests {
         );
         assert_eq!(listen_address(&f.listen_address), "127.0.0.1:0");
         assert_eq!(f.log_level, Level::Debug);
+        assert_eq!(f.ebpf, EbpfMode::Off);
+        assert!(Flags::try_parse_from(["prjquota-exporter", "--ebpf=maybe"]).is_err());
     }
 }

@@ -3,18 +3,25 @@
 //! Collectors build fresh [`Family`] values on every scrape, so a deleted
 //! volume's series are gone at the next scrape. A family keeps its per-volume
 //! samples compact (an index into the scrape's [`Inventory`] instead of three
-//! label strings each): at 10,000 volumes a scrape has ~160,000 series, and
-//! materialising them all as `proto::MetricFamily` at once would cost more
-//! memory than the whole exporter is allowed. [`Family::encode`] turns a
-//! family into `proto::MetricFamily` a batch at a time and lets the
-//! `prometheus` crate's `TextEncoder` do the formatting and label escaping.
-
-use prometheus::proto::{self, MetricType};
-use prometheus::{Encoder, TextEncoder};
+//! label strings each): at 10,000 volumes a scrape has ~160,000 series.
+//! [`Encoder`] writes the text exposition format directly: each volume's
+//! label string is escaped once per scrape and copied into every family's
+//! sample line, a batch of samples at a time so the HTTP layer can stream.
+//!
+//! Not the `prometheus` crate's `TextEncoder`: it needs every sample as a
+//! `proto::Metric` with owned label strings, and building those dominated
+//! the scrape at 10,000 volumes (`encoder_speed` below measures both on
+//! the same families: 0.126 s against 0.014 s on the development host,
+//! release build). The output is the same text (`+Inf`/`-Inf` aside, which
+//! the crate writes as Rust's `inf`); `same_text_as_the_prometheus_crate`
+//! compares both encoders line by line. No gzip: compressing the 27 MB of
+//! a 10,000-volume scrape costs ~0.45 s even at level 1 (zlib, same host),
+//! some 30 times the encoding.
 
 use crate::inventory::Inventory;
 
-pub use prometheus::TEXT_FORMAT;
+/// The content type of the text exposition format this module writes.
+pub const TEXT_FORMAT: &str = "text/plain; version=0.0.4";
 
 /// The label names every per-volume series carries, in this order.
 pub const VOLUME_LABELS: [&str; 3] = ["namespace", "node_pool", "volume_id"];
@@ -58,7 +65,7 @@ pub struct Family {
     pub samples: Vec<Sample>,
 }
 
-/// Metrics per `proto::MetricFamily` built at once while encoding.
+/// Samples written per [`Family::encode_batch`] piece.
 const BATCH: usize = 1024;
 
 impl Family {
@@ -125,11 +132,10 @@ impl Family {
 
     /// Appends the text exposition of this family to `out`. A family without
     /// samples writes nothing (the format has no empty families).
-    pub fn encode(&self, inventory: &Inventory, out: &mut Vec<u8>) -> prometheus::Result<()> {
+    pub fn encode(&self, enc: &Encoder, out: &mut Vec<u8>) {
         for b in 0..self.batches() {
-            self.encode_batch(inventory, b, out)?;
+            self.encode_batch(enc, b, out);
         }
-        Ok(())
     }
 
     /// How many pieces [`Family::encode_batch`] writes this family in.
@@ -139,106 +145,209 @@ impl Family {
 
     /// Appends piece `batch` of the exposition: the header and the first
     /// samples for batch 0, only samples after that. Lets a large family be
-    /// streamed without building all of it at once.
-    pub fn encode_batch(
-        &self,
-        inventory: &Inventory,
-        batch: usize,
-        out: &mut Vec<u8>,
-    ) -> prometheus::Result<()> {
+    /// streamed without writing all of it at once.
+    pub fn encode_batch(&self, enc: &Encoder, batch: usize, out: &mut Vec<u8>) {
         let Some(chunk) = self.samples.chunks(BATCH).nth(batch) else {
-            return Ok(());
+            return;
         };
-        let mut mf = proto::MetricFamily::default();
-        mf.set_name(self.name.to_string());
-        mf.set_field_type(match self.kind {
-            Kind::Gauge => MetricType::GAUGE,
-            Kind::Counter => MetricType::COUNTER,
-        });
         if batch == 0 {
-            mf.set_help(self.help.to_string());
+            enc.header(self, out);
         }
-        let metrics = mf.mut_metric();
-        metrics.reserve_exact(chunk.len());
         for s in chunk {
-            metrics.push(self.metric(inventory, s));
+            enc.sample(self.name, s, out);
         }
-        let start = out.len();
-        TextEncoder::new().encode(std::slice::from_ref(&mf), out)?;
-        if batch > 0 {
-            // A later batch repeats only the `# TYPE` line (help is empty):
-            // drop it so the family has one header.
-            let nl = out[start..]
-                .iter()
-                .position(|&b| b == b'\n')
-                .map_or(0, |p| p + 1);
-            out.drain(start..start + nl);
-        }
-        Ok(())
-    }
-
-    fn metric(&self, inventory: &Inventory, s: &Sample) -> proto::Metric {
-        let mut m = proto::Metric::default();
-        let mut labels = Vec::new();
-        let mut push = |name: &str, value: &str| {
-            let mut lp = proto::LabelPair::default();
-            lp.set_name(name.to_string());
-            lp.set_value(value.to_string());
-            labels.push(lp);
-        };
-        match &s.labels {
-            Labels::None => {}
-            Labels::Volume { index, extra } => {
-                let v = &inventory.volumes[*index as usize];
-                push("namespace", &v.namespace);
-                push("node_pool", &v.node_pool);
-                push("volume_id", &v.volume_id);
-                for (k, val) in extra.iter() {
-                    push(k, val);
-                }
-            }
-            Labels::VolumeInfo { index } => {
-                let v = &inventory.volumes[*index as usize];
-                push("namespace", &v.namespace);
-                push("node_pool", &v.node_pool);
-                push("volume_id", &v.volume_id);
-                push("volume_name", &v.volume_name);
-                push("node_id", &v.node_id);
-                push("plugin_id", &v.plugin_id);
-                push("fstype", &v.fstype);
-                push("project_id", &v.project_id.to_string());
-            }
-            Labels::Owned(pairs) => {
-                for (k, val) in pairs.iter() {
-                    push(k, val);
-                }
-            }
-        }
-        m.set_label(labels);
-        match self.kind {
-            Kind::Gauge => {
-                let mut g = proto::Gauge::default();
-                g.set_value(s.value);
-                m.set_gauge(g);
-            }
-            Kind::Counter => {
-                let mut c = proto::Counter::default();
-                c.set_value(s.value);
-                m.set_counter(c);
-            }
-        }
-        m
     }
 }
 
+/// Writes families in the text exposition format (0.0.4) for one scrape's
+/// inventory.
+///
+/// Built once per scrape: it escapes every volume's
+/// `namespace="…",node_pool="…",volume_id="…"` once, and every per-volume
+/// sample of every family reuses that string. Escaping follows the format:
+/// in label values backslash, double quote and line feed; in HELP backslash
+/// and line feed. Values are written as Prometheus parses them (`NaN`,
+/// `+Inf`, `-Inf`, integers without a fraction).
+pub struct Encoder<'a> {
+    inventory: &'a Inventory,
+    /// The escaped label strings of all volumes, one after the other.
+    labels: String,
+    /// Where volume `i`'s label string ends in `labels`.
+    ends: Vec<usize>,
+}
+
+impl<'a> Encoder<'a> {
+    pub fn new(inventory: &'a Inventory) -> Encoder<'a> {
+        let mut labels = Vec::with_capacity(inventory.volumes.len() * 96);
+        let mut ends = Vec::with_capacity(inventory.volumes.len());
+        for v in &inventory.volumes {
+            for (i, (name, value)) in [
+                ("namespace", &v.namespace),
+                ("node_pool", &v.node_pool),
+                ("volume_id", &v.volume_id),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                if i > 0 {
+                    labels.push(b',');
+                }
+                label(&mut labels, name, value);
+            }
+            ends.push(labels.len());
+        }
+        let labels = String::from_utf8(labels).expect("escaping keeps UTF-8");
+        Encoder {
+            inventory,
+            labels,
+            ends,
+        }
+    }
+
+    /// The escaped label string of volume `index` (no braces).
+    fn volume(&self, index: u32) -> &str {
+        let i = index as usize;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.labels[start..self.ends[i]]
+    }
+
+    /// `# HELP` (unless empty) and `# TYPE` lines.
+    pub fn header(&self, f: &Family, out: &mut Vec<u8>) {
+        if !f.help.is_empty() {
+            out.extend_from_slice(b"# HELP ");
+            out.extend_from_slice(f.name.as_bytes());
+            out.push(b' ');
+            escape(out, f.help, false);
+            out.push(b'\n');
+        }
+        out.extend_from_slice(b"# TYPE ");
+        out.extend_from_slice(f.name.as_bytes());
+        out.extend_from_slice(match f.kind {
+            Kind::Gauge => b" gauge\n",
+            Kind::Counter => b" counter\n",
+        });
+    }
+
+    /// One sample line of metric `name`.
+    pub fn sample(&self, name: &str, s: &Sample, out: &mut Vec<u8>) {
+        out.extend_from_slice(name.as_bytes());
+        match &s.labels {
+            Labels::None => {}
+            Labels::Volume { index, extra } => {
+                out.push(b'{');
+                out.extend_from_slice(self.volume(*index).as_bytes());
+                for (k, v) in extra.iter() {
+                    out.push(b',');
+                    label(out, k, v);
+                }
+                out.push(b'}');
+            }
+            Labels::VolumeInfo { index } => {
+                let v = &self.inventory.volumes[*index as usize];
+                out.push(b'{');
+                out.extend_from_slice(self.volume(*index).as_bytes());
+                for (k, val) in [
+                    ("volume_name", v.volume_name.as_str()),
+                    ("node_id", &v.node_id),
+                    ("plugin_id", &v.plugin_id),
+                    ("fstype", &v.fstype),
+                ] {
+                    out.push(b',');
+                    label(out, k, val);
+                }
+                out.extend_from_slice(b",project_id=\"");
+                decimal(out, u64::from(v.project_id));
+                out.extend_from_slice(b"\"}");
+            }
+            Labels::Owned(pairs) => {
+                if !pairs.is_empty() {
+                    for (i, (k, v)) in pairs.iter().enumerate() {
+                        out.push(if i == 0 { b'{' } else { b',' });
+                        label(out, k, v);
+                    }
+                    out.push(b'}');
+                }
+            }
+        }
+        out.push(b' ');
+        value(out, s.value);
+        out.push(b'\n');
+    }
+}
+
+/// `name="escaped value"`.
+fn label(out: &mut Vec<u8>, name: &str, value: &str) {
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"=\"");
+    escape(out, value, true);
+    out.push(b'"');
+}
+
+/// Appends `s` escaped as the text format wants: backslash and line feed
+/// always, double quote in label values (`quote`).
+pub fn escape(out: &mut Vec<u8>, s: &str, quote: bool) {
+    let special = |b: u8| b == b'\\' || b == b'\n' || (quote && b == b'"');
+    let bytes = s.as_bytes();
+    let mut from = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        if special(b) {
+            out.extend_from_slice(&bytes[from..i]);
+            out.extend_from_slice(match b {
+                b'\n' => b"\\n",
+                b'"' => b"\\\"",
+                _ => b"\\\\",
+            });
+            from = i + 1;
+        }
+    }
+    out.extend_from_slice(&bytes[from..]);
+}
+
+/// A sample value as Prometheus parses it: integers (the usual case: bytes,
+/// counts) without a fraction or exponent, the rest in Rust's shortest
+/// round-trip form, and `NaN`, `+Inf`, `-Inf`.
+pub fn value(out: &mut Vec<u8>, v: f64) {
+    /// Below this every integer is exact in an f64, so its digits are also
+    /// its shortest round-trip form (what `Display` would write).
+    const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
+    if v.is_nan() {
+        out.extend_from_slice(b"NaN");
+    } else if v.is_infinite() {
+        out.extend_from_slice(if v > 0.0 { b"+Inf" } else { b"-Inf" });
+    } else if v.fract() == 0.0 && v.abs() < EXACT && !(v == 0.0 && v.is_sign_negative()) {
+        if v < 0.0 {
+            out.push(b'-');
+        }
+        decimal(out, v.abs() as u64);
+    } else {
+        use std::io::Write;
+        write!(out, "{v}").expect("writing to a Vec cannot fail");
+    }
+}
+
+fn decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
 /// Encodes whole families into one string (tests and small outputs; the HTTP
-/// layer streams family by family instead).
-pub fn encode_all(families: &[Family], inventory: &Inventory) -> prometheus::Result<String> {
+/// layer streams batch by batch instead).
+pub fn encode_all(families: &[Family], inventory: &Inventory) -> String {
+    let enc = Encoder::new(inventory);
     let mut out = Vec::new();
     for f in families {
-        f.encode(inventory, &mut out)?;
+        f.encode(&enc, &mut out);
     }
-    Ok(String::from_utf8(out).expect("the text encoder writes UTF-8"))
+    String::from_utf8(out).expect("the encoder writes UTF-8")
 }
 
 #[cfg(test)]
@@ -252,7 +361,7 @@ mod tests {
         let mut f = Family::gauge("nomad_host_volume_x_bytes", "An \\ example.\nSecond line.");
         f.volume(0, 5.0);
         f.volume_with(0, &[("reason", "timeout")], 1.0);
-        let text = encode_all(&[f], &inv).unwrap();
+        let text = encode_all(&[f], &inv);
         let id = &inv.volumes[0].volume_id;
         assert_eq!(
             text,
@@ -275,7 +384,7 @@ mod tests {
         for i in 0..inv.volumes.len() {
             f.volume(i, i as f64);
         }
-        let text = encode_all(&[f], &inv).unwrap();
+        let text = encode_all(&[f], &inv);
         assert_eq!(text.matches("# HELP").count(), 1);
         assert_eq!(
             text.matches("# TYPE nomad_host_volume_y_total counter")
@@ -290,6 +399,236 @@ mod tests {
     fn empty_families_write_nothing() {
         let inv = Inventory::for_tests(vec![]);
         let f = Family::gauge("a", "b");
-        assert_eq!(encode_all(&[f], &inv).unwrap(), "");
+        assert_eq!(encode_all(&[f], &inv), "");
+    }
+
+    #[test]
+    fn values_are_written_as_prometheus_parses_them() {
+        let text = |v: f64| {
+            let mut out = Vec::new();
+            value(&mut out, v);
+            String::from_utf8(out).unwrap()
+        };
+        assert_eq!(text(0.0), "0");
+        assert_eq!(text(-0.0), "-0");
+        assert_eq!(text(5.0), "5");
+        assert_eq!(text(-3.0), "-3");
+        assert_eq!(text(1_073_741_824.0), "1073741824");
+        assert_eq!(text(9_007_199_254_740_991.0), "9007199254740991");
+        assert_eq!(text(0.25), "0.25");
+        assert_eq!(text(f64::NAN), "NaN");
+        assert_eq!(text(f64::INFINITY), "+Inf");
+        assert_eq!(text(f64::NEG_INFINITY), "-Inf");
+        for v in [
+            1e300,
+            2f64.powi(60),
+            0.001_234,
+            1.5e-9,
+            18_446_744_073_709_551_615.0,
+        ] {
+            assert_eq!(text(v).parse::<f64>().unwrap(), v, "{v}");
+        }
+    }
+
+    #[test]
+    fn escaping_follows_the_exposition_format() {
+        let esc = |s: &str, quote: bool| {
+            let mut out = Vec::new();
+            escape(&mut out, s, quote);
+            String::from_utf8(out).unwrap()
+        };
+        assert_eq!(esc("plain", true), "plain");
+        assert_eq!(esc("a\\b\"c\nd", true), "a\\\\b\\\"c\\nd");
+        assert_eq!(esc("a\\b\"c\nd", false), "a\\\\b\"c\\nd");
+        assert_eq!(esc("ünïcödé\n", true), "ünïcödé\\n");
+    }
+
+    /// Families like a real scrape's: per-volume gauges and counters, extra
+    /// labels, the info family, unlabelled and owned-label self metrics.
+    fn scrape_like(inv: &Inventory) -> Vec<Family> {
+        let n = inv.volumes.len();
+        let mut fams = Vec::new();
+        let mut info = Family::gauge("nomad_host_volume_info", "Info.");
+        for i in 0..n {
+            info.info(i);
+        }
+        fams.push(info);
+        for k in 0..13 {
+            let name: &'static str = Box::leak(format!("nomad_host_volume_g{k}_bytes").into());
+            let mut f = Family::gauge(name, "A per-volume gauge \\ with\nHELP to escape.");
+            for i in 0..n {
+                f.volume(i, (i as f64) * 4096.0 * (k + 1) as f64);
+            }
+            fams.push(f);
+        }
+        let mut errors = Family::counter("nomad_host_volume_write_errors_total", "Errors.");
+        let mut hits = Family::counter("nomad_host_volume_quota_limit_hits_total", "Hits.");
+        for i in 0..n {
+            for e in ["ENOSPC", "EDQUOT", "EIO", "EROFS", "other"] {
+                let extra: Extra = Box::leak(Box::new([("errno", e)]));
+                errors.volume_with(i, extra, (i % 3) as f64);
+            }
+            hits.volume_with(i, &[("resource", "bytes"), ("limit", "hard")], 0.0);
+        }
+        fams.push(errors);
+        fams.push(hits);
+        let mut durations =
+            Family::gauge("prjquota_exporter_scrape_collector_duration_seconds", "D.");
+        for (c, v) in [("registry", 0.012_345), ("statfs", 1.5), ("quota", 1e-7)] {
+            durations.labelled(vec![("collector", c.to_string())], v);
+        }
+        fams.push(durations);
+        let mut plain = Family::gauge("prjquota_exporter_volumes", "");
+        plain.plain(n as f64);
+        fams.push(plain);
+        fams
+    }
+
+    fn inventory(n: u32) -> Inventory {
+        let mut vols: Vec<_> = (0..n)
+            .map(|i| volume(&format!("ns-{}", i % 7), "default", 1000 + i))
+            .collect();
+        if let Some(v) = vols.first_mut() {
+            v.namespace = "we\"ird\\ns\nx".into();
+            v.volume_name = "name \"quoted\"".into();
+        }
+        Inventory::for_tests(vols)
+    }
+
+    /// The `prometheus` crate's `TextEncoder`, fed `proto::Metric`s as this
+    /// module did before it wrote the format itself: the reference output.
+    mod reference {
+        use super::super::*;
+        use prometheus::proto::{self, MetricType};
+        use prometheus::{Encoder as _, TextEncoder};
+
+        fn metric(f: &Family, inventory: &Inventory, s: &Sample) -> proto::Metric {
+            let mut m = proto::Metric::default();
+            let mut labels = Vec::new();
+            let mut push = |name: &str, value: &str| {
+                let mut lp = proto::LabelPair::default();
+                lp.set_name(name.to_string());
+                lp.set_value(value.to_string());
+                labels.push(lp);
+            };
+            match &s.labels {
+                Labels::None => {}
+                Labels::Volume { index, extra } => {
+                    let v = &inventory.volumes[*index as usize];
+                    push("namespace", &v.namespace);
+                    push("node_pool", &v.node_pool);
+                    push("volume_id", &v.volume_id);
+                    for (k, val) in extra.iter() {
+                        push(k, val);
+                    }
+                }
+                Labels::VolumeInfo { index } => {
+                    let v = &inventory.volumes[*index as usize];
+                    push("namespace", &v.namespace);
+                    push("node_pool", &v.node_pool);
+                    push("volume_id", &v.volume_id);
+                    push("volume_name", &v.volume_name);
+                    push("node_id", &v.node_id);
+                    push("plugin_id", &v.plugin_id);
+                    push("fstype", &v.fstype);
+                    push("project_id", &v.project_id.to_string());
+                }
+                Labels::Owned(pairs) => {
+                    for (k, val) in pairs.iter() {
+                        push(k, val);
+                    }
+                }
+            }
+            m.set_label(labels);
+            match f.kind {
+                Kind::Gauge => {
+                    let mut g = proto::Gauge::default();
+                    g.set_value(s.value);
+                    m.set_gauge(g);
+                }
+                Kind::Counter => {
+                    let mut c = proto::Counter::default();
+                    c.set_value(s.value);
+                    m.set_counter(c);
+                }
+            }
+            m
+        }
+
+        /// The old batched encoding: one `MetricFamily` per batch, the
+        /// repeated `# TYPE` line of later batches cut.
+        pub fn encode_all(families: &[Family], inventory: &Inventory) -> String {
+            let mut out = Vec::new();
+            for f in families {
+                for (b, chunk) in f.samples.chunks(BATCH).enumerate() {
+                    let mut mf = proto::MetricFamily::default();
+                    mf.set_name(f.name.to_string());
+                    mf.set_field_type(match f.kind {
+                        Kind::Gauge => MetricType::GAUGE,
+                        Kind::Counter => MetricType::COUNTER,
+                    });
+                    if b == 0 {
+                        mf.set_help(f.help.to_string());
+                    }
+                    let metrics = mf.mut_metric();
+                    metrics.reserve_exact(chunk.len());
+                    for s in chunk {
+                        metrics.push(metric(f, inventory, s));
+                    }
+                    let start = out.len();
+                    TextEncoder::new()
+                        .encode(std::slice::from_ref(&mf), &mut out)
+                        .unwrap();
+                    if b > 0 {
+                        let nl = out[start..].iter().position(|&c| c == b'\n').unwrap() + 1;
+                        out.drain(start..start + nl);
+                    }
+                }
+            }
+            String::from_utf8(out).unwrap()
+        }
+    }
+
+    #[test]
+    fn same_text_as_the_prometheus_crate() {
+        let inv = inventory(2100); // three batches per family
+        let fams = scrape_like(&inv);
+        let ours = encode_all(&fams, &inv);
+        let theirs = reference::encode_all(&fams, &inv);
+        assert_eq!(ours.len(), theirs.len());
+        for (n, (a, b)) in ours.lines().zip(theirs.lines()).enumerate() {
+            assert_eq!(a, b, "line {}", n + 1);
+        }
+        assert_eq!(ours, theirs);
+    }
+
+    /// Time to encode a 10,000-volume scrape with the `prometheus` crate's
+    /// `TextEncoder` (as this module did before) and with [`Encoder`].
+    /// `cargo test -p prjquota-exporter --release --lib encoder_speed -- --ignored --nocapture`
+    #[test]
+    #[ignore = "a measurement, not a test: run it on purpose"]
+    fn encoder_speed() {
+        use std::time::Instant;
+        let inv = inventory(10_000);
+        let fams = scrape_like(&inv);
+        let samples: usize = fams.iter().map(|f| f.samples.len()).sum();
+        let time = |f: &dyn Fn() -> usize| {
+            let mut best = f64::MAX;
+            let mut bytes = 0;
+            for _ in 0..5 {
+                let t = Instant::now();
+                bytes = f();
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            (best, bytes)
+        };
+        let (old, old_bytes) = time(&|| reference::encode_all(&fams, &inv).len());
+        let (new, new_bytes) = time(&|| encode_all(&fams, &inv).len());
+        assert_eq!(old_bytes, new_bytes);
+        eprintln!(
+            "MEASURE encode_10k_volumes samples={samples} bytes={new_bytes} \
+             prometheus_crate_seconds={old:.4} direct_seconds={new:.4} ratio={:.1}",
+            old / new
+        );
     }
 }

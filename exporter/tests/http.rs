@@ -23,6 +23,8 @@ async fn start(volumes_dir: &std::path::Path) -> Server {
         volumes_dirs: vec![volumes_dir.to_path_buf()],
         statfs_timeout: Duration::from_secs(5),
         quota_events: false,
+        ebpf: prjquota_exporter::collector::EbpfMode::Off,
+        guard: prjquota_exporter::collector::GuardMode::Off,
     };
     let exporter = Arc::new(Exporter::new(&config));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -21,6 +21,8 @@ fn config(dir: &Path, quota_events: bool) -> Config {
         volumes_dirs: vec![dir.to_path_buf()],
         statfs_timeout: Duration::from_secs(5),
         quota_events,
+        ebpf: prjquota_exporter::collector::EbpfMode::Off,
+        guard: prjquota_exporter::collector::GuardMode::Off,
     }
 }
 

@@ -709,11 +709,7 @@ fn two_guards_count_their_own_volumes() {
 
 /// The real exporter with `--guard=enforce`: the attempt is refused,
 /// counted for its volume, and logged with the process that made it.
-///
-/// Ignored until `exporter/src/collector/guard.rs` is registered in the
-/// exporter (its `--guard` flag); then drop the `ignore`.
 #[test]
-#[ignore = "needs the guard collector registered in prjquota-exporter (--guard)"]
 fn the_exporter_counts_refuses_and_logs_attempts() {
     const ATTEMPTS: &str = "nomad_host_volume_projid_change_attempts_total";
     let v = Volume::new(&prjquota_vmtests::fixture::XFS, "guard-exporter");

@@ -7,20 +7,18 @@
 //!    Ready volumes), shared by everything after it;
 //! 2. `quota` reads every project's usage and limits (one pass per
 //!    filesystem) and leaves them in [`Scrape::quota`] for `statfs`;
-//! 3. `statfs`, then `quota_events`, then (later) `ebpf`.
+//! 3. `statfs`, then `quota_events`, then `ebpf`.
 //!
 //! The driver times every collector and turns a failure into
 //! `prjquota_exporter_scrape_collector_success{collector} 0` plus one log line
 //! when the error first appears (and one when it clears), never into a failed
 //! scrape: whatever a failing collector produced before failing is served.
 //!
-//! Adding the eBPF collector: a module `ebpf.rs` with a type implementing
-//! [`Collector`] (`name() == "ebpf"`), which on each scrape syncs its map of
-//! volume roots from `scrape.inventory` and emits
-//! `nomad_host_volume_written_bytes_total` & co. as [`Family::counter`]s with
-//! per-volume samples; then push it in [`Exporter::new`] after
-//! `quota_events`.
+//! The eBPF programs load once, in the background, when the [`Exporter`] is
+//! made; [`Exporter::ebpf_ready`] waits for that (`--ebpf=required`).
 
+pub mod ebpf;
+pub mod guard;
 pub mod quota;
 pub mod quota_events;
 pub mod registry;
@@ -34,6 +32,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use prjquota::quota::ProjectQuota;
+pub use prjquota_ebpf::guard::GuardMode;
+pub use prjquota_ebpf::Mode as EbpfMode;
 
 use crate::inventory::Inventory;
 use crate::metrics::Family;
@@ -82,6 +82,10 @@ pub struct Config {
     pub statfs_timeout: Duration,
     /// Subscribe to the kernel's quota netlink warnings.
     pub quota_events: bool,
+    /// Whether to load the eBPF write-telemetry programs (`--ebpf`).
+    pub ebpf: EbpfMode,
+    /// The quota-escape guard (`--guard`).
+    pub guard: GuardMode,
 }
 
 impl Default for Config {
@@ -90,6 +94,8 @@ impl Default for Config {
             volumes_dirs: vec![PathBuf::from("/opt/nomad/data/host_volumes")],
             statfs_timeout: Duration::from_secs(5),
             quota_events: true,
+            ebpf: EbpfMode::Auto,
+            guard: GuardMode::Detect,
         }
     }
 }
@@ -105,7 +111,6 @@ impl Scraped {
     /// The whole exposition as one string (tests; HTTP streams instead).
     pub fn to_text(&self) -> String {
         crate::metrics::encode_all(&self.families, &self.inventory)
-            .expect("families built by collectors always encode")
     }
 }
 
@@ -118,6 +123,8 @@ pub struct Exporter {
     /// The last error of each failing collector, so that a persistent
     /// failure is logged once, not at every scrape.
     failing: Mutex<HashMap<&'static str, String>>,
+    /// The start-up load of the eBPF programs, when there is one.
+    ebpf: Option<ebpf::Ready>,
 }
 
 pub const BUILD_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -129,15 +136,33 @@ impl Exporter {
         } else {
             quota_events::QuotaEvents::disabled("disabled by configuration")
         };
-        Exporter::with_collectors(
+        let ebpf = ebpf::Ebpf::start(config.ebpf, config.statfs_timeout);
+        let ready = ebpf.ready();
+        let mut exporter = Exporter::with_collectors(
             config,
             vec![
                 Box::new(quota::Quota::new(config.statfs_timeout)),
                 Box::new(statfs::Statfs::new(config.statfs_timeout)),
                 Box::new(events),
-                // Box::new(ebpf::Ebpf::start(…)) goes here.
+                Box::new(ebpf),
+                Box::new(guard::GuardCollector::start(
+                    config.guard,
+                    config.statfs_timeout,
+                )),
             ],
-        )
+        );
+        exporter.ebpf = Some(ready);
+        exporter
+    }
+
+    /// Waits until the eBPF programs are loaded (or known not to load):
+    /// `Err` with the reason when loading failed, `Ok` when they are
+    /// attached or `--ebpf=off`.
+    pub async fn ebpf_ready(&self) -> Result<(), String> {
+        match &self.ebpf {
+            Some(r) => r.clone().wait().await,
+            None => Ok(()),
+        }
     }
 
     /// An exporter with the registry of `config` and the given collectors
@@ -148,6 +173,7 @@ impl Exporter {
             collectors,
             deadline: (config.statfs_timeout * 3).max(Duration::from_secs(10)),
             failing: Mutex::default(),
+            ebpf: None,
         }
     }
 

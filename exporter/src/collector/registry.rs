@@ -156,22 +156,25 @@ impl Registry {
                     scan(&mut cache, index, &path)
                 })
                 .await;
-            let snap = match read {
+            let (snap, stale) = match read {
                 Ok(Ok(s)) => {
                     let s = Arc::new(s);
                     *src.last_good.lock().unwrap_or_else(|e| e.into_inner()) = Some(s.clone());
-                    s
+                    (s, false)
                 }
                 Ok(Err(e)) => {
                     errors.push(format!("cannot read the registry in {key}: {e}"));
-                    self.last_good(src)
+                    (self.last_good(src), true)
                 }
                 Err(blocked) => {
                     errors.push(format!("reading the registry in {key}: {blocked}"));
-                    self.last_good(src)
+                    (self.last_good(src), true)
                 }
             };
-            dirs.push(snap.dir.clone());
+            dirs.push(Dir {
+                stale,
+                ..snap.dir.clone()
+            });
             per_dir.push(snap.volumes.clone());
         }
         let (inventory, dropped) = Inventory::assemble(dirs, per_dir);
@@ -489,7 +492,7 @@ pub mod tests {
             record(C, "default", 1003, State::Creating),
         ];
         let inv = Inventory::from_records(Path::new("/srv/volumes"), Some(1), &recs);
-        let text = crate::metrics::encode_all(&families(&inv), &inv).unwrap();
+        let text = crate::metrics::encode_all(&families(&inv), &inv);
         let expect_lines = [
             "# HELP nomad_host_volume_info Information about a Nomad dynamic host volume made by prjquota on this node; always 1.",
             "# TYPE nomad_host_volume_info gauge",
@@ -577,6 +580,24 @@ pub mod tests {
         let (inv, _) = reg.load().await;
         assert_eq!(inv.volumes.len(), 1);
         assert_eq!(inv.volumes[0].volume_id, B);
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_failed_read_serves_the_last_good_one_marked_stale() {
+        let d = temp_dir("stale");
+        let reg = Registry::new(std::slice::from_ref(&d), Duration::from_secs(5));
+        write_record(&d, &record(A, "default", 1001, State::Ready));
+        let (inv, ok) = reg.load().await;
+        assert!(ok.is_ok() && !inv.dirs[0].stale);
+        // The registry directory replaced by a file: reading it fails.
+        let volumes = d.join(DIR_NAME).join("volumes");
+        fs::remove_dir_all(&volumes).unwrap();
+        fs::write(&volumes, b"not a directory").unwrap();
+        let (inv, ok) = reg.load().await;
+        assert!(ok.is_err());
+        assert!(inv.dirs[0].stale);
+        assert_eq!(inv.volumes.len(), 1, "the last good read");
         fs::remove_dir_all(&d).unwrap();
     }
 

@@ -331,7 +331,7 @@ mod tests {
         ];
         let vols = (0..5).map(|i| volume("default", "default", i)).collect();
         let inv = Inventory::for_tests(vols);
-        let text = crate::metrics::encode_all(&families(&results, None), &inv).unwrap();
+        let text = crate::metrics::encode_all(&families(&results, None), &inv);
         for reason in ["not_found", "permission", "other", "timeout"] {
             assert_eq!(
                 text.matches(&format!("reason=\"{reason}\"}} 1")).count(),
@@ -360,7 +360,7 @@ mod tests {
         });
         let c = Statfs::with_stat(Duration::from_millis(100), stat);
         let scrape = Scrape::new(Inventory::for_tests(vols));
-        let text = |fams: &[Family]| crate::metrics::encode_all(fams, &scrape.inventory).unwrap();
+        let text = |fams: &[Family]| crate::metrics::encode_all(fams, &scrape.inventory);
 
         let mut out = Vec::new();
         assert!(c.collect(&scrape, &mut out).await.is_err());

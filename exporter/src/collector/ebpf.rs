@@ -1,0 +1,655 @@
+//! The ebpf collector: bytes written, write operations and failed writes
+//! per volume, counted in the kernel by `prjquota-ebpf`'s programs.
+//!
+//! The programs are loaded once, at start-up, on the blocking pool (parsing
+//! the kernel's BTF takes a while); `--ebpf` says what happens then:
+//! `auto` (default) runs without them when they cannot load, logging why
+//! once; `required` makes start-up fail ([`Exporter::ebpf_ready`]); `off`
+//! loads nothing. Whatever happens, every scrape reports
+//! `prjquota_exporter_ebpf_program_attached{program}` per hook point and,
+//! while any is not attached, `prjquota_exporter_ebpf_detached_reason{reason}`.
+//!
+//! Each scrape syncs the programs' map of volume roots with the inventory:
+//! the root `<volumes dir>/<volume ID>` is `lstat`ed (on the blocking pool,
+//! one call per volumes directory at a time, with the statfs timeout) for
+//! its `(st_dev, st_ino)`, and each volume ID keeps one index, assigned at
+//! first sight and never reused, for as long as it is in the inventory. A
+//! volumes directory whose registry read failed keeps its roots as they
+//! were (its inventory is the last good read, or nothing), and a root whose
+//! stat timed out keeps its last known identity. The map is rewritten only
+//! when the roots changed.
+//!
+//! [`Exporter::ebpf_ready`]: crate::Exporter::ebpf_ready
+
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::anyhow;
+use prjquota_ebpf::{Counters, ErrnoBucket, Mode, ProgramFailure, WriteTelemetry};
+use tokio::sync::watch;
+
+use super::{BoxFuture, Collector, Scrape};
+use crate::blocking::InFlight;
+use crate::metrics::{Extra, Family};
+
+/// The crate's hook points, reported (as not attached) when no telemetry
+/// was loaded to list them: `--ebpf=off`, or a failure before any program
+/// was tried (no BTF, no bpf(2), no permission to create maps). Checked
+/// against a loaded telemetry's list in the VM tests.
+pub const PROGRAMS: [&str; 3] = [
+    "iomap_file_buffered_write",
+    "generic_perform_write",
+    "iomap_dio_complete",
+];
+
+/// How long a scrape waits for a start-up load still in progress before
+/// reporting `loading`.
+const LOAD_WAIT: Duration = Duration::from_secs(1);
+
+/// The `errno` label sets of `nomad_host_volume_write_errors_total`, in
+/// [`ErrnoBucket::ALL`] order.
+fn errno_labels(b: ErrnoBucket) -> Extra {
+    match b {
+        ErrnoBucket::Enospc => &[("errno", "ENOSPC")],
+        ErrnoBucket::Edquot => &[("errno", "EDQUOT")],
+        ErrnoBucket::Eio => &[("errno", "EIO")],
+        ErrnoBucket::Erofs => &[("errno", "EROFS")],
+        ErrnoBucket::Other => &[("errno", "other")],
+    }
+}
+
+/// Where the programs stand.
+enum Status {
+    /// Start-up has not finished loading them.
+    Loading,
+    /// Not loaded: `reason` is the bounded label (`disabled` for
+    /// `--ebpf=off`, else the crate's `LoadError::reason`), `error` the
+    /// crate's words (`None` when disabled).
+    Detached {
+        reason: &'static str,
+        error: Option<String>,
+        programs: Vec<(&'static str, bool)>,
+    },
+    /// Loaded, with at least one hook attached.
+    Attached {
+        telemetry: Arc<Mutex<WriteTelemetry>>,
+        programs: Vec<(&'static str, bool)>,
+        /// Why the hooks that are not attached failed (`None`: all attached).
+        partial: Option<&'static str>,
+    },
+}
+
+/// One volume's place in the programs' maps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Slot {
+    index: u32,
+    /// Index of its volumes directory in the inventory.
+    dir: usize,
+    /// `(st_dev, st_ino)` of its root, as last seen; `None` when the root
+    /// could not be stat'ed (missing, not a directory).
+    root: Option<(u64, u64)>,
+}
+
+#[derive(Debug, Default)]
+struct Roots {
+    by_id: HashMap<String, Slot>,
+    next: u32,
+    /// What the map holds (sorted), so an unchanged set is not rewritten.
+    applied: Option<Vec<(u64, u64, u32)>>,
+}
+
+impl Roots {
+    /// Folds this scrape's stat results into the slots and returns the
+    /// roots to register. `stats[i]` is volume `i`'s: `Some(Ok)` its
+    /// identity, `Some(Err(()))` not a usable root, `None` no answer.
+    fn update(
+        &mut self,
+        scrape: &Scrape,
+        stats: &[Option<Result<(u64, u64), ()>>],
+    ) -> Vec<(u64, u64, u32)> {
+        let inv = &scrape.inventory;
+        let mut present = std::collections::HashSet::with_capacity(inv.volumes.len());
+        for (v, stat) in inv.volumes.iter().zip(stats) {
+            present.insert(v.volume_id.as_str());
+            let slot = match self.by_id.get_mut(&v.volume_id) {
+                Some(s) => s,
+                None => {
+                    let index = self.next;
+                    // Indexes are never reused: a new volume never inherits a
+                    // deleted one's counters (4 billion creations per run).
+                    self.next = self.next.wrapping_add(1);
+                    self.by_id.entry(v.volume_id.clone()).or_insert(Slot {
+                        index,
+                        dir: v.dir,
+                        root: None,
+                    })
+                }
+            };
+            slot.dir = v.dir;
+            match stat {
+                Some(Ok(id)) => slot.root = Some(*id),
+                Some(Err(())) => slot.root = None,
+                None => {} // no answer: keep what was known
+            }
+        }
+        // A volume gone from the inventory goes, unless its directory's
+        // registry could not be read (then its last state stands).
+        self.by_id.retain(|id, slot| {
+            present.contains(id.as_str()) || inv.dirs.get(slot.dir).is_some_and(|d| d.stale)
+        });
+        let mut roots: Vec<(u64, u64, u32)> = self
+            .by_id
+            .values()
+            .filter_map(|s| s.root.map(|(dev, ino)| (dev, ino, s.index)))
+            .collect();
+        roots.sort_unstable();
+        roots
+    }
+}
+
+pub struct Ebpf {
+    status: watch::Receiver<Arc<Status>>,
+    timeout: Duration,
+    inflight: InFlight,
+    roots: Arc<Mutex<Roots>>,
+}
+
+impl Ebpf {
+    /// Starts loading the programs on the blocking pool (nothing for
+    /// [`Mode::Off`]); scrapes report `loading` until that finishes.
+    pub fn start(mode: Mode, timeout: Duration) -> Ebpf {
+        let initial = if mode == Mode::Off {
+            crate::info!("eBPF write telemetry disabled (--ebpf=off)");
+            Status::Detached {
+                reason: "disabled",
+                error: None,
+                programs: PROGRAMS.iter().map(|p| (*p, false)).collect(),
+            }
+        } else {
+            Status::Loading
+        };
+        let (tx, rx) = watch::channel(Arc::new(initial));
+        if mode != Mode::Off {
+            let work = move || {
+                let status = load(mode);
+                let _ = tx.send(Arc::new(status));
+            };
+            // The runtime's blocking pool when there is a runtime (always,
+            // in the exporter), a thread of its own otherwise.
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => drop(rt.spawn_blocking(work)),
+                Err(_) => drop(std::thread::spawn(work)),
+            }
+        }
+        Ebpf::with_status(rx, timeout)
+    }
+
+    fn with_status(status: watch::Receiver<Arc<Status>>, timeout: Duration) -> Ebpf {
+        Ebpf {
+            status,
+            timeout,
+            inflight: InFlight::new("volume root stat"),
+            roots: Arc::default(),
+        }
+    }
+
+    /// A handle that waits for start-up loading to finish.
+    pub fn ready(&self) -> Ready {
+        Ready(self.status.clone())
+    }
+
+    /// `(st_dev, st_ino)` of every volume root, per volumes directory on one
+    /// blocking thread; `None` where no (meaningful) answer came in time.
+    async fn stat_roots(
+        &self,
+        scrape: &Scrape,
+    ) -> (Vec<Option<Result<(u64, u64), ()>>>, Vec<String>) {
+        let inv = &scrape.inventory;
+        let mut out = vec![None; inv.volumes.len()];
+        let mut errors = Vec::new();
+        for (d, dir) in inv.dirs.iter().enumerate() {
+            let idx: Vec<usize> = inv.volumes_of(d).collect();
+            if idx.is_empty() {
+                continue;
+            }
+            let paths: Vec<PathBuf> = idx.iter().map(|&i| inv.volumes[i].root.clone()).collect();
+            let key = dir.path.display().to_string();
+            let got = self
+                .inflight
+                .run(&key, self.timeout, move || {
+                    paths.iter().map(|p| root_id(p)).collect::<Vec<_>>()
+                })
+                .await;
+            match got {
+                Ok(ids) => {
+                    for (&i, id) in idx.iter().zip(ids) {
+                        out[i] = id;
+                    }
+                }
+                Err(blocked) => {
+                    errors.push(format!("stat of the volume roots in {key}: {blocked}"))
+                }
+            }
+        }
+        (out, errors)
+    }
+}
+
+/// `lstat` of a volume root: its identity when it is a directory (never
+/// through a symlink, so a root swapped for a link does not register the
+/// link's target); `Err` when it is gone or not a directory; `None` when
+/// the answer says nothing about the root (EIO, ESTALE, …), so its last
+/// known identity stands.
+fn root_id(path: &std::path::Path) -> Option<Result<(u64, u64), ()>> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => Some(Ok((m.dev(), m.ino()))),
+        Ok(_) => Some(Err(())),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => Some(Err(())),
+        Err(_) => None,
+    }
+}
+
+/// The crate's bounded label for why `failures` failed: their shared
+/// reason, else `other` (as `LoadError::reason` does).
+fn shared_reason(failures: &[ProgramFailure]) -> &'static str {
+    let mut reasons = failures.iter().map(|f| f.reason);
+    match reasons.next() {
+        Some(first) if reasons.all(|r| r == first) => first.label(),
+        _ => "other",
+    }
+}
+
+fn load(mode: Mode) -> Status {
+    match WriteTelemetry::start(mode) {
+        Ok(Some(t)) => {
+            let programs = t.programs();
+            let partial = (!t.failures().is_empty()).then(|| shared_reason(t.failures()));
+            let attached: Vec<&str> = programs.iter().filter(|p| p.1).map(|p| p.0).collect();
+            crate::info!(
+                "eBPF write telemetry attached",
+                programs = attached.join(",")
+            );
+            for f in t.failures() {
+                crate::warn!(
+                    "an eBPF write-telemetry program did not attach; its writes are not counted",
+                    program = f.program,
+                    reason = f.reason.label(),
+                    err = f
+                );
+            }
+            Status::Attached {
+                telemetry: Arc::new(Mutex::new(t)),
+                programs,
+                partial,
+            }
+        }
+        Ok(None) => Status::Detached {
+            reason: "disabled",
+            error: None,
+            programs: PROGRAMS.iter().map(|p| (*p, false)).collect(),
+        },
+        Err(e) => {
+            let reason = e.reason();
+            let mut programs: Vec<(&'static str, bool)> =
+                e.failures().iter().map(|f| (f.program, false)).collect();
+            if programs.is_empty() {
+                programs = PROGRAMS.iter().map(|p| (*p, false)).collect();
+            }
+            if mode != Mode::Required {
+                // Logged once, here; scrapes only report it as metrics.
+                crate::warn!(
+                    "eBPF write telemetry is off: written bytes, write operations and write errors per volume are not reported",
+                    reason = reason,
+                    err = e
+                );
+            }
+            Status::Detached {
+                reason,
+                error: Some(e.to_string()),
+                programs,
+            }
+        }
+    }
+}
+
+/// Waits for the start-up load (see [`Ebpf::ready`]).
+#[derive(Clone)]
+pub struct Ready(watch::Receiver<Arc<Status>>);
+
+impl Ready {
+    /// `Err` with the crate's explanation when loading failed; `Ok` when
+    /// attached or disabled.
+    pub async fn wait(mut self) -> Result<(), String> {
+        let status = match self.0.wait_for(|s| !matches!(**s, Status::Loading)).await {
+            Ok(s) => s.clone(),
+            Err(_) => return Err("the eBPF loader stopped without a result".into()),
+        };
+        match &*status {
+            Status::Detached { error: Some(e), .. } => Err(e.clone()),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Collector for Ebpf {
+    fn name(&self) -> &'static str {
+        "ebpf"
+    }
+
+    fn collect<'a>(
+        &'a self,
+        scrape: &'a Scrape,
+        out: &'a mut Vec<Family>,
+    ) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move {
+            // A scrape right at start-up may come while the programs are
+            // still loading: give them a moment, never a long one.
+            let mut rx = self.status.clone();
+            let status = match tokio::time::timeout(
+                self.timeout.min(LOAD_WAIT),
+                rx.wait_for(|s| !matches!(**s, Status::Loading)),
+            )
+            .await
+            {
+                Ok(Ok(s)) => s.clone(),
+                _ => self.status.borrow().clone(),
+            };
+            match &*status {
+                Status::Loading => {
+                    let programs: Vec<_> = PROGRAMS.iter().map(|p| (*p, false)).collect();
+                    out.extend(status_families(&programs, Some("loading")));
+                    Ok(())
+                }
+                Status::Detached {
+                    reason, programs, ..
+                } => {
+                    // Logged once at start-up; a detached collector has
+                    // nothing more to report, which is not a failure.
+                    out.extend(status_families(programs, Some(reason)));
+                    Ok(())
+                }
+                Status::Attached {
+                    telemetry,
+                    programs,
+                    partial,
+                } => {
+                    out.extend(status_families(programs, *partial));
+                    self.collect_counters(scrape, telemetry, out).await
+                }
+            }
+        })
+    }
+}
+
+impl Ebpf {
+    async fn collect_counters(
+        &self,
+        scrape: &Scrape,
+        telemetry: &Arc<Mutex<WriteTelemetry>>,
+        out: &mut Vec<Family>,
+    ) -> anyhow::Result<()> {
+        let (stats, mut errors) = self.stat_roots(scrape).await;
+        let (roots, index_of) = {
+            let mut r = self.roots.lock().unwrap_or_else(|e| e.into_inner());
+            let roots = r.update(scrape, &stats);
+            let apply = (r.applied.as_ref() != Some(&roots)).then(|| roots.clone());
+            let index_of: Vec<Option<u32>> = scrape
+                .inventory
+                .volumes
+                .iter()
+                .map(|v| r.by_id.get(&v.volume_id).map(|s| s.index))
+                .collect();
+            (apply, index_of)
+        };
+        let (t, state) = (telemetry.clone(), self.roots.clone());
+        let read = tokio::task::spawn_blocking(move || {
+            let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
+            let mut error = None;
+            if let Some(roots) = roots {
+                match t.set_roots(&roots) {
+                    Ok(u) => {
+                        if !u.rejected.is_empty() {
+                            crate::warn!(
+                                "volume roots on devices the kernel cannot name were skipped",
+                                roots = u.rejected.len()
+                            );
+                        }
+                        crate::debug!(
+                            "eBPF volume roots updated",
+                            added = u.added,
+                            changed = u.changed,
+                            removed = u.removed,
+                            pruned_counters = u.pruned_counters
+                        );
+                        state.lock().unwrap_or_else(|e| e.into_inner()).applied = Some(roots);
+                    }
+                    Err(e) => {
+                        // Retried at the next scrape.
+                        state.lock().unwrap_or_else(|e| e.into_inner()).applied = None;
+                        error = Some(format!("cannot update the eBPF volume roots: {e}"));
+                    }
+                }
+            }
+            (t.read(), error)
+        })
+        .await;
+        let counters = match read {
+            Ok((Ok(c), error)) => {
+                errors.extend(error);
+                c
+            }
+            Ok((Err(e), error)) => {
+                errors.extend(error);
+                errors.push(format!("cannot read the eBPF counters: {e}"));
+                return Err(anyhow!(errors.join("; ")));
+            }
+            Err(e) => return Err(anyhow!("reading the eBPF counters panicked: {e}")),
+        };
+        out.extend(counter_families(&counters, &index_of));
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(anyhow!(errors.join("; ")))
+        }
+    }
+}
+
+/// `…_ebpf_program_attached` per hook and, when some are not attached,
+/// `…_ebpf_detached_reason`.
+fn status_families(programs: &[(&'static str, bool)], detached: Option<&str>) -> Vec<Family> {
+    let mut attached = Family::gauge(
+        "prjquota_exporter_ebpf_program_attached",
+        "Whether the eBPF write-telemetry program of a kernel hook point is attached (1) or not (0); nomad_host_volume_written_bytes_total, …_write_operations_total and …_write_errors_total miss the writes of a detached hook point.",
+    );
+    for (program, ok) in programs {
+        attached.labelled(
+            vec![("program", program.to_string())],
+            if *ok { 1.0 } else { 0.0 },
+        );
+    }
+    let mut fams = vec![attached];
+    if let Some(reason) = detached {
+        let mut why = Family::gauge(
+            "prjquota_exporter_ebpf_detached_reason",
+            "1, labelled with why, while some eBPF write-telemetry program is not attached: disabled (--ebpf=off), loading (start-up has not finished), permission, no_btf, bad_btf, bpf_unavailable, function_not_found, verifier, kernel_too_old, attach or other. The exporter logs the details at start-up. No series when every program is attached.",
+        );
+        why.labelled(vec![("reason", reason.to_string())], 1.0);
+        fams.push(why);
+    }
+    fams
+}
+
+/// The per-volume counters of the volumes with a registered root
+/// (`index_of[i]`: volume `i`'s index), and the unattributed writes.
+fn counter_families(counters: &Counters, index_of: &[Option<u32>]) -> Vec<Family> {
+    let n = index_of.len();
+    let mut bytes = Family::counter(
+        "nomad_host_volume_written_bytes_total",
+        "Bytes written to files below the volume root by successful writes (write, pwrite, writev, O_DIRECT, io_uring, aio), counted by eBPF since the exporter started or the volume appeared.",
+    )
+    .with_capacity(n);
+    let mut ops = Family::counter(
+        "nomad_host_volume_write_operations_total",
+        "Successful writes (that wrote at least one byte) to files below the volume root, counted by eBPF since the exporter started or the volume appeared.",
+    )
+    .with_capacity(n);
+    let mut errors = Family::counter(
+        "nomad_host_volume_write_errors_total",
+        "Failed writes to files below the volume root by errno: ENOSPC (on XFS also a full project quota), EDQUOT (on ext4 a full project quota), EIO, EROFS, other; counted by eBPF since the exporter started or the volume appeared.",
+    )
+    .with_capacity(n * ErrnoBucket::ALL.len());
+    for (i, index) in index_of.iter().enumerate() {
+        // A volume whose root is not registered (not stat'able) has no
+        // series: its writes are not being counted.
+        let Some(c) = index.and_then(|x| counters.volumes.get(&x)) else {
+            continue;
+        };
+        bytes.volume(i, c.written_bytes as f64);
+        ops.volume(i, c.write_ops as f64);
+        for (b, count) in c.errors_by_bucket() {
+            errors.volume_with(i, errno_labels(b), count as f64);
+        }
+    }
+    let mut unattributed = Family::counter(
+        "prjquota_exporter_ebpf_unattributed_writes_total",
+        "Successful write operations the eBPF programs counted for no volume, by reason: other_filesystems (a filesystem without volumes), outside_roots (a volumes filesystem, not below a volume root), walk_limit (nested deeper than the programs look for a volume root: these are volume writes that went uncounted).",
+    );
+    let u = &counters.unattributed;
+    for (reason, c) in [
+        ("other_filesystems", &u.other_filesystems),
+        ("outside_roots", &u.outside_roots),
+        ("walk_limit", &u.walk_limit),
+    ] {
+        unattributed.labelled(vec![("reason", reason.to_string())], c.write_ops as f64);
+    }
+    vec![bytes, ops, errors, unattributed]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::tests::volume;
+    use crate::inventory::{Dir, Inventory};
+    use prjquota_ebpf::VolumeCounters;
+
+    fn scrape(ids: &[u32], stale: bool) -> Scrape {
+        let mut inv = Inventory::for_tests(ids.iter().map(|&i| volume("ns", "pool", i)).collect());
+        inv.dirs[0].stale = stale;
+        Scrape::new(inv)
+    }
+
+    fn text(fams: &[Family], scrape: &Scrape) -> String {
+        crate::metrics::encode_all(fams, &scrape.inventory)
+    }
+
+    #[test]
+    fn indexes_are_stable_never_reused_and_follow_the_inventory() {
+        let mut r = Roots::default();
+        let s = scrape(&[1, 2], false);
+        let roots = r.update(&s, &[Some(Ok((8, 100))), Some(Ok((8, 200)))]);
+        assert_eq!(roots, vec![(8, 100, 0), (8, 200, 1)]);
+        // Volume 1 deleted, 3 created: 3 gets a new index, 2 keeps its own.
+        let s = scrape(&[2, 3], false);
+        let roots = r.update(&s, &[Some(Ok((8, 200))), Some(Ok((8, 300)))]);
+        assert_eq!(roots, vec![(8, 200, 1), (8, 300, 2)]);
+        // A root that cannot be stat'ed is dropped, one that timed out kept.
+        let roots = r.update(&s, &[Some(Err(())), None]);
+        assert_eq!(roots, vec![(8, 300, 2)]);
+        assert_eq!(r.by_id.len(), 2, "the unstat'able volume keeps its index");
+    }
+
+    #[test]
+    fn a_failed_registry_read_keeps_the_roots() {
+        let mut r = Roots::default();
+        let s = scrape(&[1, 2], false);
+        r.update(&s, &[Some(Ok((8, 100))), Some(Ok((8, 200)))]);
+        // The registry could not be read and nothing was read before: an
+        // empty, stale inventory must not empty the map.
+        let s = scrape(&[], true);
+        assert_eq!(r.update(&s, &[]), vec![(8, 100, 0), (8, 200, 1)]);
+        let s = scrape(&[], false);
+        assert_eq!(r.update(&s, &[]), vec![]);
+    }
+
+    #[test]
+    fn every_volume_with_a_root_gets_all_series() {
+        let s = scrape(&[1, 2, 3], false);
+        let mut counters = Counters::default();
+        let mut a = VolumeCounters {
+            written_bytes: 4096,
+            write_ops: 2,
+            ..VolumeCounters::default()
+        };
+        a.errors[0] = 3; // ENOSPC
+        counters.volumes.insert(7, a);
+        counters.volumes.insert(9, VolumeCounters::default());
+        counters.unattributed.walk_limit.write_ops = 5;
+        let fams = counter_families(&counters, &[Some(7), Some(9), None]);
+        let t = text(&fams, &s);
+        let (v1, v2, v3) = (
+            &s.inventory.volumes[0].volume_id,
+            &s.inventory.volumes[1].volume_id,
+            &s.inventory.volumes[2].volume_id,
+        );
+        for line in [
+            format!("nomad_host_volume_written_bytes_total{{namespace=\"ns\",node_pool=\"pool\",volume_id=\"{v1}\"}} 4096"),
+            format!("nomad_host_volume_write_operations_total{{namespace=\"ns\",node_pool=\"pool\",volume_id=\"{v1}\"}} 2"),
+            format!("nomad_host_volume_write_errors_total{{namespace=\"ns\",node_pool=\"pool\",volume_id=\"{v1}\",errno=\"ENOSPC\"}} 3"),
+            format!("nomad_host_volume_write_errors_total{{namespace=\"ns\",node_pool=\"pool\",volume_id=\"{v2}\",errno=\"other\"}} 0"),
+            format!("nomad_host_volume_written_bytes_total{{namespace=\"ns\",node_pool=\"pool\",volume_id=\"{v2}\"}} 0"),
+            "prjquota_exporter_ebpf_unattributed_writes_total{reason=\"walk_limit\"} 5".to_string(),
+            "prjquota_exporter_ebpf_unattributed_writes_total{reason=\"outside_roots\"} 0".to_string(),
+        ] {
+            assert!(t.lines().any(|l| l == line), "missing {line:?} in\n{t}");
+        }
+        assert_eq!(
+            t.matches("nomad_host_volume_write_errors_total{").count(),
+            10
+        );
+        assert!(!t.contains(v3.as_str()), "no root, no series:\n{t}");
+        assert!(t.contains("# TYPE nomad_host_volume_write_errors_total counter"));
+    }
+
+    #[tokio::test]
+    async fn off_reports_every_program_detached_as_disabled() {
+        let e = Ebpf::start(Mode::Off, Duration::from_secs(1));
+        e.ready().wait().await.unwrap();
+        let s = scrape(&[1], false);
+        let mut out = Vec::new();
+        e.collect(&s, &mut out).await.unwrap();
+        let t = text(&out, &s);
+        for p in PROGRAMS {
+            let line = format!("prjquota_exporter_ebpf_program_attached{{program=\"{p}\"}} 0");
+            assert!(t.lines().any(|l| l == line), "{t}");
+        }
+        assert!(t.contains("prjquota_exporter_ebpf_detached_reason{reason=\"disabled\"} 1\n"));
+        assert!(!t.contains("nomad_host_volume_written_bytes_total{"), "{t}");
+    }
+
+    #[tokio::test]
+    async fn still_loading_is_reported_as_loading() {
+        let (_tx, rx) = watch::channel(Arc::new(Status::Loading));
+        let e = Ebpf::with_status(rx, Duration::from_millis(10));
+        let s = scrape(&[1], false);
+        let mut out = Vec::new();
+        e.collect(&s, &mut out).await.unwrap();
+        let t = text(&out, &s);
+        assert!(
+            t.contains("prjquota_exporter_ebpf_detached_reason{reason=\"loading\"} 1\n"),
+            "{t}"
+        );
+        assert_eq!(
+            t.matches("prjquota_exporter_ebpf_program_attached{")
+                .count(),
+            3
+        );
+    }
+
+    #[test]
+    fn dir_default_is_not_stale() {
+        assert!(!Dir::default().stale);
+    }
+}

@@ -1,0 +1,604 @@
+//! The guard collector: attempts to move files out of a volume's project,
+//! counted (and with `--guard=enforce` refused) in the kernel by
+//! `prjquota_ebpf::guard`.
+//!
+//! A project quota only holds while the volume's files stay in its project;
+//! a file's owner, or root in a container without CAP_SYS_ADMIN, can give a
+//! file another project ID (or clear PROJINHERIT on a directory) and stop
+//! paying for it. `--guard` says what the exporter does about it:
+//!
+//! - `detect` (default): count attempts per volume by outcome,
+//!   `nomad_host_volume_projid_change_attempts_total{result="allowed|denied"}`,
+//!   and log each one (process name, pid, uid, cgroup ID);
+//! - `enforce`: also refuse them with EPERM through a BPF LSM program. When
+//!   the BPF LSM is not active (or the program cannot attach) the guard
+//!   falls back to detect, logs why once, and reports
+//!   `prjquota_exporter_guard_enforcing 0` with
+//!   `prjquota_exporter_guard_fallback{reason}`;
+//! - `off`: load nothing.
+//!
+//! `prjquota_exporter_guard_mode{mode}` has one series per mode, 1 for the
+//! mode in force (`off` when loading failed). Who may change a project ID
+//! without being counted: callers with CAP_SYS_ADMIN in the initial user
+//! namespace (the plugin, administrators); their changes are logged at info
+//! and counted in `prjquota_exporter_guard_privileged_changes_total`.
+//!
+//! Each scrape syncs the guard's map of volume roots with the inventory,
+//! like the ebpf collector: each root is `lstat`ed (on the blocking pool,
+//! one call per volumes directory at a time, with the statfs timeout), each
+//! volume ID keeps one index from first sight, and the map is rewritten only
+//! when something changed (root identity, index or project ID).
+
+use std::collections::{HashMap, HashSet};
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::anyhow;
+use prjquota_ebpf::guard::{Guard, GuardCounters, GuardEvent, GuardMode, Outcome};
+use tokio::sync::watch;
+
+use super::{BoxFuture, Collector, Scrape};
+use crate::blocking::InFlight;
+use crate::metrics::{Extra, Family};
+
+/// How long a scrape waits for the start-up load at most.
+const LOAD_WAIT: Duration = Duration::from_secs(2);
+/// Events logged one by one per scrape; the rest are summed up in one line.
+const MAX_LOGGED_EVENTS: usize = 50;
+
+const ALLOWED: Extra = &[("result", "allowed")];
+const DENIED: Extra = &[("result", "denied")];
+
+/// Where the guard stands.
+enum Status {
+    Loading,
+    /// Nothing loaded: `--guard=off` (`error` None) or loading failed.
+    Off {
+        reason: &'static str,
+        error: Option<String>,
+    },
+    Loaded {
+        guard: Arc<Mutex<Guard>>,
+        mode: GuardMode,
+        /// Enforcement asked for and not in force: (label, words).
+        fallback: Option<(&'static str, String)>,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Slot {
+    index: u32,
+    /// `(st_dev, st_ino)` of the root as last seen.
+    root: Option<(u64, u64)>,
+    project_id: u32,
+}
+
+#[derive(Debug, Default)]
+struct Roots {
+    by_id: HashMap<String, Slot>,
+    next: u32,
+    /// What the map holds (sorted).
+    applied: Option<Vec<(u64, u64, u32, u32)>>,
+}
+
+impl Roots {
+    /// Folds this scrape's stat results in (`stats[i]` for volume `i`:
+    /// `Some(Ok)` its identity, `Some(Err)` not a usable root, `None` no
+    /// answer) and returns the roots to register.
+    fn update(
+        &mut self,
+        scrape: &Scrape,
+        stats: &[Option<Result<(u64, u64), ()>>],
+    ) -> Vec<(u64, u64, u32, u32)> {
+        let inv = &scrape.inventory;
+        let mut present = HashSet::with_capacity(inv.volumes.len());
+        for (v, stat) in inv.volumes.iter().zip(stats) {
+            present.insert(v.volume_id.as_str());
+            let next = &mut self.next;
+            let slot = self.by_id.entry(v.volume_id.clone()).or_insert_with(|| {
+                let index = *next;
+                // Never reused: a new volume never inherits old counters.
+                *next = next.wrapping_add(1);
+                Slot {
+                    index,
+                    root: None,
+                    project_id: v.project_id,
+                }
+            });
+            slot.project_id = v.project_id;
+            match stat {
+                Some(Ok(id)) => slot.root = Some(*id),
+                Some(Err(())) => slot.root = None,
+                None => {}
+            }
+        }
+        self.by_id.retain(|id, _| present.contains(id.as_str()));
+        let mut roots: Vec<(u64, u64, u32, u32)> = self
+            .by_id
+            .values()
+            .filter_map(|s| s.root.map(|(dev, ino)| (dev, ino, s.index, s.project_id)))
+            .collect();
+        roots.sort_unstable();
+        roots
+    }
+}
+
+pub struct GuardCollector {
+    status: watch::Receiver<Arc<Status>>,
+    timeout: Duration,
+    inflight: InFlight,
+    roots: Arc<Mutex<Roots>>,
+}
+
+impl GuardCollector {
+    /// Starts loading the guard on the blocking pool (nothing for
+    /// [`GuardMode::Off`]). Must be called inside a tokio runtime unless
+    /// `mode` is off.
+    pub fn start(mode: GuardMode, timeout: Duration) -> GuardCollector {
+        let initial = if mode == GuardMode::Off {
+            crate::info!("quota-escape guard disabled (--guard=off)");
+            Status::Off {
+                reason: "disabled",
+                error: None,
+            }
+        } else {
+            Status::Loading
+        };
+        let (tx, rx) = watch::channel(Arc::new(initial));
+        if mode != GuardMode::Off {
+            tokio::task::spawn_blocking(move || {
+                let _ = tx.send(Arc::new(load(mode)));
+            });
+        }
+        GuardCollector {
+            status: rx,
+            timeout,
+            inflight: InFlight::new("volume root stat"),
+            roots: Arc::default(),
+        }
+    }
+
+    /// `(st_dev, st_ino)` of every volume root, per volumes directory on one
+    /// blocking thread; `None` where no answer came in time.
+    async fn stat_roots(
+        &self,
+        scrape: &Scrape,
+    ) -> (Vec<Option<Result<(u64, u64), ()>>>, Vec<String>) {
+        let inv = &scrape.inventory;
+        let mut out = vec![None; inv.volumes.len()];
+        let mut errors = Vec::new();
+        for (d, dir) in inv.dirs.iter().enumerate() {
+            let idx: Vec<usize> = inv.volumes_of(d).collect();
+            if idx.is_empty() {
+                continue;
+            }
+            let paths: Vec<PathBuf> = idx.iter().map(|&i| inv.volumes[i].root.clone()).collect();
+            // A key of its own: the ebpf collector's stats of the same
+            // directory do not block these.
+            let key = format!("guard:{}", dir.path.display());
+            match self
+                .inflight
+                .run(&key, self.timeout, move || {
+                    paths.iter().map(|p| root_id(p)).collect::<Vec<_>>()
+                })
+                .await
+            {
+                Ok(ids) => {
+                    for (&i, id) in idx.iter().zip(ids) {
+                        out[i] = Some(id);
+                    }
+                }
+                Err(blocked) => errors.push(format!(
+                    "stat of the volume roots in {}: {blocked}",
+                    dir.path.display()
+                )),
+            }
+        }
+        (out, errors)
+    }
+
+    async fn collect_guard(
+        &self,
+        scrape: &Scrape,
+        guard: &Arc<Mutex<Guard>>,
+        out: &mut Vec<Family>,
+    ) -> anyhow::Result<()> {
+        let (stats, mut errors) = self.stat_roots(scrape).await;
+        let (apply, index_of) = {
+            let mut r = self.roots.lock().unwrap_or_else(|e| e.into_inner());
+            let roots = r.update(scrape, &stats);
+            let apply = (r.applied.as_ref() != Some(&roots)).then_some(roots);
+            let index_of: Vec<Option<u32>> = scrape
+                .inventory
+                .volumes
+                .iter()
+                .map(|v| r.by_id.get(&v.volume_id).map(|s| s.index))
+                .collect();
+            (apply, index_of)
+        };
+        let (g, state) = (guard.clone(), self.roots.clone());
+        let read = tokio::task::spawn_blocking(move || {
+            let mut g = g.lock().unwrap_or_else(|e| e.into_inner());
+            let mut error = None;
+            if let Some(roots) = apply {
+                match g.set_roots(&roots) {
+                    Ok(u) => {
+                        crate::debug!(
+                            "guard volume roots updated",
+                            added = u.added,
+                            changed = u.changed,
+                            removed = u.removed
+                        );
+                        state.lock().unwrap_or_else(|e| e.into_inner()).applied = Some(roots);
+                    }
+                    Err(e) => error = Some(format!("updating the guard's volume roots: {e}")),
+                }
+            }
+            let events = g.drain_events();
+            (g.read(), events, error)
+        })
+        .await;
+        let (counters, events, set_error) = match read {
+            Ok(r) => r,
+            Err(e) => return Err(anyhow!("reading the guard's maps panicked: {e}")),
+        };
+        errors.extend(set_error);
+        log_events(scrape, &index_of, &events);
+        match counters {
+            Ok(c) => out.extend(counter_families(scrape, &index_of, &c)),
+            Err(e) => errors.push(format!("reading the guard's counters: {e}")),
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(anyhow!(errors.join("; ")))
+        }
+    }
+}
+
+/// `lstat` of a volume root: its identity when it is a directory.
+fn root_id(path: &std::path::Path) -> Result<(u64, u64), ()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => Ok((m.dev(), m.ino())),
+        _ => Err(()),
+    }
+}
+
+fn load(mode: GuardMode) -> Status {
+    match Guard::load(mode) {
+        Ok(g) => {
+            let fallback = g.not_enforcing().map(|why| (why.reason(), why.to_string()));
+            match &fallback {
+                Some((reason, why)) => crate::warn!(
+                    "quota-escape guard: enforcement unavailable, detecting only: project-ID changes under volume roots are counted, not refused",
+                    reason = reason,
+                    err = why
+                ),
+                None => crate::info!(
+                    "quota-escape guard attached",
+                    mode = g.mode(),
+                    lsm = g.lsm_program().unwrap_or("-")
+                ),
+            }
+            Status::Loaded {
+                mode: g.mode(),
+                guard: Arc::new(Mutex::new(g)),
+                fallback,
+            }
+        }
+        Err(e) => {
+            crate::warn!(
+                "quota-escape guard is off: project-ID changes under volume roots are neither counted nor refused",
+                requested = mode,
+                reason = e.reason(),
+                err = e
+            );
+            Status::Off {
+                reason: e.reason(),
+                error: Some(e.to_string()),
+            }
+        }
+    }
+}
+
+/// Logs each event (privileged changes at info, attempts at warn), at most
+/// [`MAX_LOGGED_EVENTS`] per scrape.
+fn log_events(scrape: &Scrape, index_of: &[Option<u32>], events: &[GuardEvent]) {
+    if events.is_empty() {
+        return;
+    }
+    let volume_of: HashMap<u32, usize> = index_of
+        .iter()
+        .enumerate()
+        .filter_map(|(i, idx)| idx.map(|x| (x, i)))
+        .collect();
+    for e in events.iter().take(MAX_LOGGED_EVENTS) {
+        let vol = e
+            .index
+            .and_then(|x| volume_of.get(&x))
+            .map(|&i| &scrape.inventory.volumes[i]);
+        let (namespace, volume_id) =
+            vol.map_or(("-", "-"), |v| (v.namespace.as_str(), v.volume_id.as_str()));
+        let errno = match e.errno {
+            None => "-".to_string(),
+            Some(libc::EPERM) => "EPERM".to_string(),
+            Some(libc::EINVAL) => "EINVAL".to_string(),
+            Some(libc::EOPNOTSUPP) => "EOPNOTSUPP".to_string(),
+            Some(n) => format!("errno {n}"),
+        };
+        let msg = match (e.privileged, e.result) {
+            (true, _) => "project ID changed under a volume root by a privileged process",
+            (false, Outcome::Allowed) => {
+                "quota escape: a process moved files out of a volume's project quota"
+            }
+            (false, Outcome::Denied) => "quota escape attempt refused",
+        };
+        let log = |level| {
+            crate::log::emit(
+                level,
+                msg,
+                &[
+                    ("namespace", &namespace),
+                    ("volume_id", &volume_id),
+                    ("what", &e.describe()),
+                    ("result", &e.result.label()),
+                    ("by", &format!("{:?}", e.source).to_lowercase()),
+                    ("comm", &e.comm),
+                    ("pid", &e.pid),
+                    ("uid", &e.uid),
+                    ("cgroup_id", &e.cgroup_id),
+                    ("inode", &e.ino),
+                    ("err", &errno),
+                ],
+            )
+        };
+        if e.privileged {
+            if crate::log::enabled(crate::log::Level::Info) {
+                log(crate::log::Level::Info);
+            }
+        } else if crate::log::enabled(crate::log::Level::Warn) {
+            log(crate::log::Level::Warn);
+        }
+    }
+    if events.len() > MAX_LOGGED_EVENTS {
+        crate::warn!(
+            "more quota-escape guard events than logged",
+            logged = MAX_LOGGED_EVENTS,
+            total = events.len()
+        );
+    }
+}
+
+fn attempts_family(capacity: usize) -> Family {
+    Family::counter(
+        "nomad_host_volume_projid_change_attempts_total",
+        "Attempts to move files out of the volume's project quota (set another project ID, or clear PROJINHERIT on a directory) by processes without CAP_SYS_ADMIN in the initial user namespace, by result: allowed (the change went through: those files no longer count against the volume) or denied (refused by the guard with --guard=enforce, or by the kernel). Counted in the kernel since the exporter started.",
+    )
+    .with_capacity(capacity)
+}
+
+fn counter_families(scrape: &Scrape, index_of: &[Option<u32>], c: &GuardCounters) -> Vec<Family> {
+    let inv = &scrape.inventory;
+    let mut attempts = attempts_family(2 * inv.volumes.len());
+    for (i, idx) in index_of.iter().enumerate() {
+        // Only volumes whose root is registered (known identity).
+        let Some(o) = idx.and_then(|x| c.volumes.get(&x)) else {
+            continue;
+        };
+        attempts.volume_with(i, ALLOWED, o.allowed as f64);
+        attempts.volume_with(i, DENIED, o.denied as f64);
+    }
+    let mut unattributed = Family::counter(
+        "prjquota_exporter_guard_unattributed_attempts_total",
+        "Project-ID changes on a volume filesystem too deep below its root for the guard to tell the volume (treated as attempts), by result.",
+    );
+    unattributed.labelled(
+        vec![("result", "allowed".into())],
+        c.walk_limit.allowed as f64,
+    );
+    unattributed.labelled(
+        vec![("result", "denied".into())],
+        c.walk_limit.denied as f64,
+    );
+    let mut privileged = Family::counter(
+        "prjquota_exporter_guard_privileged_changes_total",
+        "Project-ID changes under volume roots by processes with CAP_SYS_ADMIN (the plugin, administrators): allowed and logged, not attempts.",
+    );
+    privileged.plain(c.privileged as f64);
+    let mut lost = Family::counter(
+        "prjquota_exporter_guard_events_lost_total",
+        "Guard events (log lines) lost because the kernel's ring buffer was full; the counters are exact regardless.",
+    );
+    lost.plain(c.events_lost as f64);
+    vec![attempts, unattributed, privileged, lost]
+}
+
+fn mode_families(mode: GuardMode, fallback: Option<&'static str>) -> Vec<Family> {
+    let mut m = Family::gauge(
+        "prjquota_exporter_guard_mode",
+        "The quota-escape guard's mode in force (1) among off, detect and enforce: off when disabled or when it could not load, detect when enforcement was asked for without an active BPF LSM.",
+    );
+    for x in GuardMode::ALL {
+        m.labelled(
+            vec![("mode", x.label().to_string())],
+            if x == mode { 1.0 } else { 0.0 },
+        );
+    }
+    let mut e = Family::gauge(
+        "prjquota_exporter_guard_enforcing",
+        "Whether the quota-escape guard refuses project-ID changes under volume roots (BPF LSM attached).",
+    );
+    e.plain(if mode == GuardMode::Enforce { 1.0 } else { 0.0 });
+    let mut out = vec![m, e];
+    if let Some(reason) = fallback {
+        let mut f = Family::gauge(
+            "prjquota_exporter_guard_fallback",
+            "Present while --guard=enforce runs as detect, with the reason (lsm_inactive: the BPF LSM is not in the kernel's lsm= list; lsm_unknown: securityfs unreadable; else why the LSM program failed).",
+        );
+        f.labelled(vec![("reason", reason.to_string())], 1.0);
+        out.push(f);
+    }
+    out
+}
+
+impl Collector for GuardCollector {
+    fn name(&self) -> &'static str {
+        "guard"
+    }
+
+    fn collect<'a>(
+        &'a self,
+        scrape: &'a Scrape,
+        out: &'a mut Vec<Family>,
+    ) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move {
+            let mut rx = self.status.clone();
+            let status = match tokio::time::timeout(
+                self.timeout.min(LOAD_WAIT),
+                rx.wait_for(|s| !matches!(**s, Status::Loading)),
+            )
+            .await
+            {
+                Ok(Ok(s)) => s.clone(),
+                _ => self.status.borrow().clone(),
+            };
+            match &*status {
+                Status::Loading => {
+                    out.extend(mode_families(GuardMode::Off, None));
+                    out.push(attempts_family(0));
+                    Ok(())
+                }
+                Status::Off { reason, error } => {
+                    out.extend(mode_families(GuardMode::Off, None));
+                    // No samples (nothing is counted), but the family is
+                    // known: the dashboards' lint reads the catalogue.
+                    out.push(attempts_family(0));
+                    match error {
+                        // Logged at start-up; a failed collector says so too.
+                        Some(e) => Err(anyhow!(
+                            "the quota-escape guard did not load ({reason}): {e}"
+                        )),
+                        None => Ok(()),
+                    }
+                }
+                Status::Loaded {
+                    guard,
+                    mode,
+                    fallback,
+                } => {
+                    out.extend(mode_families(*mode, fallback.as_ref().map(|f| f.0)));
+                    self.collect_guard(scrape, guard, out).await
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::tests::volume;
+    use crate::inventory::Inventory;
+
+    #[test]
+    fn roots_keep_their_index_and_follow_project_ids() {
+        let mut r = Roots::default();
+        let inv = Inventory::for_tests(vec![volume("a", "p", 7), volume("a", "p", 8)]);
+        let scrape = Scrape::new(inv);
+        let roots = r.update(&scrape, &[Some(Ok((1, 100))), Some(Err(()))]);
+        assert_eq!(roots, [(1, 100, 0, 7)]);
+        // The second volume's root appears; the first keeps index 0.
+        let roots = r.update(&scrape, &[None, Some(Ok((1, 101)))]);
+        assert_eq!(roots, [(1, 100, 0, 7), (1, 101, 1, 8)]);
+        // The first volume goes; a new one gets a new index.
+        let scrape = Scrape::new(Inventory::for_tests(vec![
+            volume("a", "p", 8),
+            volume("a", "p", 9),
+        ]));
+        let roots = r.update(&scrape, &[Some(Ok((1, 101))), Some(Ok((1, 102)))]);
+        assert_eq!(roots, [(1, 101, 1, 8), (1, 102, 2, 9)]);
+    }
+
+    #[test]
+    fn counters_become_two_series_per_registered_volume() {
+        let scrape = Scrape::new(Inventory::for_tests(vec![
+            volume("team-a", "default", 1),
+            volume("team-a", "default", 2),
+        ]));
+        let mut c = GuardCounters::default();
+        c.volumes.insert(
+            4,
+            prjquota_ebpf::guard::Outcomes {
+                allowed: 2,
+                denied: 3,
+            },
+        );
+        c.privileged = 1;
+        let mut out = counter_families(&scrape, &[Some(4), None], &c);
+        out.extend(mode_families(GuardMode::Detect, Some("lsm_inactive")));
+        let text = crate::metrics::encode_all(&out, &scrape.inventory);
+        let v1 = &scrape.inventory.volumes[0].volume_id;
+        for line in [
+            "# TYPE nomad_host_volume_projid_change_attempts_total counter".to_string(),
+            format!("nomad_host_volume_projid_change_attempts_total{{namespace=\"team-a\",node_pool=\"default\",volume_id=\"{v1}\",result=\"allowed\"}} 2"),
+            format!("nomad_host_volume_projid_change_attempts_total{{namespace=\"team-a\",node_pool=\"default\",volume_id=\"{v1}\",result=\"denied\"}} 3"),
+            "prjquota_exporter_guard_privileged_changes_total 1".to_string(),
+            "prjquota_exporter_guard_mode{mode=\"detect\"} 1".to_string(),
+            "prjquota_exporter_guard_mode{mode=\"enforce\"} 0".to_string(),
+            "prjquota_exporter_guard_enforcing 0".to_string(),
+            "prjquota_exporter_guard_fallback{reason=\"lsm_inactive\"} 1".to_string(),
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        assert_eq!(
+            text.matches("nomad_host_volume_projid_change_attempts_total{")
+                .count(),
+            2,
+            "the unregistered volume has no series: {text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn off_is_a_metric_and_not_a_failure() {
+        let c = GuardCollector::start(GuardMode::Off, Duration::from_secs(1));
+        let scrape = Scrape::new(Inventory::for_tests(vec![volume("a", "b", 1)]));
+        let mut out = Vec::new();
+        c.collect(&scrape, &mut out).await.unwrap();
+        let text = crate::metrics::encode_all(&out, &scrape.inventory);
+        assert!(
+            text.contains("prjquota_exporter_guard_mode{mode=\"off\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("prjquota_exporter_guard_enforcing 0\n"),
+            "{text}"
+        );
+        assert!(!text.contains("nomad_host_volume_projid_change_attempts_total"));
+    }
+
+    /// On the development host fexit is refused: the collector reports the
+    /// guard off and fails (logged once), every other collector unaffected.
+    #[tokio::test]
+    async fn a_guard_that_cannot_load_is_off_and_failed() {
+        let c = GuardCollector::start(GuardMode::Detect, Duration::from_secs(30));
+        // Parsing the kernel's BTF takes a while in a debug build.
+        let mut rx = c.status.clone();
+        let _ = rx.wait_for(|s| !matches!(**s, Status::Loading)).await;
+        let scrape = Scrape::new(Inventory::for_tests(vec![]));
+        let mut out = Vec::new();
+        let r = c.collect(&scrape, &mut out).await;
+        let text = crate::metrics::encode_all(&out, &scrape.inventory);
+        match r {
+            Err(e) => {
+                assert!(e.to_string().contains("did not load"), "{e}");
+                assert!(
+                    text.contains("prjquota_exporter_guard_mode{mode=\"off\"} 1\n"),
+                    "{text}"
+                );
+            }
+            Ok(()) => eprintln!("the guard loads here:\n{text}"),
+        }
+    }
+}

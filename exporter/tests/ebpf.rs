@@ -1,0 +1,216 @@
+//! `--ebpf` on this host: the real binary, started the way an operator
+//! would. The development host refuses fentry/fexit programs (EPERM even
+//! to root), so write telemetry cannot attach here: the exporter must say
+//! so (attached 0, the crate's reason) and serve everything else; with
+//! `--ebpf=required` it must refuse to start; with `--ebpf=off` it says
+//! disabled. The VM tests (tests/tests/exporter_ebpf.rs) cover attached.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::*;
+use prjquota::registry::State;
+use prjquota_ebpf::WriteTelemetry;
+
+const A: &str = "aaaaaaaa-2222-4000-8000-000000000001";
+const PROGRAMS: [&str; 3] = prjquota_exporter::collector::ebpf::PROGRAMS;
+
+/// What loading write telemetry does on this host: `None` if it attaches,
+/// else the crate's reason label.
+fn host_reason() -> Option<&'static str> {
+    match WriteTelemetry::load() {
+        Ok(_) => None,
+        Err(e) => Some(e.reason()),
+    }
+}
+
+struct Running {
+    child: Child,
+    addr: SocketAddr,
+    lines: mpsc::Receiver<String>,
+    /// Lines up to and including the start-up line.
+    early: Vec<String>,
+}
+
+impl Running {
+    fn stop(mut self) -> String {
+        // SAFETY: signalling our own child, which has not been reaped.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let st = self.child.wait().unwrap();
+        assert!(st.success(), "exit on SIGTERM: {st}");
+        let mut log = self.early;
+        log.extend(self.lines.try_iter());
+        log.join("\n")
+    }
+}
+
+fn spawn(dir: &Path, extra: &[&str]) -> (Child, mpsc::Receiver<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_prjquota-exporter"))
+        .arg("--volumes-dir")
+        .arg(dir)
+        .args(["--web.listen-address", "127.0.0.1:0"])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start prjquota-exporter");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    (child, rx)
+}
+
+fn start(dir: &Path, extra: &[&str]) -> Running {
+    let (child, lines) = spawn(dir, extra);
+    let mut seen = Vec::new();
+    loop {
+        let line = lines
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("no start-up line ({e}):\n{}", seen.join("\n")));
+        seen.push(line.clone());
+        if line.contains("msg=\"starting prjquota-exporter\"") {
+            let addr = line
+                .split(' ')
+                .find_map(|f| f.strip_prefix("address="))
+                .and_then(|a| a.parse().ok())
+                .expect("address= in the start-up line");
+            return Running {
+                child,
+                addr,
+                lines,
+                early: seen,
+            };
+        }
+    }
+}
+
+fn volumes_dir(tag: &str) -> std::path::PathBuf {
+    let dir = fresh_dir(&std::env::temp_dir(), tag);
+    add_volume(&dir, record(A, "default", 4343, State::Ready));
+    dir
+}
+
+fn has(text: &str, line: &str) -> bool {
+    text.lines().any(|l| l == line)
+}
+
+#[test]
+fn default_flags_degrade_to_detached_and_serve_the_rest() {
+    let Some(reason) = host_reason() else {
+        eprintln!("skipping: write telemetry attaches on this host (the VM tests cover it)");
+        return;
+    };
+    eprintln!("write telemetry on this host: detached, reason {reason}");
+    let dir = volumes_dir("ebpf-auto");
+    let exp = start(&dir, &[]);
+    // Twice: the reason is still reported, and logged only once.
+    let mut text = String::new();
+    for _ in 0..2 {
+        let r = get(exp.addr, "/metrics");
+        assert_eq!(r.status, 200);
+        text = r.body;
+    }
+    for p in PROGRAMS {
+        let line = format!("prjquota_exporter_ebpf_program_attached{{program=\"{p}\"}} 0");
+        assert!(has(&text, &line), "missing {line:?} in\n{text}");
+    }
+    let line = format!("prjquota_exporter_ebpf_detached_reason{{reason=\"{reason}\"}} 1");
+    assert!(has(&text, &line), "missing {line:?} in\n{text}");
+    assert_eq!(
+        text.matches("prjquota_exporter_ebpf_detached_reason{")
+            .count(),
+        1
+    );
+    assert!(!text.contains("nomad_host_volume_written_bytes_total{"));
+    let labels = format!("{{namespace=\"default\",node_pool=\"default\",volume_id=\"{A}\"}}");
+    for expected in [
+        "prjquota_exporter_scrape_collector_success{collector=\"registry\"} 1".to_string(),
+        "prjquota_exporter_scrape_collector_success{collector=\"statfs\"} 1".to_string(),
+        "prjquota_exporter_scrape_collector_success{collector=\"ebpf\"} 1".to_string(),
+        "prjquota_exporter_volumes 1".to_string(),
+        format!("nomad_host_volume_provisioned_bytes{labels} 1073741824"),
+    ] {
+        assert!(has(&text, &expected), "missing {expected:?} in\n{text}");
+    }
+    assert!(value(&text, &format!("nomad_host_volume_capacity_bytes{labels}")).unwrap() > 0.0);
+    let log = exp.stop();
+    assert_eq!(
+        log.matches("msg=\"eBPF write telemetry is off").count(),
+        1,
+        "{log}"
+    );
+    assert!(log.contains(&format!("reason={reason}")), "{log}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn required_fails_at_start_up_with_the_reason() {
+    if host_reason().is_none() {
+        eprintln!("skipping: write telemetry attaches on this host");
+        return;
+    }
+    let dir = volumes_dir("ebpf-required");
+    let (mut child, lines) = spawn(&dir, &["--ebpf=required"]);
+    let mut status = None;
+    for _ in 0..600 {
+        if let Some(st) = child.try_wait().unwrap() {
+            status = Some(st);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let Some(status) = status else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("--ebpf=required did not exit within 60s");
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let log = lines.try_iter().collect::<Vec<_>>().join("\n");
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("level=error msg=exiting")
+            && log.contains("eBPF write telemetry is required (--ebpf=required) but did not load:"),
+        "{log}"
+    );
+    assert!(!log.contains("msg=\"starting prjquota-exporter\""), "{log}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn off_loads_nothing_and_says_disabled() {
+    let dir = volumes_dir("ebpf-off");
+    let exp = start(&dir, &["--ebpf=off"]);
+    let text = get(exp.addr, "/metrics").body;
+    for p in PROGRAMS {
+        let line = format!("prjquota_exporter_ebpf_program_attached{{program=\"{p}\"}} 0");
+        assert!(has(&text, &line), "missing {line:?} in\n{text}");
+    }
+    assert!(
+        has(
+            &text,
+            "prjquota_exporter_ebpf_detached_reason{reason=\"disabled\"} 1"
+        ),
+        "{text}"
+    );
+    assert!(has(&text, "prjquota_exporter_volumes 1"), "{text}");
+    let log = exp.stop();
+    assert!(
+        !log.contains("eBPF write telemetry is off"),
+        "nothing was tried, nothing failed: {log}"
+    );
+    assert!(log.contains("ebpf=off"), "{log}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
