@@ -6,7 +6,9 @@
 //! - `demo`  shows a project quota being enforced, in the VM.
 //! - `stress` runs the concurrency stress test for minutes instead of rounds.
 //! - `dist`  builds release binaries and an installable tarball.
+//! - `bench` measures prjquota against its alternatives and floors, side by side.
 
+mod bench;
 mod demo;
 mod deps;
 mod dist;
@@ -38,6 +40,8 @@ commands:
   demo                       deps, build, and tell the whole story in the VM (plugin, exporter, eBPF)
   stress [--secs N] [--seed S]
                              the concurrency stress test for N seconds per filesystem (default 300)
+  bench [--quick]            plugin comparisons, exporter scrape cost and eBPF overhead in one VM
+                             boot (release builds); writes bench/RESULTS.md
   dist                       release binaries and target/dist/prjquota-<version>-<arch>-linux.tar.gz
 
 environment:
@@ -58,6 +62,7 @@ fn main() -> ExitCode {
         "test" => test::main(rest),
         "demo" => demo::main(rest),
         "stress" => stress::main(rest),
+        "bench" => bench::main(rest),
         "dist" => dist::main(rest),
         "help" | "-h" | "--help" => {
             println!("{USAGE}");

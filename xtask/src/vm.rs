@@ -7,6 +7,7 @@
 //! PRJQUOTA_IN_VM=1), then runs the command in the host's working directory.
 //! KVM does not work on the project's machines: always TCG (`--disable-kvm`).
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -48,6 +49,10 @@ pub struct VmOpts {
     pub cpus: u32,
     /// Extra environment for the guest command.
     pub env: Vec<(String, String)>,
+    /// Host files attached as virtio-scsi disks (`/dev/sda`, … in the guest).
+    pub disks: Vec<PathBuf>,
+    /// Host directories the guest may write to (the rest is read-only).
+    pub rwdirs: Vec<PathBuf>,
 }
 
 impl Default for VmOpts {
@@ -57,6 +62,8 @@ impl Default for VmOpts {
             memory: "2G".into(),
             cpus: 2,
             env: Vec::new(),
+            disks: Vec::new(),
+            rwdirs: Vec::new(),
         }
     }
 }
@@ -225,6 +232,16 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
         .args(["--disable-kvm", "--memory", &opts.memory])
         .args(["--cpus", &opts.cpus.to_string()])
         .args(verbose.then_some("--verbose"))
+        .args(
+            opts.disks
+                .iter()
+                .flat_map(|d| [OsStr::new("--disk"), d.as_os_str()]),
+        )
+        .args(
+            opts.rwdirs
+                .iter()
+                .flat_map(|d| [OsStr::new("--rwdir"), d.as_os_str()]),
+        )
         .arg("--")
         .arg(format!("bash {}", shell_quote(&script.to_string_lossy())))
         .current_dir(cwd)

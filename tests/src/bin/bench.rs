@@ -82,7 +82,9 @@ fn ms(d: f64) -> String {
 
 /// One contender: a node whose plugin is the given executable.
 fn node(mount: &Path, plugins: &Path, name: &str, file: &str) -> Node {
-    let dir = plugins.join(name);
+    // Each contender's plugin dir, as Nomad's host_volume_plugin_dir, on the
+    // bench filesystem (the host-side dir holds the executables themselves).
+    let dir = mount.join("plugins").join(name);
     std::fs::create_dir_all(&dir).unwrap();
     let link = dir.join(name);
     let _ = std::fs::remove_file(&link);

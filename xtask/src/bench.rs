@@ -1,0 +1,205 @@
+//! `cargo xtask bench [--quick]`: the comparisons operators choose a plugin
+//! by, measured side by side in one VM boot, written to bench/RESULTS.md.
+//!
+//! In the guest: the plugin comparisons (`tests/src/bin/bench.rs`: create
+//! latency against capacity for prjquota, a plain-directory plugin and a
+//! loopback-image plugin; restore storms; fingerprint; deletes of many
+//! files) on a real virtio disk, then the measurement tests that are too
+//! long for `cargo xtask test`: exporter scrape cost against the syscall
+//! floor, and eBPF overhead. Release builds of the product; ratios, because
+//! the guest CPU is emulated.
+
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::vm::{Fs, VmOpts};
+use crate::{cargo, header, run, shell_quote};
+
+/// The attached file as the guest sees it: vng attaches it as virtio-blk
+/// (vda) when the root is shared over 9p (measured on vng 1.42).
+const GUEST_DISK: &str = "/dev/vda";
+
+/// Size of the sparse host file the guest gets as a disk: room for the
+/// image plugin's 16 GiB volume twice over.
+const DISK_BYTES: u64 = 40 << 30;
+
+pub fn main(args: &[String]) -> Result<u8> {
+    let quick = match args {
+        [] => false,
+        [q] if q == "--quick" => true,
+        _ => bail!("bench takes only --quick"),
+    };
+    let root = crate::repo_root();
+    let target = crate::target_dir();
+    header("deps");
+    if crate::deps::main(&[])? != 0 {
+        bail!("`cargo xtask deps` failed");
+    }
+    header("build: release binaries and the bench driver");
+    run(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "prjquota",
+        "-p",
+        "prjquota-exporter",
+        "-p",
+        "prjquota-vmtests",
+        "--bins",
+    ]))?;
+    let tests = test_binaries(&["exporter", "ebpf"])?;
+
+    let work = target.join("bench");
+    let plugins = work.join("plugins");
+    std::fs::create_dir_all(&plugins)?;
+    for (from, to) in [
+        (target.join("release/prjquota"), "prjquota"),
+        (target.join("release/mkdir-plugin"), "mkdir-plugin"),
+        (root.join("tests/bench/image-plugin.sh"), "image-plugin.sh"),
+    ] {
+        std::fs::copy(&from, plugins.join(to))
+            .with_context(|| format!("copy {}", from.display()))?;
+    }
+    let disk = work.join("disk.img");
+    let _ = std::fs::remove_file(&disk);
+    std::fs::File::create(&disk)?.set_len(DISK_BYTES)?;
+    let table = work.join("plugins.md");
+    let _ = std::fs::remove_file(&table);
+
+    let release = target.join("release");
+    let mut script = format!(
+        "set -e\nfor i in $(seq 50); do [ -b {dev} ] && break; sleep 0.2; done\n\
+         {} --device {dev} --plugin-dir {} --out {}{}\n",
+        shell_quote(&release.join("bench").to_string_lossy()),
+        shell_quote(&plugins.to_string_lossy()),
+        shell_quote(&table.to_string_lossy()),
+        if quick { " --quick" } else { "" },
+        dev = GUEST_DISK,
+    );
+    let scrape_test = if quick {
+        "scrape_cost_at_100_and_1000_volumes"
+    } else {
+        "scrape_cost_at_100_1000_and_10000_volumes"
+    };
+    for (bin, test) in [
+        (&tests[0], scrape_test),
+        (&tests[1], "overhead_of_the_attached_programs"),
+    ] {
+        script += &format!(
+            "{} --ignored --exact {test} --nocapture --test-threads 1\n",
+            shell_quote(&bin.to_string_lossy())
+        );
+    }
+    let script_path = work.join("guest.sh");
+    std::fs::write(&script_path, script)?;
+
+    header("bench in one VM boot");
+    let opts = VmOpts {
+        fs: Fs::All,
+        env: vec![(
+            "PRJQUOTA_BIN_DIR".into(),
+            release.to_string_lossy().into_owned(),
+        )],
+        disks: vec![disk.clone()],
+        rwdirs: vec![work.clone()],
+        ..VmOpts::default()
+    };
+    let vm = crate::vm::run(
+        &opts,
+        &format!("bash {}", shell_quote(&script_path.to_string_lossy())),
+        &root,
+    );
+    let _ = std::fs::remove_file(&disk);
+    let vm = vm?;
+    if vm.status != 0 {
+        bail!("the bench failed in the VM (status {})", vm.status);
+    }
+    let plugins_md = std::fs::read_to_string(&table)
+        .with_context(|| format!("the bench wrote no {}", table.display()))?;
+    let measures: Vec<&str> = vm
+        .lines
+        .iter()
+        .filter_map(|l| l.split_once("MEASURE ").map(|(_, m)| m.trim()))
+        .collect();
+    let report = render(&plugins_md, &measures, quick)?;
+    let out = root.join("bench/RESULTS.md");
+    std::fs::create_dir_all(out.parent().expect("has a parent"))?;
+    std::fs::write(&out, &report)?;
+    print!("{report}");
+    println!("written to {}", out.display());
+    Ok(0)
+}
+
+/// The report: when and where it ran, the plugin tables, every measure.
+fn render(plugins_md: &str, measures: &[&str], quick: bool) -> Result<String> {
+    let out = |c: &mut Command| -> String {
+        c.output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    };
+    let date = out(Command::new("date").arg("-u").arg("+%Y-%m-%d %H:%M UTC"));
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
+            })
+        })
+        .unwrap_or_default();
+    let kernel = crate::vm::kernel()?;
+    let mut s = format!(
+        "# prjquota benchmark results\n\n\
+         Produced by `cargo xtask bench{}` on {date}.\n\n\
+         - Guest kernel: {} (Debian), QEMU without KVM: the guest CPU is emulated (TCG), so \
+         absolute times are many times slower than on hardware; compare the ratios, measured \
+         side by side in one boot.\n\
+         - Host CPU: {cpu}, {} cores.\n\
+         - prjquota and the exporter: release builds.\n\n",
+        if quick { " --quick" } else { "" },
+        kernel.display(),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+    );
+    s += plugins_md;
+    s += "\n## Every measure\n\n| measure | value |\n| --- | --- |\n";
+    for m in measures {
+        let (name, value) = m.rsplit_once(' ').unwrap_or((m, ""));
+        s += &format!("| `{name}` | {value} |\n");
+    }
+    Ok(s)
+}
+
+/// The executables of the named integration tests of prjquota-vmtests.
+fn test_binaries(names: &[&str]) -> Result<Vec<std::path::PathBuf>> {
+    let mut cmd = cargo();
+    cmd.args([
+        "test",
+        "-p",
+        "prjquota-vmtests",
+        "--no-run",
+        "--message-format=json",
+    ]);
+    for n in names {
+        cmd.args(["--test", n]);
+    }
+    let out = cmd.output().context("cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("building the measurement tests failed");
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    names
+        .iter()
+        .map(|n| {
+            text.lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .find(|m| {
+                    m["reason"] == "compiler-artifact"
+                        && m["target"]["name"] == *n
+                        && m["executable"].is_string()
+                })
+                .and_then(|m| m["executable"].as_str().map(std::path::PathBuf::from))
+                .with_context(|| format!("no executable for test {n}"))
+        })
+        .collect()
+}
