@@ -88,8 +88,8 @@ use aya::{Btf, Ebpf, EbpfError, EbpfLoader};
 use crate::error::{chain, errno_of};
 use crate::raw::RootKey;
 use crate::{
-    classify, kernel_btf, kernel_dev, map_err, remove_ok, FailureReason, LoadError, LoadOptions,
-    ProgramFailure, RootsUpdate, TelemetryError,
+    classify, kernel_btf, kernel_dev, map_err, prune_counters, remove_ok, FailureReason, LoadError,
+    LoadOptions, ProgramFailure, RootsUpdate, TelemetryError,
 };
 
 /// Dentries the guard looks at: the changed inode's own, then its
@@ -677,17 +677,8 @@ impl Guard {
             }
         }
         let indexes: BTreeSet<u32> = desired.values().map(|r| r.index).collect();
-        {
-            let mut counters: PerCpuHashMap<&mut MapData, u32, RawCounters> = map_err(
-                MAP_COUNTERS,
-                PerCpuHashMap::try_from(self.map_mut(MAP_COUNTERS)?),
-            )?;
-            let keys: Vec<u32> = map_err(MAP_COUNTERS, counters.keys().collect())?;
-            for index in keys.iter().filter(|i| !indexes.contains(i)) {
-                map_err(MAP_COUNTERS, remove_ok(counters.remove(index)))?;
-                update.pruned_counters += 1;
-            }
-        }
+        update.pruned_counters +=
+            prune_counters::<RawCounters>(MAP_COUNTERS, self.map_mut(MAP_COUNTERS)?, &indexes)?;
         self.indexes = indexes;
         Ok(update)
     }

@@ -581,17 +581,8 @@ impl WriteTelemetry {
             }
         }
         let indexes: BTreeSet<u32> = desired.values().copied().collect();
-        {
-            let mut counters: PerCpuHashMap<&mut MapData, u32, RawCounters> = map_err(
-                MAP_COUNTERS,
-                PerCpuHashMap::try_from(self.map_mut(MAP_COUNTERS)?),
-            )?;
-            let keys: Vec<u32> = map_err(MAP_COUNTERS, counters.keys().collect())?;
-            for index in keys.iter().filter(|i| !indexes.contains(i)) {
-                map_err(MAP_COUNTERS, remove_ok(counters.remove(index)))?;
-                update.pruned_counters += 1;
-            }
-        }
+        update.pruned_counters +=
+            prune_counters::<RawCounters>(MAP_COUNTERS, self.map_mut(MAP_COUNTERS)?, &indexes)?;
         self.indexes = indexes;
         Ok(update)
     }
@@ -650,6 +641,25 @@ impl WriteTelemetry {
 
 fn map_err<T>(map: &'static str, r: Result<T, aya::maps::MapError>) -> Result<T, TelemetryError> {
     r.map_err(|source| TelemetryError::Map { map, source })
+}
+
+/// Removes from a per-CPU counters map every volume index not in `keep`, so
+/// counters of volumes that are gone never fill the map. Returns how many
+/// entries went. Shared by the write telemetry and the guard.
+fn prune_counters<V: aya::Pod>(
+    name: &'static str,
+    map: &mut Map,
+    keep: &BTreeSet<u32>,
+) -> Result<usize, TelemetryError> {
+    let mut counters: PerCpuHashMap<&mut MapData, u32, V> =
+        map_err(name, PerCpuHashMap::try_from(map))?;
+    let keys: Vec<u32> = map_err(name, counters.keys().collect())?;
+    let mut pruned = 0;
+    for index in keys.iter().filter(|i| !keep.contains(i)) {
+        map_err(name, remove_ok(counters.remove(index)))?;
+        pruned += 1;
+    }
+    Ok(pruned)
 }
 
 /// A key that vanished meanwhile is as good as removed.

@@ -31,17 +31,13 @@
 //! never asserted.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prjquota_vmtests::fixture::{fill, writable, Fixture, MIB, WRITER};
 use prjquota_vmtests::nomad::Spec;
 use prjquota_vmtests::prom::{self, vector, Prometheus};
-use prjquota_vmtests::{bin, xfs_mount};
+use prjquota_vmtests::xfs_mount;
 use serde_json::Value;
 
 /// Metrics only the exporter's eBPF programs produce. A panel reading one
@@ -68,97 +64,6 @@ fn repo_root() -> PathBuf {
         .parent()
         .expect("tests/ has a parent")
         .to_path_buf()
-}
-
-// ---------------------------------------------------------------------------
-// The exporter binary
-
-/// `prjquota-exporter` on 127.0.0.1 (port picked by the kernel, read back
-/// from its start-up log line), stopped with SIGTERM when dropped.
-struct Exporter {
-    child: Child,
-    addr: SocketAddr,
-    log: Arc<Mutex<String>>,
-}
-
-impl Exporter {
-    fn start(volumes_dir: &Path) -> Exporter {
-        prom::ensure_loopback();
-        let mut child = Command::new(bin("prjquota-exporter"))
-            .arg("--volumes-dir")
-            .arg(volumes_dir)
-            .args([
-                "--web.listen-address",
-                "127.0.0.1:0",
-                "--log.level",
-                "debug",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start prjquota-exporter");
-        let stderr = child.stderr.take().expect("stderr piped");
-        let log = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = mpsc::channel();
-        let log2 = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if line.contains("msg=\"starting prjquota-exporter\"") {
-                    let addr = line
-                        .split(' ')
-                        .find_map(|f| f.strip_prefix("address="))
-                        .and_then(|a| a.parse::<SocketAddr>().ok());
-                    let _ = tx.send(addr);
-                }
-                let mut l = log2.lock().unwrap();
-                l.push_str(&line);
-                l.push('\n');
-            }
-        });
-        match rx.recv_timeout(Duration::from_secs(120)) {
-            Ok(Some(addr)) => Exporter { child, addr, log },
-            other => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "the exporter did not report its address ({other:?}):\n{}",
-                    log.lock().unwrap()
-                );
-            }
-        }
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-}
-
-impl Drop for Exporter {
-    fn drop(&mut self) {
-        // SAFETY: signalling our own child, which has not been reaped.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(_)) => break,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(50))
-                }
-                _ => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    break;
-                }
-            }
-        }
-        if std::thread::panicking() {
-            eprintln!("--- exporter log ---\n{}", self.log());
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -252,7 +157,7 @@ fn a_volume_filling_past_its_limit_shows_on_every_panel_and_fires_its_alerts() {
     let r = fill(&calm_path.join("some.bin"), MIB, Some(WRITER));
     assert_eq!(r.errno, None, "{r:?}");
 
-    let exporter = Exporter::start(&f.node.volumes_dir);
+    let exporter = prom::Exporter::start(&[&f.node.volumes_dir]);
     let rules = rules_with_short_for();
     let prom = Prometheus::start(&[(JOB, exporter.addr)], std::slice::from_ref(&rules));
     let has_data = |r: &Value| r.as_array().is_some_and(|a| !a.is_empty());
