@@ -511,6 +511,13 @@ impl Guard {
 
     /// [`Guard::load`] with map sizes from `opts` (`require_all` is unused).
     pub fn load_with(mode: GuardMode, opts: &LoadOptions) -> Result<Guard, LoadError> {
+        let loaded = Guard::load_attach(mode, opts);
+        // The parsed BTF is dropped by now; its pages go back too.
+        crate::raw::trim_heap();
+        loaded
+    }
+
+    fn load_attach(mode: GuardMode, opts: &LoadOptions) -> Result<Guard, LoadError> {
         if mode == GuardMode::Off {
             return Err(LoadError::BpfUnavailable {
                 errno: None,

@@ -420,6 +420,13 @@ impl WriteTelemetry {
     }
 
     pub fn load_with(opts: &LoadOptions) -> Result<WriteTelemetry, LoadError> {
+        let loaded = Self::load_attach(opts);
+        // The parsed BTF is dropped by now; its pages go back too.
+        raw::trim_heap();
+        loaded
+    }
+
+    fn load_attach(opts: &LoadOptions) -> Result<WriteTelemetry, LoadError> {
         let btf = kernel_btf()?;
         let mut t = Self::open(&btf, opts)?;
         let kernel = KernelVersion::current().ok();

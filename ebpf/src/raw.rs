@@ -54,3 +54,18 @@ unsafe impl aya::Pod for RootKey {}
 // SAFETY: as above: seven `u64`s (56 bytes), `#[repr(C)]`, no padding, any
 // bit pattern is a valid value.
 unsafe impl aya::Pod for RawCounters {}
+
+/// Hands the heap that loading freed back to the kernel.
+///
+/// Loading parses the kernel's BTF (several MB of types) and frees it again,
+/// but glibc keeps freed heap mapped: measured, an exporter that loaded both
+/// objects kept ~30 MiB of RSS it no longer used (7 MiB without eBPF).
+pub(crate) fn trim_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: `malloc_trim` takes no pointers and has no preconditions; it
+    // only returns free pages of glibc's heaps to the kernel, under the
+    // allocator's own locks, so it is safe to call from any thread.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}

@@ -22,8 +22,6 @@
 //! [`Exporter::ebpf_ready`]: crate::Exporter::ebpf_ready
 
 use std::collections::HashMap;
-use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,7 +30,6 @@ use prjquota_ebpf::{Counters, ErrnoBucket, Mode, ProgramFailure, WriteTelemetry}
 use tokio::sync::watch;
 
 use super::{BoxFuture, Collector, Scrape};
-use crate::blocking::InFlight;
 use crate::metrics::{Extra, Family};
 
 /// The crate's hook points, reported (as not attached) when no telemetry
@@ -153,7 +150,6 @@ impl Roots {
 pub struct Ebpf {
     status: watch::Receiver<Arc<Status>>,
     timeout: Duration,
-    inflight: InFlight,
     roots: Arc<Mutex<Roots>>,
 }
 
@@ -191,7 +187,6 @@ impl Ebpf {
         Ebpf {
             status,
             timeout,
-            inflight: InFlight::new("volume root stat"),
             roots: Arc::default(),
         }
     }
@@ -199,56 +194,6 @@ impl Ebpf {
     /// A handle that waits for start-up loading to finish.
     pub fn ready(&self) -> Ready {
         Ready(self.status.clone())
-    }
-
-    /// `(st_dev, st_ino)` of every volume root, per volumes directory on one
-    /// blocking thread; `None` where no (meaningful) answer came in time.
-    async fn stat_roots(
-        &self,
-        scrape: &Scrape,
-    ) -> (Vec<Option<Result<(u64, u64), ()>>>, Vec<String>) {
-        let inv = &scrape.inventory;
-        let mut out = vec![None; inv.volumes.len()];
-        let mut errors = Vec::new();
-        for (d, dir) in inv.dirs.iter().enumerate() {
-            let idx: Vec<usize> = inv.volumes_of(d).collect();
-            if idx.is_empty() {
-                continue;
-            }
-            let paths: Vec<PathBuf> = idx.iter().map(|&i| inv.volumes[i].root.clone()).collect();
-            let key = dir.path.display().to_string();
-            let got = self
-                .inflight
-                .run(&key, self.timeout, move || {
-                    paths.iter().map(|p| root_id(p)).collect::<Vec<_>>()
-                })
-                .await;
-            match got {
-                Ok(ids) => {
-                    for (&i, id) in idx.iter().zip(ids) {
-                        out[i] = id;
-                    }
-                }
-                Err(blocked) => {
-                    errors.push(format!("stat of the volume roots in {key}: {blocked}"))
-                }
-            }
-        }
-        (out, errors)
-    }
-}
-
-/// `lstat` of a volume root: its identity when it is a directory (never
-/// through a symlink, so a root swapped for a link does not register the
-/// link's target); `Err` when it is gone or not a directory; `None` when
-/// the answer says nothing about the root (EIO, ESTALE, …), so its last
-/// known identity stands.
-fn root_id(path: &std::path::Path) -> Option<Result<(u64, u64), ()>> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => Some(Ok((m.dev(), m.ino()))),
-        Ok(_) => Some(Err(())),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => Some(Err(())),
-        Err(_) => None,
     }
 }
 
@@ -391,10 +336,11 @@ impl Ebpf {
         telemetry: &Arc<Mutex<WriteTelemetry>>,
         out: &mut Vec<Family>,
     ) -> anyhow::Result<()> {
-        let (stats, mut errors) = self.stat_roots(scrape).await;
+        let ids = scrape.root_ids().await;
+        let (stats, mut errors) = (&ids.ids, ids.errors.clone());
         let (roots, index_of) = {
             let mut r = self.roots.lock().unwrap_or_else(|e| e.into_inner());
-            let roots = r.update(scrape, &stats);
+            let roots = r.update(scrape, stats);
             let apply = (r.applied.as_ref() != Some(&roots)).then(|| roots.clone());
             let index_of: Vec<Option<u32>> = scrape
                 .inventory

@@ -30,8 +30,6 @@
 //! when something changed (root identity, index or project ID).
 
 use std::collections::{HashMap, HashSet};
-use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -40,7 +38,6 @@ use prjquota_ebpf::guard::{Guard, GuardCounters, GuardEvent, GuardMode, Outcome}
 use tokio::sync::watch;
 
 use super::{BoxFuture, Collector, Scrape};
-use crate::blocking::InFlight;
 use crate::metrics::{Extra, Family};
 
 /// How long a scrape waits for the start-up load at most.
@@ -96,17 +93,19 @@ impl Roots {
         let mut present = HashSet::with_capacity(inv.volumes.len());
         for (v, stat) in inv.volumes.iter().zip(stats) {
             present.insert(v.volume_id.as_str());
-            let next = &mut self.next;
-            let slot = self.by_id.entry(v.volume_id.clone()).or_insert_with(|| {
-                let index = *next;
-                // Never reused: a new volume never inherits old counters.
-                *next = next.wrapping_add(1);
-                Slot {
-                    index,
-                    root: None,
-                    project_id: v.project_id,
+            let slot = match self.by_id.get_mut(&v.volume_id) {
+                Some(s) => s,
+                None => {
+                    let index = self.next;
+                    // Never reused: a new volume never inherits old counters.
+                    self.next = self.next.wrapping_add(1);
+                    self.by_id.entry(v.volume_id.clone()).or_insert(Slot {
+                        index,
+                        root: None,
+                        project_id: v.project_id,
+                    })
                 }
-            });
+            };
             slot.project_id = v.project_id;
             match stat {
                 Some(Ok(id)) => slot.root = Some(*id),
@@ -128,7 +127,6 @@ impl Roots {
 pub struct GuardCollector {
     status: watch::Receiver<Arc<Status>>,
     timeout: Duration,
-    inflight: InFlight,
     roots: Arc<Mutex<Roots>>,
 }
 
@@ -155,48 +153,8 @@ impl GuardCollector {
         GuardCollector {
             status: rx,
             timeout,
-            inflight: InFlight::new("volume root stat"),
             roots: Arc::default(),
         }
-    }
-
-    /// `(st_dev, st_ino)` of every volume root, per volumes directory on one
-    /// blocking thread; `None` where no answer came in time.
-    async fn stat_roots(
-        &self,
-        scrape: &Scrape,
-    ) -> (Vec<Option<Result<(u64, u64), ()>>>, Vec<String>) {
-        let inv = &scrape.inventory;
-        let mut out = vec![None; inv.volumes.len()];
-        let mut errors = Vec::new();
-        for (d, dir) in inv.dirs.iter().enumerate() {
-            let idx: Vec<usize> = inv.volumes_of(d).collect();
-            if idx.is_empty() {
-                continue;
-            }
-            let paths: Vec<PathBuf> = idx.iter().map(|&i| inv.volumes[i].root.clone()).collect();
-            // A key of its own: the ebpf collector's stats of the same
-            // directory do not block these.
-            let key = format!("guard:{}", dir.path.display());
-            match self
-                .inflight
-                .run(&key, self.timeout, move || {
-                    paths.iter().map(|p| root_id(p)).collect::<Vec<_>>()
-                })
-                .await
-            {
-                Ok(ids) => {
-                    for (&i, id) in idx.iter().zip(ids) {
-                        out[i] = Some(id);
-                    }
-                }
-                Err(blocked) => errors.push(format!(
-                    "stat of the volume roots in {}: {blocked}",
-                    dir.path.display()
-                )),
-            }
-        }
-        (out, errors)
     }
 
     async fn collect_guard(
@@ -205,10 +163,11 @@ impl GuardCollector {
         guard: &Arc<Mutex<Guard>>,
         out: &mut Vec<Family>,
     ) -> anyhow::Result<()> {
-        let (stats, mut errors) = self.stat_roots(scrape).await;
+        let ids = scrape.root_ids().await;
+        let (stats, mut errors) = (&ids.ids, ids.errors.clone());
         let (apply, index_of) = {
             let mut r = self.roots.lock().unwrap_or_else(|e| e.into_inner());
-            let roots = r.update(scrape, &stats);
+            let roots = r.update(scrape, stats);
             let apply = (r.applied.as_ref() != Some(&roots)).then_some(roots);
             let index_of: Vec<Option<u32>> = scrape
                 .inventory
@@ -255,14 +214,6 @@ impl GuardCollector {
         } else {
             Err(anyhow!(errors.join("; ")))
         }
-    }
-}
-
-/// `lstat` of a volume root: its identity when it is a directory.
-fn root_id(path: &std::path::Path) -> Result<(u64, u64), ()> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => Ok((m.dev(), m.ino())),
-        _ => Err(()),
     }
 }
 

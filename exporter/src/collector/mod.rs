@@ -22,6 +22,7 @@ pub mod guard;
 pub mod quota;
 pub mod quota_events;
 pub mod registry;
+pub mod roots;
 pub mod statfs;
 
 use std::collections::HashMap;
@@ -41,20 +42,39 @@ use crate::metrics::Family;
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// What the collectors of one scrape share.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Scrape {
     pub inventory: Arc<Inventory>,
     /// Per inventory volume (same index): the project's quota usage and
     /// limits, `None` where quotas could not be read. Set by `quota`.
     pub quota: OnceLock<Vec<Option<ProjectQuota>>>,
+    root_stat: Arc<roots::RootStat>,
+    root_ids: tokio::sync::OnceCell<roots::RootIds>,
 }
 
 impl Scrape {
     pub fn new(inventory: Inventory) -> Scrape {
+        Scrape::with_root_stat(
+            inventory,
+            Arc::new(roots::RootStat::new(Duration::from_secs(5))),
+        )
+    }
+
+    fn with_root_stat(inventory: Inventory, root_stat: Arc<roots::RootStat>) -> Scrape {
         Scrape {
             inventory: Arc::new(inventory),
             quota: OnceLock::new(),
+            root_stat,
+            root_ids: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// Every volume root's identity, stat'ed by the first collector that
+    /// asks in this scrape and shared with the others.
+    pub async fn root_ids(&self) -> &roots::RootIds {
+        self.root_ids
+            .get_or_init(|| self.root_stat.stat_all(&self.inventory))
+            .await
     }
 }
 
@@ -125,6 +145,7 @@ pub struct Exporter {
     failing: Mutex<HashMap<&'static str, String>>,
     /// The start-up load of the eBPF programs, when there is one.
     ebpf: Option<ebpf::Ready>,
+    root_stat: Arc<roots::RootStat>,
 }
 
 pub const BUILD_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -174,6 +195,7 @@ impl Exporter {
             deadline: (config.statfs_timeout * 3).max(Duration::from_secs(10)),
             failing: Mutex::default(),
             ebpf: None,
+            root_stat: Arc::new(roots::RootStat::new(config.statfs_timeout)),
         }
     }
 
@@ -183,7 +205,7 @@ impl Exporter {
 
         let start = Instant::now();
         let (inventory, loaded) = self.registry.load().await;
-        let scrape = Scrape::new(inventory);
+        let scrape = Scrape::with_root_stat(inventory, self.root_stat.clone());
         let collected = self.registry.collect(&scrape, &mut families).await;
         let ok = self.note(self.registry.name(), loaded.and(collected));
         outcomes.push((self.registry.name(), start.elapsed().as_secs_f64(), ok));
