@@ -558,14 +558,15 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// 4 KiB write(2)s into a new file: the time of the writes only.
-fn bench_buffered(dir: &Path, count: usize) -> Duration {
+/// `count` write(2)s of `size` bytes into a new file: the time of the
+/// writes only.
+fn bench_buffered(dir: &Path, count: usize, size: usize) -> Duration {
     let p = dir.join("buffered");
     let mut f = File::create(&p).unwrap();
-    let buf = pattern(4096);
+    let buf = pattern(size);
     let start = Instant::now();
     for _ in 0..count {
-        assert_eq!(f.write(&buf).unwrap(), 4096);
+        f.write_all(&buf).unwrap();
     }
     let elapsed = start.elapsed();
     drop(f);
@@ -602,6 +603,8 @@ fn settle() {
 fn overhead_of_the_attached_programs() {
     const ROUNDS: usize = 8;
     const BUFFERED: usize = 8192;
+    /// 1 MiB writes: 32 MiB per run, so page-cache copying dominates.
+    const LARGE: usize = 32;
     const DIRECT: usize = 2048;
     let root = scratch_dir(&xfs_mount(), "xfs-ebpf-bench");
     // A realistic walk: the files sit a few directories below their root.
@@ -618,9 +621,11 @@ fn overhead_of_the_attached_programs() {
         .open(&direct_path)
         .unwrap();
     // Warm-up, not recorded.
-    bench_buffered(&dir, BUFFERED);
+    bench_buffered(&dir, BUFFERED, 4096);
+    bench_buffered(&dir, LARGE, MIB as usize);
     bench_direct(&direct, DIRECT);
     let (mut on_b, mut off_b, mut on_d, mut off_d) = (vec![], vec![], vec![], vec![]);
+    let (mut on_l, mut off_l) = (vec![], vec![]);
     for round in 0..ROUNDS {
         let order = if round % 2 == 0 {
             [true, false]
@@ -634,20 +639,24 @@ fn overhead_of_the_attached_programs() {
                 p
             });
             settle();
-            let b = bench_buffered(&dir, BUFFERED).as_secs_f64();
+            let b = bench_buffered(&dir, BUFFERED, 4096).as_secs_f64();
+            settle();
+            let l = bench_buffered(&dir, LARGE, MIB as usize).as_secs_f64();
             settle();
             let d = bench_direct(&direct, DIRECT).as_secs_f64();
             if let Some(p) = probe {
                 let c = p.vol(1);
                 assert_eq!(
-                    c.write_ops,
-                    (BUFFERED + DIRECT) as u64,
-                    "the programs counted"
+                    c.written_bytes,
+                    ((BUFFERED + DIRECT) * 4096 + LARGE * MIB as usize) as u64,
+                    "the programs counted every byte"
                 );
                 on_b.push(b);
+                on_l.push(l);
                 on_d.push(d);
             } else {
                 off_b.push(b);
+                off_l.push(l);
                 off_d.push(d);
             }
         }
@@ -665,7 +674,7 @@ fn overhead_of_the_attached_programs() {
     };
     settle();
     let before = hook_ns(&probe.t, "iomap_file_buffered_write");
-    bench_buffered(&dir, BUFFERED);
+    bench_buffered(&dir, BUFFERED, 4096);
     let ns_b = (hook_ns(&probe.t, "iomap_file_buffered_write") - before) / BUFFERED as f64;
     settle();
     let before = hook_ns(&probe.t, "iomap_dio_complete");
@@ -674,9 +683,24 @@ fn overhead_of_the_attached_programs() {
     drop(probe);
 
     eprintln!("buffered s: attached {on_b:.3?} detached {off_b:.3?}");
+    eprintln!("buffered 1 MiB s: attached {on_l:.3?} detached {off_l:.3?}");
     eprintln!("direct s:   attached {on_d:.3?} detached {off_d:.3?}");
     let (on_b, off_b, on_d, off_d) = (median(on_b), median(off_b), median(on_d), median(off_d));
+    let (on_l, off_l) = (median(on_l), median(off_l));
     let mbps = |n: usize, s: f64| (n * 4096) as f64 / s / 1e6;
+    let large_mbps = |s: f64| (LARGE as u64 * MIB) as f64 / s / 1e6;
+    println!(
+        "MEASURE ebpf_buffered_1m_attached_mb_per_s {:.2}",
+        large_mbps(on_l)
+    );
+    println!(
+        "MEASURE ebpf_buffered_1m_detached_mb_per_s {:.2}",
+        large_mbps(off_l)
+    );
+    println!(
+        "MEASURE ebpf_overhead_buffered_1m_ratio {:.3}",
+        on_l / off_l
+    );
     println!(
         "MEASURE ebpf_buffered_4k_attached_mb_per_s {:.2}",
         mbps(BUFFERED, on_b)

@@ -3,6 +3,7 @@
 //! unmounted under it. Every scrape must still answer 200 with a valid
 //! exposition; memory must stay bounded.
 
+use std::os::fd::AsFd;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -108,6 +109,162 @@ fn volumes_created_and_deleted_while_scraping_never_break_a_scrape() {
     assert_eq!(volume_ids(&end), [keep.id.clone()].into_iter().collect());
     eprintln!("MEASURE churn_scrapes {}", scrapes.load(Ordering::Relaxed));
     assert!(scrapes.load(Ordering::Relaxed) > 0);
+}
+
+/// How many volumes the churn test creates and deletes; 10,000 unless
+/// `PRJQUOTA_CHURN_VOLUMES` says otherwise.
+fn churn_volumes() -> usize {
+    match std::env::var("PRJQUOTA_CHURN_VOLUMES") {
+        Ok(v) => v.parse().expect("PRJQUOTA_CHURN_VOLUMES: a whole number"),
+        Err(_) => 10_000,
+    }
+}
+
+/// Volumes each churn worker keeps alive before deleting its oldest.
+const CHURN_LIVE_PER_WORKER: usize = 32;
+
+/// What one scrape in the middle of the churn must satisfy; returns how many
+/// volumes it listed.
+fn check_churn_scrape(e: &Exposition, keep: &str) -> usize {
+    let ids: Vec<&str> = e
+        .find("nomad_host_volume_provisioned_bytes", &[])
+        .filter_map(|s| s.label(VOLUME_ID))
+        .collect();
+    let unique: std::collections::BTreeSet<&str> = ids.iter().copied().collect();
+    assert_eq!(
+        unique.len(),
+        ids.len(),
+        "a volume listed twice in one scrape"
+    );
+    assert!(
+        unique.contains(keep),
+        "the stable volume vanished mid-churn"
+    );
+    assert_eq!(
+        e.value("prjquota_exporter_volumes", &[]),
+        ids.len() as f64,
+        "prjquota_exporter_volumes disagrees with the series"
+    );
+    for c in ["registry", "quota", "statfs"] {
+        assert_eq!(
+            e.value(
+                "prjquota_exporter_scrape_collector_success",
+                &[("collector", c)]
+            ),
+            1.0,
+            "collector {c} failed mid-churn"
+        );
+    }
+    ids.len()
+}
+
+/// 10,000 volumes created and deleted through the plugin's own code (two
+/// workers, each keeping at most 32 alive) while a client scrapes without
+/// pause. Every scrape must be whole and consistent; afterwards nothing of
+/// the churned volumes may remain, and the exporter's memory must be back
+/// near where it started (its per-volume state is dropped with the volume).
+#[test]
+fn ten_thousand_volumes_created_and_deleted_while_scraping() {
+    use std::sync::atomic::AtomicUsize;
+    let total = churn_volumes();
+    let f = XFS.fixture("churn10k");
+    let keep = Spec::new("keep", 16 * MIB as i64);
+    f.create(&keep);
+    let exp = Exporter::start(&[&f.node.volumes_dir]);
+    check_churn_scrape(&exp.scrape(), &keep.id);
+    let (_, rss_before) = exp.memory_kib();
+
+    let next = AtomicUsize::new(0);
+    let done = AtomicBool::new(false);
+    let scrapes = AtomicU64::new(0);
+    let most = AtomicUsize::new(0);
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                let n = check_churn_scrape(&exp.scrape(), &keep.id);
+                most.fetch_max(n, Ordering::Relaxed);
+                scrapes.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut live = std::collections::VecDeque::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= total {
+                            break;
+                        }
+                        let spec = Spec::new(&format!("churn-{i}"), 4 * MIB as i64);
+                        f.node.create_in_process(&spec).expect("create");
+                        live.push_back(spec);
+                        if live.len() > CHURN_LIVE_PER_WORKER {
+                            let old = live.pop_front().unwrap();
+                            f.node.delete_in_process(&old).expect("delete");
+                        }
+                    }
+                    for old in live {
+                        f.node.delete_in_process(&old).expect("delete");
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().expect("churn worker");
+        }
+        done.store(true, Ordering::Relaxed);
+    });
+    let took = start.elapsed();
+
+    // The exporter: only the stable volume, every collector well.
+    let end = exp.scrape();
+    assert_eq!(check_churn_scrape(&end, &keep.id), 1);
+    for (c, ok) in end
+        .find("prjquota_exporter_scrape_collector_success", &[])
+        .map(|s| (s.label("collector").unwrap_or("").to_string(), s.value))
+    {
+        assert_eq!(ok, 1.0, "collector {c} failed after the churn");
+    }
+    let (hwm, rss_after) = exp.memory_kib();
+    // The filesystem: no directory, record or project limit of a churned
+    // volume remains.
+    let mut dirs: Vec<String> = std::fs::read_dir(&f.node.volumes_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    dirs.sort();
+    assert_eq!(dirs, vec![".prjquota".to_string(), keep.id.clone()]);
+    let records: Vec<_> = std::fs::read_dir(f.node.volumes_dir.join(".prjquota/volumes"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(records.len(), 1, "records left: {records:?}");
+    let vd = std::fs::File::open(&f.node.volumes_dir).unwrap();
+    let limited: Vec<u32> = prjquota::quota::list(vd.as_fd(), f.id_min..=f.id_max)
+        .unwrap()
+        .into_iter()
+        .filter(|q| !q.limits.is_none())
+        .map(|q| q.id)
+        .collect();
+    assert_eq!(limited, vec![f.project_id(&keep.id)], "project limits left");
+
+    eprintln!(
+        "MEASURE churn_volumes {total} seconds {:.1} scrapes {} most_listed {} rss_before_kib {rss_before} rss_after_kib {rss_after} hwm_kib {hwm}",
+        took.as_secs_f64(),
+        scrapes.load(Ordering::Relaxed),
+        most.load(Ordering::Relaxed),
+    );
+    assert!(
+        scrapes.load(Ordering::Relaxed) > 0,
+        "no scrape during the churn"
+    );
+    // State kept per volume and never dropped would grow with the 10,000
+    // volumes; what a scrape of 65 volumes needs is far below this bound.
+    assert!(
+        rss_after < rss_before + 16 * 1024,
+        "RSS grew from {rss_before} KiB to {rss_after} KiB over the churn"
+    );
 }
 
 #[test]

@@ -162,12 +162,86 @@ fn render(plugins_md: &str, measures: &[&str], quick: bool) -> Result<String> {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
     s += plugins_md;
+    s += &exporter_tables(measures);
     s += "\n## Every measure\n\n| measure | value |\n| --- | --- |\n";
     for m in measures {
         let (name, value) = m.rsplit_once(' ').unwrap_or((m, ""));
         s += &format!("| `{name}` | {value} |\n");
     }
     Ok(s)
+}
+
+/// `name{labels} value` lines as a map from `name{labels}` to the value.
+fn measure_map(measures: &[&str]) -> std::collections::BTreeMap<String, f64> {
+    measures
+        .iter()
+        .filter_map(|m| {
+            let (name, value) = m.rsplit_once(' ')?;
+            Some((name.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The exporter's scrape cost and the eBPF overhead as tables, from the
+/// measurement tests' `MEASURE` lines (rows whose measures are missing are
+/// left out).
+fn exporter_tables(measures: &[&str]) -> String {
+    let m = measure_map(measures);
+    let get = |k: String| m.get(&k).copied();
+    let mut s = String::from(
+        "\n## Exporter scrape against the syscall floor\n\n\
+         The floor is a bare loop of what a scrape must do at least: statfs of every volume \
+         root and one quotactl pass over the project IDs. *Collectors* is the exporter's own \
+         time in its collectors (the syscalls plus building the samples); *scrape* is one \
+         `GET /metrics` to the last byte, so it adds writing and sending the text.\n\n\
+         | volumes | scrape | collectors | floor | scrape / floor | collectors / floor | exposition | RSS after scrapes |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    for n in [100, 1000, 10_000] {
+        let (Some(scrape), Some(coll), Some(floor), Some(bytes), Some(rss)) = (
+            get(format!("exporter_scrape_seconds{{volumes={n}}}")),
+            get(format!("exporter_collectors_seconds{{volumes={n}}}")),
+            get(format!("floor_statfs_quota_seconds{{volumes={n}}}")),
+            get(format!("exposition_bytes{{volumes={n}}}")),
+            get(format!("exporter_vmrss_kib{{volumes={n}}}")),
+        ) else {
+            continue;
+        };
+        s += &format!(
+            "| {n} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1}× | {:.1}× | {:.1} MB | {:.1} MiB |\n",
+            scrape * 1e3,
+            coll * 1e3,
+            floor * 1e3,
+            scrape / floor,
+            coll / floor,
+            bytes / 1e6,
+            rss / 1024.0,
+        );
+    }
+    s += "\n## eBPF write telemetry overhead\n\n\
+          Write throughput with the programs attached and detached, runs interleaved (ABBA) in \
+          one boot; medians. The last column is the programs' own run time from the kernel's \
+          BPF statistics, added to the detached time per write: free of the emulator's \
+          scheduling noise that the A/B ratio carries.\n\n\
+          | workload | detached | attached | attached / detached | from BPF run time |\n\
+          | --- | --- | --- | --- | --- |\n";
+    for (label, key) in [
+        ("4 KiB buffered", "buffered_4k"),
+        ("1 MiB buffered", "buffered_1m"),
+        ("4 KiB O_DIRECT", "direct_4k"),
+    ] {
+        let (Some(off), Some(on), Some(ratio)) = (
+            get(format!("ebpf_{key}_detached_mb_per_s")),
+            get(format!("ebpf_{key}_attached_mb_per_s")),
+            get(format!("ebpf_overhead_{key}_ratio")),
+        ) else {
+            continue;
+        };
+        let stats = get(format!("ebpf_overhead_{key}_ratio_from_bpf_stats"))
+            .map_or("".to_string(), |r| format!("{r:.3}"));
+        s += &format!("| {label} | {off:.1} MB/s | {on:.1} MB/s | {ratio:.3} | {stats} |\n");
+    }
+    s
 }
 
 /// The executables of the named integration tests of prjquota-vmtests.
@@ -202,4 +276,36 @@ fn test_binaries(names: &[&str]) -> Result<Vec<std::path::PathBuf>> {
                 .with_context(|| format!("no executable for test {n}"))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_show_ratios_and_leave_out_rows_without_measures() {
+        let measures = [
+            "exporter_scrape_seconds{volumes=1000} 0.2000",
+            "exporter_collectors_seconds{volumes=1000} 0.0500",
+            "floor_statfs_quota_seconds{volumes=1000} 0.0250",
+            "exposition_bytes{volumes=1000} 3449869",
+            "exporter_vmrss_kib{volumes=1000} 8192",
+            "exporter_scrape_seconds{volumes=100} 0.0200",
+            "ebpf_buffered_4k_detached_mb_per_s 200.00",
+            "ebpf_buffered_4k_attached_mb_per_s 190.00",
+            "ebpf_overhead_buffered_4k_ratio 1.053",
+            "ebpf_overhead_buffered_4k_ratio_from_bpf_stats 1.0400",
+        ];
+        let t = exporter_tables(&measures);
+        assert!(
+            t.contains("| 1000 | 200.0 ms | 50.0 ms | 25.0 ms | 8.0× | 2.0× | 3.4 MB | 8.0 MiB |"),
+            "{t}"
+        );
+        assert!(!t.contains("| 100 |"), "{t}");
+        assert!(
+            t.contains("| 4 KiB buffered | 200.0 MB/s | 190.0 MB/s | 1.053 | 1.040 |"),
+            "{t}"
+        );
+        assert!(!t.contains("1 MiB buffered |"), "{t}");
+    }
 }

@@ -330,11 +330,15 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
             ),
         ]
         .into_iter()
-        // `cargo xtask stress` sets these; a developer may too.
+        // `cargo xtask stress` sets the first two; a developer may set any.
         .chain(
-            ["PRJQUOTA_STRESS_SECS", "PRJQUOTA_STRESS_SEED"]
-                .iter()
-                .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))),
+            [
+                "PRJQUOTA_STRESS_SECS",
+                "PRJQUOTA_STRESS_SEED",
+                "PRJQUOTA_CHURN_VOLUMES",
+            ]
+            .iter()
+            .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))),
         )
         .collect(),
         ..VmOpts::default()
