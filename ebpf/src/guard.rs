@@ -511,10 +511,7 @@ impl Guard {
 
     /// [`Guard::load`] with map sizes from `opts` (`require_all` is unused).
     pub fn load_with(mode: GuardMode, opts: &LoadOptions) -> Result<Guard, LoadError> {
-        let loaded = Guard::load_attach(mode, opts);
-        // The parsed BTF is dropped by now; its pages go back too.
-        crate::raw::trim_heap();
-        loaded
+        crate::one_load_at_a_time(|| Guard::load_attach(mode, opts))
     }
 
     fn load_attach(mode: GuardMode, opts: &LoadOptions) -> Result<Guard, LoadError> {
