@@ -44,9 +44,13 @@ job "prjquota-exporter" {
         ]
       }
 
+      # Measured: ~37 MiB at its peak (loading the eBPF programs parses the
+      # kernel's BTF), under 20 MiB afterwards at 10,000 volumes. The eBPF
+      # maps are charged to this cgroup too, and their per-CPU counters grow
+      # with the CPU count (~15 MiB on 64 CPUs).
       resources {
         cpu    = 100
-        memory = 64
+        memory = 128
       }
     }
   }
