@@ -154,6 +154,49 @@ fn step(title: &str, f: impl FnOnce() -> Result<()>) -> Result<()> {
 }
 
 /// Nextest arguments that select tests: the filter, `--no-tests`, the extras.
+/// `target/xtask/run-<pid>`: this run's copies of the binaries, removed when
+/// the run ends; those of runs that died are removed by the next one.
+struct RunDir(std::path::PathBuf);
+
+impl RunDir {
+    fn new(meta_dir: &std::path::Path) -> Result<RunDir> {
+        for e in std::fs::read_dir(meta_dir)?.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(pid) = name.strip_prefix("run-") else {
+                continue;
+            };
+            if !std::path::Path::new("/proc").join(pid).exists() {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+        let dir = meta_dir.join(format!("run-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        Ok(RunDir(dir))
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Copies the executables directly in `from` (cargo's uplifted binaries)
+/// into `to`.
+fn copy_executables(from: &std::path::Path, to: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from)?.flatten() {
+        let meta = e.metadata()?;
+        if meta.is_file() && meta.permissions().mode() & 0o100 != 0 {
+            std::fs::copy(e.path(), to.join(e.file_name()))
+                .with_context(|| format!("cannot copy {} for the VM", e.path().display()))?;
+        }
+    }
+    Ok(())
+}
+
 fn nextest_selection(opts: &Opts) -> Vec<String> {
     // Every test runs even after a failure: a VM boot is too dear to waste.
     let mut args = vec!["--no-fail-fast".to_string()];
@@ -223,17 +266,23 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
     let meta_dir = target.join("xtask");
     std::fs::create_dir_all(&meta_dir)?;
 
+    // The guest runs copies of the binaries private to this run: every build
+    // (another `cargo xtask test`, the feature flip below) replaces the files
+    // in target/debug, and a guest executing one over 9p while that happens
+    // dies of SIGSEGV (seen: a stress run killed by a build next to it).
+    let run_dir = RunDir::new(&meta_dir)?;
     // The crash tests run `prjquota` built with `fault-injection`. Cargo keeps
     // both builds' artifacts, so flipping the feature recompiles nothing the
     // second time; the normal build, last, puts the plain binary back in place.
-    let fault_bin = meta_dir.join("fault-injection").join("prjquota");
-    let bin_dir = target.join("debug");
+    let fault_bin = run_dir.0.join("fault-injection").join("prjquota");
+    let built = target.join("debug");
+    let bin_dir = run_dir.0.join("bin");
     step("build: prjquota --features fault-injection", || {
         run(cargo()
             .args(["build", "-p", "prjquota", "--bin", "prjquota"])
             .args(["--features", "fault-injection"]))?;
         std::fs::create_dir_all(fault_bin.parent().unwrap())?;
-        std::fs::copy(bin_dir.join("prjquota"), &fault_bin).with_context(|| {
+        std::fs::copy(built.join("prjquota"), &fault_bin).with_context(|| {
             format!(
                 "cannot copy the fault-injection build to {}",
                 fault_bin.display()
@@ -243,10 +292,10 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
     })?;
     step("build: cargo build --workspace --bins", || {
         run(cargo().args(["build", "--workspace", "--bins"]))?;
-        if std::fs::read(bin_dir.join("prjquota"))? == std::fs::read(&fault_bin)? {
+        if std::fs::read(built.join("prjquota"))? == std::fs::read(&fault_bin)? {
             bail!("target/debug/prjquota is still the fault-injection build");
         }
-        Ok(())
+        copy_executables(&built, &bin_dir)
     })?;
 
     let binaries_json = meta_dir.join("vmtests-binaries.json");
