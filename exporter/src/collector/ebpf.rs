@@ -102,11 +102,7 @@ impl Roots {
     /// Folds this scrape's stat results into the slots and returns the
     /// roots to register. `stats[i]` is volume `i`'s: `Some(Ok)` its
     /// identity, `Some(Err(()))` not a usable root, `None` no answer.
-    fn update(
-        &mut self,
-        scrape: &Scrape,
-        stats: &[Option<Result<(u64, u64), ()>>],
-    ) -> Vec<(u64, u64, u32)> {
+    fn update(&mut self, scrape: &Scrape, stats: &[super::roots::RootId]) -> Vec<(u64, u64, u32)> {
         let inv = &scrape.inventory;
         let mut present = std::collections::HashSet::with_capacity(inv.volumes.len());
         for (v, stat) in inv.volumes.iter().zip(stats) {

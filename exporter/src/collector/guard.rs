@@ -87,7 +87,7 @@ impl Roots {
     fn update(
         &mut self,
         scrape: &Scrape,
-        stats: &[Option<Result<(u64, u64), ()>>],
+        stats: &[super::roots::RootId],
     ) -> Vec<(u64, u64, u32, u32)> {
         let inv = &scrape.inventory;
         let mut present = HashSet::with_capacity(inv.volumes.len());
