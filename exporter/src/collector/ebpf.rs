@@ -286,18 +286,10 @@ impl Collector for Ebpf {
         out: &'a mut Vec<Family>,
     ) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(async move {
-            // A scrape right at start-up may come while the programs are
-            // still loading: give them a moment, never a long one.
-            let mut rx = self.status.clone();
-            let status = match tokio::time::timeout(
-                self.timeout.min(LOAD_WAIT),
-                rx.wait_for(|s| !matches!(**s, Status::Loading)),
-            )
-            .await
-            {
-                Ok(Ok(s)) => s.clone(),
-                _ => self.status.borrow().clone(),
-            };
+            let status = super::load_status(&self.status, self.timeout.min(LOAD_WAIT), |s| {
+                matches!(s, Status::Loading)
+            })
+            .await;
             match &*status {
                 Status::Loading => {
                     let programs: Vec<_> = PROGRAMS.iter().map(|p| (*p, false)).collect();

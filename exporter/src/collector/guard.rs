@@ -405,16 +405,10 @@ impl Collector for GuardCollector {
         out: &'a mut Vec<Family>,
     ) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(async move {
-            let mut rx = self.status.clone();
-            let status = match tokio::time::timeout(
-                self.timeout.min(LOAD_WAIT),
-                rx.wait_for(|s| !matches!(**s, Status::Loading)),
-            )
-            .await
-            {
-                Ok(Ok(s)) => s.clone(),
-                _ => self.status.borrow().clone(),
-            };
+            let status = super::load_status(&self.status, self.timeout.min(LOAD_WAIT), |s| {
+                matches!(s, Status::Loading)
+            })
+            .await;
             match &*status {
                 Status::Loading => {
                     out.extend(mode_families(GuardMode::Off, None));

@@ -78,6 +78,22 @@ impl Scrape {
     }
 }
 
+/// The latest start-up load status of an eBPF collector: waits at most
+/// `wait` while `loading` holds (a scrape right at start-up gives the
+/// programs a moment, never a long one), then takes whatever it is.
+pub async fn load_status<S>(
+    status: &tokio::sync::watch::Receiver<Arc<S>>,
+    wait: Duration,
+    loading: impl Fn(&S) -> bool,
+) -> Arc<S> {
+    let mut rx = status.clone();
+    let settled = match tokio::time::timeout(wait, rx.wait_for(|s| !loading(s))).await {
+        Ok(Ok(s)) => Some(s.clone()),
+        _ => None,
+    };
+    settled.unwrap_or_else(|| status.borrow().clone())
+}
+
 /// One source of metrics.
 pub trait Collector: Send + Sync {
     /// The `collector` label value.
