@@ -11,6 +11,7 @@ fn main() {
     let src = manifest.join("src/bpf");
     let clang = env::var_os("CLANG").unwrap_or_else(|| "clang".into());
     println!("cargo:rerun-if-env-changed=CLANG");
+    println!("cargo:rerun-if-env-changed=CARGO_FEATURE_FAULT_INJECTION");
     println!("cargo:rerun-if-changed={}", src.display());
 
     // The uapi headers (<linux/types.h> needs <asm/types.h>) live under the
@@ -52,6 +53,7 @@ fn compile(
         .args(["-target", "bpf", "-mcpu=v3", "-O2", "-g", "-c"])
         .arg(format!("-D__TARGET_ARCH_{target_arch}"))
         .args(["-Wall", "-Werror"])
+        .args(env::var_os("CARGO_FEATURE_FAULT_INJECTION").map(|_| "-DPRJQUOTA_FAULT_WRONG_RET"))
         .arg("-I")
         .arg(include)
         .arg(format!("-I/usr/include/{multiarch}"))

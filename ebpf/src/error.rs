@@ -13,7 +13,7 @@ pub enum LoadError {
     /// `CONFIG_DEBUG_INFO_BTF`, so CO-RE programs cannot be relocated.
     #[error(
         "no kernel BTF at {path} ({source}): the kernel lacks CONFIG_DEBUG_INFO_BTF, \
-         so the CO-RE write-telemetry programs cannot be relocated"
+         so the CO-RE programs (write telemetry, guard) cannot be relocated"
     )]
     NoBtf {
         path: &'static str,
@@ -32,15 +32,22 @@ pub enum LoadError {
     BpfUnavailable { errno: Option<i32>, detail: String },
 
     /// Every program failed to load or attach; each failure says why.
-    #[error("no write-telemetry program could be attached: {}", ProgramFailures(.failures))]
-    NoProgram { failures: Vec<ProgramFailure> },
+    #[error("no {component} program could be attached: {}", ProgramFailures(.failures))]
+    NoProgram {
+        /// `write telemetry` or `quota-escape guard`.
+        component: &'static str,
+        failures: Vec<ProgramFailure>,
+    },
 
     /// [`crate::Mode::Required`]: some programs attached, others did not.
     #[error(
-        "write telemetry is required but incomplete: {}",
+        "{component} is required but incomplete: {}",
         ProgramFailures(.failures)
     )]
-    Incomplete { failures: Vec<ProgramFailure> },
+    Incomplete {
+        component: &'static str,
+        failures: Vec<ProgramFailure>,
+    },
 }
 
 impl LoadError {
@@ -59,7 +66,7 @@ impl LoadError {
                     "bpf_unavailable"
                 }
             }
-            LoadError::NoProgram { failures } | LoadError::Incomplete { failures } => {
+            LoadError::NoProgram { failures, .. } | LoadError::Incomplete { failures, .. } => {
                 let mut reasons = failures.iter().map(|f| f.reason);
                 match reasons.next() {
                     Some(first) if reasons.all(|r| r == first) => first.label(),
@@ -72,7 +79,9 @@ impl LoadError {
     /// The per-program failures, when the error is about programs.
     pub fn failures(&self) -> &[ProgramFailure] {
         match self {
-            LoadError::NoProgram { failures } | LoadError::Incomplete { failures } => failures,
+            LoadError::NoProgram { failures, .. } | LoadError::Incomplete { failures, .. } => {
+                failures
+            }
             _ => &[],
         }
     }
@@ -187,7 +196,7 @@ pub enum TelemetryError {
         #[source]
         source: aya::maps::MapError,
     },
-    #[error("BPF map `{map}` is missing from the write-telemetry object")]
+    #[error("BPF map `{map}` is missing from the loaded object")]
     MissingMap { map: &'static str },
     #[error("cannot enable BPF run-time statistics: {0}")]
     Stats(String),

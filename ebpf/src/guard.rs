@@ -103,7 +103,7 @@ pub const LSM_LIST: &str = "/sys/kernel/security/lsm";
 #[cfg(test)]
 const MAX_ROOTS: u32 = 16384;
 #[cfg(test)]
-const MAX_VOLUMES: u32 = 4096;
+const MAX_VOLUMES: u32 = 16384;
 const MAX_DEVS: u32 = 64;
 #[cfg(test)]
 const EVENTS_BYTES: u32 = 262_144;
@@ -113,7 +113,8 @@ const GSTAT_PRIVILEGED: u32 = 1;
 const GSTAT_WALK_LIMIT_ALLOWED: u32 = 2;
 const GSTAT_WALK_LIMIT_DENIED: u32 = 3;
 const GSTAT_UNREADABLE: u32 = 4;
-const N_GSTATS: u32 = 5;
+const GSTAT_MAP_FULL: u32 = 5;
+const N_GSTATS: u32 = 6;
 
 const GUARD_ALLOWED: u8 = 0;
 const GUARD_SRC_LSM: u8 = 1;
@@ -130,15 +131,46 @@ const MAP_COUNTERS: &str = "guard_counters";
 const MAP_STATS: &str = "guard_stats";
 const MAP_EVENTS: &str = "guard_events";
 
+const COMPONENT: &str = "quota-escape guard";
 const DETECT_PROG: &str = "guard_fileattr_set_exit";
 const DETECT_FUNC: &str = "vfs_fileattr_set";
-/// The LSM variants, tried in order: sleepable first (bpf_copy_from_user
-/// faults the argument in), then the plain one.
-const LSM_PROGS: [(&str, &str); 2] = [
-    ("guard_file_ioctl_sleepable", "lsm.s/file_ioctl"),
-    ("guard_file_ioctl", "lsm/file_ioctl"),
-];
-const LSM_HOOK: &str = "file_ioctl";
+
+/// An LSM hook the guard enforces through, and its programs in the order
+/// tried: sleepable first (bpf_copy_from_user faults the argument in), then
+/// the plain one.
+struct Enforcer {
+    hook: &'static str,
+    /// `(program, section)`.
+    variants: &'static [(&'static str, &'static str)],
+}
+
+/// 6.17+: one hook inside vfs_fileattr_set sees every path (ioctl, compat
+/// ioctl, file_setattr(2)) with the request already in kernel memory.
+const FILEATTR: Enforcer = Enforcer {
+    hook: "inode_file_setattr",
+    variants: &[("guard_inode_file_setattr", "lsm/inode_file_setattr")],
+};
+/// Before 6.17: the ioctl, native ...
+const IOCTL: Enforcer = Enforcer {
+    hook: "file_ioctl",
+    variants: &[
+        ("guard_file_ioctl_sleepable", "lsm.s/file_ioctl"),
+        ("guard_file_ioctl", "lsm/file_ioctl"),
+    ],
+};
+/// ... and 32-bit (6.8+ and its stable backports; before it, compat
+/// ioctls reach file_ioctl with the compat command number, which the
+/// program knows).
+const IOCTL_COMPAT: Enforcer = Enforcer {
+    hook: "file_ioctl_compat",
+    variants: &[
+        (
+            "guard_file_ioctl_compat_sleepable",
+            "lsm.s/file_ioctl_compat",
+        ),
+        ("guard_file_ioctl_compat", "lsm/file_ioctl_compat"),
+    ],
+};
 /// `bpf_loop` (the walk) arrived in 5.17; `vfs_fileattr_set` in 5.13.
 const MIN_KERNEL: (u8, u8) = (5, 17);
 
@@ -328,6 +360,9 @@ pub struct GuardCounters {
     pub unreadable: u64,
     /// Events dropped because the ring buffer was full (drain more often).
     pub events_lost: u64,
+    /// Attempts on a volume the counters map had no room for (counted here,
+    /// never lost).
+    pub map_full: u64,
 }
 
 impl GuardCounters {
@@ -473,8 +508,8 @@ pub struct Guard {
     ebpf: Ebpf,
     events: RingBuf<MapData>,
     requested: GuardMode,
-    /// The attached LSM variant's section name, when enforcing.
-    lsm: Option<&'static str>,
+    /// The attached LSM programs' sections, when enforcing.
+    lsm: Vec<&'static str>,
     not_enforcing: Option<NotEnforcing>,
     indexes: BTreeSet<u32>,
     max_roots: u32,
@@ -493,10 +528,10 @@ impl fmt::Debug for Guard {
 
 impl Guard {
     /// `None` for [`GuardMode::Off`], else [`Guard::load`].
-    pub fn start(mode: GuardMode) -> Result<Option<Guard>, LoadError> {
+    pub fn start(mode: GuardMode, opts: &LoadOptions) -> Result<Option<Guard>, LoadError> {
         match mode {
             GuardMode::Off => Ok(None),
-            m => Guard::load(m).map(Some),
+            m => Guard::load_with(m, opts).map(Some),
         }
     }
 
@@ -527,11 +562,15 @@ impl Guard {
             DETECT_PROG,
             &format!("fexit/{DETECT_FUNC} as {DETECT_PROG}"),
         ) {
-            return Err(LoadError::NoProgram { failures: vec![f] });
+            return Err(LoadError::NoProgram {
+                component: COMPONENT,
+                failures: vec![f],
+            });
         }
         if let Err(e) = load_fexit(&mut g.ebpf, &btf) {
             let (reason, detail) = classify(&e);
             return Err(LoadError::NoProgram {
+                component: COMPONENT,
                 failures: vec![ProgramFailure {
                     program: DETECT_FUNC,
                     part: format!("fexit/{DETECT_FUNC} as {DETECT_PROG}"),
@@ -541,8 +580,8 @@ impl Guard {
             });
         }
         if mode == GuardMode::Enforce {
-            match attach_lsm(&mut g.ebpf, &btf) {
-                Ok(section) => g.lsm = Some(section),
+            match attach_enforcement(&mut g.ebpf, &btf) {
+                Ok(sections) => g.lsm = sections,
                 Err(why) => g.not_enforcing = Some(why),
             }
         }
@@ -573,7 +612,7 @@ impl Guard {
             ebpf,
             events,
             requested,
-            lsm: None,
+            lsm: Vec::new(),
             not_enforcing: None,
             indexes: BTreeSet::new(),
             max_roots: opts.max_roots,
@@ -597,7 +636,7 @@ impl Guard {
 
     /// Whether attempts are refused.
     pub fn enforcing(&self) -> bool {
-        self.lsm.is_some()
+        !self.lsm.is_empty()
     }
 
     /// Why enforcement was asked for and is not in force.
@@ -605,10 +644,10 @@ impl Guard {
         self.not_enforcing.as_ref()
     }
 
-    /// The attached LSM program's section (`lsm.s/file_ioctl` or
-    /// `lsm/file_ioctl`), when enforcing.
-    pub fn lsm_program(&self) -> Option<&'static str> {
-        self.lsm
+    /// The attached LSM programs' sections (e.g. `lsm/inode_file_setattr`,
+    /// or `lsm.s/file_ioctl` and `lsm.s/file_ioctl_compat`), when enforcing.
+    pub fn lsm_programs(&self) -> &[&'static str] {
+        &self.lsm
     }
 
     /// Replaces the volume roots: `(st_dev, st_ino, volume index, project
@@ -719,6 +758,7 @@ impl Guard {
             denied: sums[GSTAT_WALK_LIMIT_DENIED as usize],
         };
         out.unreadable = sums[GSTAT_UNREADABLE as usize];
+        out.map_full = sums[GSTAT_MAP_FULL as usize];
         Ok(out)
     }
 
@@ -773,44 +813,79 @@ fn load_fexit(ebpf: &mut Ebpf, btf: &Btf) -> Result<(), ProgramError> {
     Ok(())
 }
 
-/// Attaches the first LSM variant that loads, or says why none runs.
-fn attach_lsm(ebpf: &mut Ebpf, btf: &Btf) -> Result<&'static str, NotEnforcing> {
+/// The hooks that together cover every path that can change a project ID
+/// on this kernel.
+fn enforcement_plan(btf: &Btf) -> Vec<&'static Enforcer> {
+    if crate::has_function(btf, "bpf_lsm_inode_file_setattr") {
+        vec![&FILEATTR]
+    } else if crate::has_function(btf, "bpf_lsm_file_ioctl_compat") {
+        vec![&IOCTL, &IOCTL_COMPAT]
+    } else {
+        vec![&IOCTL]
+    }
+}
+
+/// Attaches every hook of the plan (each by its first variant that loads),
+/// or says why enforcement is not in force; then nothing of it stays
+/// attached: half a plan would leave a path open while claiming to enforce.
+fn attach_enforcement(ebpf: &mut Ebpf, btf: &Btf) -> Result<Vec<&'static str>, NotEnforcing> {
     match bpf_lsm_active() {
         Ok((true, _)) => {}
         Ok((false, active)) => return Err(NotEnforcing::LsmInactive { active }),
         Err(source) => return Err(NotEnforcing::LsmUnknown { source }),
     }
+    let mut attached: Vec<(&'static str, &'static str)> = Vec::new();
     let mut failures = Vec::new();
-    for (prog, section) in LSM_PROGS {
-        let part = format!("{section} as {prog}");
-        if let Some(f) = too_old(LSM_HOOK, &part) {
-            return Err(NotEnforcing::Program { failures: vec![f] });
-        }
-        let r = (|| -> Result<(), ProgramError> {
-            let p: &mut Lsm = ebpf
-                .program_mut(prog)
-                .ok_or_else(|| ProgramError::InvalidName {
-                    name: prog.to_string(),
-                })?
-                .try_into()?;
-            p.load(LSM_HOOK, btf)?;
-            p.attach()?;
-            Ok(())
-        })();
-        match r {
-            Ok(()) => return Ok(section),
-            Err(e) => {
-                let (reason, detail) = classify(&e);
-                failures.push(ProgramFailure {
-                    program: LSM_HOOK,
-                    part,
-                    reason,
-                    detail,
-                });
+    for enforcer in enforcement_plan(btf) {
+        let mut tried = Vec::new();
+        for &(prog, section) in enforcer.variants {
+            let part = format!("{section} as {prog}");
+            if let Some(f) = too_old(enforcer.hook, &part) {
+                tried.push(f);
+                break;
+            }
+            match attach_lsm(ebpf, btf, prog, enforcer.hook) {
+                Ok(()) => {
+                    attached.push((prog, section));
+                    tried.clear();
+                    break;
+                }
+                Err(e) => {
+                    let (reason, detail) = classify(&e);
+                    tried.push(ProgramFailure {
+                        program: enforcer.hook,
+                        part,
+                        reason,
+                        detail,
+                    });
+                }
             }
         }
+        failures.extend(tried);
     }
-    Err(NotEnforcing::Program { failures })
+    if !failures.is_empty() {
+        for (prog, _) in &attached {
+            if let Some(p) = ebpf.program_mut(prog) {
+                if let Ok(p) = <&mut Lsm>::try_from(p) {
+                    let _ = p.unload();
+                }
+            }
+        }
+        return Err(NotEnforcing::Program { failures });
+    }
+    Ok(attached.into_iter().map(|(_, section)| section).collect())
+}
+
+fn attach_lsm(ebpf: &mut Ebpf, btf: &Btf, prog: &str, hook: &str) -> Result<(), ProgramError> {
+    let p: &mut Lsm = ebpf
+        .program_mut(prog)
+        .ok_or_else(|| ProgramError::InvalidName {
+            name: prog.to_string(),
+        })?
+        .try_into()?;
+    p.load(hook, btf)?;
+    p.attach()?;
+    Ok(())
 }
 
 fn object_error(e: EbpfError) -> LoadError {
@@ -825,7 +900,7 @@ fn object_error(e: EbpfError) -> LoadError {
     };
     LoadError::BpfUnavailable {
         errno,
-        detail: format!("the quota-escape guard's object: {}{hint}", chain(&e)),
+        detail: format!("the {COMPONENT}'s object: {}{hint}", chain(&e)),
     }
 }
 
@@ -857,7 +932,7 @@ mod tests {
     #[test]
     fn header_matches_rust() {
         let h = defines(include_str!("bpf/guard_shared.h"));
-        let expect: [(&str, u64); 19] = [
+        let expect: [(&str, u64); 20] = [
             ("GUARD_MAX_DEPTH", GUARD_MAX_DEPTH as u64),
             ("GUARD_MAX_ROOTS", MAX_ROOTS as u64),
             ("GUARD_MAX_VOLUMES", MAX_VOLUMES as u64),
@@ -868,6 +943,7 @@ mod tests {
             ("GSTAT_WALK_LIMIT_ALLOWED", GSTAT_WALK_LIMIT_ALLOWED as u64),
             ("GSTAT_WALK_LIMIT_DENIED", GSTAT_WALK_LIMIT_DENIED as u64),
             ("GSTAT_UNREADABLE", GSTAT_UNREADABLE as u64),
+            ("GSTAT_MAP_FULL", GSTAT_MAP_FULL as u64),
             ("N_GSTATS", N_GSTATS as u64),
             ("GUARD_ALLOWED", GUARD_ALLOWED as u64),
             ("GUARD_DENIED", 1),
@@ -967,7 +1043,9 @@ mod tests {
             assert_eq!(m.to_string().parse::<GuardMode>(), Ok(m));
         }
         assert_eq!(GuardMode::default(), GuardMode::Detect);
-        assert!(Guard::start(GuardMode::Off).unwrap().is_none());
+        assert!(Guard::start(GuardMode::Off, &LoadOptions::default())
+            .unwrap()
+            .is_none());
         assert!(Guard::load(GuardMode::Off)
             .unwrap_err()
             .to_string()
@@ -1003,7 +1081,7 @@ mod tests {
                         assert_eq!(e.reason(), "no_btf");
                         continue;
                     }
-                    if let LoadError::NoProgram { failures } = &e {
+                    if let LoadError::NoProgram { failures, .. } = &e {
                         assert_eq!(failures.len(), 1, "{text}");
                         assert!(text.contains("vfs_fileattr_set"), "{text}");
                         assert!(text.contains(DETECT_PROG), "{text}");

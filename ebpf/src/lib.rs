@@ -15,7 +15,7 @@
 //!
 //! // Once, at start-up. Degrade, never die: keep the error for a self-metric.
 //! let mode = Mode::Auto;
-//! let mut telemetry = match WriteTelemetry::start(mode) {
+//! let mut telemetry = match WriteTelemetry::start(mode, &Default::default()) {
 //!     Ok(t) => t, // None when mode is Off
 //!     Err(e) if mode == Mode::Required => panic!("{e}"),
 //!     Err(e) => {
@@ -220,6 +220,9 @@ pub struct Unattributed {
     /// More than [`MAX_DEPTH`] directories below the filesystem root with no
     /// volume root found on the way (deeper than the walk looks).
     pub walk_limit: VolumeCounters,
+    /// Below a volume root, but the counters map had no room for one more
+    /// volume (`--ebpf.max-volumes`): counted here, never lost.
+    pub map_full: VolumeCounters,
 }
 
 /// A snapshot of all counters.
@@ -262,11 +265,13 @@ pub struct ProgramStats {
     pub run_time: Duration,
 }
 
-/// Load-time knobs; [`LoadOptions::default`] suits a node with up to a few
-/// thousand volumes.
+/// Load-time knobs; [`LoadOptions::default`] suits a node with up to
+/// 16,384 volumes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoadOptions {
-    /// Distinct volume indexes with counters (per-CPU map entries).
+    /// Distinct volume indexes with counters (per-CPU map entries): the
+    /// exporter's `--ebpf.max-volumes`. A write into a volume beyond it is
+    /// counted as [`Unattributed::map_full`], never lost.
     pub max_volumes: u32,
     /// Root directories (usually one per volume).
     pub max_roots: u32,
@@ -371,6 +376,7 @@ const HOOKS: &[Hook] = &[
     },
 ];
 
+const COMPONENT: &str = "write telemetry";
 const MAP_ROOTS: &str = "roots";
 const MAP_ROOT_DEVS: &str = "root_devs";
 const MAP_COUNTERS: &str = "volume_counters";
@@ -407,13 +413,13 @@ impl WriteTelemetry {
 
     /// [`Self::load`] for a [`Mode`]: `Ok(None)` when off; with
     /// [`Mode::Required`], an error unless every program attached.
-    pub fn start(mode: Mode) -> Result<Option<WriteTelemetry>, LoadError> {
+    pub fn start(mode: Mode, opts: &LoadOptions) -> Result<Option<WriteTelemetry>, LoadError> {
         match mode {
             Mode::Off => Ok(None),
-            Mode::Auto => Self::load().map(Some),
+            Mode::Auto => Self::load_with(opts).map(Some),
             Mode::Required => Self::load_with(&LoadOptions {
                 require_all: true,
-                ..LoadOptions::default()
+                ..opts.clone()
             })
             .map(Some),
         }
@@ -438,11 +444,13 @@ impl WriteTelemetry {
         }
         if t.hooks.iter().all(|(_, attached)| !attached) {
             return Err(LoadError::NoProgram {
+                component: COMPONENT,
                 failures: t.failures,
             });
         }
         if opts.require_all && !t.failures.is_empty() {
             return Err(LoadError::Incomplete {
+                component: COMPONENT,
                 failures: t.failures,
             });
         }
@@ -620,13 +628,14 @@ impl WriteTelemetry {
             ),
             (raw::UNATTR_OUTSIDE, &mut out.unattributed.outside_roots),
             (raw::UNATTR_WALK_LIMIT, &mut out.unattributed.walk_limit),
+            (raw::UNATTR_MAP_FULL, &mut out.unattributed.map_full),
         ] {
             let per_cpu = map_err(MAP_UNATTRIBUTED, unattributed.get(&i, 0))?;
             for c in per_cpu.iter() {
                 slot.add(c);
             }
         }
-        debug_assert_eq!(raw::N_UNATTR, 3);
+        debug_assert_eq!(raw::N_UNATTR, 4);
         Ok(out)
     }
 
@@ -703,6 +712,12 @@ fn kernel_btf() -> Result<Btf, LoadError> {
     })
 }
 
+/// Whether the kernel's BTF has a function (a hook point) by that name.
+fn has_function(btf: &Btf, name: &str) -> bool {
+    btf.id_by_type_name_kind(name, aya_obj::btf::BtfKind::Func)
+        .is_ok()
+}
+
 fn object_error(e: EbpfError) -> LoadError {
     let errno = errno_of(&e);
     let detail = chain(&e);
@@ -723,7 +738,7 @@ fn object_error(e: EbpfError) -> LoadError {
         }
         _ => LoadError::BpfUnavailable {
             errno,
-            detail: format!("the write-telemetry object does not fit this kernel: {detail}"),
+            detail: format!("the {COMPONENT} object does not fit this kernel: {detail}"),
         },
     }
 }

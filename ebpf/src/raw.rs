@@ -21,11 +21,12 @@ pub(crate) const N_BUCKETS: usize = 5;
 pub(crate) const UNATTR_OTHER_FS: u32 = 0;
 pub(crate) const UNATTR_OUTSIDE: u32 = 1;
 pub(crate) const UNATTR_WALK_LIMIT: u32 = 2;
-pub(crate) const N_UNATTR: u32 = 3;
+pub(crate) const UNATTR_MAP_FULL: u32 = 3;
+pub(crate) const N_UNATTR: u32 = 4;
 
 pub(crate) const MAX_DEPTH: u32 = 32;
 pub(crate) const MAX_ROOTS: u32 = 16384;
-pub(crate) const MAX_VOLUMES: u32 = 4096;
+pub(crate) const MAX_VOLUMES: u32 = 16384;
 pub(crate) const MAX_DEVS: u32 = 64;
 
 /// `struct root_key`: a directory as the kernel names it.

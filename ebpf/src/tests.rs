@@ -71,7 +71,9 @@ fn mode_parses() {
         assert_eq!(m.to_string().parse::<Mode>(), Ok(m));
     }
     assert_eq!(Mode::default(), Mode::Auto);
-    assert!(WriteTelemetry::start(Mode::Off).unwrap().is_none());
+    assert!(WriteTelemetry::start(Mode::Off, &LoadOptions::default())
+        .unwrap()
+        .is_none());
 }
 
 #[test]
@@ -125,7 +127,7 @@ fn defines(header: &str) -> HashMap<String, u64> {
 #[test]
 fn header_matches_rust() {
     let h = defines(include_str!("bpf/shared.h"));
-    let expect: [(&str, u64); 14] = [
+    let expect: [(&str, u64); 15] = [
         ("BUCKET_ENOSPC", raw::BUCKET_ENOSPC as u64),
         ("BUCKET_EDQUOT", raw::BUCKET_EDQUOT as u64),
         ("BUCKET_EIO", raw::BUCKET_EIO as u64),
@@ -135,6 +137,7 @@ fn header_matches_rust() {
         ("UNATTR_OTHER_FS", raw::UNATTR_OTHER_FS as u64),
         ("UNATTR_OUTSIDE", raw::UNATTR_OUTSIDE as u64),
         ("UNATTR_WALK_LIMIT", raw::UNATTR_WALK_LIMIT as u64),
+        ("UNATTR_MAP_FULL", raw::UNATTR_MAP_FULL as u64),
         ("N_UNATTR", raw::N_UNATTR as u64),
         ("MAX_DEPTH", raw::MAX_DEPTH as u64),
         ("MAX_ROOTS", raw::MAX_ROOTS as u64),
@@ -186,7 +189,7 @@ fn load_outcome_names_the_reason() {
                 assert_eq!(e.reason(), "no_btf");
                 return;
             }
-            if let LoadError::NoProgram { failures } = &e {
+            if let LoadError::NoProgram { failures, .. } = &e {
                 assert_eq!(failures.len(), HOOKS.len(), "{text}");
                 for hook in HOOKS {
                     assert!(

@@ -30,23 +30,22 @@
  *
  *   fexit  vfs_fileattr_set   DETECT: every path that changes file
  *                             attributes ends here (ioctl FS_IOC_SETFLAGS
- *                             and FS_IOC_FSSETXATTR, overlayfs passing a
- *                             change down, file_setattr(2) on 6.17+). At
- *                             exit `fa` holds the request merged with the
- *                             old attributes, and the return value says
- *                             whether it went through: result allowed
- *                             (0) or denied (an error).
- *   lsm.s  file_ioctl         ENFORCE (--guard=enforce, BPF LSM active):
- *   lsm    file_ioctl         refuses an attempt with EPERM before the
- *                             kernel copies the argument. 6.1 has no LSM
- *                             hook inside vfs_fileattr_set (security_
- *                             inode_setattr is not called there; the
- *                             fileattr hooks arrived in 6.17), so the new
- *                             struct fsxattr / flags word is read from user
- *                             memory: bpf_copy_from_user in the sleepable
- *                             variant (faults pages in), bpf_probe_read_user
- *                             in the fallback. Unreadable: refused.
- *
+ *                             and FS_IOC_FSSETXATTR, native and compat,
+ *                             overlayfs passing a change down,
+ *                             file_setattr(2) on 6.17+). At exit `fa` holds
+ *                             the request merged with the old attributes,
+ *                             and the return value says whether it went
+ *                             through: result allowed (0) or denied.
+ *   ENFORCE (--guard=enforce, BPF LSM active), refusing an attempt with
+ *   EPERM, by the first plan the kernel has (src/guard.rs picks it):
+ *   lsm    inode_file_setattr  6.17+: inside vfs_fileattr_set, on the
+ *                             kernel's own copy of the request: covers
+ *                             every path above.
+ *   lsm.s  file_ioctl (+ file_ioctl_compat where the kernel has it, 6.8
+ *   lsm    and stable backports): before 6.17, the ioctl is judged on its
+ *                             argument read from user memory. file_setattr(2)
+ *                             does not exist there.
+
  * The volume of an inode: walk d_parent from the inode's own dentry (the
  * root's own attributes matter most) up to GUARD_MAX_DEPTH dentries, with
  * bpf_loop, to the first registered (dev, ino); a device without roots is
@@ -78,8 +77,20 @@ struct inode___guard {
 	unsigned short i_mode; /* umode_t */
 } __core;
 
-/* include/linux/fileattr.h (since 5.13) */
+/* include/linux/fileattr.h: `struct fileattr` from 5.13, renamed
+ * `struct file_kattr` in 6.17 (with the file_setattr(2) system call). The
+ * fields read kept their names; which type the kernel has is asked at load
+ * time (bpf_core_type_exists), and the branch for the other one is dead
+ * code the verifier never walks. */
 struct fileattr {
+	__u32 flags;
+	__u32 fsx_xflags;
+	__u32 fsx_projid;
+	_Bool flags_valid : 1;
+	_Bool fsx_valid : 1;
+} __core;
+
+struct file_kattr {
 	__u32 flags;
 	__u32 fsx_xflags;
 	__u32 fsx_projid;
@@ -111,7 +122,7 @@ struct task_struct {
 
 #define FS_IOC_SETFLAGS 0x40086602   /* _IOW('f', 2, long) */
 #define FS_IOC32_SETFLAGS 0x40046602 /* _IOW('f', 2, int): compat tasks */
-#define FS_IOC_FSSETXATTR 0x401c5820 /* _IOW('X', 32, struct fsxattr) */
+#define FS_IOC_FSSETXATTR 0x401c5820 /* _IOW('X', 32, struct fsxattr): same in compat */
 #define FS_XFLAG_PROJINHERIT 0x00000200
 #define FS_PROJINHERIT_FL 0x20000000
 #define S_IFMT 0xf000 /* 0170000 */
@@ -163,6 +174,19 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, GUARD_EVENTS_BYTES);
 } guard_events SEC(".maps");
+
+/*
+ * Refusals by the inode_file_setattr program, per thread, so that the fexit
+ * of the same vfs_fileattr_set() call, which then sees -EPERM, does not
+ * count and report the attempt a second time. (The ioctl programs refuse
+ * before vfs_fileattr_set runs: no fexit follows them.)
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);   /* pid_tgid */
+	__type(value, __u64); /* the dentry refused */
+} guard_refused SEC(".maps");
 
 /* ---- helpers ---- */
 
@@ -225,6 +249,30 @@ static __always_inline int is_dir(struct dentry *dentry)
 	return (BPF_CORE_READ(inode, i_mode) & S_IFMT) == S_IFDIR;
 }
 
+/* The attributes a vfs_fileattr_set() call asks for, from its `fa`. */
+struct requested {
+	__u32 xflags;
+	__u32 projid;
+	int sets_projid; /* FS_IOC_FSSETXATTR / file_setattr(2): fsx_valid */
+};
+
+static __always_inline void read_requested(void *fa, struct requested *r)
+{
+	if (bpf_core_type_exists(struct file_kattr)) {
+		struct file_kattr *k = fa;
+
+		r->sets_projid = BPF_CORE_READ_BITFIELD_PROBED(k, fsx_valid);
+		r->projid = BPF_CORE_READ(k, fsx_projid);
+		r->xflags = BPF_CORE_READ(k, fsx_xflags);
+	} else {
+		struct fileattr *o = fa;
+
+		r->sets_projid = BPF_CORE_READ_BITFIELD_PROBED(o, fsx_valid);
+		r->projid = BPF_CORE_READ(o, fsx_projid);
+		r->xflags = BPF_CORE_READ(o, fsx_xflags);
+	}
+}
+
 /* CAP_SYS_ADMIN in the initial user namespace, as capable() would see it
  * (without asking the other LSMs, and without auditing). */
 static __always_inline int privileged(void)
@@ -264,8 +312,11 @@ static __always_inline void count(__u32 where, __u32 index, __u8 result)
 
 		bpf_map_update_elem(&guard_counters, &index, &zero, BPF_NOEXIST);
 		c = bpf_map_lookup_elem(&guard_counters, &index);
-		if (!c)
+		if (!c) {
+			/* No room for one more volume: counted apart, never lost. */
+			stat_add(GSTAT_MAP_FULL);
 			return;
+		}
 	}
 	if (result == GUARD_ALLOWED)
 		__sync_fetch_and_add(&c->allowed, 1);
@@ -305,37 +356,53 @@ static __always_inline void emit(struct guard_event *proto)
 	bpf_ringbuf_submit(e, 0);
 }
 
+/* Fills where the inode is; the caller has judged the request. */
+static __always_inline void place(struct guard_event *ev, struct dentry *dentry, __u32 where,
+				  const struct guard_root *root, __u64 dev)
+{
+	ev->ino = BPF_CORE_READ(dentry, d_inode, i_ino);
+	ev->dev = dev;
+	ev->index = where == WHERE_VOLUME ? root->index : GUARD_NO_VOLUME;
+	ev->volume_projid = root->projid;
+}
+
 /* ---- detect ---- */
 
 /* vfs_fileattr_set(idmap or mnt_userns, dentry, fa): 3 parameters from 5.13
- * through 6.18, so the return value is ctx[3]. */
+ * on, so the return value is ctx[3]. */
 SEC("fexit/vfs_fileattr_set")
-int BPF_PROG(guard_fileattr_set_exit, void *idmap, struct dentry *dentry, struct fileattr *fa,
-	     int ret)
+int BPF_PROG(guard_fileattr_set_exit, void *idmap, struct dentry *dentry, void *fa, int ret)
 {
 	struct guard_event ev = {};
+	struct requested req = {};
 	struct guard_root root = {};
 	__u64 dev = 0;
 	__u32 where;
-	int sets_projid;
 
+	if (ret == -EPERM) {
+		__u64 tid = bpf_get_current_pid_tgid();
+		__u64 *refused = bpf_map_lookup_elem(&guard_refused, &tid);
+
+		if (refused && *refused == (__u64)dentry) {
+			/* Counted and reported by the LSM program that refused it. */
+			bpf_map_delete_elem(&guard_refused, &tid);
+			return 0;
+		}
+	}
 	where = locate(dentry, &root, &dev);
 	if (where == WHERE_OTHER_FS || where == WHERE_OUTSIDE)
 		return 0;
 
 	/* FS_IOC_SETFLAGS fills `flags` (and the xflags it implies); only
-	 * FS_IOC_FSSETXATTR sets fsx_valid and a project ID. */
-	sets_projid = BPF_CORE_READ_BITFIELD_PROBED(fa, fsx_valid);
-	ev.projid = BPF_CORE_READ(fa, fsx_projid);
-	ev.xflags = BPF_CORE_READ(fa, fsx_xflags);
-	ev.what = judge(where, &root, is_dir(dentry), sets_projid, ev.projid, ev.xflags);
+	 * FS_IOC_FSSETXATTR and file_setattr(2) set fsx_valid and a project ID. */
+	read_requested(fa, &req);
+	ev.projid = req.projid;
+	ev.xflags = req.xflags;
+	ev.what = judge(where, &root, is_dir(dentry), req.sets_projid, req.projid, req.xflags);
 	if (!ev.what)
 		return 0;
 
-	ev.ino = BPF_CORE_READ(dentry, d_inode, i_ino);
-	ev.dev = dev;
-	ev.index = where == WHERE_VOLUME ? root.index : GUARD_NO_VOLUME;
-	ev.volume_projid = root.projid;
+	place(&ev, dentry, where, &root, dev);
 	ev.ret = ret;
 	ev.result = ret == 0 ? GUARD_ALLOWED : GUARD_DENIED;
 	ev.source = GUARD_SRC_FILEATTR;
@@ -350,6 +417,66 @@ int BPF_PROG(guard_fileattr_set_exit, void *idmap, struct dentry *dentry, struct
 
 /* ---- enforce ---- */
 
+/* Refuses a judged attempt: counts it, reports it, returns -EPERM. */
+static __always_inline int refuse(struct guard_event *ev, struct dentry *dentry, __u32 where,
+				  const struct guard_root *root, __u64 dev)
+{
+	if (ev->what & GUARD_WHAT_UNREADABLE)
+		stat_add(GSTAT_UNREADABLE);
+	place(ev, dentry, where, root, dev);
+	ev->ret = -EPERM;
+	ev->result = GUARD_DENIED;
+	ev->source = GUARD_SRC_LSM;
+	count(where, ev->index, GUARD_DENIED);
+	emit(ev);
+	return -EPERM;
+}
+
+/*
+ * 6.17+: every path that changes file attributes (FS_IOC_SETFLAGS,
+ * FS_IOC_FSSETXATTR native and compat, file_setattr(2), overlayfs) calls
+ * security_inode_file_setattr() with the request already merged and copied
+ * into the kernel: no user memory to read, no race with another thread.
+ */
+SEC("lsm/inode_file_setattr")
+int BPF_PROG(guard_inode_file_setattr, struct dentry *dentry, void *fa, int ret)
+{
+	struct guard_event ev = {};
+	__u64 tid, mark;
+	struct requested req = {};
+	struct guard_root root = {};
+	__u64 dev = 0;
+	__u32 where;
+
+	if (ret)
+		return ret; /* an earlier BPF LSM program refused already */
+	where = locate(dentry, &root, &dev);
+	if (where == WHERE_OTHER_FS || where == WHERE_OUTSIDE)
+		return 0;
+	if (privileged())
+		return 0;
+	read_requested(fa, &req);
+	ev.projid = req.projid;
+	ev.xflags = req.xflags;
+	ev.what = judge(where, &root, is_dir(dentry), req.sets_projid, req.projid, req.xflags);
+	if (!ev.what)
+		return 0;
+	tid = bpf_get_current_pid_tgid();
+	mark = (__u64)dentry;
+	bpf_map_update_elem(&guard_refused, &tid, &mark, BPF_ANY);
+	return refuse(&ev, dentry, where, &root, dev);
+}
+
+/*
+ * Before 6.17 there is no LSM hook inside vfs_fileattr_set (security_
+ * inode_setattr is not called there), so the ioctl itself is judged: the
+ * new struct fsxattr / flags word is read from user memory,
+ * bpf_copy_from_user in the sleepable variant (faults pages in),
+ * bpf_probe_read_user in the fallback. Unreadable: refused. A 32-bit caller
+ * (an i386 binary, or int $0x80) comes through file_ioctl_compat since
+ * "lsm: new security_file_ioctl_compat() hook" (6.8, backported to stable);
+ * before that, through file_ioctl with the compat command number.
+ */
 static __always_inline int check_ioctl(struct file *file, unsigned int cmd, unsigned long arg,
 				       int ret, int sleepable)
 {
@@ -403,20 +530,8 @@ static __always_inline int check_ioctl(struct file *file, unsigned int cmd, unsi
 	}
 	if (!ev.what)
 		return 0;
-
-	if (ev.what & GUARD_WHAT_UNREADABLE)
-		stat_add(GSTAT_UNREADABLE);
-	ev.ino = BPF_CORE_READ(dentry, d_inode, i_ino);
-	ev.dev = dev;
-	ev.index = where == WHERE_VOLUME ? root.index : GUARD_NO_VOLUME;
-	ev.volume_projid = root.projid;
-	ev.ret = -EPERM;
-	ev.result = GUARD_DENIED;
-	ev.source = GUARD_SRC_LSM;
 	ev.cmd = cmd;
-	count(where, ev.index, GUARD_DENIED);
-	emit(&ev);
-	return -EPERM;
+	return refuse(&ev, dentry, where, &root, dev);
 }
 
 SEC("lsm.s/file_ioctl")
@@ -428,6 +543,22 @@ int BPF_PROG(guard_file_ioctl_sleepable, struct file *file, unsigned int cmd, un
 
 SEC("lsm/file_ioctl")
 int BPF_PROG(guard_file_ioctl, struct file *file, unsigned int cmd, unsigned long arg, int ret)
+{
+	return check_ioctl(file, cmd, arg, ret, 0);
+}
+
+/* compat_ptr() is a zero extension on x86_64 and arm64: `arg` is the user
+ * address as it is. */
+SEC("lsm.s/file_ioctl_compat")
+int BPF_PROG(guard_file_ioctl_compat_sleepable, struct file *file, unsigned int cmd,
+	     unsigned long arg, int ret)
+{
+	return check_ioctl(file, cmd, arg, ret, 1);
+}
+
+SEC("lsm/file_ioctl_compat")
+int BPF_PROG(guard_file_ioctl_compat, struct file *file, unsigned int cmd, unsigned long arg,
+	     int ret)
 {
 	return check_ioctl(file, cmd, arg, ret, 0);
 }

@@ -13,7 +13,7 @@
 
 /* Default map sizes; the loader can override max_entries. */
 #define GUARD_MAX_ROOTS 16384
-#define GUARD_MAX_VOLUMES 4096
+#define GUARD_MAX_VOLUMES 16384
 #define GUARD_MAX_DEVS 64
 /* Ring buffer of events, bytes (a power of two, a multiple of the page). */
 #define GUARD_EVENTS_BYTES 262144
@@ -24,7 +24,8 @@
 #define GSTAT_WALK_LIMIT_ALLOWED 2 /* attempts past GUARD_MAX_DEPTH that went through */
 #define GSTAT_WALK_LIMIT_DENIED 3  /* ... that were refused */
 #define GSTAT_UNREADABLE 4        /* ioctl argument unreadable in the LSM hook: refused */
-#define N_GSTATS 5
+#define GSTAT_MAP_FULL 5          /* attempts on a volume the counters map had no room for */
+#define N_GSTATS 6
 
 /* guard_event.result */
 #define GUARD_ALLOWED 0
@@ -32,7 +33,7 @@
 
 /* guard_event.source */
 #define GUARD_SRC_FILEATTR 0 /* fexit/vfs_fileattr_set: the kernel's own outcome */
-#define GUARD_SRC_LSM 1      /* lsm/file_ioctl: refused by the guard */
+#define GUARD_SRC_LSM 1      /* a BPF LSM hook: refused by the guard */
 
 /* guard_event.what: bits */
 #define GUARD_WHAT_PROJID 1     /* sets a project ID other than the volume's */

@@ -19,14 +19,15 @@
 #define UNATTR_OTHER_FS 0    /* the file's filesystem holds no volume root */
 #define UNATTR_OUTSIDE 1     /* walked up to the filesystem root, no volume root on the way */
 #define UNATTR_WALK_LIMIT 2  /* MAX_DEPTH ancestors checked without finding a volume root */
-#define N_UNATTR 3
+#define UNATTR_MAP_FULL 3    /* attributed, but the counters map had no room for the volume */
+#define N_UNATTR 4
 
 /* Ancestors checked above the written file (the file itself is not a root). */
 #define MAX_DEPTH 32
 
 /* Default map sizes; the loader can override max_entries. */
 #define MAX_ROOTS 16384
-#define MAX_VOLUMES 4096
+#define MAX_VOLUMES 16384
 #define MAX_DEVS 64
 
 /* Key of the `roots` map: a directory as the kernel names it. */

@@ -179,7 +179,12 @@ static __always_inline struct counters *slot(__u32 kind, __u32 volume)
 		return c;
 	struct counters zero = {};
 	bpf_map_update_elem(&volume_counters, &volume, &zero, BPF_NOEXIST);
-	return bpf_map_lookup_elem(&volume_counters, &volume);
+	c = bpf_map_lookup_elem(&volume_counters, &volume);
+	if (c)
+		return c;
+	/* No room for one more volume (--ebpf.max-volumes): counted, never lost. */
+	kind = UNATTR_MAP_FULL;
+	return bpf_map_lookup_elem(&unattributed, &kind);
 }
 
 /* ret: the write's result; bytes: what this call itself wrote when ret > 0. */
@@ -213,6 +218,12 @@ static __always_inline void account_buffered(struct kiocb *iocb, __s64 ret)
 	if (ret == -EAGAIN && (iocb->ki_flags & IOCB_NOWAIT))
 		return;
 	kind = attribute(iocb->ki_filp, &volume);
+#ifdef PRJQUOTA_FAULT_WRONG_RET
+	/* Fault injection (cargo feature `fault-injection`): a hook that reads
+	 * the wrong return value, as after a kernel changes a signature. The
+	 * exporter's start-up self-test must catch it. */
+	ret = ret > 1 ? (__s64)((__u64)ret >> 1) : ret;
+#endif
 	account(kind, volume, ret, ret > 0 ? ret : 0);
 }
 
