@@ -170,6 +170,20 @@ async fn metrics(app: &App, head_only: bool) -> Response<Body> {
     resp
 }
 
+/// 503 for /metrics and /healthz until the exporter is warmed up: its
+/// programs loaded and every volume registered. Served before that, a
+/// scrape would show zeros that mean "not measured".
+fn not_ready(app: &App, path: &str) -> Option<Response<Body>> {
+    if app.exporter.is_ready() || !(path == "/metrics" || path == "/healthz") {
+        return None;
+    }
+    Some(full(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "text/plain; charset=utf-8",
+        "starting: loading the eBPF programs and registering every volume with them\n",
+    ))
+}
+
 async fn route(req: Request<Incoming>, app: Arc<App>) -> Result<Response<Body>, Infallible> {
     let head = req.method() == Method::HEAD;
     if req.method() != Method::GET && !head {
@@ -180,6 +194,9 @@ async fn route(req: Request<Incoming>, app: Arc<App>) -> Result<Response<Body>, 
         );
         r.headers_mut()
             .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return Ok(r);
+    }
+    if let Some(r) = not_ready(&app, req.uri().path()) {
         return Ok(r);
     }
     Ok(match req.uri().path() {

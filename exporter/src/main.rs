@@ -77,6 +77,14 @@ struct Flags {
     /// and says so, when the BPF LSM is not active).
     #[arg(long = "guard", value_name = "MODE", default_value = "detect", value_parser = parse_guard_mode)]
     guard: GuardMode,
+
+    /// How many volumes the eBPF counters maps hold (write telemetry and
+    /// guard alike; per-CPU entries, about 64 bytes per volume per CPU).
+    /// Writes into volumes beyond it are counted in
+    /// prjquota_exporter_ebpf_unattributed_writes_total{reason="map_full"},
+    /// never lost.
+    #[arg(long = "ebpf.max-volumes", value_name = "N", default_value = "16384", value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    max_volumes: u32,
 }
 
 fn parse_guard_mode(s: &str) -> Result<GuardMode, String> {
@@ -152,6 +160,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         quota_events: true,
         ebpf: flags.ebpf,
         guard: flags.guard,
+        max_volumes: flags.max_volumes,
     };
     let addr = listen_address(&flags.listen_address);
     let listener = tokio::net::TcpListener::bind(&addr)
@@ -166,6 +175,25 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
             )
         })?;
     }
+    if config.guard == GuardMode::Enforce {
+        exporter.guard_ready().await.map_err(|e| {
+            anyhow::anyhow!(
+                "the quota-escape guard cannot enforce (--guard=enforce): {e}; fix that, or run \
+                 with --guard=detect to count attempts without refusing them"
+            )
+        })?;
+    }
+    // Registers every existing volume with the programs before /healthz
+    // says ready, so no write after that goes uncounted.
+    let warm = exporter.clone();
+    tokio::spawn(async move {
+        let took = warm.warm_up().await;
+        info!(
+            "ready: eBPF programs loaded and every volume registered",
+            took = format!("{:.3}s", took.as_secs_f64())
+        );
+        notify_ready();
+    });
     info!(
         "starting prjquota-exporter",
         version = env!("CARGO_PKG_VERSION"),
@@ -183,6 +211,33 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     prjquota_exporter::http::serve(listener, exporter, shutdown_signal()).await?;
     info!("stopped");
     Ok(())
+}
+
+/// Tells systemd (`Type=notify`) that start-up is done: `READY=1` on the
+/// datagram socket `$NOTIFY_SOCKET` names (a path, or `@` for an abstract
+/// name). Without the variable there is nobody to tell.
+fn notify_ready() {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let bytes = path.as_encoded_bytes();
+    let addr = match bytes.strip_prefix(b"@") {
+        Some(name) => SocketAddr::from_abstract_name(name),
+        None => SocketAddr::from_pathname(std::path::Path::new(&path)),
+    };
+    let sent = addr.and_then(|addr| {
+        let sock = UnixDatagram::unbound()?;
+        sock.send_to_addr(b"READY=1", &addr)
+    });
+    if let Err(e) = sent {
+        error!(
+            "cannot tell systemd the exporter is ready",
+            socket = path.to_string_lossy(),
+            err = e
+        );
+    }
 }
 
 async fn shutdown_signal() {

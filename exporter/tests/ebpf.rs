@@ -87,6 +87,7 @@ fn start(dir: &Path, extra: &[&str]) -> Running {
                 .find_map(|f| f.strip_prefix("address="))
                 .and_then(|a| a.parse().ok())
                 .expect("address= in the start-up line");
+            wait_ready(addr);
             return Running {
                 child,
                 addr,
@@ -94,6 +95,25 @@ fn start(dir: &Path, extra: &[&str]) -> Running {
                 early: seen,
             };
         }
+    }
+}
+
+/// Polls /healthz until the exporter says it is ready (200): before that
+/// /metrics answers 503 by design.
+fn wait_ready(addr: std::net::SocketAddr) {
+    let started = std::time::Instant::now();
+    loop {
+        let r = get(addr, "/healthz");
+        if r.status == 200 {
+            return;
+        }
+        assert_eq!(r.status, 503, "/healthz while starting: {}", r.body);
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "not ready after 60s: {}",
+            r.body
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

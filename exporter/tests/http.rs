@@ -25,8 +25,10 @@ async fn start(volumes_dir: &std::path::Path) -> Server {
         quota_events: false,
         ebpf: prjquota_exporter::collector::EbpfMode::Off,
         guard: prjquota_exporter::collector::GuardMode::Off,
+        ..Config::default()
     };
     let exporter = Arc::new(Exporter::new(&config));
+    exporter.warm_up().await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

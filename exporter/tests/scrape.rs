@@ -23,6 +23,7 @@ fn config(dir: &Path, quota_events: bool) -> Config {
         quota_events,
         ebpf: prjquota_exporter::collector::EbpfMode::Off,
         guard: prjquota_exporter::collector::GuardMode::Off,
+        ..Config::default()
     }
 }
 

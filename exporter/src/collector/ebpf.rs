@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::anyhow;
-use prjquota_ebpf::{Counters, ErrnoBucket, Mode, ProgramFailure, WriteTelemetry};
+use prjquota_ebpf::{Counters, ErrnoBucket, LoadOptions, Mode, ProgramFailure, WriteTelemetry};
 use tokio::sync::watch;
 
 use super::{BoxFuture, Collector, Scrape};
@@ -74,6 +74,9 @@ enum Status {
     Attached {
         telemetry: Arc<Mutex<WriteTelemetry>>,
         programs: Vec<(&'static str, bool)>,
+        /// The start-up self-test of each hook a volumes filesystem here
+        /// exercises.
+        selftest: Vec<super::selftest::Outcome>,
         /// Why the hooks that are not attached failed (`None`: all attached).
         partial: Option<&'static str>,
     },
@@ -152,7 +155,12 @@ pub struct Ebpf {
 impl Ebpf {
     /// Starts loading the programs on the blocking pool (nothing for
     /// [`Mode::Off`]); scrapes report `loading` until that finishes.
-    pub fn start(mode: Mode, timeout: Duration) -> Ebpf {
+    pub fn start(
+        mode: Mode,
+        timeout: Duration,
+        opts: LoadOptions,
+        volumes_dirs: Vec<std::path::PathBuf>,
+    ) -> Ebpf {
         let initial = if mode == Mode::Off {
             crate::info!("eBPF write telemetry disabled (--ebpf=off)");
             Status::Detached {
@@ -166,7 +174,7 @@ impl Ebpf {
         let (tx, rx) = watch::channel(Arc::new(initial));
         if mode != Mode::Off {
             let work = move || {
-                let status = load(mode);
+                let status = load(mode, &opts, &volumes_dirs);
                 let _ = tx.send(Arc::new(status));
             };
             // The runtime's blocking pool when there is a runtime (always,
@@ -203,9 +211,25 @@ fn shared_reason(failures: &[ProgramFailure]) -> &'static str {
     }
 }
 
-fn load(mode: Mode) -> Status {
-    match WriteTelemetry::start(mode) {
-        Ok(Some(t)) => {
+fn load(mode: Mode, opts: &LoadOptions, volumes_dirs: &[std::path::PathBuf]) -> Status {
+    match WriteTelemetry::start(mode, opts) {
+        Ok(Some(mut t)) => {
+            let selftest = super::selftest::run(&mut t, volumes_dirs);
+            for o in &selftest {
+                if o.ok {
+                    crate::info!(
+                        "eBPF self-test passed",
+                        program = o.program,
+                        detail = o.detail
+                    );
+                } else {
+                    crate::error!(
+                        "eBPF self-test FAILED: the hook is attached but does not count right on this kernel; its writes are miscounted",
+                        program = o.program,
+                        detail = o.detail
+                    );
+                }
+            }
             let programs = t.programs();
             let partial = (!t.failures().is_empty()).then(|| shared_reason(t.failures()));
             let attached: Vec<&str> = programs.iter().filter(|p| p.1).map(|p| p.0).collect();
@@ -224,6 +248,7 @@ fn load(mode: Mode) -> Status {
             Status::Attached {
                 telemetry: Arc::new(Mutex::new(t)),
                 programs,
+                selftest,
                 partial,
             }
         }
@@ -307,9 +332,11 @@ impl Collector for Ebpf {
                 Status::Attached {
                     telemetry,
                     programs,
+                    selftest,
                     partial,
                 } => {
                     out.extend(status_families(programs, *partial));
+                    out.push(selftest_family(selftest));
                     self.collect_counters(scrape, telemetry, out).await
                 }
             }
@@ -391,6 +418,21 @@ impl Ebpf {
     }
 }
 
+/// `…_ebpf_selftest_success` per hook the start-up self-test exercised.
+fn selftest_family(outcomes: &[super::selftest::Outcome]) -> Family {
+    let mut f = Family::gauge(
+        "prjquota_exporter_ebpf_selftest_success",
+        "Whether a known write into the exporter's probe file under <volumes dir>/.prjquota/selftest came back exact through this hook at start-up (1) or not (0: the hook is attached but miscounts on this kernel). Only hooks the node's volume filesystems exercise are tested.",
+    );
+    for o in outcomes {
+        f.labelled(
+            vec![("program", o.program.to_string())],
+            if o.ok { 1.0 } else { 0.0 },
+        );
+    }
+    f
+}
+
 /// `…_ebpf_program_attached` per hook and, when some are not attached,
 /// `…_ebpf_detached_reason`.
 fn status_families(programs: &[(&'static str, bool)], detached: Option<&str>) -> Vec<Family> {
@@ -449,13 +491,14 @@ fn counter_families(counters: &Counters, index_of: &[Option<u32>]) -> Vec<Family
     }
     let mut unattributed = Family::counter(
         "prjquota_exporter_ebpf_unattributed_writes_total",
-        "Successful write operations the eBPF programs counted for no volume, by reason: other_filesystems (a filesystem without volumes), outside_roots (a volumes filesystem, not below a volume root), walk_limit (nested deeper than the programs look for a volume root: these are volume writes that went uncounted).",
+        "Successful write operations the eBPF programs counted for no volume, by reason: other_filesystems (a filesystem without volumes), outside_roots (a volumes filesystem, not below a volume root), walk_limit (nested deeper than the programs look for a volume root: these are volume writes that went uncounted), map_full (into a volume beyond --ebpf.max-volumes: counted here instead of per volume).",
     );
     let u = &counters.unattributed;
     for (reason, c) in [
         ("other_filesystems", &u.other_filesystems),
         ("outside_roots", &u.outside_roots),
         ("walk_limit", &u.walk_limit),
+        ("map_full", &u.map_full),
     ] {
         unattributed.labelled(vec![("reason", reason.to_string())], c.write_ops as f64);
     }
@@ -549,7 +592,12 @@ mod tests {
 
     #[tokio::test]
     async fn off_reports_every_program_detached_as_disabled() {
-        let e = Ebpf::start(Mode::Off, Duration::from_secs(1));
+        let e = Ebpf::start(
+            Mode::Off,
+            Duration::from_secs(1),
+            LoadOptions::default(),
+            Vec::new(),
+        );
         e.ready().wait().await.unwrap();
         let s = scrape(&[1], false);
         let mut out = Vec::new();

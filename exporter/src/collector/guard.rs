@@ -35,6 +35,7 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 use prjquota_ebpf::guard::{Guard, GuardCounters, GuardEvent, GuardMode, Outcome};
+use prjquota_ebpf::LoadOptions;
 use tokio::sync::watch;
 
 use super::{BoxFuture, Collector, Scrape};
@@ -134,7 +135,7 @@ impl GuardCollector {
     /// Starts loading the guard on the blocking pool (nothing for
     /// [`GuardMode::Off`]). Must be called inside a tokio runtime unless
     /// `mode` is off.
-    pub fn start(mode: GuardMode, timeout: Duration) -> GuardCollector {
+    pub fn start(mode: GuardMode, timeout: Duration, opts: LoadOptions) -> GuardCollector {
         let initial = if mode == GuardMode::Off {
             crate::info!("quota-escape guard disabled (--guard=off)");
             Status::Off {
@@ -147,7 +148,7 @@ impl GuardCollector {
         let (tx, rx) = watch::channel(Arc::new(initial));
         if mode != GuardMode::Off {
             tokio::task::spawn_blocking(move || {
-                let _ = tx.send(Arc::new(load(mode)));
+                let _ = tx.send(Arc::new(load(mode, &opts)));
             });
         }
         GuardCollector {
@@ -155,6 +156,11 @@ impl GuardCollector {
             timeout,
             roots: Arc::default(),
         }
+    }
+
+    /// A handle that waits for start-up loading to finish.
+    pub fn ready(&self) -> GuardReady {
+        GuardReady(self.status.clone())
     }
 
     async fn collect_guard(
@@ -217,8 +223,32 @@ impl GuardCollector {
     }
 }
 
-fn load(mode: GuardMode) -> Status {
-    match Guard::load(mode) {
+/// Waits for the guard's start-up load.
+#[derive(Clone)]
+pub struct GuardReady(watch::Receiver<Arc<Status>>);
+
+impl GuardReady {
+    /// `Ok` once the guard runs in the mode asked for (or is off as asked);
+    /// `Err` with the reason when it could not load, or runs as detect
+    /// although enforcement was asked for.
+    pub async fn wait(mut self) -> Result<(), String> {
+        let status = match self.0.wait_for(|s| !matches!(**s, Status::Loading)).await {
+            Ok(s) => s.clone(),
+            Err(_) => return Err("the guard loader stopped without a result".into()),
+        };
+        match &*status {
+            Status::Off { error: Some(e), .. } => Err(e.clone()),
+            Status::Loaded {
+                fallback: Some((_, why)),
+                ..
+            } => Err(why.clone()),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn load(mode: GuardMode, opts: &LoadOptions) -> Status {
+    match Guard::load_with(mode, opts) {
         Ok(g) => {
             let fallback = g.not_enforcing().map(|why| (why.reason(), why.to_string()));
             match &fallback {
@@ -230,7 +260,7 @@ fn load(mode: GuardMode) -> Status {
                 None => crate::info!(
                     "quota-escape guard attached",
                     mode = g.mode(),
-                    lsm = g.lsm_program().unwrap_or("-")
+                    lsm = g.lsm_programs().join(",")
                 ),
             }
             Status::Loaded {
@@ -363,7 +393,12 @@ fn counter_families(scrape: &Scrape, index_of: &[Option<u32>], c: &GuardCounters
         "Guard events (log lines) lost because the kernel's ring buffer was full; the counters are exact regardless.",
     );
     lost.plain(c.events_lost as f64);
-    vec![attempts, unattributed, privileged, lost]
+    let mut full = Family::counter(
+        "prjquota_exporter_guard_map_full_attempts_total",
+        "Attempts on a volume the guard's counters map had no room for (beyond --ebpf.max-volumes): refused or counted all the same, but not per volume.",
+    );
+    full.plain(c.map_full as f64);
+    vec![attempts, unattributed, privileged, lost, full]
 }
 
 fn mode_families(mode: GuardMode, fallback: Option<&'static str>) -> Vec<Family> {
@@ -507,7 +542,11 @@ mod tests {
 
     #[tokio::test]
     async fn off_is_a_metric_and_not_a_failure() {
-        let c = GuardCollector::start(GuardMode::Off, Duration::from_secs(1));
+        let c = GuardCollector::start(
+            GuardMode::Off,
+            Duration::from_secs(1),
+            LoadOptions::default(),
+        );
         let scrape = Scrape::new(Inventory::for_tests(vec![volume("a", "b", 1)]));
         let mut out = Vec::new();
         c.collect(&scrape, &mut out).await.unwrap();
@@ -527,7 +566,11 @@ mod tests {
     /// guard off and fails (logged once), every other collector unaffected.
     #[tokio::test]
     async fn a_guard_that_cannot_load_is_off_and_failed() {
-        let c = GuardCollector::start(GuardMode::Detect, Duration::from_secs(30));
+        let c = GuardCollector::start(
+            GuardMode::Detect,
+            Duration::from_secs(30),
+            LoadOptions::default(),
+        );
         // Parsing the kernel's BTF takes a while in a debug build.
         let mut rx = c.status.clone();
         let _ = rx.wait_for(|s| !matches!(**s, Status::Loading)).await;

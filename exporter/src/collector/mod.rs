@@ -23,6 +23,7 @@ pub mod quota;
 pub mod quota_events;
 pub mod registry;
 pub mod roots;
+mod selftest;
 pub mod statfs;
 
 use std::collections::HashMap;
@@ -122,6 +123,8 @@ pub struct Config {
     pub ebpf: EbpfMode,
     /// The quota-escape guard (`--guard`).
     pub guard: GuardMode,
+    /// Volumes the eBPF counters maps hold (`--ebpf.max-volumes`).
+    pub max_volumes: u32,
 }
 
 impl Default for Config {
@@ -132,6 +135,7 @@ impl Default for Config {
             quota_events: true,
             ebpf: EbpfMode::Auto,
             guard: GuardMode::Detect,
+            max_volumes: prjquota_ebpf::LoadOptions::default().max_volumes,
         }
     }
 }
@@ -161,6 +165,12 @@ pub struct Exporter {
     failing: Mutex<HashMap<&'static str, String>>,
     /// The start-up load of the eBPF programs, when there is one.
     ebpf: Option<ebpf::Ready>,
+    /// The start-up load of the guard, when there is one.
+    guard: Option<guard::GuardReady>,
+    /// Set once the programs are loaded and every volume of the registry
+    /// is registered with them ([`Exporter::warm_up`]): before that, a
+    /// scrape would report zeros that mean "not measured".
+    ready: tokio::sync::watch::Sender<bool>,
     root_stat: Arc<roots::RootStat>,
 }
 
@@ -173,8 +183,22 @@ impl Exporter {
         } else {
             quota_events::QuotaEvents::disabled("disabled by configuration")
         };
-        let ebpf = ebpf::Ebpf::start(config.ebpf, config.statfs_timeout);
+        let opts = prjquota_ebpf::LoadOptions {
+            max_volumes: config.max_volumes,
+            max_roots: config
+                .max_volumes
+                .max(prjquota_ebpf::LoadOptions::default().max_roots),
+            ..prjquota_ebpf::LoadOptions::default()
+        };
+        let ebpf = ebpf::Ebpf::start(
+            config.ebpf,
+            config.statfs_timeout,
+            opts.clone(),
+            config.volumes_dirs.clone(),
+        );
         let ready = ebpf.ready();
+        let guard = guard::GuardCollector::start(config.guard, config.statfs_timeout, opts);
+        let guard_ready = guard.ready();
         let mut exporter = Exporter::with_collectors(
             config,
             vec![
@@ -182,14 +206,40 @@ impl Exporter {
                 Box::new(statfs::Statfs::new(config.statfs_timeout)),
                 Box::new(events),
                 Box::new(ebpf),
-                Box::new(guard::GuardCollector::start(
-                    config.guard,
-                    config.statfs_timeout,
-                )),
+                Box::new(guard),
             ],
         );
         exporter.ebpf = Some(ready);
+        exporter.guard = Some(guard_ready);
         exporter
+    }
+
+    /// Waits until the guard is loaded (or known not to load): `Err` with
+    /// the reason when it did not load or cannot enforce as asked.
+    pub async fn guard_ready(&self) -> Result<(), String> {
+        match &self.guard {
+            Some(r) => r.clone().wait().await,
+            None => Ok(()),
+        }
+    }
+
+    /// Start-up: waits for the eBPF loads, then scrapes once, which
+    /// registers every volume root of the registry with the programs; then
+    /// the exporter is ready (`/healthz` 200, `/metrics` served). Returns
+    /// how long it took.
+    pub async fn warm_up(&self) -> Duration {
+        let start = Instant::now();
+        // Failures are reported by the scrape itself; only the wait matters.
+        let _ = self.ebpf_ready().await;
+        let _ = self.guard_ready().await;
+        drop(self.scrape().await);
+        self.ready.send_replace(true);
+        start.elapsed()
+    }
+
+    /// Whether [`Exporter::warm_up`] has finished.
+    pub fn is_ready(&self) -> bool {
+        *self.ready.borrow()
     }
 
     /// Waits until the eBPF programs are loaded (or known not to load):
@@ -211,6 +261,8 @@ impl Exporter {
             deadline: (config.statfs_timeout * 3).max(Duration::from_secs(10)),
             failing: Mutex::default(),
             ebpf: None,
+            guard: None,
+            ready: tokio::sync::watch::Sender::new(false),
             root_stat: Arc::new(roots::RootStat::new(config.statfs_timeout)),
         }
     }
