@@ -42,6 +42,15 @@ const PENDING_EBPF: &[(&str, Kind)] = &[
         "nomad_host_volume_projid_change_attempts_total",
         Kind::Counter,
     ),
+    // ebpf collector: writes counted for no volume, by reason (map_full too).
+    (
+        "prjquota_exporter_ebpf_unattributed_writes_total",
+        Kind::Counter,
+    ),
+    // ebpf collector: the start-up self-test, per hook it exercised.
+    ("prjquota_exporter_ebpf_selftest_success", Kind::Gauge),
+    // guard collector: attempts beyond --ebpf.max-volumes.
+    ("prjquota_exporter_guard_map_full_attempts_total", Kind::Counter),
 ];
 
 /// Series Prometheus itself makes.
