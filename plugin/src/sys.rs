@@ -557,3 +557,114 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+// ---------------------------------------------------------------------------
+// The other ways to change a project ID, which the guard must cover: the
+// 32-bit ioctl and file_setattr(2). Only the real-kernel tests call these.
+// ---------------------------------------------------------------------------
+
+/// `struct file_attr` (include/uapi/linux/fs.h, Linux 6.17+), what
+/// `file_getattr(2)`/`file_setattr(2)` exchange (`FILE_ATTR_SIZE_VER0`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FileAttr {
+    pub xflags: u64,
+    pub extsize: u32,
+    pub nextents: u32,
+    pub projid: u32,
+    pub cowextsize: u32,
+}
+const _: () = assert!(size_of::<FileAttr>() == 24);
+
+/// System call numbers (the same on every architecture since 6.17).
+const SYS_FILE_GETATTR: libc::c_long = 468;
+const SYS_FILE_SETATTR: libc::c_long = 469;
+
+/// `file_getattr(AT_FDCWD, path, &attr, sizeof attr, 0)`; ENOSYS before 6.17.
+pub fn file_getattr(path: &CStr) -> io::Result<FileAttr> {
+    let mut a = FileAttr::default();
+    // SAFETY: the kernel writes at most `usize` bytes into `a`, a live
+    // local of that size; `path` is NUL-terminated and outlives the call.
+    cvt(unsafe {
+        libc::syscall(
+            SYS_FILE_GETATTR,
+            libc::AT_FDCWD as libc::c_long,
+            path.as_ptr(),
+            &mut a as *mut FileAttr,
+            size_of::<FileAttr>(),
+            0 as libc::c_long,
+        )
+    })?;
+    Ok(a)
+}
+
+/// `file_setattr(AT_FDCWD, path, &attr, sizeof attr, 0)`; ENOSYS before 6.17.
+pub fn file_setattr(path: &CStr, a: &FileAttr) -> io::Result<()> {
+    // SAFETY: the kernel reads `usize` bytes from `a`; `path` is
+    // NUL-terminated; both outlive the call.
+    cvt(unsafe {
+        libc::syscall(
+            SYS_FILE_SETATTR,
+            libc::AT_FDCWD as libc::c_long,
+            path.as_ptr(),
+            a as *const FileAttr,
+            size_of::<FileAttr>(),
+            0 as libc::c_long,
+        )
+    })
+    .map(drop)
+}
+
+/// `FS_IOC_FSSETXATTR` through the 32-bit system call entry (`int $0x80`,
+/// i386 `ioctl` = 54), as an i386 binary makes it: the kernel takes its
+/// compat path (`compat_sys_ioctl`, the `file_ioctl_compat` LSM hook). The
+/// argument is copied to a page below 4 GiB (`MAP_32BIT`), where a 32-bit
+/// pointer reaches it. ENOSYS where the kernel runs no 32-bit code.
+#[cfg(target_arch = "x86_64")]
+pub fn set_fsxattr_compat(fd: BorrowedFd<'_>, attr: &FsXattr) -> io::Result<()> {
+    const NR_IOCTL_I386: i32 = 54;
+    // SAFETY: an anonymous private mapping; checked for failure below.
+    let page = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_32BIT,
+            -1,
+            0,
+        )
+    };
+    if page == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `page` is a fresh writable mapping of 4096 bytes, larger than
+    // one FsXattr (28 bytes).
+    unsafe { std::ptr::write(page.cast::<FsXattr>(), *attr) };
+    let ret: i32;
+    // SAFETY: int $0x80 with eax = the i386 ioctl number, ebx = fd, ecx =
+    // cmd, edx = the page's address (below 4 GiB by MAP_32BIT); rbx, which
+    // LLVM reserves, is swapped in and restored around the call; the
+    // kernel may clobber r8-r11 on this entry, declared as such.
+    unsafe {
+        std::arch::asm!(
+            "xchg rbx, {fd}",
+            "int 0x80",
+            "xchg rbx, {fd}",
+            fd = inout(reg) fd.as_raw_fd() as u64 => _,
+            inlateout("eax") NR_IOCTL_I386 => ret,
+            in("ecx") FS_IOC_FSSETXATTR as u32,
+            in("edx") page as usize as u32,
+            out("r8") _,
+            out("r9") _,
+            out("r10") _,
+            out("r11") _,
+        );
+    }
+    // SAFETY: unmaps the page mapped above, no longer used.
+    unsafe { libc::munmap(page, 4096) };
+    if ret < 0 {
+        Err(io::Error::from_raw_os_error(-ret))
+    } else {
+        Ok(())
+    }
+}

@@ -329,8 +329,14 @@ impl Exporter {
 
     /// [`Exporter::start`] with further flags (e.g. `--ebpf=required`).
     pub fn start_with(volumes_dirs: &[&Path], args: &[&str]) -> Exporter {
+        Self::start_binary(&crate::bin("prjquota-exporter"), volumes_dirs, args)
+    }
+
+    /// [`Exporter::start_with`] for another build of the exporter (the
+    /// fault-injection one).
+    pub fn start_binary(binary: &Path, volumes_dirs: &[&Path], args: &[&str]) -> Exporter {
         ensure_loopback();
-        let mut cmd = Command::new(crate::bin("prjquota-exporter"));
+        let mut cmd = Command::new(binary);
         for d in volumes_dirs {
             cmd.arg("--volumes-dir").arg(d);
         }
@@ -380,11 +386,42 @@ impl Exporter {
             "MEASURE exporter_start_seconds {:.3}",
             started.elapsed().as_secs_f64()
         );
-        Exporter { child, addr, log }
+        let mut exporter = Exporter { child, addr, log };
+        exporter.wait_ready(started);
+        exporter
     }
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Polls /healthz until 200 (the programs are loaded and every volume
+    /// registered: /metrics answers 503 before). A test writes right after
+    /// this returns: that is the moment users meet first.
+    fn wait_ready(&mut self, started: Instant) {
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "the exporter exited ({status}) before it was ready:\n{}",
+                    self.log()
+                );
+            }
+            match http_get(self.addr, "/healthz", Duration::from_secs(60)) {
+                Ok(r) if r.status == 200 => break,
+                Ok(r) => assert_eq!(r.status, 503, "/healthz while starting: {}", r.body),
+                Err(e) => panic!("GET /healthz: {e}\n{}", self.log()),
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(300),
+                "the exporter is not ready after 300 s:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!(
+            "MEASURE exporter_ready_seconds {:.3}",
+            started.elapsed().as_secs_f64()
+        );
     }
 
     /// GET /metrics: asserts 200 and the text format, returns the body and

@@ -16,7 +16,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use prjquota::quota::{self, Limits};
-use prjquota_ebpf::{kernel_dev, root_of, ErrnoBucket, VolumeCounters, WriteTelemetry, MAX_DEPTH};
+use prjquota_ebpf::{
+    kernel_dev, root_of, ErrnoBucket, LoadOptions, VolumeCounters, WriteTelemetry, MAX_DEPTH,
+};
 use prjquota_vmtests::fixture::{fill, FsCase, MIB, WRITER, XFS};
 use prjquota_vmtests::{on_every_fs, scratch_dir, xfs_mount};
 
@@ -28,6 +30,7 @@ on_every_fs!(
     past_the_depth_limit_is_unattributed_never_another_volume,
     quota_refusals_count_one_error_per_refused_write,
     set_roots_replaces_and_drops_stale_counters,
+    a_full_counters_map_counts_writes_as_map_full,
 );
 
 /// A loaded telemetry and the roots this test registered.
@@ -38,7 +41,11 @@ struct Probe {
 
 impl Probe {
     fn new() -> Probe {
-        let t = WriteTelemetry::load().unwrap_or_else(|e| panic!("load: {e}"));
+        Probe::with(&LoadOptions::default())
+    }
+
+    fn with(opts: &LoadOptions) -> Probe {
+        let t = WriteTelemetry::load_with(opts).unwrap_or_else(|e| panic!("load: {e}"));
         let programs = t.programs();
         assert!(
             programs.iter().all(|(_, attached)| *attached),
@@ -736,4 +743,46 @@ fn overhead_of_the_attached_programs() {
         "MEASURE ebpf_overhead_direct_4k_ratio_from_bpf_stats {:.4}",
         (per_d + ns_d) / per_d
     );
+}
+
+/// Counters for two volumes only (`--ebpf.max-volumes 2`): writes into a
+/// third registered volume are counted as `map_full`, byte for byte, and
+/// the two that fit stay exact.
+fn a_full_counters_map_counts_writes_as_map_full(fs: &FsCase) {
+    let mount = (fs.mount)();
+    let dirs: Vec<PathBuf> = (0..3)
+        .map(|i| scratch_dir(&mount, &format!("{}-ebpf-full-{i}", fs.name)))
+        .collect();
+    let mut probe = Probe::with(&LoadOptions {
+        max_volumes: 2,
+        ..LoadOptions::default()
+    });
+    for (i, d) in dirs.iter().enumerate() {
+        probe.add_root(d, i as u32 + 1);
+    }
+    let before = probe.t.read().unwrap();
+    let mut wrote = Vec::new();
+    for d in &dirs {
+        wrote.push(path_write(&d.join("f")));
+    }
+    let after = probe.t.read().unwrap();
+    assert_eq!(
+        after.volume(3).since(&before.volume(3)),
+        zero(),
+        "no room for the third volume's own counters: {after:?}"
+    );
+    let full = after
+        .unattributed
+        .map_full
+        .since(&before.unattributed.map_full);
+    let (bytes, ops) = wrote[2];
+    assert_eq!(full, counted(bytes, ops), "the third volume's writes");
+    for (i, (bytes, ops)) in wrote.iter().take(2).enumerate() {
+        let index = i as u32 + 1;
+        assert_eq!(
+            after.volume(index).since(&before.volume(index)),
+            counted(*bytes, *ops),
+            "volume {index}"
+        );
+    }
 }

@@ -3,7 +3,8 @@
 //! and write calls are counted exactly for the volume written to and for no
 //! other, quota refusals appear under the errno the filesystem returns
 //! (ENOSPC on XFS, EDQUOT on ext4), volumes created after start-up are
-//! picked up at the next scrape and deleted ones vanish.
+//! picked up at the next scrape and deleted ones vanish, and writes made
+//! the moment the exporter says it is ready are counted: no warm-up.
 //!
 //! Run in the VM, like tests/tests/exporter.rs:
 //!
@@ -26,7 +27,11 @@ use prjquota_vmtests::nomad::Spec;
 use prjquota_vmtests::on_every_fs;
 use prjquota_vmtests::prom::{Exporter, Exposition};
 
-on_every_fs!(counts_exact_writes_and_quota_refusals_per_volume,);
+on_every_fs!(
+    counts_exact_writes_and_quota_refusals_per_volume,
+    writes_right_after_the_exporter_is_ready_count_exactly,
+    the_self_test_passes_and_fails_a_hook_that_miscounts,
+);
 
 const NODE_POOL: &str = "default";
 const ATTACHED: &str = "prjquota_exporter_ebpf_program_attached";
@@ -298,4 +303,118 @@ fn required_attaches_everything_and_off_lists_the_same_programs() {
     );
     assert!(e.get(BYTES, &labels(&spec)).is_none(), "{}", e.text);
     assert_eq!(e.value("prjquota_exporter_volumes", &[]), 1.0);
+}
+
+/// `size` bytes in 4 KiB requests by fio through `engine` (buffered ones
+/// end with an fsync): an independent writer.
+fn fio_write(p: &Path, engine: &str, direct: bool, size: u64) {
+    let out = std::process::Command::new("fio")
+        .arg("--name=w")
+        .arg(format!("--filename={}", p.display()))
+        .args(["--rw=write", "--bs=4k", "--iodepth=8", "--fallocate=none"])
+        .args(["--invalidate=0", "--minimal"])
+        .arg(format!("--end_fsync={}", u8::from(!direct)))
+        .arg(format!("--size={size}"))
+        .arg(format!("--ioengine={engine}"))
+        .arg(format!("--direct={}", u8::from(direct)))
+        .output()
+        .expect("run fio (Debian's fio at /usr/bin/fio)");
+    assert!(
+        out.status.success(),
+        "fio {engine}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The first second: the exporter has just said ready (`/healthz` 200,
+/// which [`Exporter::start`] waits for and nothing more), and three
+/// volumes take 5, 10 and 20 MiB at once, buffered with fsync, O_DIRECT
+/// and io_uring O_DIRECT. The very next scrape counts every byte and every
+/// 4 KiB request, for the right volume.
+fn writes_right_after_the_exporter_is_ready_count_exactly(fs: &FsCase) {
+    let f = fs.fixture("exporter-ebpf-first");
+    let cases: [(&str, &str, bool, u64); 3] = [
+        ("first-buffered", "psync", false, 5 * MIB),
+        ("first-direct", "psync", true, 10 * MIB),
+        ("first-uring", "io_uring", true, 20 * MIB),
+    ];
+    let specs: Vec<(Spec, std::path::PathBuf)> = cases
+        .iter()
+        .map(|(name, ..)| {
+            let spec = Spec::new(name, (32 * MIB) as i64);
+            let (path, _) = f.create(&spec);
+            (spec, path)
+        })
+        .collect();
+
+    let exp = Exporter::start(&[&f.node.volumes_dir]);
+    for ((_, engine, direct, size), (_, path)) in cases.iter().zip(&specs) {
+        fio_write(&path.join("data"), engine, *direct, *size);
+    }
+    let e = exp.scrape();
+    for ((name, engine, direct, size), (spec, _)) in cases.iter().zip(&specs) {
+        let got = counted(&e, spec);
+        eprintln!("{}: {name} ({engine}, direct {direct}): {got:?}", fs.name);
+        assert_eq!(
+            got,
+            Counted {
+                bytes: *size,
+                ops: size / 4096,
+                errors: [0; 5]
+            },
+            "{name}: writes made right after start-up\n{}",
+            exp.log()
+        );
+    }
+}
+
+/// The start-up self-test, per hook this filesystem exercises: 1 with the
+/// real programs; with the fault-injection build, whose buffered-write hooks
+/// read half the return value, the buffered hook fails and says so, and the
+/// O_DIRECT hook still passes. A kernel that changes a hooked function shows
+/// up the same way, never as silent zeros.
+fn the_self_test_passes_and_fails_a_hook_that_miscounts(fs: &FsCase) {
+    const SELFTEST: &str = "prjquota_exporter_ebpf_selftest_success";
+    let f = fs.fixture("exporter-ebpf-selftest");
+    f.create(&Spec::new("selftest", (8 * MIB) as i64));
+    let buffered = if fs.name == XFS.name {
+        "iomap_file_buffered_write"
+    } else {
+        "generic_perform_write"
+    };
+    let tested = |e: &Exposition| -> Vec<(String, f64)> {
+        let mut v: Vec<(String, f64)> = e
+            .find(SELFTEST, &[])
+            .map(|s| (s.label("program").unwrap_or_default().to_string(), s.value))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+
+    let exp = Exporter::start(&[&f.node.volumes_dir]);
+    let e = exp.scrape();
+    let mut want = vec![
+        (buffered.to_string(), 1.0),
+        ("iomap_dio_complete".to_string(), 1.0),
+    ];
+    want.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(tested(&e), want, "{}", exp.log());
+    drop(exp);
+
+    let faulty = std::env::var_os("PRJQUOTA_FAULT_EXPORTER")
+        .expect("PRJQUOTA_FAULT_EXPORTER: cargo xtask test builds the fault-injection exporter");
+    let exp = Exporter::start_binary(Path::new(&faulty), &[&f.node.volumes_dir], &[]);
+    let e = exp.scrape();
+    let mut want = vec![
+        (buffered.to_string(), 0.0),
+        ("iomap_dio_complete".to_string(), 1.0),
+    ];
+    want.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(tested(&e), want, "{}", exp.log());
+    assert!(
+        exp.log().contains("eBPF self-test FAILED") && exp.log().contains(buffered),
+        "{}",
+        exp.log()
+    );
 }

@@ -290,10 +290,37 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
         })?;
         Ok(())
     })?;
+    // The exporter whose write-telemetry programs read a wrong return value:
+    // its start-up self-test must fail (tests/tests/exporter_ebpf.rs).
+    let fault_exporter = run_dir.0.join("fault-injection").join("prjquota-exporter");
+    step(
+        "build: prjquota-exporter --features fault-injection",
+        || {
+            run(cargo()
+                .args([
+                    "build",
+                    "-p",
+                    "prjquota-exporter",
+                    "--bin",
+                    "prjquota-exporter",
+                ])
+                .args(["--features", "fault-injection"]))?;
+            std::fs::copy(built.join("prjquota-exporter"), &fault_exporter).with_context(|| {
+                format!(
+                    "cannot copy the fault-injection exporter to {}",
+                    fault_exporter.display()
+                )
+            })?;
+            Ok(())
+        },
+    )?;
     step("build: cargo build --workspace --bins", || {
         run(cargo().args(["build", "--workspace", "--bins"]))?;
         if std::fs::read(built.join("prjquota"))? == std::fs::read(&fault_bin)? {
             bail!("target/debug/prjquota is still the fault-injection build");
+        }
+        if std::fs::read(built.join("prjquota-exporter"))? == std::fs::read(&fault_exporter)? {
+            bail!("target/debug/prjquota-exporter is still the fault-injection build");
         }
         copy_executables(&built, &bin_dir)
     })?;
@@ -376,6 +403,10 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
             (
                 "PRJQUOTA_FAULT_BIN".into(),
                 fault_bin.to_string_lossy().into_owned(),
+            ),
+            (
+                "PRJQUOTA_FAULT_EXPORTER".into(),
+                fault_exporter.to_string_lossy().into_owned(),
             ),
         ]
         .into_iter()
