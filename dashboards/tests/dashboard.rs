@@ -50,7 +50,10 @@ const PENDING_EBPF: &[(&str, Kind)] = &[
     // ebpf collector: the start-up self-test, per hook it exercised.
     ("prjquota_exporter_ebpf_selftest_success", Kind::Gauge),
     // guard collector: attempts beyond --ebpf.max-volumes.
-    ("prjquota_exporter_guard_map_full_attempts_total", Kind::Counter),
+    (
+        "prjquota_exporter_guard_map_full_attempts_total",
+        Kind::Counter,
+    ),
 ];
 
 /// Series Prometheus itself makes.
