@@ -208,3 +208,32 @@ macro_rules! on_every_fs {
         }
     };
 }
+
+/// fio writing `size` bytes in 4 KiB requests through `engine` (an
+/// independent writer); `end_fsync` ends with an fsync. Returns the bytes
+/// and 4 KiB requests written, after checking the file holds them.
+pub fn fio(p: &Path, engine: &str, direct: bool, size: u64, end_fsync: bool) -> (u64, u64) {
+    let out = Command::new("fio")
+        .arg("--name=w")
+        .arg(format!("--filename={}", p.display()))
+        .args(["--rw=write", "--bs=4k", "--iodepth=8", "--fallocate=none"])
+        .args(["--invalidate=0", "--minimal"])
+        .arg(format!("--end_fsync={}", u8::from(end_fsync)))
+        .arg(format!("--size={size}"))
+        .arg(format!("--ioengine={engine}"))
+        .arg(format!("--direct={}", u8::from(direct)))
+        .output()
+        .expect("run fio (Debian's fio at /usr/bin/fio)");
+    assert!(
+        out.status.success(),
+        "fio {engine}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::metadata(p).unwrap().len(),
+        size,
+        "fio wrote the whole file"
+    );
+    (size, size / 4096)
+}

@@ -148,28 +148,7 @@ fn path_o_direct(p: &Path) -> (u64, u64) {
 
 /// fio writing `size` bytes in 4 KiB requests through `engine`.
 fn fio(p: &Path, engine: &str, direct: bool, size: u64) -> (u64, u64) {
-    let out = Command::new("fio")
-        .arg("--name=w")
-        .arg(format!("--filename={}", p.display()))
-        .args(["--rw=write", "--bs=4k", "--iodepth=8", "--fallocate=none"])
-        .args(["--end_fsync=0", "--invalidate=0", "--minimal"])
-        .arg(format!("--size={size}"))
-        .arg(format!("--ioengine={engine}"))
-        .arg(format!("--direct={}", u8::from(direct)))
-        .output()
-        .expect("run fio (Debian's fio at /usr/bin/fio)");
-    assert!(
-        out.status.success(),
-        "fio {engine}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        fs::metadata(p).unwrap().len(),
-        size,
-        "fio wrote the whole file"
-    );
-    (size, size / 4096)
+    prjquota_vmtests::fixture::fio(p, engine, direct, size, false)
 }
 
 fn path_io_uring_buffered(p: &Path) -> (u64, u64) {

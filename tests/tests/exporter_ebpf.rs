@@ -308,23 +308,7 @@ fn required_attaches_everything_and_off_lists_the_same_programs() {
 /// `size` bytes in 4 KiB requests by fio through `engine` (buffered ones
 /// end with an fsync): an independent writer.
 fn fio_write(p: &Path, engine: &str, direct: bool, size: u64) {
-    let out = std::process::Command::new("fio")
-        .arg("--name=w")
-        .arg(format!("--filename={}", p.display()))
-        .args(["--rw=write", "--bs=4k", "--iodepth=8", "--fallocate=none"])
-        .args(["--invalidate=0", "--minimal"])
-        .arg(format!("--end_fsync={}", u8::from(!direct)))
-        .arg(format!("--size={size}"))
-        .arg(format!("--ioengine={engine}"))
-        .arg(format!("--direct={}", u8::from(direct)))
-        .output()
-        .expect("run fio (Debian's fio at /usr/bin/fio)");
-    assert!(
-        out.status.success(),
-        "fio {engine}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    prjquota_vmtests::fixture::fio(p, engine, direct, size, !direct);
 }
 
 /// The first second: the exporter has just said ready (`/healthz` 200,
