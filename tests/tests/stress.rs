@@ -122,6 +122,14 @@ fn concurrent_creates_restores_resizes_and_deletes_stay_consistent(fs: &FsCase) 
         rounds += 1;
         assert_consistent(&f, &pool, rounds);
     }
+    // A budget of zero seconds (or a leaked host variable) must not turn
+    // this into a test that checks nothing.
+    assert!(
+        rounds > 0 && runs == rounds * THREADS as u64,
+        "the stress test ran {rounds} rounds and {runs} plugin runs: \
+         PRJQUOTA_STRESS_SECS={:?} left no time for a single round",
+        std::env::var("PRJQUOTA_STRESS_SECS").ok()
+    );
     eprintln!(
         "MEASURE stress_{}_rounds {rounds} plugin_runs {runs} seconds {:.1}",
         fs.name,
