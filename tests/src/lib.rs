@@ -9,6 +9,7 @@
 pub mod fixture;
 pub mod nomad;
 pub mod prom;
+pub mod witness;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
