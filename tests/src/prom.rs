@@ -314,6 +314,39 @@ impl Exposition {
 // A running prjquota-exporter
 
 /// The exporter binary, running until dropped.
+/// The exporter's command line, on 127.0.0.1 with a port the kernel picks.
+/// `without_bpf_caps` runs it under `capsh` with CAP_BPF, CAP_PERFMON and
+/// CAP_SYS_ADMIN dropped from its bounding set, so the kernel refuses to
+/// load eBPF programs even though it runs as root.
+pub fn command(volumes_dirs: &[&Path], args: &[&str], without_bpf_caps: bool) -> Command {
+    let exe = crate::bin("prjquota-exporter");
+    let mut cmd = if without_bpf_caps {
+        let mut c = Command::new("capsh");
+        c.args([
+            "--drop=cap_bpf,cap_perfmon,cap_sys_admin",
+            "--",
+            "-c",
+            "exec \"$@\"",
+            "capsh",
+        ])
+        .arg(exe);
+        c
+    } else {
+        Command::new(exe)
+    };
+    for d in volumes_dirs {
+        cmd.arg("--volumes-dir").arg(d);
+    }
+    cmd.args(args);
+    cmd.args([
+        "--web.listen-address",
+        "127.0.0.1:0",
+        "--log.level",
+        "debug",
+    ]);
+    cmd
+}
+
 pub struct Exporter {
     child: Child,
     pub addr: SocketAddr,
@@ -329,21 +362,20 @@ impl Exporter {
 
     /// [`Exporter::start`] with further flags (e.g. `--ebpf=required`).
     pub fn start_with(volumes_dirs: &[&Path], args: &[&str]) -> Exporter {
+        Self::spawn(command(volumes_dirs, args, false))
+    }
+
+    /// [`Exporter::start_with`] without the capabilities that loading eBPF
+    /// needs (see [`command`]).
+    pub fn start_without_bpf_caps(volumes_dirs: &[&Path], args: &[&str]) -> Exporter {
+        Self::spawn(command(volumes_dirs, args, true))
+    }
+
+    fn spawn(mut cmd: Command) -> Exporter {
         ensure_loopback();
-        let mut cmd = Command::new(crate::bin("prjquota-exporter"));
-        for d in volumes_dirs {
-            cmd.arg("--volumes-dir").arg(d);
-        }
-        cmd.args(args);
-        cmd.args([
-            "--web.listen-address",
-            "127.0.0.1:0",
-            "--log.level",
-            "debug",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("start prjquota-exporter");
         let stderr = child.stderr.take().expect("stderr piped");
         let log = Arc::new(Mutex::new(String::new()));
