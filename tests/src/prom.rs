@@ -461,10 +461,11 @@ impl Exporter {
 
 impl Drop for Exporter {
     fn drop(&mut self) {
-        // SAFETY: signalling our own child, which has not been reaped.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
-        }
+        // Our own child, not reaped yet: the pid cannot have been reused.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
         let deadline = Instant::now() + Duration::from_secs(30);
         let status = loop {
             match self.child.try_wait() {
@@ -790,11 +791,11 @@ pub fn vector(result: &Value) -> Vec<(BTreeMap<String, String>, f64)> {
 
 impl Drop for Prometheus {
     fn drop(&mut self) {
-        let pid = self.child.id() as libc::pid_t;
-        // SAFETY: signalling our own child, which has not been reaped.
-        unsafe {
-            libc::kill(pid, libc::SIGTERM);
-        }
+        // Our own child, not reaped yet: the pid cannot have been reused.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             match self.child.try_wait() {

@@ -753,11 +753,8 @@ fn promtool_check_metrics_accepts_the_exposition() {
 fn floor_pass(roots: &[CString], volumes_dir: &Path, ids: (u32, u32)) -> Duration {
     let start = Instant::now();
     for r in roots {
-        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-        // SAFETY: `r` is NUL-terminated and `st` a valid out-pointer.
-        let rc = unsafe { libc::statvfs(r.as_ptr(), &mut st) };
-        assert_eq!(rc, 0);
-        std::hint::black_box(st.f_blocks);
+        let st = nix::sys::statvfs::statvfs(r.as_c_str()).expect("statvfs");
+        std::hint::black_box(st.blocks());
     }
     let dir = std::fs::File::open(volumes_dir).unwrap();
     let q = prjquota::quota::list(dir.as_fd(), ids.0..=ids.1).unwrap();
