@@ -85,3 +85,25 @@ pub fn fault_bin() -> PathBuf {
     );
     path
 }
+
+/// The middle sample (the upper one of an even count).
+pub fn median<T: Copy + PartialOrd>(mut v: Vec<T>) -> T {
+    assert!(!v.is_empty(), "median of no samples");
+    v.sort_by(|a, b| a.partial_cmp(b).expect("samples are ordered (no NaN)"));
+    v[v.len() / 2]
+}
+
+/// Runs `cmd` with bash; panics with its output unless it succeeds.
+pub fn sh(cmd: &str) {
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(cmd)
+        .output()
+        .expect("run bash");
+    assert!(
+        out.status.success(),
+        "{cmd}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use prjquota_vmtests::fixture::{fill, statvfs, Fixture, MIB};
 use prjquota_vmtests::nomad::{uuid, Spec};
 use prjquota_vmtests::prom::{self, Exporter, Exposition, Prometheus};
-use prjquota_vmtests::{ext4_mount, scratch_dir, xfs_mount, xfs_noquota_mount};
+use prjquota_vmtests::{ext4_mount, median, scratch_dir, xfs_mount, xfs_noquota_mount};
 
 const BLOCK: u64 = 4096;
 
@@ -760,11 +760,6 @@ fn floor_pass(roots: &[CString], volumes_dir: &Path, ids: (u32, u32)) -> Duratio
     let q = prjquota::quota::list(dir.as_fd(), ids.0..=ids.1).unwrap();
     std::hint::black_box(q.len());
     start.elapsed()
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
 }
 
 /// The first volumes of the scale test go through `prjquota::ops::create`,

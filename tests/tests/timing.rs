@@ -4,10 +4,10 @@
 //! in the same boot: an emulated CPU makes absolute times meaningless, but a
 //! regression that makes prjquota slower than a plain mkdir by a factor shows.
 
-use prjquota_vmtests::bin;
 use prjquota_vmtests::fixture::{Fixture, FsCase, MIB};
 use prjquota_vmtests::nomad::Spec;
 use prjquota_vmtests::on_every_fs;
+use prjquota_vmtests::{bin, median};
 
 on_every_fs!(
     fingerprint_and_create_are_within_3x_of_a_plain_mkdir,
@@ -16,12 +16,6 @@ on_every_fs!(
 
 const SAMPLES: usize = 9;
 const RESTORED: usize = 50;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    assert!(!v.is_empty(), "no samples");
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 /// The prjquota node and the baseline node, on the same filesystem.
 fn contenders(fs: &FsCase, tag: &str) -> [Fixture; 2] {
