@@ -9,6 +9,7 @@
 pub mod fixture;
 pub mod nomad;
 pub mod prom;
+pub mod witness;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -83,4 +84,26 @@ pub fn fault_bin() -> PathBuf {
         path.display()
     );
     path
+}
+
+/// The middle sample (the upper one of an even count).
+pub fn median<T: Copy + PartialOrd>(mut v: Vec<T>) -> T {
+    assert!(!v.is_empty(), "median of no samples");
+    v.sort_by(|a, b| a.partial_cmp(b).expect("samples are ordered (no NaN)"));
+    v[v.len() / 2]
+}
+
+/// Runs `cmd` with bash; panics with its output unless it succeeds.
+pub fn sh(cmd: &str) {
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(cmd)
+        .output()
+        .expect("run bash");
+    assert!(
+        out.status.success(),
+        "{cmd}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -313,6 +313,53 @@ impl Exposition {
 // ---------------------------------------------------------------------------
 // A running prjquota-exporter
 
+/// The exporter's command line, on 127.0.0.1 with a port the kernel picks.
+/// `without_bpf_caps` runs it under `capsh` with CAP_BPF, CAP_PERFMON and
+/// CAP_SYS_ADMIN dropped from its bounding set, so the kernel refuses to
+/// load eBPF programs even though it runs as root.
+pub fn command(volumes_dirs: &[&Path], args: &[&str], without_bpf_caps: bool) -> Command {
+    command_of(
+        &crate::bin("prjquota-exporter"),
+        volumes_dirs,
+        args,
+        without_bpf_caps,
+    )
+}
+
+/// [`command`] for a given build of the exporter.
+pub fn command_of(
+    exe: &Path,
+    volumes_dirs: &[&Path],
+    args: &[&str],
+    without_bpf_caps: bool,
+) -> Command {
+    let mut cmd = if without_bpf_caps {
+        let mut c = Command::new("capsh");
+        c.args([
+            "--drop=cap_bpf,cap_perfmon,cap_sys_admin",
+            "--",
+            "-c",
+            "exec \"$@\"",
+            "capsh",
+        ])
+        .arg(exe);
+        c
+    } else {
+        Command::new(exe)
+    };
+    for d in volumes_dirs {
+        cmd.arg("--volumes-dir").arg(d);
+    }
+    cmd.args(args);
+    cmd.args([
+        "--web.listen-address",
+        "127.0.0.1:0",
+        "--log.level",
+        "debug",
+    ]);
+    cmd
+}
+
 /// The exporter binary, running until dropped.
 pub struct Exporter {
     child: Child,
@@ -335,21 +382,20 @@ impl Exporter {
     /// [`Exporter::start_with`] for another build of the exporter (the
     /// fault-injection one).
     pub fn start_binary(binary: &Path, volumes_dirs: &[&Path], args: &[&str]) -> Exporter {
+        Self::spawn(command_of(binary, volumes_dirs, args, false))
+    }
+
+    /// [`Exporter::start_with`] without the capabilities that loading eBPF
+    /// needs (see [`command`]).
+    pub fn start_without_bpf_caps(volumes_dirs: &[&Path], args: &[&str]) -> Exporter {
+        Self::spawn(command(volumes_dirs, args, true))
+    }
+
+    fn spawn(mut cmd: Command) -> Exporter {
         ensure_loopback();
-        let mut cmd = Command::new(binary);
-        for d in volumes_dirs {
-            cmd.arg("--volumes-dir").arg(d);
-        }
-        cmd.args(args);
-        cmd.args([
-            "--web.listen-address",
-            "127.0.0.1:0",
-            "--log.level",
-            "debug",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("start prjquota-exporter");
         let stderr = child.stderr.take().expect("stderr piped");
         let log = Arc::new(Mutex::new(String::new()));
@@ -466,10 +512,11 @@ impl Exporter {
 
 impl Drop for Exporter {
     fn drop(&mut self) {
-        // SAFETY: signalling our own child, which has not been reaped.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
-        }
+        // Our own child, not reaped yet: the pid cannot have been reused.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
         let deadline = Instant::now() + Duration::from_secs(30);
         let status = loop {
             match self.child.try_wait() {
@@ -795,11 +842,11 @@ pub fn vector(result: &Value) -> Vec<(BTreeMap<String, String>, f64)> {
 
 impl Drop for Prometheus {
     fn drop(&mut self) {
-        let pid = self.child.id() as libc::pid_t;
-        // SAFETY: signalling our own child, which has not been reaped.
-        unsafe {
-            libc::kill(pid, libc::SIGTERM);
-        }
+        // Our own child, not reaped yet: the pid cannot have been reused.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             match self.child.try_wait() {

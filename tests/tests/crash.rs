@@ -5,9 +5,11 @@
 
 use prjquota_vmtests::fixture::{fill, statvfs, writable, Fixture, FsCase, MIB, WRITER};
 use prjquota_vmtests::nomad::{run_plugin_with, Spec, TEST_DEADLINE};
-use prjquota_vmtests::{fault_bin, on_every_fs};
+use prjquota_vmtests::{bin, fault_bin, on_every_fs};
+use std::os::unix::process::ExitStatusExt;
 
 on_every_fs!(
+    the_plain_build_ignores_the_fault_variable,
     a_create_killed_at_any_step_is_finished_by_the_next_create,
     a_create_killed_at_any_step_is_cleaned_up_by_delete,
     a_resize_killed_at_any_step_converges_and_keeps_data,
@@ -44,11 +46,66 @@ fn crash(f: &Fixture, op: &str, vars: &[(&str, String)], point: &str) {
         &[("PRJQUOTA_FAULT", point.to_string())],
     );
     assert!(
-        !out.status.success(),
-        "{op} did not stop at fault point {point}: the point is never reached\nstderr: {}",
+        !out.killed,
+        "{op} at fault point {point} ran past the deadline"
+    );
+    // Only the abort itself counts: any other failure (a refused request, a
+    // panic, an exit code) would make every point below look crash-safe.
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGABRT),
+        "{op} did not abort at fault point {point} (status {:?}): the point is never reached\nstderr: {}",
+        out.status,
         out.stderr
     );
-    assert!(!out.killed);
+    assert!(
+        out.stdout.is_empty(),
+        "{op} wrote a response before aborting at {point}: {:?}",
+        out.stdout
+    );
+}
+
+/// The release build carries no switch: with every fault point set, create
+/// and delete succeed and leave nothing behind.
+fn the_plain_build_ignores_the_fault_variable(fs: &FsCase) {
+    let f = Fixture::with_plugin(
+        &(fs.mount)(),
+        &format!("{}-crash-plain", fs.name),
+        &bin("prjquota"),
+    );
+    for point in CREATE_POINTS.iter().chain(DELETE_POINTS) {
+        let spec = Spec::new(&format!("pl-{point}"), 8 * MIB as i64);
+        let out = run_plugin_with(
+            &f.node.plugin,
+            "create",
+            &f.node.create_vars(&spec),
+            TEST_DEADLINE,
+            &[("PRJQUOTA_FAULT", point.to_string())],
+        );
+        assert!(
+            out.status.success() && !out.stdout.is_empty(),
+            "the plain build obeyed PRJQUOTA_FAULT={point} on create: {:?}\nstderr: {}",
+            out.status,
+            out.stderr
+        );
+        let pid = f.project_id(&spec.id);
+        assert_enforced(&f, &spec, 8 * MIB);
+        let path = f.node.volumes_dir.join(&spec.id);
+        let out = run_plugin_with(
+            &f.node.plugin,
+            "delete",
+            &f.node.delete_vars(&spec, &path),
+            TEST_DEADLINE,
+            &[("PRJQUOTA_FAULT", point.to_string())],
+        );
+        assert!(
+            out.status.success(),
+            "the plain build obeyed PRJQUOTA_FAULT={point} on delete: {:?}\nstderr: {}",
+            out.status,
+            out.stderr
+        );
+        assert_clean(&f, &spec, Some(pid));
+    }
 }
 
 /// Everything the plugin may have left for a volume is gone.

@@ -20,11 +20,7 @@
 //! Runs in the VM (`cargo xtask test`), like every test of this package:
 //!
 //! ```text
-//! cargo build --workspace --bins
-//! cargo test -p prjquota-vmtests --test dashboards --no-run   # prints the executable
-//! vng -r /boot/vmlinuz-6.1.0-56-amd64 --disable-kvm --memory 2G --cpus 2 -- \
-//!   "PRJQUOTA_BIN_DIR=$PWD/target/debug bash tests/vm/guest-init.sh all $PWD \
-//!    '<executable> --test-threads 1 --nocapture'" </dev/null
+//! cargo xtask test --vm-only --filter 'binary(dashboards)'
 //! ```
 //!
 //! The VM emulates its CPU: waits are generous and reported (`MEASURE`),

@@ -20,7 +20,7 @@ use prjquota_ebpf::{
     kernel_dev, root_of, ErrnoBucket, LoadOptions, VolumeCounters, WriteTelemetry, MAX_DEPTH,
 };
 use prjquota_vmtests::fixture::{fill, FsCase, MIB, WRITER, XFS};
-use prjquota_vmtests::{on_every_fs, scratch_dir, xfs_mount};
+use prjquota_vmtests::{median, on_every_fs, scratch_dir, sh, xfs_mount};
 
 on_every_fs!(
     every_write_path_counts_exact_bytes_and_calls_at_every_depth,
@@ -292,16 +292,6 @@ impl Drop for Mounted {
     }
 }
 
-fn sh(cmd: &str) {
-    let out = Command::new("bash").arg("-c").arg(cmd).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn writes_through_a_bind_mount_count(fs: &FsCase) {
     let root = scratch_dir(&(fs.mount)(), &format!("{}-ebpf-bind", fs.name));
     fs::create_dir(root.join("sub")).unwrap();
@@ -538,11 +528,6 @@ fn a_root_on_a_device_with_minor_above_255_at_its_mount_root() {
 }
 
 // ---- measurement
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
 
 /// `count` write(2)s of `size` bytes into a new file: the time of the
 /// writes only.

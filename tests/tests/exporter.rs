@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use prjquota_vmtests::fixture::{fill, statvfs, Fixture, MIB};
 use prjquota_vmtests::nomad::{uuid, Spec};
 use prjquota_vmtests::prom::{self, Exporter, Exposition, Prometheus};
-use prjquota_vmtests::{ext4_mount, scratch_dir, xfs_mount, xfs_noquota_mount};
+use prjquota_vmtests::{ext4_mount, median, scratch_dir, xfs_mount, xfs_noquota_mount};
 
 const BLOCK: u64 = 4096;
 
@@ -753,21 +753,13 @@ fn promtool_check_metrics_accepts_the_exposition() {
 fn floor_pass(roots: &[CString], volumes_dir: &Path, ids: (u32, u32)) -> Duration {
     let start = Instant::now();
     for r in roots {
-        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-        // SAFETY: `r` is NUL-terminated and `st` a valid out-pointer.
-        let rc = unsafe { libc::statvfs(r.as_ptr(), &mut st) };
-        assert_eq!(rc, 0);
-        std::hint::black_box(st.f_blocks);
+        let st = nix::sys::statvfs::statvfs(r.as_c_str()).expect("statvfs");
+        std::hint::black_box(st.blocks());
     }
     let dir = std::fs::File::open(volumes_dir).unwrap();
     let q = prjquota::quota::list(dir.as_fd(), ids.0..=ids.1).unwrap();
     std::hint::black_box(q.len());
     start.elapsed()
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
 }
 
 /// The first volumes of the scale test go through `prjquota::ops::create`,

@@ -6,14 +6,10 @@
 //! picked up at the next scrape and deleted ones vanish, and writes made
 //! the moment the exporter says it is ready are counted: no warm-up.
 //!
-//! Run in the VM, like tests/tests/exporter.rs:
+//! Run in the VM:
 //!
 //! ```text
-//! cargo build --workspace --bins
-//! cargo test -p prjquota-vmtests --test exporter_ebpf --no-run   # prints the test exe
-//! vng -r /boot/vmlinuz-6.1.0-56-amd64 --disable-kvm --memory 2G --cpus 2 -- \
-//!   "PRJQUOTA_BIN_DIR=$PWD/target/debug bash tests/vm/guest-init.sh all $PWD \
-//!    '<test exe> --test-threads 1 --nocapture'" </dev/null
+//! cargo xtask test --vm-only --filter 'binary(exporter_ebpf)'
 //! ```
 
 use std::collections::BTreeSet;

@@ -7,13 +7,10 @@
 //! plugin, other attribute changes and everything outside volume roots are
 //! left alone. On XFS and ext4.
 //!
-//! Build and run (see tests/tests/ebpf.rs):
+//! Run in the VM:
 //!
-//! ```sh
-//! cargo test -p prjquota-vmtests --test guard --no-run
-//! vng -r /boot/vmlinuz-6.1.0-56-amd64 --disable-kvm --memory 2G --cpus 2 -- \
-//!   "PRJQUOTA_BIN_DIR=$PWD/target/debug bash tests/vm/guest-init.sh all $PWD \
-//!    '<test exe> --test-threads 1 --nocapture'" </dev/null
+//! ```text
+//! cargo xtask test --vm-only --filter 'binary(guard)'
 //! ```
 //!
 //! The acting processes are forked children of the test: a uid switch or a

@@ -15,7 +15,72 @@ on_every_fs!(
     a_volume_root_replaced_by_a_symlink_is_unlinked_not_followed,
     a_tree_ten_thousand_levels_deep_is_deleted,
     hard_links_fifos_and_sockets_are_removed_and_outside_files_survive,
+    a_bind_mount_inside_a_volume_is_refused_and_what_it_shows_survives,
 );
+
+fn mount_cmd(args: &[&str]) {
+    let out = std::process::Command::new("mount")
+        .args(args)
+        .output()
+        .expect("run mount(8)");
+    assert!(
+        out.status.success(),
+        "mount {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A job (or an operator) bind-mounts an outside directory into its volume:
+/// delete must not descend into the mount, must say so in its JSON error and
+/// its log, and must remove nothing that the mount shows.
+fn a_bind_mount_inside_a_volume_is_refused_and_what_it_shows_survives(fs: &FsCase) {
+    let f = fs.fixture("bind");
+    let outside = outside_files(&f.root);
+    let spec = Spec::new("bind", 8 * MIB as i64);
+    let (path, _) = f.create(&spec);
+    std::fs::create_dir_all(path.join("a/mnt")).unwrap();
+    std::fs::write(path.join("a/own"), b"volume data").unwrap();
+    let target = path.join("a/mnt");
+    mount_cmd(&[
+        "--bind",
+        outside.to_str().unwrap(),
+        target.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        std::fs::read(target.join("dir/keep")).unwrap(),
+        b"keep",
+        "the bind mount shows the outside directory"
+    );
+
+    let out = f.node.delete(&spec);
+    let msg = out.error();
+    assert!(
+        msg.contains("mount") && msg.contains("mnt"),
+        "the refusal names the mount: {msg}"
+    );
+    assert!(
+        out.stderr.contains("mount"),
+        "the refusal is logged: {}",
+        out.stderr
+    );
+    assert_eq!(std::fs::read(outside.join("dir/keep")).unwrap(), b"keep");
+    assert_eq!(std::fs::read(target.join("dir/keep")).unwrap(), b"keep");
+
+    // Once the mount is gone, the next delete finishes the volume.
+    let out = std::process::Command::new("umount")
+        .arg(&target)
+        .output()
+        .expect("run umount(8)");
+    assert!(
+        out.status.success(),
+        "umount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    f.node.delete(&spec).ok();
+    assert!(!path.exists(), "the volume is deleted after the unmount");
+    assert_eq!(std::fs::read(outside.join("dir/keep")).unwrap(), b"keep");
+    assert!(f.record(&spec.id).is_none(), "record removed");
+}
 
 fn outside_files(root: &Path) -> std::path::PathBuf {
     let outside = root.join("outside");

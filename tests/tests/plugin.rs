@@ -17,7 +17,7 @@ on_every_fs!(
     fingerprint_prints_the_crate_version_as_a_json_string,
     create_enforces_the_limit_and_statfs_reports_it,
     capacity_rounds_up_to_the_block_and_min_alone_is_the_limit,
-    restore_is_idempotent_fast_and_keeps_content,
+    restore_is_idempotent_writes_nothing_and_keeps_content,
     grow_in_place_lets_writes_continue,
     shrink_is_refused_above_usage_and_applied_below,
     parameters_set_mode_and_owner_of_the_root_only,
@@ -96,7 +96,7 @@ fn capacity_rounds_up_to_the_block_and_min_alone_is_the_limit(fs: &FsCase) {
     assert_eq!(f.quota(pid).limits.bytes_hard, 10 * MIB + 4096);
 }
 
-fn restore_is_idempotent_fast_and_keeps_content(fs: &FsCase) {
+fn restore_is_idempotent_writes_nothing_and_keeps_content(fs: &FsCase) {
     let f = fs.fixture("restore");
     let spec = Spec::new("keep", 16 * MIB as i64).param("mode", "0750");
     let first = f.node.create(&spec);

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use prjquota_vmtests::fixture::{Fixture, FsCase, MIB};
 use prjquota_vmtests::nomad::Spec;
 use prjquota_vmtests::on_every_fs;
+use prjquota_vmtests::witness;
 
 on_every_fs!(concurrent_creates_restores_resizes_and_deletes_stay_consistent);
 
@@ -121,7 +122,16 @@ fn concurrent_creates_restores_resizes_and_deletes_stay_consistent(fs: &FsCase) 
         runs += ops.len() as u64;
         rounds += 1;
         assert_consistent(&f, &pool, rounds);
+        assert_witnessed(fs, &f, &pool, rounds);
     }
+    // A budget of zero seconds (or a leaked host variable) must not turn
+    // this into a test that checks nothing.
+    assert!(
+        rounds > 0 && runs == rounds * THREADS as u64,
+        "the stress test ran {rounds} rounds and {runs} plugin runs: \
+         PRJQUOTA_STRESS_SECS={:?} left no time for a single round",
+        std::env::var("PRJQUOTA_STRESS_SECS").ok()
+    );
     eprintln!(
         "MEASURE stress_{}_rounds {rounds} plugin_runs {runs} seconds {:.1}",
         fs.name,
@@ -179,4 +189,31 @@ fn assert_consistent(f: &Fixture, pool: &[Spec], round: u64) {
             q.id
         );
     }
+}
+
+/// The filesystem's own quota tool agrees with the records: every volume's
+/// limit as `xfs_quota`/`repquota` see it, not as `prjquota::quota` reads it.
+fn assert_witnessed(fs: &FsCase, f: &Fixture, pool: &[Spec], round: u64) {
+    let seen = witness::hard_limits(fs, &(fs.mount)());
+    let mut checked = 0;
+    for spec in pool {
+        let Some(rec) = f.record(&spec.id) else {
+            continue;
+        };
+        let pid = rec["project_id"].as_u64().unwrap() as u32;
+        assert_eq!(
+            seen.get(&pid).copied(),
+            rec["provisioned_bytes"].as_u64(),
+            "round {round}: {} (project {pid}) per the filesystem's quota tool",
+            spec.id
+        );
+        checked += 1;
+    }
+    for (pid, hard) in seen.range(f.id_min..=f.id_max) {
+        assert!(
+            *hard == 0 || pool.iter().any(|s| f.record(&s.id).is_some_and(|r| r["project_id"].as_u64() == Some(u64::from(*pid)))),
+            "round {round}: project {pid} is limited to {hard} bytes per the filesystem's quota tool, but no volume holds it"
+        );
+    }
+    eprintln!("round {round}: quota tool witnessed {checked} volumes");
 }

@@ -1,25 +1,14 @@
 //! Checks that the VM runner gave us the filesystems it promised.
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 const XFS_SUPER_MAGIC: i64 = 0x5846_5342;
 const EXT4_SUPER_MAGIC: i64 = 0xEF53;
 
 fn fs_type(path: &Path) -> i64 {
-    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a valid NUL-terminated path and `st` a valid out-pointer.
-    let rc = unsafe { libc::statfs(c.as_ptr(), &mut st) };
-    assert_eq!(
-        rc,
-        0,
-        "statfs {}: {}",
-        path.display(),
-        std::io::Error::last_os_error()
-    );
-    st.f_type as i64
+    let st =
+        nix::sys::statfs::statfs(path).unwrap_or_else(|e| panic!("statfs {}: {e}", path.display()));
+    st.filesystem_type().0 as i64
 }
 
 /// Mount options of the mount point `path`, from /proc/mounts.

@@ -505,6 +505,17 @@ fn counter_families(counters: &Counters, index_of: &[Option<u32>]) -> Vec<Family
     vec![bytes, ops, errors, unattributed]
 }
 
+/// Every family this collector can export, as an attached exporter would
+/// (with no volumes), so that a host without eBPF can still check that what
+/// the dashboards read exists (dashboards/tests/dashboard.rs).
+pub fn catalogue() -> Vec<Family> {
+    let programs: Vec<(&'static str, bool)> = PROGRAMS.iter().map(|p| (*p, false)).collect();
+    let mut fams = status_families(&programs, Some("other"));
+    fams.extend(counter_families(&Counters::default(), &[]));
+    fams.push(selftest_family(&[]));
+    fams
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

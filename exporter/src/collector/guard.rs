@@ -429,6 +429,16 @@ fn mode_families(mode: GuardMode, fallback: Option<&'static str>) -> Vec<Family>
     out
 }
 
+/// Every family this collector can export, as a loaded guard would (with no
+/// volumes), so that a host where the guard cannot load can still check what
+/// the dashboards read (dashboards/tests/dashboard.rs).
+pub fn catalogue() -> Vec<Family> {
+    let scrape = Scrape::new(crate::inventory::Inventory::default());
+    let mut fams = mode_families(GuardMode::Enforce, Some("lsm_inactive"));
+    fams.extend(counter_families(&scrape, &[], &GuardCounters::default()));
+    fams
+}
+
 impl Collector for GuardCollector {
     fn name(&self) -> &'static str {
         "guard"

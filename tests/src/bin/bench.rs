@@ -17,10 +17,10 @@
 //! disk rather than in guest memory.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
 
 use prjquota_vmtests::nomad::{Node, Spec};
+use prjquota_vmtests::{median, sh};
 
 const MIB: i64 = 1 << 20;
 const GIB: i64 = 1 << 30;
@@ -51,20 +51,6 @@ fn args() -> Args {
         out: out.expect("--out"),
         quick,
     }
-}
-
-fn sh(cmd: &str) {
-    let st = Command::new("bash")
-        .arg("-c")
-        .arg(cmd)
-        .status()
-        .expect("bash");
-    assert!(st.success(), "{cmd} failed");
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn p95(v: &mut [f64]) -> f64 {
@@ -182,7 +168,7 @@ fn main() {
             if t[k].is_empty() {
                 return ("not run: disk too small".into(), f64::NAN);
             }
-            let m = median(&mut t[k]);
+            let m = median(t[k].clone());
             let p = p95(&mut t[k]);
             r.measure(&format!("create_{}_{}_median_seconds", names[k], cap), m);
             (format!("{} ({})", ms(m), ms(p)), m)
@@ -266,8 +252,8 @@ fn main() {
             fp[k].push(o.elapsed.as_secs_f64());
         }
     }
-    let (fm, fp95) = (median(&mut fp[0]), p95(&mut fp[0]));
-    let bm = median(&mut fp[1]);
+    let (fm, fp95) = (median(fp[0].clone()), p95(&mut fp[0]));
+    let bm = median(fp[1].clone());
     r.measure("fingerprint_median_seconds", fm);
     r.measure("fingerprint_mkdir_median_seconds", bm);
     r.lines.push(String::new());
