@@ -340,3 +340,34 @@ pub fn assert_nomad_accepts(vars: &[(&str, String)], bytes: u64) {
          Nomad would refuse every later update of this volume"
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::assert_nomad_accepts;
+
+    fn vars(min: u64, max: u64) -> Vec<(&'static str, String)> {
+        vec![
+            ("DHV_CAPACITY_MIN_BYTES", min.to_string()),
+            ("DHV_CAPACITY_MAX_BYTES", max.to_string()),
+        ]
+    }
+
+    #[test]
+    fn sizes_within_the_range_pass() {
+        assert_nomad_accepts(&vars(0, 10_000_000_000), 9_999_998_976);
+        assert_nomad_accepts(&vars(5000, 0), 8192);
+    }
+
+    #[test]
+    #[should_panic(expected = "Nomad would refuse every later update")]
+    fn a_size_above_capacity_max_fails() {
+        // What rounding capacity_max = "10GB" up to 4 KiB used to return.
+        assert_nomad_accepts(&vars(0, 10_000_000_000), 10_000_007_168);
+    }
+
+    #[test]
+    #[should_panic(expected = "outside [capacity_min 5000")]
+    fn a_size_below_capacity_min_fails() {
+        assert_nomad_accepts(&vars(5000, 0), 4096);
+    }
+}
