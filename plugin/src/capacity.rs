@@ -50,8 +50,8 @@ pub fn fit_to_blocks(
 }
 
 /// Rounds `bytes` up to a whole number of filesystem blocks, because the
-/// kernel accounts and limits project usage in blocks: the limit in force,
-/// and so the `bytes` returned to Nomad, is the rounded one.
+/// kernel accounts and limits project usage in blocks. Used for a minimum
+/// or a default, where rounding up cannot break a `capacity_max`.
 pub fn round_up(bytes: u64, block: u64) -> Result<u64, InputError> {
     if block < 512 || !block.is_power_of_two() {
         return Err(InputError::InvalidBlockSize { block });
