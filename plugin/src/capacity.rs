@@ -22,9 +22,36 @@ pub fn requested_limit(min: u64, max: u64, default: Option<u64>) -> Result<u64, 
         .ok_or(InputError::NoCapacity)
 }
 
+/// The block-aligned hard limit for a request: `capacity_max` rounded *down*
+/// to the block when a max is set, so the size returned to Nomad never
+/// exceeds it (Nomad's server refuses every later update of a volume whose
+/// `capacity_max` is below the stored size: `HostVolume.ValidateUpdate`),
+/// else `capacity_min` or the node's default rounded up. Refused only when no
+/// whole number of blocks lies within `[min, max]`.
+pub fn fit_to_blocks(
+    min: u64,
+    max: u64,
+    default: Option<u64>,
+    block: u64,
+) -> Result<u64, InputError> {
+    let requested = requested_limit(min, max, default)?;
+    if max == 0 {
+        return round_up(requested, block);
+    }
+    if block < 512 || !block.is_power_of_two() {
+        return Err(InputError::InvalidBlockSize { block });
+    }
+    let down = requested - requested % block;
+    // A zero limit means "unlimited" to the kernel, so it never fits.
+    if down == 0 || down < min {
+        return Err(InputError::NoBlockFits { min, max, block });
+    }
+    Ok(down)
+}
+
 /// Rounds `bytes` up to a whole number of filesystem blocks, because the
-/// kernel accounts and limits project usage in blocks: the limit in force,
-/// and so the `bytes` returned to Nomad, is the rounded one.
+/// kernel accounts and limits project usage in blocks. Used for a minimum
+/// or a default, where rounding up cannot break a `capacity_max`.
 pub fn round_up(bytes: u64, block: u64) -> Result<u64, InputError> {
     if block < 512 || !block.is_power_of_two() {
         return Err(InputError::InvalidBlockSize { block });
@@ -225,6 +252,39 @@ mod tests {
             for needle in ["capacity_max", "capacity_min", "default_capacity"] {
                 assert!(msg.contains(needle), "{msg}");
             }
+        }
+    }
+
+    #[test]
+    fn fit_to_blocks_stays_within_min_and_max() {
+        // Decimal units, as HCL users write them: 10GB is not a 4 KiB multiple.
+        let ten_gb = 10_000_000_000;
+        let got = fit_to_blocks(0, ten_gb, None, 4096).unwrap();
+        assert_eq!(got, 9_999_998_976);
+        assert!(got <= ten_gb && got % 4096 == 0);
+        assert_eq!(
+            fit_to_blocks(ten_gb - 4096, ten_gb, None, 4096).unwrap(),
+            9_999_998_976
+        );
+        // Exact multiples are kept; min alone or the default rounds up.
+        assert_eq!(fit_to_blocks(0, 8192, None, 4096).unwrap(), 8192);
+        assert_eq!(fit_to_blocks(5000, 0, None, 4096).unwrap(), 8192);
+        assert_eq!(fit_to_blocks(0, 0, Some(5000), 4096).unwrap(), 8192);
+    }
+
+    #[test]
+    fn fit_to_blocks_refuses_when_no_block_fits() {
+        for (min, max) in [(5000, 6000), (0, 1000), (4097, 8191)] {
+            let err = fit_to_blocks(min, max, None, 4096).unwrap_err();
+            assert!(
+                matches!(err, InputError::NoBlockFits { min: a, max: b, block: 4096 } if a == min && b == max),
+                "{min}..{max}: {err}"
+            );
+            let msg = err.to_string();
+            assert!(
+                msg.contains("capacity_max") && msg.contains("4096"),
+                "{msg}"
+            );
         }
     }
 

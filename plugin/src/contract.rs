@@ -362,6 +362,14 @@ pub enum InputError {
     CapacityTooLarge { requested: u64, block: u64 },
 
     #[error(
+        "no whole number of the filesystem's {block}-byte blocks lies between capacity_min \
+         ({min} bytes) and capacity_max ({max} bytes), and the kernel limits project usage in \
+         blocks: widen the range, e.g. capacity_max = \"{}\"",
+        crate::capacity::human_ceil((*.min).max(1).next_multiple_of(*.block))
+    )]
+    NoBlockFits { min: u64, max: u64, block: u64 },
+
+    #[error(
         "the volumes filesystem reports a block size of {block} bytes, not a power of two \
          of at least 512; host_volumes_dir must be on XFS or ext4"
     )]
@@ -498,7 +506,7 @@ where
 
 /// `{"path":"…","bytes":N}`, the only stdout Nomad accepts from a
 /// successful create. `bytes` must not exceed `i64::MAX` (Nomad's int64);
-/// [`crate::capacity::round_up`] guarantees it.
+/// [`crate::capacity::fit_to_blocks`] guarantees it.
 pub fn create_response_json(path: &Path, bytes: u64) -> String {
     #[derive(Serialize)]
     struct CreateResponse<'a> {

@@ -202,12 +202,18 @@ pub fn create(req: &CreateRequest, plugin_id: &str) -> Result<Created> {
     let id = &req.volume_id;
     let cfg = load_config(req.plugin_dir.as_deref())?;
     let params = params::parse(&req.parameters, &cfg).map_err(|e| anyhow!("{e}"))?;
-    let requested =
-        capacity::requested_limit(req.capacity_min, req.capacity_max, cfg.default_capacity)
-            .map_err(|e| anyhow!("{e}"))?;
+    // Refuse a request without any size before touching the filesystem.
+    capacity::requested_limit(req.capacity_min, req.capacity_max, cfg.default_capacity)
+        .map_err(|e| anyhow!("{e}"))?;
     let vfs = VolumesFs::open(&req.volumes_dir, true)?;
     vfs.require_enforced_quota()?;
-    let bytes = capacity::round_up(requested, vfs.block_size).map_err(|e| anyhow!("{e}"))?;
+    let fit = capacity::fit_to_blocks(
+        req.capacity_min,
+        req.capacity_max,
+        cfg.default_capacity,
+        vfs.block_size,
+    )
+    .map_err(|e| anyhow!("{e}"));
     let reg = Registry::open(vfs.fd(), &vfs.path, true)?
         .expect("open with create always yields a registry");
     let _lock = reg.lock_volume(id)?;
@@ -216,8 +222,22 @@ pub fn create(req: &CreateRequest, plugin_id: &str) -> Result<Created> {
         Some(rec) if rec.state == State::Deleting => bail!(
             "volume {id} was being deleted when a previous delete stopped, and part of its data may be gone: run `nomad volume delete` for it again"
         ),
-        Some(rec) => update(&vfs, &reg, rec, req, plugin_id, params, bytes),
-        None => create_new(&vfs, &reg, &cfg, req, plugin_id, params, bytes),
+        Some(rec) => {
+            // An unchanged request keeps the size it was given: a restore
+            // never resizes because the node's default_capacity changed, or
+            // because an earlier version rounded capacity_max up to a block
+            // (which a replay rounding down would shrink, or refuse).
+            let bytes = if rec.capacity_min_bytes == req.capacity_min
+                && rec.capacity_max_bytes == req.capacity_max
+                && rec.provisioned_bytes > 0
+            {
+                rec.provisioned_bytes
+            } else {
+                fit?
+            };
+            update(&vfs, &reg, rec, req, plugin_id, params, bytes)
+        }
+        None => create_new(&vfs, &reg, &cfg, req, plugin_id, params, fit?),
     }
 }
 

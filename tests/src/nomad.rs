@@ -219,7 +219,9 @@ impl Node {
     pub fn create_in_process(&self, spec: &Spec) -> anyhow::Result<PathBuf> {
         let req = prjquota::contract::parse_create(self.create_vars(spec))
             .map_err(|e| anyhow::anyhow!("create {}: {e}", spec.id))?;
-        Ok(prjquota::ops::create(&req, "prjquota")?.path)
+        let created = prjquota::ops::create(&req, "prjquota")?;
+        assert_nomad_accepts(&self.create_vars(spec), created.bytes);
+        Ok(created.path)
     }
 
     /// Delete through the plugin's own library, as [`Self::create_in_process`].
@@ -301,11 +303,71 @@ pub fn run_plugin_with(
         std::thread::sleep(Duration::from_millis(2));
     };
     let elapsed = start.elapsed();
-    Outcome {
+    let outcome = Outcome {
         status,
         stdout: out_t.join().expect("stdout reader"),
         stderr: err_t.join().expect("stderr reader"),
         elapsed,
         killed,
+    };
+    if op == "create" && outcome.status.success() {
+        if let Ok(v) = serde_json::from_str::<Value>(&outcome.stdout) {
+            if let Some(bytes) = v["bytes"].as_u64() {
+                assert_nomad_accepts(vars, bytes);
+            }
+        }
+    }
+    outcome
+}
+
+/// Nomad's rule for the size a create returns, applied to every create and
+/// resize the suite makes: the server refuses every later update of a
+/// volume whose `capacity_max` is below the stored size
+/// (`structs.HostVolume.ValidateUpdate`: "capacity_max (%d) cannot be less
+/// than existing provisioned capacity (%d)"), and a size below
+/// `capacity_min` is not what was asked for.
+pub fn assert_nomad_accepts(vars: &[(&str, String)], bytes: u64) {
+    let var = |k: &str| -> u64 {
+        vars.iter()
+            .find(|(n, _)| *n == k)
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let (min, max) = (var("DHV_CAPACITY_MIN_BYTES"), var("DHV_CAPACITY_MAX_BYTES"));
+    assert!(
+        bytes >= min && (max == 0 || bytes <= max),
+        "create returned {bytes} bytes, outside [capacity_min {min}, capacity_max {max}]: \
+         Nomad would refuse every later update of this volume"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::assert_nomad_accepts;
+
+    fn vars(min: u64, max: u64) -> Vec<(&'static str, String)> {
+        vec![
+            ("DHV_CAPACITY_MIN_BYTES", min.to_string()),
+            ("DHV_CAPACITY_MAX_BYTES", max.to_string()),
+        ]
+    }
+
+    #[test]
+    fn sizes_within_the_range_pass() {
+        assert_nomad_accepts(&vars(0, 10_000_000_000), 9_999_998_976);
+        assert_nomad_accepts(&vars(5000, 0), 8192);
+    }
+
+    #[test]
+    #[should_panic(expected = "Nomad would refuse every later update")]
+    fn a_size_above_capacity_max_fails() {
+        // What rounding capacity_max = "10GB" up to 4 KiB used to return.
+        assert_nomad_accepts(&vars(0, 10_000_000_000), 10_000_007_168);
+    }
+
+    #[test]
+    #[should_panic(expected = "outside [capacity_min 5000")]
+    fn a_size_below_capacity_min_fails() {
+        assert_nomad_accepts(&vars(5000, 0), 4096);
     }
 }
