@@ -19,12 +19,8 @@
 //!
 //! Runs in the VM (`cargo xtask test`), like every test of this package:
 //!
-//! ```text
-//! cargo build --workspace --bins
-//! cargo test -p prjquota-vmtests --test dashboards --no-run   # prints the executable
-//! vng -r /boot/vmlinuz-6.1.0-56-amd64 --disable-kvm --memory 2G --cpus 2 -- \
-//!   "PRJQUOTA_BIN_DIR=$PWD/target/debug bash tests/vm/guest-init.sh all $PWD \
-//!    '<executable> --test-threads 1 --nocapture'" </dev/null
+//! ```sh
+//! cargo xtask test --vm-only --filter 'binary(dashboards)'   # add --kernel 5.10|6.12|7 for another kernel
 //! ```
 //!
 //! The VM emulates its CPU: waits are generous and reported (`MEASURE`),

@@ -7,12 +7,8 @@
 //!
 //! Run in the VM, like tests/tests/exporter.rs:
 //!
-//! ```text
-//! cargo build --workspace --bins
-//! cargo test -p prjquota-vmtests --test exporter_ebpf --no-run   # prints the test exe
-//! vng -r /boot/vmlinuz-6.1.0-56-amd64 --disable-kvm --memory 2G --cpus 2 -- \
-//!   "PRJQUOTA_BIN_DIR=$PWD/target/debug bash tests/vm/guest-init.sh all $PWD \
-//!    '<test exe> --test-threads 1 --nocapture'" </dev/null
+//! ```sh
+//! cargo xtask test --vm-only --filter 'binary(exporter_ebpf)'   # add --kernel 5.10|6.12|7 for another kernel
 //! ```
 
 use std::collections::BTreeSet;

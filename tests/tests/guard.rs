@@ -10,10 +10,7 @@
 //! Build and run (see tests/tests/ebpf.rs):
 //!
 //! ```sh
-//! cargo test -p prjquota-vmtests --test guard --no-run
-//! vng -r /boot/vmlinuz-6.1.0-56-amd64 --disable-kvm --memory 2G --cpus 2 -- \
-//!   "PRJQUOTA_BIN_DIR=$PWD/target/debug bash tests/vm/guest-init.sh all $PWD \
-//!    '<test exe> --test-threads 1 --nocapture'" </dev/null
+//! cargo xtask test --vm-only --filter 'binary(guard)'   # add --kernel 5.10|6.12|7 for another kernel
 //! ```
 //!
 //! The acting processes are forked children of the test: a uid switch or a
