@@ -13,6 +13,7 @@ use std::ffi::CStr;
 use std::io;
 use std::mem::{size_of, MaybeUninit};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 
 // ---------------------------------------------------------------------------
 // include/uapi/linux/fs.h
@@ -197,10 +198,37 @@ fn have_quotactl_fd() -> bool {
 }
 
 /// The block device of the filesystem holding `fd`, for `quotactl(2)`.
+/// Remembered per device number: the exporter's `Q_GETNEXTQUOTA` walk makes
+/// one call per project, and must not read mountinfo for each. A remembered
+/// node is checked (still that block device) before it is used.
 fn block_device_of(fd: BorrowedFd<'_>) -> io::Result<std::ffi::CString> {
+    use std::collections::HashMap;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    use std::sync::Mutex;
+    static KNOWN: Mutex<Option<HashMap<u64, std::ffi::CString>>> = Mutex::new(None);
     let st = fstat(fd)?;
+    let dev = st.st_dev;
+    let still_valid = |p: &std::ffi::CStr| {
+        let p = std::path::Path::new(std::ffi::OsStr::from_bytes(p.to_bytes()));
+        std::fs::metadata(p).is_ok_and(|m| m.file_type().is_block_device() && m.rdev() == dev)
+    };
+    if let Some(known) = KNOWN
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .and_then(|m| m.get(&dev))
+        .filter(|p| still_valid(p))
+    {
+        return Ok(known.clone());
+    }
     let path = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
-    crate::mountinfo::block_device(&path, st.st_dev)
+    let found = crate::mountinfo::block_device(&path, dev)?;
+    KNOWN
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .insert(dev, found.clone());
+    Ok(found)
 }
 
 /// One quota command on the filesystem holding `fd`: `quotactl_fd(2)`
