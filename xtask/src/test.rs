@@ -84,8 +84,9 @@ struct Pass {
     counts: Counts,
     ok: bool,
     secs: f64,
-    /// Binaries that ran fewer tests than their floor.
-    short: Vec<String>,
+    /// Why the pass failed beyond its test results: binaries below their
+    /// floor, a VM that did not boot or was killed.
+    problems: Vec<String>,
 }
 
 pub fn main(args: &[String]) -> Result<u8> {
@@ -151,8 +152,8 @@ pub fn run_opts(opts: &Opts) -> Result<u8> {
             Some(line) => println!("{line}"),
             None => println!("    (no nextest summary line)"),
         }
-        for s in &pass.short {
-            println!("    FLOOR: {s}");
+        for p in &pass.problems {
+            println!("    {p}");
         }
     }
     let passed: u64 = passes.iter().map(|p| p.counts.passed).sum();
@@ -310,17 +311,17 @@ fn pass(
         .and_then(parse_summary)
         .unwrap_or_default();
     let ran_some = counts.run > 0 || filtered;
-    let short = match floors {
+    let problems = match floors {
         Some(vm) => below_floor(&parse_floors(FLOORS), &tests_per_binary(lines), vm),
         None => Vec::new(),
     };
     Pass {
         name,
-        ok: exit_ok && summary.is_some() && counts.failed == 0 && ran_some && short.is_empty(),
+        ok: exit_ok && summary.is_some() && counts.failed == 0 && ran_some && problems.is_empty(),
         summary,
         counts,
         secs,
-        short,
+        problems,
     }
 }
 
@@ -576,10 +577,12 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
             "VM tests on kernel {}: {what} of prjquota-vmtests in one VM boot (--fs all)",
             kernel.name()
         ));
-        let limit = opts.vm_timeout.unwrap_or(Duration::from_secs(if full {
-            FULL_PASS_LIMIT_SECS
-        } else {
+        // A --filter selection may be as long as the full suite.
+        let compat = filter == Some(COMPAT_FILTER);
+        let limit = opts.vm_timeout.unwrap_or(Duration::from_secs(if compat {
             COMPAT_PASS_LIMIT_SECS
+        } else {
+            FULL_PASS_LIMIT_SECS
         }));
         let vm_opts = VmOpts {
             fs: Fs::All,
@@ -612,7 +615,7 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
                     counts: Counts::default(),
                     ok: false,
                     secs,
-                    short: vec![format!("{e:#}")],
+                    problems: vec![format!("VM: {e:#}")],
                 });
             }
         }

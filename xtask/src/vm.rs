@@ -213,6 +213,15 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
 
     let verbose = std::env::var_os("PRJQUOTA_VM_VERBOSE").is_some_and(|v| v == "1");
     let mut vng_cmd = Command::new(&vng);
+    // vng runs its sibling `virtme-run` from PATH: put the venv's bin first
+    // (`cargo xtask deps` installs it in target/venv, never on PATH).
+    if let Some(dir) = vng.parent() {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let joined = std::env::join_paths(
+            std::iter::once(dir.to_path_buf()).chain(std::env::split_paths(&path)),
+        )?;
+        vng_cmd.env("PATH", joined);
+    }
     vng_cmd
         .arg("-r")
         .arg(&kernel)
