@@ -57,12 +57,13 @@ pub const CHURN_VOLUMES: &str = "1000";
 /// CI gives a run 90 minutes on 2 cores, and a cold run must stay under 45.
 /// The VM limits follow from that budget: the full pass on 6.1 (about 6
 /// minutes warm with the 1,000-volume churn) and three compatibility passes
-/// (about 4 each) get several times what they need, and with the cold build
-/// and the host pass (under 20 minutes) still fit in the 90.
+/// (8 minutes measured on 6.12; 12 were not enough for 7.2 on a machine
+/// loaded 6 times over) get their limits, and with the cold build and the
+/// host pass still fit in the 90.
 const CI_BUDGET_SECS: u64 = 90 * 60;
 const BUILD_AND_HOST_SECS: u64 = 20 * 60;
-const FULL_PASS_LIMIT_SECS: u64 = 30 * 60;
-const COMPAT_PASS_LIMIT_SECS: u64 = 12 * 60;
+const FULL_PASS_LIMIT_SECS: u64 = 24 * 60;
+const COMPAT_PASS_LIMIT_SECS: u64 = 15 * 60;
 const _: () = assert!(
     BUILD_AND_HOST_SECS + FULL_PASS_LIMIT_SECS + 3 * COMPAT_PASS_LIMIT_SECS <= CI_BUDGET_SECS
 );
