@@ -13,6 +13,7 @@ pub mod config;
 pub mod contract;
 pub mod fault;
 pub mod fs;
+pub mod mountinfo;
 pub mod ops;
 pub mod params;
 pub mod quota;

@@ -13,6 +13,7 @@ use std::ffi::CStr;
 use std::io;
 use std::mem::{size_of, MaybeUninit};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 
 // ---------------------------------------------------------------------------
 // include/uapi/linux/fs.h
@@ -174,8 +175,66 @@ fn cvt(ret: libc::c_long) -> io::Result<libc::c_long> {
     }
 }
 
-/// `quotactl_fd(2)` (Linux 5.14+). `fd` may be any descriptor on the
-/// filesystem, an `O_PATH` one included.
+/// Whether this kernel has `quotactl_fd(2)` (Linux 5.14+), asked once per
+/// process: with fd -1 the syscall answers EBADF when it exists and ENOSYS
+/// when it does not. Asking on a real descriptor could not tell the two apart:
+/// a filesystem without quota support answers ENOSYS too.
+fn have_quotactl_fd() -> bool {
+    static HAVE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAVE.get_or_init(|| {
+        // SAFETY: a null `addr` with an invalid fd: the kernel rejects the fd
+        // before it reads or writes anything.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_quotactl_fd,
+                -1 as libc::c_long,
+                qcmd(Q_XGETQSTAT, PRJQUOTA) as libc::c_long,
+                0 as libc::c_long,
+                std::ptr::null_mut::<libc::c_void>(),
+            )
+        };
+        !(ret < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS))
+    })
+}
+
+/// The block device of the filesystem holding `fd`, for `quotactl(2)`.
+/// Remembered per device number: the exporter's `Q_GETNEXTQUOTA` walk makes
+/// one call per project, and must not read mountinfo for each. A remembered
+/// node is checked (still that block device) before it is used.
+fn block_device_of(fd: BorrowedFd<'_>) -> io::Result<std::ffi::CString> {
+    use std::collections::HashMap;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    use std::sync::Mutex;
+    static KNOWN: Mutex<Option<HashMap<u64, std::ffi::CString>>> = Mutex::new(None);
+    let st = fstat(fd)?;
+    let dev = st.st_dev;
+    let still_valid = |p: &std::ffi::CStr| {
+        let p = std::path::Path::new(std::ffi::OsStr::from_bytes(p.to_bytes()));
+        std::fs::metadata(p).is_ok_and(|m| m.file_type().is_block_device() && m.rdev() == dev)
+    };
+    if let Some(known) = KNOWN
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .and_then(|m| m.get(&dev))
+        .filter(|p| still_valid(p))
+    {
+        return Ok(known.clone());
+    }
+    let path = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+    let found = crate::mountinfo::block_device(&path, dev)?;
+    KNOWN
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .insert(dev, found.clone());
+    Ok(found)
+}
+
+/// One quota command on the filesystem holding `fd`: `quotactl_fd(2)`
+/// (Linux 5.14+; `fd` may be any descriptor on the filesystem, an `O_PATH`
+/// one included), or on older kernels `quotactl(2)` on the filesystem's
+/// block device (found through /proc/self/mountinfo).
 ///
 /// # Safety
 /// `addr` must be null or point to a value of the type that `cmd` reads or
@@ -186,6 +245,16 @@ unsafe fn quotactl_fd(
     id: u32,
     addr: *mut libc::c_void,
 ) -> io::Result<()> {
+    if !have_quotactl_fd() {
+        let dev = block_device_of(fd)?;
+        // SAFETY: `dev` is a NUL-terminated path alive for the call; the
+        // caller guarantees `addr` matches `cmd`. The id is passed bit for bit
+        // (the kernel reads it as qid_t, an unsigned 32-bit value).
+        return cvt(
+            unsafe { libc::quotactl(cmd, dev.as_ptr(), id as i32, addr.cast()) } as libc::c_long,
+        )
+        .map(drop);
+    }
     // SAFETY: raw syscall with a live fd (borrowed for the call); the caller
     // guarantees `addr` matches `cmd`.
     cvt(unsafe {
@@ -202,7 +271,8 @@ unsafe fn quotactl_fd(
 
 /// Project-quota state flags of the filesystem holding `fd`
 /// (`FS_QUOTA_PDQ_ACCT`, `FS_QUOTA_PDQ_ENFD`, …). ENOSYS means no quota
-/// support is active on this mount at all.
+/// support is active on this mount at all (a kernel without `quotactl_fd`
+/// is handled below this function and never shows as ENOSYS here).
 pub fn quota_stat_flags(fd: BorrowedFd<'_>) -> io::Result<u16> {
     let mut st = FsQuotaStat::default();
     // SAFETY: Q_XGETQSTAT writes one `fs_quota_stat` (80 bytes, checked above).

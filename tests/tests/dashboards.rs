@@ -19,8 +19,8 @@
 //!
 //! Runs in the VM (`cargo xtask test`), like every test of this package:
 //!
-//! ```text
-//! cargo xtask test --vm-only --filter 'binary(dashboards)'
+//! ```sh
+//! cargo xtask test --vm-only --filter 'binary(dashboards)'   # add --kernel 5.10|6.12|7 for another kernel
 //! ```
 //!
 //! The VM emulates its CPU: waits are generous and reported (`MEASURE`),

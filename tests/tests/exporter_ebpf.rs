@@ -8,8 +8,8 @@
 //!
 //! Run in the VM:
 //!
-//! ```text
-//! cargo xtask test --vm-only --filter 'binary(exporter_ebpf)'
+//! ```sh
+//! cargo xtask test --vm-only --filter 'binary(exporter_ebpf)'   # add --kernel 5.10|6.12|7 for another kernel
 //! ```
 
 use std::collections::BTreeSet;

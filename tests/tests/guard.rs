@@ -9,8 +9,8 @@
 //!
 //! Run in the VM:
 //!
-//! ```text
-//! cargo xtask test --vm-only --filter 'binary(guard)'
+//! ```sh
+//! cargo xtask test --vm-only --filter 'binary(guard)'   # add --kernel 5.10|6.12|7 for another kernel
 //! ```
 //!
 //! The acting processes are forked children of the test: a uid switch or a

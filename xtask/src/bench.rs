@@ -103,6 +103,8 @@ pub fn main(args: &[String]) -> Result<u8> {
         )],
         disks: vec![disk.clone()],
         rwdirs: vec![work.clone()],
+        // A full bench run takes most of an hour under emulation.
+        timeout: std::time::Duration::from_secs(2 * 3600),
         ..VmOpts::default()
     };
     let vm = crate::vm::run(
@@ -148,7 +150,7 @@ fn render(plugins_md: &str, measures: &[&str], quick: bool) -> Result<String> {
             })
         })
         .unwrap_or_default();
-    let kernel = crate::vm::kernel()?;
+    let kernel = crate::vm::kernel(crate::kernels::Kernel::DEFAULT)?;
     let mut s = format!(
         "# prjquota benchmark results\n\n\
          Produced by `cargo xtask bench{}` on {date}.\n\n\

@@ -5,9 +5,10 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 
-use crate::{is_executable, which};
+use crate::is_executable;
+use crate::kernels::Kernel;
 
 /// Debian packages, and why.
 const APT_PACKAGES: &[(&str, &str)] = &[
@@ -29,10 +30,29 @@ const APT_PACKAGES: &[(&str, &str)] = &[
     ("bpftool", "vmlinux.h and inspecting loaded programs"),
     ("prometheus", "promtool, to check the alert rules"),
     ("fio", "write load in tests and benchmarks"),
+    (
+        "quota",
+        "repquota, the independent witness of ext4 project quotas in the stress test",
+    ),
+    (
+        "libcap2-bin",
+        "capsh, to run the exporter without eBPF capabilities in a test",
+    ),
+    (
+        "python3-venv",
+        "the virtual environment virtme-ng is installed into (target/venv)",
+    ),
 ];
 
 /// The virtme-ng release this project was measured with.
 const VIRTME_NG: &str = "virtme-ng==1.42";
+
+/// The cargo-nextest release xtask parses the output of.
+const NEXTEST_VERSION: &str = "0.9.143";
+
+/// Time limits (seconds) of the local install steps.
+const CARGO_INSTALL_SECS: u64 = 1800;
+const PIP_SECS: u64 = 600;
 
 pub fn main(args: &[String]) -> Result<u8> {
     if let Some(a) = args.first() {
@@ -50,29 +70,31 @@ pub fn main(args: &[String]) -> Result<u8> {
         }
     }
     if !missing.is_empty() {
-        if let Err(e) = apt_install(&missing) {
-            println!("failed      apt-get install {}: {e:#}", missing.join(" "));
-            failed.push("apt packages".to_string());
-        } else {
-            let still = missing_apt_packages()?;
-            for pkg in &missing {
-                if still.contains(pkg) {
-                    println!("failed      {pkg}: still not installed after apt-get install");
-                    failed.push(pkg.to_string());
-                } else {
-                    println!("installed   {pkg}");
-                }
+        // Fatal: nothing after this works without these packages.
+        apt_install(&missing).with_context(|| format!("apt-get install {}", missing.join(" ")))?;
+        let still = missing_apt_packages()?;
+        for pkg in &missing {
+            if still.contains(pkg) {
+                println!("failed      {pkg}: still not installed after apt-get install");
+                failed.push(pkg.to_string());
+            } else {
+                println!("installed   {pkg}");
             }
         }
     }
 
-    // virtme-ng (vng).
-    match find_vng() {
-        Some(path) => println!("present     vng ({})", path.display()),
-        None => {
-            println!("installing  vng (python3 -m pip install {VIRTME_NG})");
+    // virtme-ng (vng), in the project's own virtual environment: Debian's
+    // python3 refuses pip installs into the system (PEP 668), and a pyenv or
+    // a user's PATH must not decide what CI runs.
+    match venv_vng().filter(|p| is_executable(p)) {
+        Some(path) if vng_version_ok(&path) => println!("present     vng ({})", path.display()),
+        _ => {
+            println!(
+                "installing  vng (python3 -m venv {}; pip install {VIRTME_NG})",
+                venv_dir().display()
+            );
             match pip_install() {
-                Ok(()) => match find_vng() {
+                Ok(()) => match venv_vng().filter(|p| is_executable(p)) {
                     Some(path) => println!("installed   vng ({})", path.display()),
                     None => {
                         println!("failed      vng: pip succeeded but no `vng` executable found");
@@ -87,28 +109,55 @@ pub fn main(args: &[String]) -> Result<u8> {
         }
     }
 
-    // cargo-nextest.
-    if nextest_present() {
-        println!("present     cargo-nextest");
-    } else {
-        println!("installing  cargo-nextest (cargo install cargo-nextest --locked)");
-        let mut cmd = crate::cargo();
-        cmd.args(["install", "cargo-nextest", "--locked"]);
-        match quiet(&mut cmd) {
-            Ok(()) => println!("installed   cargo-nextest"),
-            Err(e) => {
-                println!("failed      cargo-nextest: {e:#}");
-                failed.push("cargo-nextest".into());
+    // cargo-nextest, pinned: xtask parses its output.
+    match nextest_version() {
+        Some(v) if v == NEXTEST_VERSION => println!("present     cargo-nextest {v}"),
+        found => {
+            println!(
+                "installing  cargo-nextest {NEXTEST_VERSION} (found {}; cargo install --locked)",
+                found.as_deref().unwrap_or("none")
+            );
+            let mut cmd = crate::debian::limited(CARGO_INSTALL_SECS, "cargo");
+            cmd.current_dir(crate::repo_root()).args([
+                "install",
+                "cargo-nextest",
+                "--locked",
+                "--force",
+                "--version",
+                NEXTEST_VERSION,
+            ]);
+            match quiet(&mut cmd) {
+                Ok(()) => println!("installed   cargo-nextest {NEXTEST_VERSION}"),
+                Err(e) => {
+                    println!("failed      cargo-nextest: {e:#}");
+                    failed.push("cargo-nextest".into());
+                }
             }
         }
     }
 
-    // The kernel the VM boots: present only if the package really put one in /boot.
-    match crate::vm::kernel() {
-        Ok(k) => println!("present     VM kernel {}", k.display()),
+    // The kernel matrix and Prometheus 3, from Debian's archive by name
+    // through a private apt state (the machine's sources stay as they are).
+    let mut apt = crate::debian::PrivateApt::new();
+    for k in Kernel::ALL {
+        let result = if k == Kernel::V6_1 {
+            crate::kernels::image(k).map(|i| format!("present     kernel 6.1 ({})", i.display()))
+        } else {
+            crate::kernels::fetch(k, &mut apt)
+        };
+        match result {
+            Ok(line) => println!("{line}"),
+            Err(e) => {
+                println!("failed      kernel {}: {e:#}", k.name());
+                failed.push(format!("kernel {}", k.name()));
+            }
+        }
+    }
+    match prometheus3(&mut apt) {
+        Ok(line) => println!("{line}"),
         Err(e) => {
-            println!("failed      VM kernel: {e:#}");
-            failed.push("VM kernel".into());
+            println!("failed      prometheus 3: {e:#}");
+            failed.push("prometheus 3".into());
         }
     }
 
@@ -146,14 +195,13 @@ fn missing_apt_packages() -> Result<Vec<&'static str>> {
 }
 
 fn apt_install(pkgs: &[&str]) -> Result<()> {
-    let mut update = Command::new("apt-get");
+    let mut update = crate::debian::limited(crate::debian::UPDATE_SECS, "apt-get");
     update.args(["update", "-q"]);
-    // A source that cannot be reached fails the update; the lists of the
-    // others may still be enough: say so and try the install anyway.
-    if let Err(e) = quiet(&mut update) {
-        println!("warning     apt-get update: {e:#}");
-    }
-    let mut install = Command::new("apt-get");
+    // Fatal: an install from stale or missing lists fails later, less clearly.
+    quiet(&mut update).context(
+        "apt-get update failed: check the machine's apt sources and that the mirror is reachable",
+    )?;
+    let mut install = crate::debian::limited(crate::debian::DOWNLOAD_SECS, "apt-get");
     install
         .env("DEBIAN_FRONTEND", "noninteractive")
         .args(["install", "-y", "-q", "--no-install-recommends"])
@@ -163,7 +211,7 @@ fn apt_install(pkgs: &[&str]) -> Result<()> {
 
 /// Runs `cmd` with its output captured; an error carrying its stderr (and the
 /// tail of its stdout) if it fails.
-fn quiet(cmd: &mut Command) -> Result<()> {
+pub fn quiet(cmd: &mut Command) -> Result<()> {
     let out = cmd
         .stdin(std::process::Stdio::null())
         .output()
@@ -185,50 +233,98 @@ fn quiet(cmd: &mut Command) -> Result<()> {
     )
 }
 
-/// The `vng` executable: $PRJQUOTA_VNG, PATH, then python3's scripts directory
-/// (pyenv shims appear only after a rehash; pip's --user directory).
+/// The project's Python virtual environment (virtme-ng lives there).
+fn venv_dir() -> PathBuf {
+    crate::target_dir().join("venv")
+}
+
+fn venv_vng() -> Option<PathBuf> {
+    Some(venv_dir().join("bin/vng"))
+}
+
+fn vng_version_ok(vng: &std::path::Path) -> bool {
+    let want = VIRTME_NG.rsplit("==").next().unwrap_or_default();
+    Command::new(vng)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(want))
+}
+
+/// The `vng` executable: $PRJQUOTA_VNG, else the project's venv
+/// (`cargo xtask deps` puts it there).
 pub fn find_vng() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("PRJQUOTA_VNG").filter(|p| !p.is_empty()) {
         return Some(PathBuf::from(p));
     }
-    if let Some(p) = which("vng") {
-        return Some(p);
+    venv_vng().filter(|p| is_executable(p))
+}
+
+/// Debian's own python3 (never a pyenv shim), a venv under target/, and
+/// virtme-ng installed into it.
+fn pip_install() -> Result<()> {
+    let venv = venv_dir();
+    if !venv.join("bin/python3").exists() {
+        let mut cmd = crate::debian::limited(PIP_SECS, "/usr/bin/python3");
+        cmd.args(["-m", "venv"]).arg(&venv);
+        quiet(&mut cmd).context("python3 -m venv failed: is Debian's python3-venv installed?")?;
     }
-    let scripts = Command::new("python3")
-        .args([
-            "-c",
-            "import sysconfig, site; print(sysconfig.get_path('scripts')); print(site.getuserbase() + '/bin')",
-        ])
+    let python = venv.join("bin/python3");
+    let mut cmd = crate::debian::limited(PIP_SECS, &python.to_string_lossy());
+    cmd.args([
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--disable-pip-version-check",
+        VIRTME_NG,
+    ]);
+    quiet(&mut cmd)
+}
+
+fn nextest_version() -> Option<String> {
+    let out = crate::cargo()
+        .args(["nextest", "--version"])
         .output()
         .ok()?;
-    String::from_utf8_lossy(&scripts.stdout)
-        .lines()
-        .map(|dir| PathBuf::from(dir).join("vng"))
-        .find(|p| is_executable(p))
-}
-
-fn pip_install() -> Result<()> {
-    let pip = |extra: &[&str]| {
-        let mut cmd = Command::new("python3");
-        cmd.args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
-            .args(extra)
-            .arg(VIRTME_NG);
-        quiet(&mut cmd)
-    };
-    match pip(&[]) {
-        // Debian's own python3 refuses pip installs into the system (PEP 668).
-        Err(e) if format!("{e:#}").contains("externally-managed-environment") => {
-            pip(&["--break-system-packages"])
-        }
-        other => other,
+    if !out.status.success() {
+        return None;
     }
+    // "cargo-nextest 0.9.143 (60fa45f63 2026-08-04)"
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .nth(1)
+        .map(str::to_string)
 }
 
-fn nextest_present() -> bool {
-    crate::cargo()
-        .args(["nextest", "--version"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+/// Where `cargo xtask deps` unpacks sid's Prometheus 3.
+pub fn prometheus3_dir() -> PathBuf {
+    crate::target_dir().join("prometheus3")
+}
+
+/// The Prometheus 3 binary, exported to tests as `PRJQUOTA_PROMETHEUS3`.
+pub fn prometheus3_binary() -> PathBuf {
+    prometheus3_dir().join("usr/bin/prometheus")
+}
+
+fn prometheus3(apt: &mut crate::debian::PrivateApt) -> Result<String> {
+    let bin = prometheus3_binary();
+    if !is_executable(&bin) {
+        let dir = prometheus3_dir();
+        let _ = std::fs::remove_dir_all(&dir);
+        apt.fetch_into(&["prometheus/sid".into(), "promtool/sid".into()], &dir)?;
+    }
+    let out = Command::new(&bin)
+        .arg("--version")
+        .output()
+        .with_context(|| format!("cannot run {}", bin.display()))?;
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let first = text.lines().next().unwrap_or_default().to_string();
+    if !first.starts_with("prometheus, version 3.") {
+        bail!("{} is not Prometheus 3: `{first}`", bin.display());
+    }
+    Ok(format!(
+        "present     {first} ({}; PRJQUOTA_PROMETHEUS3)",
+        bin.display()
+    ))
 }

@@ -9,9 +9,11 @@
 //! - `bench` measures prjquota against its alternatives and floors, side by side.
 
 mod bench;
+mod debian;
 mod demo;
 mod deps;
 mod dist;
+mod kernels;
 mod stress;
 mod test;
 mod vm;
@@ -31,24 +33,34 @@ usage: cargo xtask <command> [options]
 
 commands:
   deps                       install system packages, virtme-ng and cargo-nextest (idempotent, root)
-  vm [--fs xfs|ext4|all] [--memory 2G] [--cpus 2] -- CMD...
+  vm [--kernel K] [--fs xfs|ext4|all] [--memory 2G] [--cpus 2] -- CMD...
                              boot Debian's kernel in QEMU, mount the quota test filesystems,
                              run CMD (bash -c) in the current directory; exits with CMD's status
-  test [--host-only | --vm-only] [--filter EXPR] [--vm-threads N] [-- NEXTEST_ARGS...]
-                             fmt, clippy, host tests, then the real-kernel tests in one VM boot;
-                             EXPR is a nextest filterset (passed as -E), e.g. 'test(smoke)'
+  test [--host-only | --vm-only] [--kernel K|all] [--full] [--filter EXPR] [--vm-threads N]
+       [-- NEXTEST_ARGS...]
+                             fmt, clippy, host tests, then the real-kernel tests, one VM boot per
+                             kernel: the full suite on 6.1, the compatibility pass on the others
+                             (--full: the full suite everywhere); EXPR is a nextest filterset
+                             (passed as -E), e.g. 'test(smoke)', and replaces either selection
   demo                       deps, build, and tell the whole story in the VM (plugin, exporter, eBPF)
-  stress [--secs N] [--seed S]
+  stress [--secs N] [--seed S] [--kernel K]
                              the concurrency stress test for N seconds per filesystem (default 300)
+                             and the exporter's 10,000-volume churn soak
   bench [--quick]            plugin comparisons, exporter scrape cost and eBPF overhead in one VM
                              boot (release builds); writes bench/RESULTS.md
   dist                       release binaries and target/dist/prjquota-<version>-<arch>-linux.tar.gz
 
+kernels (K): 5.10 (bullseye), 6.1 (bookworm, the default), 6.12 (trixie), 7 (sid): Debian's
+  generic kernels; `deps` fetches all four.
+
 environment:
-  PRJQUOTA_VM_KERNEL         kernel image to boot (default: newest /boot/vmlinuz-*-amd64, not -cloud-)
-  PRJQUOTA_VM_TIMEOUT        seconds before the VM is killed (default 3600)
+  PRJQUOTA_VM_KERNEL         kernel image to boot, overriding --kernel
+  PRJQUOTA_VM_TIMEOUT        seconds before the VM is killed (default: 24 min for a full pass,
+                             15 for a compatibility pass, 30 for `vm`)
   PRJQUOTA_VM_VERBOSE=1      pass --verbose to vng (kernel console, for boot failures)
-  PRJQUOTA_VNG               the vng executable (default: from PATH or python3's scripts dir)";
+  PRJQUOTA_VNG               the vng executable (default: target/venv/bin/vng, from `deps`)
+  The tests themselves get only what xtask sets (PRJQUOTA_PROMETHEUS3 is the Prometheus 3
+  binary `deps` unpacks under target/prometheus3); nothing else leaks from the caller's shell.";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+use crate::kernels::Kernel;
 use crate::{shell_quote, take_value};
 
 /// Which quota filesystems the guest mounts (the XFS without quotas always is).
@@ -45,6 +46,9 @@ impl Fs {
 
 pub struct VmOpts {
     pub fs: Fs,
+    pub kernel: Kernel,
+    /// The VM is killed after this long ($PRJQUOTA_VM_TIMEOUT overrides).
+    pub timeout: Duration,
     pub memory: String,
     pub cpus: u32,
     /// Extra environment for the guest command.
@@ -59,6 +63,8 @@ impl Default for VmOpts {
     fn default() -> Self {
         VmOpts {
             fs: Fs::Xfs,
+            kernel: Kernel::DEFAULT,
+            timeout: Duration::from_secs(DEFAULT_TIMEOUT_SECS),
             memory: "2G".into(),
             cpus: 2,
             env: Vec::new(),
@@ -86,6 +92,8 @@ pub fn main(args: &[String]) -> Result<u8> {
             break;
         } else if let Some(v) = take_value(args, &mut i, "--fs")? {
             opts.fs = Fs::parse(&v)?;
+        } else if let Some(v) = take_value(args, &mut i, "--kernel")? {
+            opts.kernel = Kernel::parse(&v)?;
         } else if let Some(v) = take_value(args, &mut i, "--memory")? {
             opts.memory = v;
         } else if let Some(v) = take_value(args, &mut i, "--cpus")? {
@@ -99,7 +107,10 @@ pub fn main(args: &[String]) -> Result<u8> {
         i += 1;
     }
     if cmd.is_empty() {
-        bail!("vm: no command: cargo xtask vm [--fs xfs|ext4|all] [--memory 2G] -- CMD...");
+        bail!(
+            "vm: no command: cargo xtask vm [--kernel 5.10|6.1|6.12|7] [--fs xfs|ext4|all] \
+             [--memory 2G] -- CMD..."
+        );
     }
     // One argument is a bash command line; several are joined like ssh does.
     let cmd = if cmd.len() == 1 {
@@ -112,47 +123,21 @@ pub fn main(args: &[String]) -> Result<u8> {
     Ok(u8::try_from(run.status).unwrap_or(1))
 }
 
-/// The kernel to boot: $PRJQUOTA_VM_KERNEL, else the newest Debian generic
-/// kernel in /boot (`vmlinuz-*-amd64`, not `-cloud-`, which does not boot
-/// under vng) whose modules are installed.
-pub fn kernel() -> Result<PathBuf> {
-    if let Some(k) = std::env::var_os("PRJQUOTA_VM_KERNEL").filter(|k| !k.is_empty()) {
-        let k = PathBuf::from(k);
-        if !k.is_file() {
-            bail!("PRJQUOTA_VM_KERNEL={}: no such kernel image", k.display());
+/// The kernel image to boot for `k`: $PRJQUOTA_VM_KERNEL when set, else
+/// the matrix's (see [`crate::kernels`]).
+pub fn kernel(k: Kernel) -> Result<PathBuf> {
+    if let Some(img) = std::env::var_os("PRJQUOTA_VM_KERNEL").filter(|k| !k.is_empty()) {
+        let img = PathBuf::from(img);
+        if !img.is_file() {
+            bail!("PRJQUOTA_VM_KERNEL={}: no such kernel image", img.display());
         }
-        return Ok(k);
+        return Ok(img);
     }
-    let mut best: Option<(String, PathBuf)> = None;
-    for entry in std::fs::read_dir("/boot").into_iter().flatten().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(release) = name.strip_prefix("vmlinuz-") else {
-            continue;
-        };
-        if !release.ends_with("-amd64") || release.contains("-cloud-") {
-            continue;
-        }
-        if !Path::new("/lib/modules").join(release).is_dir() {
-            continue;
-        }
-        if best
-            .as_ref()
-            .is_none_or(|(b, _)| version_cmp(release, b).is_gt())
-        {
-            best = Some((release.to_string(), entry.path()));
-        }
-    }
-    match best {
-        Some((_, path)) => Ok(path),
-        None => bail!(
-            "no Debian generic kernel to boot: want /boot/vmlinuz-*-amd64 (not -cloud-) with \
-             /lib/modules/<release>: run `cargo xtask deps` (installs linux-image-amd64)"
-        ),
-    }
+    crate::kernels::image(k)
 }
 
 /// `sort -V`-like comparison: digit runs compare as numbers.
-fn version_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+pub fn version_cmp(a: &str, b: &str) -> std::cmp::Ordering {
     fn chunks(s: &str) -> Vec<(bool, &str)> {
         let mut out = Vec::new();
         let mut start = 0;
@@ -186,19 +171,21 @@ fn vng() -> Result<PathBuf> {
     crate::deps::find_vng().context("`vng` (virtme-ng) not found: run `cargo xtask deps`")
 }
 
-fn timeout() -> Duration {
-    let secs = std::env::var("PRJQUOTA_VM_TIMEOUT")
+/// `cargo xtask vm`'s limit; test passes set their own (see crate::test).
+const DEFAULT_TIMEOUT_SECS: u64 = 1800;
+
+fn timeout(default: Duration) -> Duration {
+    std::env::var("PRJQUOTA_VM_TIMEOUT")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(3600);
-    Duration::from_secs(secs)
+        .map_or(default, Duration::from_secs)
 }
 
 /// Boots the VM, sets up the filesystems, runs `cmd` (a bash command line) in
 /// `cwd` with `opts.env`, streaming the output live. An error when the VM did
 /// not boot or the guest setup failed; otherwise the guest command's status.
 pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
-    let kernel = kernel()?;
+    let kernel = kernel(opts.kernel)?;
     let vng = vng()?;
     let init = crate::repo_root().join("tests/vm/guest-init.sh");
 
@@ -226,6 +213,15 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
 
     let verbose = std::env::var_os("PRJQUOTA_VM_VERBOSE").is_some_and(|v| v == "1");
     let mut vng_cmd = Command::new(&vng);
+    // vng runs its sibling `virtme-run` from PATH: put the venv's bin first
+    // (`cargo xtask deps` installs it in target/venv, never on PATH).
+    if let Some(dir) = vng.parent() {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let joined = std::env::join_paths(
+            std::iter::once(dir.to_path_buf()).chain(std::env::split_paths(&path)),
+        )?;
+        vng_cmd.env("PATH", joined);
+    }
     vng_cmd
         .arg("-r")
         .arg(&kernel)
@@ -247,7 +243,8 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
         .current_dir(cwd)
         .stdin(Stdio::null());
     println!(
-        "xtask vm: booting {} (TCG, {} RAM, {} CPUs, fs {})",
+        "xtask vm: booting kernel {} {} (TCG, {} RAM, {} CPUs, fs {})",
+        opts.kernel.name(),
         kernel.display(),
         opts.memory,
         opts.cpus,
@@ -255,7 +252,7 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
     );
     println!("$ {}", crate::display(&vng_cmd));
     let started = Instant::now();
-    let tee = crate::run_tee(&mut vng_cmd, Some(timeout()));
+    let tee = crate::run_tee(&mut vng_cmd, Some(timeout(opts.timeout)));
     let _ = std::fs::remove_file(&script);
     let tee = tee?;
     let elapsed = started.elapsed().as_secs_f64();
@@ -273,7 +270,9 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
             .and_then(|s| s.trim().parse::<i32>().ok())
     });
     if tee.timed_out {
-        bail!("the VM was killed after {elapsed:.0}s (PRJQUOTA_VM_TIMEOUT)");
+        bail!(
+            "the VM was killed after {elapsed:.0}s (its limit; PRJQUOTA_VM_TIMEOUT=SECS overrides)"
+        );
     }
     if !booted {
         bail!(
