@@ -181,3 +181,65 @@ async fn a_client_that_never_sends_its_headers_is_dropped() {
     let _ = srv.done.await;
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Issue #21: 64 clients with tiny receive buffers send `GET /metrics` and
+/// never read a body larger than the socket buffers; a Prometheus on another
+/// address still gets whole scrapes within its 10 s scrape timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_do_not_read_cannot_lock_out_a_scraper() {
+    let dir = fresh_dir(&std::env::temp_dir(), "lockout");
+    for i in 0..2000u32 {
+        let id = format!("{i:08x}-0000-4000-8000-000000000000");
+        add_volume(&dir, record(&id, "default", 10_000 + i, State::Ready));
+    }
+    let srv = start(&dir).await;
+    let addr = srv.addr;
+
+    let first = client(move || get(addr, "/metrics")).await;
+    assert_eq!(first.status, 200);
+    assert!(
+        first.body.len() > 1024 * 1024,
+        "the body ({} bytes) must outsize the socket buffers",
+        first.body.len()
+    );
+
+    eprintln!("body: {} bytes", first.body.len());
+    // The non-readers come from 127.0.0.2, the scraper from 127.0.0.1.
+    let mut held = Vec::new();
+    for _ in 0..64 {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.set_recv_buffer_size(4096).unwrap();
+        sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let s = sock.connect(addr).await.unwrap().into_std().unwrap();
+        s.set_nonblocking(false).unwrap();
+        // Pipelined requests keep the connection busy once a body fits in
+        // the socket buffers, as a client that reopens would.
+        let requests = "GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n".repeat(20);
+        std::io::Write::write_all(&mut &s, requests.as_bytes()).unwrap();
+        held.push(s);
+    }
+    // Let the server take them all in and start answering.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    for round in 0..3 {
+        let t = std::time::Instant::now();
+        let m = tokio::time::timeout(
+            Duration::from_secs(10),
+            client(move || get(addr, "/metrics")),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("scrape {round} took over 10 s behind non-reading clients"));
+        assert_eq!(m.status, 200, "scrape {round}: {}", m.body);
+        assert!(
+            m.body
+                .lines()
+                .any(|l| l == "prjquota_exporter_volumes 2000"),
+            "scrape {round} is not whole"
+        );
+        eprintln!("scrape {round} behind 64 non-readers: {:?}", t.elapsed());
+    }
+    drop(held);
+    srv.stop.send(()).unwrap();
+    let _ = srv.done.await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
