@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::{Frame, Incoming};
-use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ACCEPT_ENCODING, ALLOW, CONTENT_ENCODING, CONTENT_TYPE, VARY};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -67,7 +67,7 @@ const LANDING: &str = "<!DOCTYPE html>
 <h1>prjquota exporter</h1>
 <p>Prometheus exporter for Nomad dynamic host volumes made by the prjquota plugin: size, usage, inodes and quota limit hits per volume. Version VERSION.</p>
 <ul>
-<li><a href=\"metrics\">Metrics</a></li>
+<li><a href=\"METRICS\">Metrics</a></li>
 <li><a href=\"healthz\">Health</a></li>
 </ul>
 </body>
@@ -75,6 +75,7 @@ const LANDING: &str = "<!DOCTYPE html>
 ";
 
 struct App {
+    options: Options,
     exporter: Arc<Exporter>,
     /// One scrape at a time; held while scraping and rendering, never while
     /// sending.
@@ -250,7 +251,38 @@ async fn render(app: &App, arrived: Instant) -> Option<Bytes> {
     Some(body)
 }
 
-async fn metrics(app: &App, conn: &Conn, head_only: bool) -> Response<Body> {
+/// Whether `Accept-Encoding` names gzip (or `*`) with a q-value above 0.
+fn accepts_gzip(headers: &hyper::HeaderMap) -> bool {
+    headers
+        .get_all(ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|item| {
+            let mut parts = item.split(';');
+            let coding = parts.next().unwrap_or("").trim();
+            if !(coding.eq_ignore_ascii_case("gzip") || coding == "*") {
+                return false;
+            }
+            parts
+                .filter_map(|p| p.trim().strip_prefix("q="))
+                .all(|q| q.trim().parse::<f32>().map_or(false, |q| q > 0.0))
+        })
+}
+
+/// gzip at the fastest level: Prometheus asks for it on every scrape, and
+/// the text format compresses well even so (README, "Compression").
+pub fn gzip(body: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut enc = flate2::write::GzEncoder::new(
+        Vec::with_capacity(body.len() / 8),
+        flate2::Compression::fast(),
+    );
+    enc.write_all(body).expect("writing to a Vec cannot fail");
+    enc.finish().expect("writing to a Vec cannot fail")
+}
+
+async fn metrics(app: &App, conn: &Conn, head_only: bool, gzipped: bool) -> Response<Body> {
     let mut resp = if head_only {
         Response::new(empty_or(Bytes::new()))
     } else {
@@ -265,11 +297,24 @@ async fn metrics(app: &App, conn: &Conn, head_only: bool) -> Response<Body> {
                 "another scrape is in progress; try again\n",
             );
         };
+        // Compressed per request, after the permit: a slow client costs
+        // only its own CPU time, never another scraper's wait.
+        let body = if gzipped {
+            tokio::task::spawn_blocking(move || Bytes::from(gzip(&body)))
+                .await
+                .expect("gzip does not panic")
+        } else {
+            body
+        };
         let deadline = app.clock_ms() + SEND_DEADLINE.as_millis() as u64;
         Response::new(RenderedBody::new(body, conn.in_flight.clone(), deadline).boxed())
     };
-    resp.headers_mut()
-        .insert(CONTENT_TYPE, metrics_content_type());
+    let h = resp.headers_mut();
+    h.insert(CONTENT_TYPE, metrics_content_type());
+    h.insert(VARY, HeaderValue::from_static("Accept-Encoding"));
+    if gzipped {
+        h.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    }
     resp
 }
 
@@ -289,12 +334,16 @@ async fn route(
             .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
         return Ok(r);
     }
+    let gzip = app.options.compression && accepts_gzip(req.headers());
     Ok(match req.uri().path() {
-        "/metrics" => metrics(&app, &conn, head).await,
+        p if p == app.options.telemetry_path => metrics(&app, &conn, head, gzip).await,
         "/" => full(
             StatusCode::OK,
             "text/html; charset=utf-8",
-            LANDING.replace("VERSION", BUILD_VERSION),
+            LANDING.replace("VERSION", BUILD_VERSION).replace(
+                "METRICS",
+                app.options.telemetry_path.trim_start_matches('/'),
+            ),
         ),
         "/healthz" => full(StatusCode::OK, "text/plain; charset=utf-8", "ok"),
         _ => full(
@@ -317,14 +366,44 @@ async fn send_watchdog(app: &App, in_flight: &AtomicU64) {
     }
 }
 
-/// Serves until `shutdown` completes, then gives open connections
-/// [`SHUTDOWN_GRACE`] to finish.
+/// How the server answers; [`Options::default`] is the flags' defaults.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// gzip a scrape for a client that accepts it (`--web.disable-compression`
+    /// turns it off).
+    pub compression: bool,
+    /// Where the metrics are served (`--web.telemetry-path`).
+    pub telemetry_path: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            compression: true,
+            telemetry_path: "/metrics".into(),
+        }
+    }
+}
+
+/// [`serve_with`] the default [`Options`].
 pub async fn serve(
     listener: TcpListener,
     exporter: Arc<Exporter>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    serve_with(listener, exporter, Options::default(), shutdown).await
+}
+
+/// Serves until `shutdown` completes, then gives open connections
+/// [`SHUTDOWN_GRACE`] to finish.
+pub async fn serve_with(
+    listener: TcpListener,
+    exporter: Arc<Exporter>,
+    options: Options,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
     let app = Arc::new(App {
+        options,
         exporter,
         scrape: Semaphore::new(1),
         last: Mutex::new(None),
@@ -397,4 +476,37 @@ pub async fn serve(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gzip_decodes_byte_for_byte() {
+        let body: Vec<u8> = (0..50_000)
+            .flat_map(|i| format!("m{{volume_id=\"{i:08x}\"}} {i}\n").into_bytes())
+            .collect();
+        let z = gzip(&body);
+        let mut back = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&z[..]), &mut back).unwrap();
+        assert_eq!(back, body);
+        assert!(z.len() * 4 < body.len());
+    }
+
+    #[test]
+    fn accept_encoding_is_parsed_with_q_values() {
+        let h = |v: &'static str| {
+            let mut m = hyper::HeaderMap::new();
+            m.insert(ACCEPT_ENCODING, HeaderValue::from_static(v));
+            accepts_gzip(&m)
+        };
+        assert!(h("gzip"));
+        assert!(h("deflate, gzip;q=0.5"));
+        assert!(h("*"));
+        assert!(!h("gzip;q=0"));
+        assert!(!h("identity"));
+        assert!(!h("gzipx"));
+        assert!(!accepts_gzip(&hyper::HeaderMap::new()));
+    }
 }

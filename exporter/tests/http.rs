@@ -19,6 +19,13 @@ struct Server {
 }
 
 async fn start(volumes_dir: &std::path::Path) -> Server {
+    start_with(volumes_dir, prjquota_exporter::http::Options::default()).await
+}
+
+async fn start_with(
+    volumes_dir: &std::path::Path,
+    options: prjquota_exporter::http::Options,
+) -> Server {
     let config = Config {
         volumes_dirs: vec![volumes_dir.to_path_buf()],
         statfs_timeout: Duration::from_secs(5),
@@ -30,9 +37,14 @@ async fn start(volumes_dir: &std::path::Path) -> Server {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let done = tokio::spawn(prjquota_exporter::http::serve(listener, exporter, async {
-        let _ = stopped.await;
-    }));
+    let done = tokio::spawn(prjquota_exporter::http::serve_with(
+        listener,
+        exporter,
+        options,
+        async {
+            let _ = stopped.await;
+        },
+    ));
     Server { addr, stop, done }
 }
 
@@ -239,6 +251,110 @@ async fn clients_that_do_not_read_cannot_lock_out_a_scraper() {
         eprintln!("scrape {round} behind 64 non-readers: {:?}", t.elapsed());
     }
     drop(held);
+    srv.stop.send(()).unwrap();
+    let _ = srv.done.await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn gunzip(b: &[u8]) -> String {
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(b), &mut out)
+        .expect("a whole gzip stream of UTF-8 text");
+    out
+}
+
+/// Each line without its sample value: what stays the same from one scrape
+/// to the next while /tmp's free space and the timings move.
+fn stable(text: &str) -> Vec<&str> {
+    text.lines()
+        .map(|l| {
+            if l.starts_with('#') {
+                l
+            } else {
+                l.rsplit_once(' ').map_or(l, |(k, _)| k)
+            }
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gzip_only_when_asked_and_decodes_to_the_plain_scrape() {
+    let dir = fresh_dir(&std::env::temp_dir(), "gzip");
+    for i in 0..200u32 {
+        let id = format!("{i:08x}-0000-4000-8000-000000000000");
+        add_volume(&dir, record(&id, "default", 10_000 + i, State::Ready));
+    }
+    let srv = start(&dir).await;
+    let addr = srv.addr;
+    let ask = |enc: &'static str| {
+        client(move || {
+            raw_bytes(
+                addr,
+                &format!("GET /metrics HTTP/1.1\r\nHost: t\r\n{enc}Connection: close\r\n\r\n"),
+            )
+        })
+    };
+    let enc = |h: &[(String, String)]| {
+        h.iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case("content-encoding"))
+            .map(|(_, v)| v.clone())
+    };
+    // What Prometheus sends.
+    let (st, h, zipped) = ask("Accept-Encoding: gzip\r\n").await;
+    assert_eq!((st, enc(&h).as_deref()), (200, Some("gzip")));
+    let (_, h, plain) = ask("").await;
+    assert_eq!(enc(&h), None, "no Accept-Encoding, no gzip");
+    let plain = String::from_utf8(plain).unwrap();
+    let unzipped = gunzip(&zipped);
+    assert!(
+        zipped.len() * 5 < plain.len(),
+        "{} -> {}",
+        plain.len(),
+        zipped.len()
+    );
+    assert_eq!(stable(&unzipped), stable(&plain));
+    assert!(stable(&plain).len() > 1000);
+    for refused in [
+        "Accept-Encoding: gzip;q=0\r\n",
+        "Accept-Encoding: br, deflate\r\n",
+    ] {
+        let (_, h, body) = ask(refused).await;
+        assert_eq!(enc(&h), None, "{refused}");
+        assert!(String::from_utf8(body)
+            .unwrap()
+            .contains("prjquota_exporter_volumes 200"));
+    }
+    let (_, h, _) = ask("Accept-Encoding: deflate, GZIP;q=0.5\r\n").await;
+    assert_eq!(enc(&h).as_deref(), Some("gzip"));
+    srv.stop.send(()).unwrap();
+    let _ = srv.done.await;
+
+    // --web.disable-compression and --web.telemetry-path.
+    let srv = start_with(
+        &dir,
+        prjquota_exporter::http::Options {
+            compression: false,
+            telemetry_path: "/custom".into(),
+        },
+    )
+    .await;
+    let addr = srv.addr;
+    let (st, h, body) = client(move || {
+        raw_bytes(
+            addr,
+            "GET /custom HTTP/1.1\r\nHost: t\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n",
+        )
+    })
+    .await;
+    assert_eq!((st, enc(&h)), (200, None));
+    assert!(String::from_utf8(body)
+        .unwrap()
+        .contains("prjquota_exporter_volumes 200"));
+    assert_eq!(client(move || get(addr, "/metrics")).await.status, 404);
+    assert!(client(move || get(addr, "/"))
+        .await
+        .body
+        .contains("<a href=\"custom\">"));
     srv.stop.send(()).unwrap();
     let _ = srv.done.await;
     std::fs::remove_dir_all(&dir).unwrap();
