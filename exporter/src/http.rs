@@ -266,7 +266,7 @@ fn accepts_gzip(headers: &hyper::HeaderMap) -> bool {
             }
             parts
                 .filter_map(|p| p.trim().strip_prefix("q="))
-                .all(|q| q.trim().parse::<f32>().map_or(false, |q| q > 0.0))
+                .all(|q| q.trim().parse::<f32>().is_ok_and(|q| q > 0.0))
         })
 }
 
