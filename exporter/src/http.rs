@@ -240,7 +240,7 @@ async fn render(app: &App, arrived: Instant) -> Option<Bytes> {
     let scraped = app.exporter.scrape().await;
     let enc = Encoder::new(&scraped.inventory);
     let mut buf = Vec::with_capacity(CHUNK * 2);
-    for f in &scraped.families {
+    for f in scraped.families.iter().chain(&crate::process::families()) {
         for b in 0..f.batches() {
             f.encode_batch(&enc, b, &mut buf);
         }

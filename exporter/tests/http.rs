@@ -359,3 +359,49 @@ async fn gzip_only_when_asked_and_decodes_to_the_plain_scrape() {
     let _ = srv.done.await;
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_metrics_are_present_and_sane() {
+    let dir = fresh_dir(&std::env::temp_dir(), "process");
+    let srv = start(&dir).await;
+    let addr = srv.addr;
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    // Spend CPU time in this process (the exporter's) so it shows.
+    let t = std::time::Instant::now();
+    let mut x = 0u64;
+    while t.elapsed() < Duration::from_millis(300) {
+        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(1));
+    }
+    let m = client(move || get(addr, "/metrics")).await;
+    let v = |name: &str| {
+        value(&m.body, &format!("{name} ")).unwrap_or_else(|| panic!("no {name} in\n{}", m.body))
+    };
+    for family in [
+        "process_cpu_seconds_total counter",
+        "process_open_fds gauge",
+    ] {
+        assert!(m.body.contains(&format!("# TYPE {family}\n")), "{family}");
+    }
+    assert!(
+        v("process_cpu_seconds_total") >= 0.01,
+        "at least one clock tick"
+    );
+    let rss = v("process_resident_memory_bytes");
+    assert!(rss > 1e6 && rss < 4e9, "rss {rss}");
+    assert!(v("process_virtual_memory_bytes") >= rss);
+    // This test process: its listener, the scrape's socket, stdio at least.
+    let fds = v("process_open_fds");
+    assert!(fds >= 4.0, "open fds {fds}");
+    assert!(v("process_max_fds") >= fds);
+    let start = v("process_start_time_seconds");
+    assert!(
+        start <= before + 1.0 && start > before - 3600.0,
+        "start {start}, now {before}"
+    );
+    srv.stop.send(()).unwrap();
+    let _ = srv.done.await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
