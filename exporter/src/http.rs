@@ -3,29 +3,34 @@
 //! Only asks the [`Exporter`] to scrape and encodes what it returns; knows
 //! nothing of volumes. Defences against clients that would pin the exporter:
 //! a header read timeout (also closes idle keep-alive connections), a cap on
-//! header size and count, a cap on open connections, one scrape at a time
-//! (so memory holds one scrape however many scrapers there are), and a
-//! deadline for sending a scrape to a slow reader.
+//! header size and count, a cap on open connections and on those of one
+//! client address, one scrape at a time with a deadline for the wait (503),
+//! and a deadline for sending a scrape to a slow reader. The body is
+//! rendered under the scrape permit and sent after it is released, so a
+//! client that does not read holds only its own connection; scrapers that
+//! arrive during a scrape share its rendered body.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::{Frame, Incoming};
-use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ACCEPT_ENCODING, ALLOW, CONTENT_ENCODING, CONTENT_TYPE, VARY};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::Semaphore;
 
 use crate::collector::{Exporter, BUILD_VERSION};
 use crate::metrics::{Encoder, TEXT_FORMAT};
@@ -37,7 +42,15 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 pub const MAX_HEADERS: usize = 64;
 pub const MAX_CONNECTIONS: usize = 64;
-/// Time to send one scrape's body to a client.
+/// Open connections one client address may hold, so that one host's
+/// non-reading clients cannot take every slot from the Prometheus servers.
+pub const MAX_CONNECTIONS_PER_IP: usize = 8;
+/// Time a request waits for the scrape in progress before it is answered
+/// 503: half of Prometheus' default 10 s scrape timeout, so the scraper
+/// sees a clear failure rather than its own timeout.
+pub const SCRAPE_WAIT: Duration = Duration::from_secs(5);
+/// Time to send one scrape's body to a client; a connection past it is
+/// closed.
 pub const SEND_DEADLINE: Duration = Duration::from_secs(60);
 /// Time open connections get to finish after a shutdown signal.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -54,7 +67,7 @@ const LANDING: &str = "<!DOCTYPE html>
 <h1>prjquota exporter</h1>
 <p>Prometheus exporter for Nomad dynamic host volumes made by the prjquota plugin: size, usage, inodes and quota limit hits per volume. Version VERSION.</p>
 <ul>
-<li><a href=\"metrics\">Metrics</a></li>
+<li><a href=\"METRICS\">Metrics</a></li>
 <li><a href=\"healthz\">Health</a></li>
 </ul>
 </body>
@@ -62,9 +75,65 @@ const LANDING: &str = "<!DOCTYPE html>
 ";
 
 struct App {
+    options: Options,
     exporter: Arc<Exporter>,
-    /// One scrape at a time.
-    scrape: Arc<Semaphore>,
+    /// One scrape at a time; held while scraping and rendering, never while
+    /// sending.
+    scrape: Semaphore,
+    /// When the last rendered scrape began, and its body.
+    last: Mutex<Option<(Instant, Bytes)>>,
+    started: Instant,
+}
+
+impl App {
+    /// Milliseconds since the server started; never 0, which means "no
+    /// response in flight".
+    fn clock_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64 + 1
+    }
+}
+
+/// Per-connection state shared with the connection's watchdog.
+struct Conn {
+    /// 0, or the send deadline of the response in flight ([`App::clock_ms`]).
+    in_flight: Arc<AtomicU64>,
+}
+
+/// Open connections per client address. Holding one releases its slot on
+/// drop.
+#[derive(Default)]
+struct PerIp(Mutex<HashMap<IpAddr, usize>>);
+
+struct IpSlot {
+    table: Arc<PerIp>,
+    ip: IpAddr,
+}
+
+impl PerIp {
+    fn take(table: &Arc<PerIp>, ip: IpAddr) -> Option<IpSlot> {
+        let mut m = table.0.lock().expect("never poisoned");
+        let n = m.entry(ip).or_insert(0);
+        if *n >= MAX_CONNECTIONS_PER_IP {
+            return None;
+        }
+        *n += 1;
+        Some(IpSlot {
+            table: table.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for IpSlot {
+    fn drop(&mut self) {
+        let mut m = self.table.0.lock().expect("never poisoned");
+        if let Some(n) = m.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.ip);
+            }
+        }
+    }
 }
 
 fn full(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Body> {
@@ -81,29 +150,70 @@ fn empty_or(body: impl Into<Bytes>) -> Body {
         .boxed()
 }
 
-/// A response body fed chunk by chunk from a channel. If the sender stops
-/// before marking the body complete, the body ends in an error, so hyper
-/// aborts the response and the scraper sees a failed scrape rather than a
-/// truncated one that parses.
-struct ChannelBody {
-    rx: mpsc::Receiver<Bytes>,
-    complete: Arc<AtomicBool>,
+/// A rendered scrape sent in [`CHUNK`]-sized frames. While it exists, its
+/// connection has a response in flight: `in_flight` holds the send deadline
+/// (milliseconds after the server started) and the connection's watchdog
+/// closes a connection whose reader is past it. Sending holds nothing
+/// shared: a client that does not read pins only its own connection.
+struct RenderedBody {
+    data: Bytes,
+    in_flight: Arc<AtomicU64>,
+    deadline_ms: u64,
 }
 
-impl hyper::body::Body for ChannelBody {
+impl RenderedBody {
+    fn new(data: Bytes, in_flight: Arc<AtomicU64>, deadline_ms: u64) -> Self {
+        in_flight.store(deadline_ms, Ordering::Release);
+        Self {
+            data,
+            in_flight,
+            deadline_ms,
+        }
+    }
+
+    /// Clears this body's deadline, not a later response's on the same
+    /// connection.
+    fn done(&self) {
+        let _ = self.in_flight.compare_exchange(
+            self.deadline_ms,
+            0,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+}
+
+impl Drop for RenderedBody {
+    fn drop(&mut self) {
+        self.done();
+    }
+}
+
+impl hyper::body::Body for RenderedBody {
     type Data = Bytes;
     type Error = BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
+        _cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.rx.poll_recv(cx) {
-            Poll::Ready(Some(b)) => Poll::Ready(Some(Ok(Frame::data(b)))),
-            Poll::Ready(None) if self.complete.load(Ordering::Acquire) => Poll::Ready(None),
-            Poll::Ready(None) => Poll::Ready(Some(Err("the scrape was aborted".into()))),
-            Poll::Pending => Poll::Pending,
+        if self.data.is_empty() {
+            return Poll::Ready(None);
         }
+        let n = self.data.len().min(CHUNK);
+        let chunk = self.data.split_to(n);
+        if self.data.is_empty() {
+            self.done();
+        }
+        Poll::Ready(Some(Ok(Frame::data(chunk))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.data.len() as u64)
     }
 }
 
@@ -112,69 +222,107 @@ fn metrics_content_type() -> HeaderValue {
         .expect("the text format is a valid header value")
 }
 
-async fn metrics(app: &App, head_only: bool) -> Response<Body> {
+/// The scrape body for a request that arrived at `arrived`: the last
+/// rendered one if its scrape began after `arrived` (as fresh as a scrape of
+/// our own, so scrapers that arrive together share one body), else a new
+/// one. `None` when the permit did not come within [`SCRAPE_WAIT`].
+async fn render(app: &App, arrived: Instant) -> Option<Bytes> {
+    let permit = match tokio::time::timeout(SCRAPE_WAIT, app.scrape.acquire()).await {
+        Ok(p) => p.expect("the scrape semaphore is never closed"),
+        Err(_) => return None,
+    };
+    if let Some((began, body)) = &*app.last.lock().expect("never poisoned") {
+        if *began >= arrived {
+            return Some(body.clone());
+        }
+    }
+    let began = Instant::now();
+    let scraped = app.exporter.scrape().await;
+    let enc = Encoder::new(&scraped.inventory);
+    let mut buf = Vec::with_capacity(CHUNK * 2);
+    for f in scraped.families.iter().chain(&crate::process::families()) {
+        for b in 0..f.batches() {
+            f.encode_batch(&enc, b, &mut buf);
+        }
+    }
+    let body = Bytes::from(buf);
+    *app.last.lock().expect("never poisoned") = Some((began, body.clone()));
+    drop(permit);
+    Some(body)
+}
+
+/// Whether `Accept-Encoding` names gzip (or `*`) with a q-value above 0.
+fn accepts_gzip(headers: &hyper::HeaderMap) -> bool {
+    headers
+        .get_all(ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|item| {
+            let mut parts = item.split(';');
+            let coding = parts.next().unwrap_or("").trim();
+            if !(coding.eq_ignore_ascii_case("gzip") || coding == "*") {
+                return false;
+            }
+            parts
+                .filter_map(|p| p.trim().strip_prefix("q="))
+                .all(|q| q.trim().parse::<f32>().is_ok_and(|q| q > 0.0))
+        })
+}
+
+/// gzip at the fastest level: Prometheus asks for it on every scrape, and
+/// the text format compresses well even so (README, "Compression").
+pub fn gzip(body: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut enc = flate2::write::GzEncoder::new(
+        Vec::with_capacity(body.len() / 8),
+        flate2::Compression::fast(),
+    );
+    enc.write_all(body).expect("writing to a Vec cannot fail");
+    enc.finish().expect("writing to a Vec cannot fail")
+}
+
+async fn metrics(app: &App, conn: &Conn, head_only: bool, gzipped: bool) -> Response<Body> {
     let mut resp = if head_only {
         Response::new(empty_or(Bytes::new()))
     } else {
-        let permit = app
-            .scrape
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the scrape semaphore is never closed");
-        let scraped = app.exporter.scrape().await;
-        let (tx, rx) = mpsc::channel::<Bytes>(2);
-        let complete = Arc::new(AtomicBool::new(false));
-        let done = complete.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let deadline = tokio::time::Instant::now() + SEND_DEADLINE;
-            // False when the scraper went away or is too slow.
-            let send = |chunk: Vec<u8>| {
-                let tx = &tx;
-                async move {
-                    match tokio::time::timeout_at(deadline, tx.send(Bytes::from(chunk))).await {
-                        Ok(Ok(())) => true,
-                        Ok(Err(_)) => false, // the connection is gone
-                        Err(_) => {
-                            crate::warn!(
-                                "a scraper took too long to read /metrics; response aborted"
-                            );
-                            false
-                        }
-                    }
-                }
-            };
-            let enc = Encoder::new(&scraped.inventory);
-            let mut buf = Vec::with_capacity(CHUNK * 2);
-            for f in &scraped.families {
-                for b in 0..f.batches() {
-                    f.encode_batch(&enc, b, &mut buf);
-                    if buf.len() >= CHUNK {
-                        if !send(std::mem::take(&mut buf)).await {
-                            return;
-                        }
-                        buf.reserve(CHUNK * 2);
-                    }
-                }
-            }
-            if !buf.is_empty() && !send(buf).await {
-                return;
-            }
-            done.store(true, Ordering::Release);
-        });
-        Response::new(ChannelBody { rx, complete }.boxed())
+        let Some(body) = render(app, Instant::now()).await else {
+            crate::warn!(
+                "another scrape held the exporter too long; answered 503",
+                waited_s = SCRAPE_WAIT.as_secs()
+            );
+            return full(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain; charset=utf-8",
+                "another scrape is in progress; try again\n",
+            );
+        };
+        // Compressed per request, after the permit: a slow client costs
+        // only its own CPU time, never another scraper's wait.
+        let body = if gzipped {
+            tokio::task::spawn_blocking(move || Bytes::from(gzip(&body)))
+                .await
+                .expect("gzip does not panic")
+        } else {
+            body
+        };
+        let deadline = app.clock_ms() + SEND_DEADLINE.as_millis() as u64;
+        Response::new(RenderedBody::new(body, conn.in_flight.clone(), deadline).boxed())
     };
-    resp.headers_mut()
-        .insert(CONTENT_TYPE, metrics_content_type());
+    let h = resp.headers_mut();
+    h.insert(CONTENT_TYPE, metrics_content_type());
+    h.insert(VARY, HeaderValue::from_static("Accept-Encoding"));
+    if gzipped {
+        h.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    }
     resp
 }
 
-/// 503 for /metrics and /healthz until the exporter is warmed up: its
+/// 503 for the telemetry path and /healthz until the exporter is warmed up: its
 /// programs loaded and every volume registered. Served before that, a
 /// scrape would show zeros that mean "not measured".
 fn not_ready(app: &App, path: &str) -> Option<Response<Body>> {
-    if app.exporter.is_ready() || !(path == "/metrics" || path == "/healthz") {
+    if app.exporter.is_ready() || !(path == app.options.telemetry_path || path == "/healthz") {
         return None;
     }
     Some(full(
@@ -184,7 +332,11 @@ fn not_ready(app: &App, path: &str) -> Option<Response<Body>> {
     ))
 }
 
-async fn route(req: Request<Incoming>, app: Arc<App>) -> Result<Response<Body>, Infallible> {
+async fn route(
+    req: Request<Incoming>,
+    app: Arc<App>,
+    conn: Arc<Conn>,
+) -> Result<Response<Body>, Infallible> {
     let head = req.method() == Method::HEAD;
     if req.method() != Method::GET && !head {
         let mut r = full(
@@ -199,12 +351,16 @@ async fn route(req: Request<Incoming>, app: Arc<App>) -> Result<Response<Body>, 
     if let Some(r) = not_ready(&app, req.uri().path()) {
         return Ok(r);
     }
+    let gzip = app.options.compression && accepts_gzip(req.headers());
     Ok(match req.uri().path() {
-        "/metrics" => metrics(&app, head).await,
+        p if p == app.options.telemetry_path => metrics(&app, &conn, head, gzip).await,
         "/" => full(
             StatusCode::OK,
             "text/html; charset=utf-8",
-            LANDING.replace("VERSION", BUILD_VERSION),
+            LANDING.replace("VERSION", BUILD_VERSION).replace(
+                "METRICS",
+                app.options.telemetry_path.trim_start_matches('/'),
+            ),
         ),
         "/healthz" => full(StatusCode::OK, "text/plain; charset=utf-8", "ok"),
         _ => full(
@@ -215,17 +371,62 @@ async fn route(req: Request<Incoming>, app: Arc<App>) -> Result<Response<Body>, 
     })
 }
 
-/// Serves until `shutdown` completes, then gives open connections
-/// [`SHUTDOWN_GRACE`] to finish.
+/// Completes when the connection's response in flight is past its send
+/// deadline.
+async fn send_watchdog(app: &App, in_flight: &AtomicU64) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let deadline = in_flight.load(Ordering::Acquire);
+        if deadline != 0 && app.clock_ms() > deadline {
+            return;
+        }
+    }
+}
+
+/// How the server answers; [`Options::default`] is the flags' defaults.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// gzip a scrape for a client that accepts it (`--web.disable-compression`
+    /// turns it off).
+    pub compression: bool,
+    /// Where the metrics are served (`--web.telemetry-path`).
+    pub telemetry_path: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            compression: true,
+            telemetry_path: "/metrics".into(),
+        }
+    }
+}
+
+/// [`serve_with`] the default [`Options`].
 pub async fn serve(
     listener: TcpListener,
     exporter: Arc<Exporter>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    serve_with(listener, exporter, Options::default(), shutdown).await
+}
+
+/// Serves until `shutdown` completes, then gives open connections
+/// [`SHUTDOWN_GRACE`] to finish.
+pub async fn serve_with(
+    listener: TcpListener,
+    exporter: Arc<Exporter>,
+    options: Options,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
     let app = Arc::new(App {
+        options,
         exporter,
-        scrape: Arc::new(Semaphore::new(1)),
+        scrape: Semaphore::new(1),
+        last: Mutex::new(None),
+        started: Instant::now(),
     });
+    let per_ip = Arc::new(PerIp::default());
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
@@ -251,13 +452,36 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
-        let app = app.clone();
-        let svc = service_fn(move |req| route(req, app.clone()));
+        let Some(ip_slot) = PerIp::take(&per_ip, peer.ip()) else {
+            crate::debug!(
+                "connection refused: its address holds the most connections allowed",
+                peer = peer,
+                max = MAX_CONNECTIONS_PER_IP
+            );
+            drop(stream);
+            continue;
+        };
+        let state = Arc::new(Conn {
+            in_flight: Arc::new(AtomicU64::new(0)),
+        });
+        let in_flight = state.in_flight.clone();
+        let (app, app2) = (app.clone(), app.clone());
+        let svc = service_fn(move |req| route(req, app.clone(), state.clone()));
         let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), svc));
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                crate::debug!("connection ended with an error", peer = peer, err = e);
+            tokio::select! {
+                r = conn => if let Err(e) = r {
+                    crate::debug!("connection ended with an error", peer = peer, err = e);
+                },
+                () = send_watchdog(&app2, &in_flight) => {
+                    crate::warn!(
+                        "a scraper took too long to read /metrics; connection closed",
+                        peer = peer,
+                        deadline_s = SEND_DEADLINE.as_secs()
+                    );
+                }
             }
+            drop(ip_slot);
             drop(permit);
         });
     }
@@ -275,20 +499,31 @@ pub async fn serve(
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn an_unfinished_body_is_an_error_not_a_short_scrape() {
-        let (tx, rx) = mpsc::channel(2);
-        let complete = Arc::new(AtomicBool::new(false));
-        tx.send(Bytes::from_static(b"a 1\n")).await.unwrap();
-        drop(tx);
-        let body = ChannelBody { rx, complete };
-        assert!(body.collect().await.is_err());
+    #[test]
+    fn gzip_decodes_byte_for_byte() {
+        let body: Vec<u8> = (0..50_000)
+            .flat_map(|i| format!("m{{volume_id=\"{i:08x}\"}} {i}\n").into_bytes())
+            .collect();
+        let z = gzip(&body);
+        let mut back = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&z[..]), &mut back).unwrap();
+        assert_eq!(back, body);
+        assert!(z.len() * 4 < body.len());
+    }
 
-        let (tx, rx) = mpsc::channel(2);
-        let complete = Arc::new(AtomicBool::new(true));
-        tx.send(Bytes::from_static(b"a 1\n")).await.unwrap();
-        drop(tx);
-        let body = ChannelBody { rx, complete }.collect().await.unwrap();
-        assert_eq!(body.to_bytes(), Bytes::from_static(b"a 1\n"));
+    #[test]
+    fn accept_encoding_is_parsed_with_q_values() {
+        let h = |v: &'static str| {
+            let mut m = hyper::HeaderMap::new();
+            m.insert(ACCEPT_ENCODING, HeaderValue::from_static(v));
+            accepts_gzip(&m)
+        };
+        assert!(h("gzip"));
+        assert!(h("deflate, gzip;q=0.5"));
+        assert!(h("*"));
+        assert!(!h("gzip;q=0"));
+        assert!(!h("identity"));
+        assert!(!h("gzipx"));
+        assert!(!accepts_gzip(&hyper::HeaderMap::new()));
     }
 }

@@ -20,5 +20,6 @@ pub mod genetlink;
 pub mod http;
 pub mod inventory;
 pub mod metrics;
+pub mod process;
 
 pub use collector::{Config, Exporter};

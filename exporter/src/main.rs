@@ -45,6 +45,13 @@ struct Flags {
     /// every IPv4 address.
     #[arg(long = "web.listen-address", value_name = "ADDR", default_value = DEFAULT_LISTEN)]
     listen_address: String,
+    /// Path to serve the metrics on.
+    #[arg(long = "web.telemetry-path", value_name = "PATH", default_value = "/metrics", value_parser = telemetry_path)]
+    telemetry_path: String,
+    /// Never gzip the metrics, even for a scraper that sends
+    /// Accept-Encoding: gzip (Prometheus does).
+    #[arg(long = "web.disable-compression")]
+    disable_compression: bool,
 
     /// Least severe log level to print (logs are logfmt lines on stderr).
     #[arg(
@@ -117,6 +124,16 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// `:PORT` means every IPv4 address, as in node_exporter.
+fn telemetry_path(s: &str) -> Result<String, String> {
+    if !s.starts_with('/') || s == "/" || s == "/healthz" {
+        return Err(format!(
+            "{s:?} is not a usable path for the metrics: give one that starts with / \
+             and is not / or /healthz, e.g. /metrics"
+        ));
+    }
+    Ok(s.to_string())
+}
+
 fn listen_address(s: &str) -> String {
     match s.strip_prefix(':') {
         Some(port) => format!("0.0.0.0:{port}"),
@@ -208,7 +225,11 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         ebpf = config.ebpf,
         guard = config.guard,
     );
-    prjquota_exporter::http::serve(listener, exporter, shutdown_signal()).await?;
+    let options = prjquota_exporter::http::Options {
+        compression: !flags.disable_compression,
+        telemetry_path: flags.telemetry_path,
+    };
+    prjquota_exporter::http::serve_with(listener, exporter, options, shutdown_signal()).await?;
     info!("stopped");
     Ok(())
 }

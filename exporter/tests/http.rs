@@ -19,6 +19,13 @@ struct Server {
 }
 
 async fn start(volumes_dir: &std::path::Path) -> Server {
+    start_with(volumes_dir, prjquota_exporter::http::Options::default()).await
+}
+
+async fn start_with(
+    volumes_dir: &std::path::Path,
+    options: prjquota_exporter::http::Options,
+) -> Server {
     let config = Config {
         volumes_dirs: vec![volumes_dir.to_path_buf()],
         statfs_timeout: Duration::from_secs(5),
@@ -32,9 +39,14 @@ async fn start(volumes_dir: &std::path::Path) -> Server {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let done = tokio::spawn(prjquota_exporter::http::serve(listener, exporter, async {
-        let _ = stopped.await;
-    }));
+    let done = tokio::spawn(prjquota_exporter::http::serve_with(
+        listener,
+        exporter,
+        options,
+        async {
+            let _ = stopped.await;
+        },
+    ));
     Server { addr, stop, done }
 }
 
@@ -178,6 +190,218 @@ async fn a_client_that_never_sends_its_headers_is_dropped() {
         closed < Duration::from_secs(25),
         "closed after {closed:?}; the header read timeout is {:?}",
         prjquota_exporter::http::HEADER_READ_TIMEOUT
+    );
+    srv.stop.send(()).unwrap();
+    let _ = srv.done.await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Issue #21: 64 clients with tiny receive buffers send `GET /metrics` and
+/// never read a body larger than the socket buffers; a Prometheus on another
+/// address still gets whole scrapes within its 10 s scrape timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_do_not_read_cannot_lock_out_a_scraper() {
+    let dir = fresh_dir(&std::env::temp_dir(), "lockout");
+    for i in 0..2000u32 {
+        let id = format!("{i:08x}-0000-4000-8000-000000000000");
+        add_volume(&dir, record(&id, "default", 10_000 + i, State::Ready));
+    }
+    let srv = start(&dir).await;
+    let addr = srv.addr;
+
+    let first = client(move || get(addr, "/metrics")).await;
+    assert_eq!(first.status, 200);
+    assert!(
+        first.body.len() > 1024 * 1024,
+        "the body ({} bytes) must outsize the socket buffers",
+        first.body.len()
+    );
+
+    eprintln!("body: {} bytes", first.body.len());
+    // The non-readers come from 127.0.0.2, the scraper from 127.0.0.1.
+    let mut held = Vec::new();
+    for _ in 0..64 {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.set_recv_buffer_size(4096).unwrap();
+        sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let s = sock.connect(addr).await.unwrap().into_std().unwrap();
+        s.set_nonblocking(false).unwrap();
+        // Pipelined requests keep the connection busy once a body fits in
+        // the socket buffers, as a client that reopens would.
+        let requests = "GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n".repeat(20);
+        std::io::Write::write_all(&mut &s, requests.as_bytes()).unwrap();
+        held.push(s);
+    }
+    // Let the server take them all in and start answering.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    for round in 0..3 {
+        let t = std::time::Instant::now();
+        let m = tokio::time::timeout(
+            Duration::from_secs(10),
+            client(move || get(addr, "/metrics")),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("scrape {round} took over 10 s behind non-reading clients"));
+        assert_eq!(m.status, 200, "scrape {round}: {}", m.body);
+        assert!(
+            m.body
+                .lines()
+                .any(|l| l == "prjquota_exporter_volumes 2000"),
+            "scrape {round} is not whole"
+        );
+        eprintln!("scrape {round} behind 64 non-readers: {:?}", t.elapsed());
+    }
+    drop(held);
+    srv.stop.send(()).unwrap();
+    let _ = srv.done.await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn gunzip(b: &[u8]) -> String {
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(b), &mut out)
+        .expect("a whole gzip stream of UTF-8 text");
+    out
+}
+
+/// Each line without its sample value: what stays the same from one scrape
+/// to the next while /tmp's free space and the timings move.
+fn stable(text: &str) -> Vec<&str> {
+    text.lines()
+        .map(|l| {
+            if l.starts_with('#') {
+                l
+            } else {
+                l.rsplit_once(' ').map_or(l, |(k, _)| k)
+            }
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gzip_only_when_asked_and_decodes_to_the_plain_scrape() {
+    let dir = fresh_dir(&std::env::temp_dir(), "gzip");
+    for i in 0..200u32 {
+        let id = format!("{i:08x}-0000-4000-8000-000000000000");
+        add_volume(&dir, record(&id, "default", 10_000 + i, State::Ready));
+    }
+    let srv = start(&dir).await;
+    let addr = srv.addr;
+    let ask = |enc: &'static str| {
+        client(move || {
+            raw_bytes(
+                addr,
+                &format!("GET /metrics HTTP/1.1\r\nHost: t\r\n{enc}Connection: close\r\n\r\n"),
+            )
+        })
+    };
+    let enc = |h: &[(String, String)]| {
+        h.iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case("content-encoding"))
+            .map(|(_, v)| v.clone())
+    };
+    // What Prometheus sends.
+    let (st, h, zipped) = ask("Accept-Encoding: gzip\r\n").await;
+    assert_eq!((st, enc(&h).as_deref()), (200, Some("gzip")));
+    let (_, h, plain) = ask("").await;
+    assert_eq!(enc(&h), None, "no Accept-Encoding, no gzip");
+    let plain = String::from_utf8(plain).unwrap();
+    let unzipped = gunzip(&zipped);
+    assert!(
+        zipped.len() * 5 < plain.len(),
+        "{} -> {}",
+        plain.len(),
+        zipped.len()
+    );
+    assert_eq!(stable(&unzipped), stable(&plain));
+    assert!(stable(&plain).len() > 1000);
+    for refused in [
+        "Accept-Encoding: gzip;q=0\r\n",
+        "Accept-Encoding: br, deflate\r\n",
+    ] {
+        let (_, h, body) = ask(refused).await;
+        assert_eq!(enc(&h), None, "{refused}");
+        assert!(String::from_utf8(body)
+            .unwrap()
+            .contains("prjquota_exporter_volumes 200"));
+    }
+    let (_, h, _) = ask("Accept-Encoding: deflate, GZIP;q=0.5\r\n").await;
+    assert_eq!(enc(&h).as_deref(), Some("gzip"));
+    srv.stop.send(()).unwrap();
+    let _ = srv.done.await;
+
+    // --web.disable-compression and --web.telemetry-path.
+    let srv = start_with(
+        &dir,
+        prjquota_exporter::http::Options {
+            compression: false,
+            telemetry_path: "/custom".into(),
+        },
+    )
+    .await;
+    let addr = srv.addr;
+    let (st, h, body) = client(move || {
+        raw_bytes(
+            addr,
+            "GET /custom HTTP/1.1\r\nHost: t\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n",
+        )
+    })
+    .await;
+    assert_eq!((st, enc(&h)), (200, None));
+    assert!(String::from_utf8(body)
+        .unwrap()
+        .contains("prjquota_exporter_volumes 200"));
+    assert_eq!(client(move || get(addr, "/metrics")).await.status, 404);
+    assert!(client(move || get(addr, "/"))
+        .await
+        .body
+        .contains("<a href=\"custom\">"));
+    srv.stop.send(()).unwrap();
+    let _ = srv.done.await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_metrics_are_present_and_sane() {
+    let dir = fresh_dir(&std::env::temp_dir(), "process");
+    let srv = start(&dir).await;
+    let addr = srv.addr;
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    // Spend CPU time in this process (the exporter's) so it shows.
+    let t = std::time::Instant::now();
+    let mut x = 0u64;
+    while t.elapsed() < Duration::from_millis(300) {
+        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(1));
+    }
+    let m = client(move || get(addr, "/metrics")).await;
+    let v = |name: &str| {
+        value(&m.body, &format!("{name} ")).unwrap_or_else(|| panic!("no {name} in\n{}", m.body))
+    };
+    for family in [
+        "process_cpu_seconds_total counter",
+        "process_open_fds gauge",
+    ] {
+        assert!(m.body.contains(&format!("# TYPE {family}\n")), "{family}");
+    }
+    assert!(
+        v("process_cpu_seconds_total") >= 0.01,
+        "at least one clock tick"
+    );
+    let rss = v("process_resident_memory_bytes");
+    assert!(rss > 1e6 && rss < 4e9, "rss {rss}");
+    assert!(v("process_virtual_memory_bytes") >= rss);
+    // This test process: its listener, the scrape's socket, stdio at least.
+    let fds = v("process_open_fds");
+    assert!(fds >= 4.0, "open fds {fds}");
+    assert!(v("process_max_fds") >= fds);
+    let start = v("process_start_time_seconds");
+    assert!(
+        start <= before + 1.0 && start > before - 3600.0,
+        "start {start}, now {before}"
     );
     srv.stop.send(()).unwrap();
     let _ = srv.done.await;

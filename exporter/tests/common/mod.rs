@@ -84,14 +84,28 @@ impl Reply {
 /// Sends `request` (a whole request head) and reads the reply until the
 /// server closes the connection; decodes a chunked body.
 pub fn raw(addr: SocketAddr, request: &str) -> Reply {
+    let (status, headers, body) = raw_bytes(addr, request);
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8(body).unwrap(),
+    }
+}
+
+/// [`raw`] for a body that need not be text (gzip).
+pub fn raw_bytes(addr: SocketAddr, request: &str) -> (u16, Vec<(String, String)>, Vec<u8>) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
         .unwrap();
     s.write_all(request.as_bytes()).unwrap();
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).unwrap();
-    let text = String::from_utf8(buf).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").expect("a reply head");
+    let split = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a reply head");
+    let head = std::str::from_utf8(&buf[..split]).unwrap();
+    let body = &buf[split + 4..];
     let mut lines = head.split("\r\n");
     let status = lines
         .next()
@@ -111,13 +125,9 @@ pub fn raw(addr: SocketAddr, request: &str) -> Reply {
     let body = if chunked {
         dechunk(body)
     } else {
-        body.to_string()
+        body.to_vec()
     };
-    Reply {
-        status,
-        headers,
-        body,
-    }
+    (status, headers, body)
 }
 
 pub fn get(addr: SocketAddr, path: &str) -> Reply {
@@ -127,15 +137,20 @@ pub fn get(addr: SocketAddr, path: &str) -> Reply {
     )
 }
 
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
+fn dechunk(mut s: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
     loop {
-        let (size, rest) = s.split_once("\r\n").expect("a chunk size line");
+        let eol = s
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .expect("a chunk size line");
+        let size = std::str::from_utf8(&s[..eol]).unwrap();
         let n = usize::from_str_radix(size.trim(), 16).expect("a hex chunk size");
         if n == 0 {
             return out;
         }
-        out.push_str(&rest[..n]);
+        let rest = &s[eol + 2..];
+        out.extend_from_slice(&rest[..n]);
         s = &rest[n + 2..];
     }
 }
