@@ -52,6 +52,14 @@ fn compile(
         .args(["-target", "bpf", "-mcpu=v3", "-O2", "-g", "-c"])
         .arg(format!("-D__TARGET_ARCH_{target_arch}"))
         .args(["-Wall", "-Werror"])
+        // The object's BTF names its source file and build directory; without
+        // the map those carry the checkout's path and two checkouts of one
+        // commit would ship different exporters (`cargo xtask dist` promises
+        // the same SHA256SUMS).
+        .arg(format!(
+            "-ffile-prefix-map={}=/build/prjquota/ebpf",
+            env!("CARGO_MANIFEST_DIR")
+        ))
         .arg("-I")
         .arg(include)
         .arg(format!("-I/usr/include/{multiarch}"))
