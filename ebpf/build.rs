@@ -54,6 +54,14 @@ fn compile(
         .arg(format!("-D__TARGET_ARCH_{target_arch}"))
         .args(["-Wall", "-Werror"])
         .args(env::var_os("CARGO_FEATURE_FAULT_INJECTION").map(|_| "-DPRJQUOTA_FAULT_WRONG_RET"))
+        // The object's BTF names its source file and build directory; without
+        // the map those carry the checkout's path and two checkouts of one
+        // commit would ship different exporters (`cargo xtask dist` promises
+        // the same SHA256SUMS).
+        .arg(format!(
+            "-ffile-prefix-map={}=/build/prjquota/ebpf",
+            env!("CARGO_MANIFEST_DIR")
+        ))
         .arg("-I")
         .arg(include)
         .arg(format!("-I/usr/include/{multiarch}"))

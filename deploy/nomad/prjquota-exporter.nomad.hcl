@@ -6,7 +6,7 @@
 #   plugin "raw_exec" { config { enabled = true } }
 # The binary is expected at /usr/local/bin/prjquota-exporter (or fetch it
 # with an artifact block). Prometheus finds the instances through the Nomad
-# service "prjquota-exporter" (see deploy/prometheus/prometheus.yml).
+# service "prjquota-exporter" (see deploy/prometheus/nomad-sd.yml).
 job "prjquota-exporter" {
   type      = "system"
   node_pool = "all"
