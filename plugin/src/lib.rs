@@ -8,6 +8,7 @@
 //! ([`quota`], [`fs`], [`registry`], [`remove`]).
 
 pub mod admin;
+pub mod announce;
 pub mod capacity;
 pub mod config;
 pub mod contract;

@@ -216,9 +216,9 @@ pub fn create(req: &CreateRequest, plugin_id: &str) -> Result<Created> {
     .map_err(|e| anyhow!("{e}"));
     let reg = Registry::open(vfs.fd(), &vfs.path, true)?
         .expect("open with create always yields a registry");
-    let _lock = reg.lock_volume(id)?;
+    let lock = reg.lock_volume(id)?;
 
-    match reg.load(id)? {
+    let created = match reg.load(id)? {
         Some(rec) if rec.state == State::Deleting => bail!(
             "volume {id} was being deleted when a previous delete stopped, and part of its data may be gone: run `nomad volume delete` for it again"
         ),
@@ -235,9 +235,25 @@ pub fn create(req: &CreateRequest, plugin_id: &str) -> Result<Created> {
             } else {
                 fit?
             };
-            update(&vfs, &reg, rec, req, plugin_id, params, bytes)
+            return update(&vfs, &reg, rec, req, plugin_id, params, bytes);
         }
-        None => create_new(&vfs, &reg, &cfg, req, plugin_id, params, fit?),
+        None => create_new(&vfs, &reg, &cfg, req, plugin_id, params, fit?)?,
+    };
+    // Only a new volume: a restore or resize keeps its root, which a running
+    // exporter already watches. Not under the volume's lock: the exporter
+    // reads the registry.
+    drop(lock);
+    announce(&vfs, id);
+    Ok(created)
+}
+
+/// Tells a running prjquota-exporter the volume exists, and waits until it
+/// watches it: its first write is counted and its project ID guarded
+/// before Nomad hears of it. The volume itself is made: a failure here is
+/// logged, and the exporter registers the volume at its next scrape.
+fn announce(vfs: &VolumesFs, id: &VolumeId) {
+    if let Err(e) = crate::announce::announce(&vfs.path, crate::announce::WAIT) {
+        log(id, format_args!("could not tell prjquota-exporter about the new volume ({e}): it is watched from the exporter's next scrape"));
     }
 }
 

@@ -738,3 +738,26 @@ pub fn set_fsxattr_compat(fd: BorrowedFd<'_>, attr: &FsXattr) -> io::Result<()> 
         Ok(())
     }
 }
+
+/// The uid of the process at the other end of a Unix socket, as the kernel
+/// recorded it at connect/listen time (`SO_PEERCRED`).
+pub fn peer_uid(sock: BorrowedFd<'_>) -> io::Result<u32> {
+    let mut cred = MaybeUninit::<libc::ucred>::zeroed();
+    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes (one ucred) into
+    // `cred`, a live local of that size.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            cred.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: getsockopt succeeded and filled the ucred.
+    Ok(unsafe { cred.assume_init() }.uid)
+}
