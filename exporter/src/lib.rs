@@ -14,6 +14,7 @@
 
 pub mod log;
 
+pub mod announce;
 pub mod blocking;
 pub mod collector;
 pub mod genetlink;

@@ -200,6 +200,9 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
             )
         })?;
     }
+    // New volumes are registered when the plugin announces them, not at the
+    // next scrape (answered once the warm-up below is done).
+    prjquota_exporter::announce::start(exporter.clone(), &config.volumes_dirs);
     // Registers every existing volume with the programs before /healthz
     // says ready, so no write after that goes uncounted.
     let warm = exporter.clone();

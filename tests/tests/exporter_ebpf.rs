@@ -3,7 +3,7 @@
 //! and write calls are counted exactly for the volume written to and for no
 //! other, quota refusals appear under the errno the filesystem returns
 //! (ENOSPC on XFS, EDQUOT on ext4), volumes created after start-up are
-//! picked up at the next scrape and deleted ones vanish, and writes made
+//! counted from their first write and deleted ones vanish, and writes made
 //! the moment the exporter says it is ready are counted: no warm-up.
 //!
 //! Run in the VM:
@@ -216,22 +216,30 @@ fn counts_exact_writes_and_quota_refusals_per_volume(fs: &FsCase) {
     );
     assert_eq!(db, Counted::default(), "volume B was not written to");
 
-    // A volume created now is counted from the next scrape.
+    // A volume created while the exporter runs is counted from its first
+    // write: the plugin announces it and waits, no scrape in between.
     let spec_c = Spec::new("ebpf-c", (8 * MIB) as i64);
     let (path_c, _) = f.create(&spec_c);
-    let e = exp.scrape();
-    let c0 = counted(&e, &spec_c);
-    assert_eq!(c0, Counted::default(), "a new volume starts at zero");
     let n = write_calls(&path_c.join("new"), &[5000, 5000]);
     let e = exp.scrape();
     assert_eq!(
-        counted(&e, &spec_c).since(&c0),
+        counted(&e, &spec_c),
         Counted {
             bytes: n,
             ops: 2,
             errors: [0; 5]
         },
-        "volume C"
+        "volume C, written the moment its create returned\n{}",
+        exp.log()
+    );
+    assert_eq!(
+        e.value(
+            "prjquota_exporter_announcements_total",
+            &[("result", "registered")]
+        ),
+        1.0,
+        "{}",
+        exp.log()
     );
 
     // A deleted volume's series vanish; the others stay.

@@ -836,4 +836,39 @@ fn the_exporter_counts_refuses_and_logs_attempts() {
         line.contains(&v.spec.id) && line.contains("uid=1000"),
         "{line}"
     );
+
+    // A volume created while the exporter runs is guarded the moment the
+    // plugin returns (it announces the volume and waits), with no scrape in
+    // between: the owner's first escape is refused too.
+    let owner = OWNER.to_string();
+    let spec = Spec::new("guard-exporter-new", 64 * MIB as i64)
+        .param("uid", &owner)
+        .param("gid", &owner);
+    let (path, _) = v.f.create(&spec);
+    assert_eq!(fill(&path.join("data"), MIB, Some(OWNER)).errno, None);
+    let data = open(&path.join("data"));
+    let (_, r) = as_child(Who::User(OWNER), || chproj(&data, 0));
+    assert_eq!(
+        r,
+        Err(libc::EPERM),
+        "an escape right after the create returned\n{}",
+        exp.log()
+    );
+    let e = exp.scrape();
+    let new_labels = [
+        ("namespace", spec.namespace.as_str()),
+        ("node_pool", "default"),
+        ("volume_id", spec.id.as_str()),
+        ("result", "denied"),
+    ];
+    assert_eq!(e.value(ATTEMPTS, &new_labels), 1.0, "{}", e.text);
+    assert_eq!(
+        e.value(
+            "prjquota_exporter_announcements_total",
+            &[("result", "registered")]
+        ),
+        1.0,
+        "{}",
+        exp.log()
+    );
 }

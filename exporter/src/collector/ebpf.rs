@@ -342,15 +342,32 @@ impl Collector for Ebpf {
             }
         })
     }
+
+    fn register<'a>(&'a self, scrape: &'a Scrape) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move {
+            let status = self.status.borrow().clone();
+            let Status::Attached { telemetry, .. } = &*status else {
+                // Loading: the warm-up registers every volume once loaded.
+                return Ok(());
+            };
+            let (_, errors) = self.sync_roots(scrape, telemetry).await;
+            if errors.is_empty() {
+                Ok(())
+            } else {
+                Err(anyhow!(errors.join("; ")))
+            }
+        })
+    }
 }
 
 impl Ebpf {
-    async fn collect_counters(
+    /// Brings the programs' roots map up to this scrape's inventory; returns
+    /// each volume's index (`None`: not registered) and the errors met.
+    async fn sync_roots(
         &self,
         scrape: &Scrape,
         telemetry: &Arc<Mutex<WriteTelemetry>>,
-        out: &mut Vec<Family>,
-    ) -> anyhow::Result<()> {
+    ) -> (Vec<Option<u32>>, Vec<String>) {
         let ids = scrape.root_ids().await;
         let (stats, mut errors) = (&ids.ids, ids.errors.clone());
         let (roots, index_of) = {
@@ -365,45 +382,59 @@ impl Ebpf {
                 .collect();
             (apply, index_of)
         };
+        let Some(roots) = roots else {
+            return (index_of, errors);
+        };
         let (t, state) = (telemetry.clone(), self.roots.clone());
-        let read = tokio::task::spawn_blocking(move || {
+        let set = tokio::task::spawn_blocking(move || {
             let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
-            let mut error = None;
-            if let Some(roots) = roots {
-                match t.set_roots(&roots) {
-                    Ok(u) => {
-                        if !u.rejected.is_empty() {
-                            crate::warn!(
-                                "volume roots on devices the kernel cannot name were skipped",
-                                roots = u.rejected.len()
-                            );
-                        }
-                        crate::debug!(
-                            "eBPF volume roots updated",
-                            added = u.added,
-                            changed = u.changed,
-                            removed = u.removed,
-                            pruned_counters = u.pruned_counters
+            match t.set_roots(&roots) {
+                Ok(u) => {
+                    if !u.rejected.is_empty() {
+                        crate::warn!(
+                            "volume roots on devices the kernel cannot name were skipped",
+                            roots = u.rejected.len()
                         );
-                        state.lock().unwrap_or_else(|e| e.into_inner()).applied = Some(roots);
                     }
-                    Err(e) => {
-                        // Retried at the next scrape.
-                        state.lock().unwrap_or_else(|e| e.into_inner()).applied = None;
-                        error = Some(format!("cannot update the eBPF volume roots: {e}"));
-                    }
+                    crate::debug!(
+                        "eBPF volume roots updated",
+                        added = u.added,
+                        changed = u.changed,
+                        removed = u.removed,
+                        pruned_counters = u.pruned_counters
+                    );
+                    state.lock().unwrap_or_else(|e| e.into_inner()).applied = Some(roots);
+                    None
+                }
+                Err(e) => {
+                    // Retried at the next scrape.
+                    state.lock().unwrap_or_else(|e| e.into_inner()).applied = None;
+                    Some(format!("cannot update the eBPF volume roots: {e}"))
                 }
             }
-            (t.read(), error)
         })
         .await;
+        match set {
+            Ok(e) => errors.extend(e),
+            Err(e) => errors.push(format!("updating the eBPF volume roots panicked: {e}")),
+        }
+        (index_of, errors)
+    }
+
+    async fn collect_counters(
+        &self,
+        scrape: &Scrape,
+        telemetry: &Arc<Mutex<WriteTelemetry>>,
+        out: &mut Vec<Family>,
+    ) -> anyhow::Result<()> {
+        let (index_of, mut errors) = self.sync_roots(scrape, telemetry).await;
+        let t = telemetry.clone();
+        let read =
+            tokio::task::spawn_blocking(move || t.lock().unwrap_or_else(|e| e.into_inner()).read())
+                .await;
         let counters = match read {
-            Ok((Ok(c), error)) => {
-                errors.extend(error);
-                c
-            }
-            Ok((Err(e), error)) => {
-                errors.extend(error);
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
                 errors.push(format!("cannot read the eBPF counters: {e}"));
                 return Err(anyhow!(errors.join("; ")));
             }

@@ -163,12 +163,13 @@ impl GuardCollector {
         GuardReady(self.status.clone())
     }
 
-    async fn collect_guard(
+    /// Brings the guard's roots map up to this scrape's inventory; returns
+    /// each volume's index (`None`: not registered) and the errors met.
+    async fn sync_roots(
         &self,
         scrape: &Scrape,
         guard: &Arc<Mutex<Guard>>,
-        out: &mut Vec<Family>,
-    ) -> anyhow::Result<()> {
+    ) -> (Vec<Option<u32>>, Vec<String>) {
         let ids = scrape.root_ids().await;
         let (stats, mut errors) = (&ids.ids, ids.errors.clone());
         let (apply, index_of) = {
@@ -183,33 +184,52 @@ impl GuardCollector {
                 .collect();
             (apply, index_of)
         };
+        let Some(roots) = apply else {
+            return (index_of, errors);
+        };
         let (g, state) = (guard.clone(), self.roots.clone());
-        let read = tokio::task::spawn_blocking(move || {
+        let set = tokio::task::spawn_blocking(move || {
             let mut g = g.lock().unwrap_or_else(|e| e.into_inner());
-            let mut error = None;
-            if let Some(roots) = apply {
-                match g.set_roots(&roots) {
-                    Ok(u) => {
-                        crate::debug!(
-                            "guard volume roots updated",
-                            added = u.added,
-                            changed = u.changed,
-                            removed = u.removed
-                        );
-                        state.lock().unwrap_or_else(|e| e.into_inner()).applied = Some(roots);
-                    }
-                    Err(e) => error = Some(format!("updating the guard's volume roots: {e}")),
+            match g.set_roots(&roots) {
+                Ok(u) => {
+                    crate::debug!(
+                        "guard volume roots updated",
+                        added = u.added,
+                        changed = u.changed,
+                        removed = u.removed
+                    );
+                    state.lock().unwrap_or_else(|e| e.into_inner()).applied = Some(roots);
+                    None
                 }
+                Err(e) => Some(format!("updating the guard's volume roots: {e}")),
             }
-            let events = g.drain_events();
-            (g.read(), events, error)
         })
         .await;
-        let (counters, events, set_error) = match read {
+        match set {
+            Ok(e) => errors.extend(e),
+            Err(e) => errors.push(format!("updating the guard's volume roots panicked: {e}")),
+        }
+        (index_of, errors)
+    }
+
+    async fn collect_guard(
+        &self,
+        scrape: &Scrape,
+        guard: &Arc<Mutex<Guard>>,
+        out: &mut Vec<Family>,
+    ) -> anyhow::Result<()> {
+        let (index_of, mut errors) = self.sync_roots(scrape, guard).await;
+        let g = guard.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            let mut g = g.lock().unwrap_or_else(|e| e.into_inner());
+            let events = g.drain_events();
+            (g.read(), events)
+        })
+        .await;
+        let (counters, events) = match read {
             Ok(r) => r,
             Err(e) => return Err(anyhow!("reading the guard's maps panicked: {e}")),
         };
-        errors.extend(set_error);
         log_events(scrape, &index_of, &events);
         match counters {
             Ok(c) => out.extend(counter_families(scrape, &index_of, &c)),
@@ -481,6 +501,22 @@ impl Collector for GuardCollector {
                     out.extend(mode_families(*mode, fallback.as_ref().map(|f| f.0)));
                     self.collect_guard(scrape, guard, out).await
                 }
+            }
+        })
+    }
+
+    fn register<'a>(&'a self, scrape: &'a Scrape) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move {
+            let status = self.status.borrow().clone();
+            let Status::Loaded { guard, .. } = &*status else {
+                // Loading or off: nothing to register (the warm-up does it).
+                return Ok(());
+            };
+            let (_, errors) = self.sync_roots(scrape, guard).await;
+            if errors.is_empty() {
+                Ok(())
+            } else {
+                Err(anyhow!(errors.join("; ")))
             }
         })
     }

@@ -107,6 +107,13 @@ pub trait Collector: Send + Sync {
         scrape: &'a Scrape,
         out: &'a mut Vec<Family>,
     ) -> BoxFuture<'a, anyhow::Result<()>>;
+
+    /// Registers the volumes of `scrape` with whatever kernel state this
+    /// collector keeps per volume (the eBPF maps), without collecting:
+    /// what a plugin's announcement of a new volume runs. Most keep none.
+    fn register<'a>(&'a self, _scrape: &'a Scrape) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// Settings of an [`Exporter`].
@@ -172,6 +179,13 @@ pub struct Exporter {
     /// scrape would report zeros that mean "not measured".
     ready: tokio::sync::watch::Sender<bool>,
     root_stat: Arc<roots::RootStat>,
+    /// Held by a scrape and by [`Exporter::register_volumes`], each of which
+    /// reads the registry and then writes the programs' roots maps: without
+    /// it, a scrape that read the registry before a create could rewrite
+    /// the maps after a registration that saw it, dropping the new volume.
+    roots_sync: tokio::sync::Mutex<()>,
+    /// Plugin announcements of new volumes (see `crate::announce`).
+    pub announcements: Arc<crate::announce::Stats>,
 }
 
 pub const BUILD_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -264,10 +278,47 @@ impl Exporter {
             guard: None,
             ready: tokio::sync::watch::Sender::new(false),
             root_stat: Arc::new(roots::RootStat::new(config.statfs_timeout)),
+            roots_sync: tokio::sync::Mutex::new(()),
+            announcements: Arc::new(crate::announce::Stats::new(&config.volumes_dirs)),
+        }
+    }
+
+    /// Waits until [`Exporter::warm_up`] has finished.
+    pub async fn wait_ready(&self) {
+        let mut rx = self.ready.subscribe();
+        let _ = rx.wait_for(|r| *r).await;
+    }
+
+    /// Reads the registries and registers every Ready volume with the
+    /// kernel state the collectors keep (the eBPF roots maps), without a
+    /// scrape: run when the plugin announces a new volume, so that its
+    /// first write is counted and its project ID guarded.
+    pub async fn register_volumes(&self) -> anyhow::Result<()> {
+        let _sync = self.roots_sync.lock().await;
+        let (inventory, loaded) = self.registry.load().await;
+        loaded?;
+        let scrape = Scrape::with_root_stat(inventory, self.root_stat.clone());
+        let mut errors = Vec::new();
+        for c in &self.collectors {
+            match tokio::time::timeout(self.deadline, c.register(&scrape)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => errors.push(format!("{}: {e:#}", c.name())),
+                Err(_) => errors.push(format!(
+                    "{}: gave up after {:.0}s",
+                    c.name(),
+                    self.deadline.as_secs_f64()
+                )),
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(anyhow::anyhow!(errors.join("; ")))
         }
     }
 
     pub async fn scrape(&self) -> Scraped {
+        let _sync = self.roots_sync.lock().await;
         let mut families = Vec::new();
         let mut outcomes: Vec<(&'static str, f64, bool)> = Vec::new();
 
@@ -297,6 +348,7 @@ impl Exporter {
         }
 
         families.extend(self_metrics(&scrape.inventory, &outcomes));
+        families.extend(self.announcements.families());
         Scraped {
             inventory: scrape.inventory,
             families,

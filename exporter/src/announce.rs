@@ -1,0 +1,268 @@
+//! The exporter's half of the plugin's announcements (`prjquota::announce`):
+//! a create that made a new volume asks the exporter to register it with
+//! the eBPF programs before Nomad hears the volume exists, so its first
+//! write is counted and its project ID guarded. Without this the exporter
+//! would learn of the volume at its next scrape.
+//!
+//! One listener per volumes directory, on the abstract socket the plugin
+//! derives from that directory. Only root may ask (`SO_PEERCRED`): the
+//! name is not a file and carries no permissions. Announcements that arrive
+//! together share one registration, so a restore storm of a thousand
+//! creates costs a few registry reads, not a thousand.
+
+use std::os::linux::net::SocketAddrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use prjquota::announce::{canonical, parse_request, socket_name, MAX_LINE};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use crate::collector::Exporter;
+use crate::metrics::Family;
+
+/// How long a connected client has to send its line.
+const READ_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Announcements served at once; more wait to be accepted.
+const MAX_CONNECTIONS: usize = 64;
+
+/// What the announcements did, for `/metrics`.
+#[derive(Debug)]
+pub struct Stats {
+    /// Per volumes directory: whether its socket is listening.
+    listening: Vec<(PathBuf, AtomicBool)>,
+    registered: AtomicU64,
+    failed: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl Stats {
+    pub fn new(dirs: &[PathBuf]) -> Stats {
+        Stats {
+            listening: dirs
+                .iter()
+                .map(|d| (d.clone(), AtomicBool::new(false)))
+                .collect(),
+            registered: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    pub fn families(&self) -> Vec<Family> {
+        let mut listening = Family::gauge(
+            "prjquota_exporter_announce_listening",
+            "Whether the exporter listens for the plugin's announcements of new volumes for this volumes directory (1); at 0 a new volume is watched only from the next scrape, and the log says why.",
+        );
+        for (dir, on) in &self.listening {
+            listening.labelled(
+                vec![("volumes_dir", dir.display().to_string())],
+                if on.load(Ordering::Relaxed) { 1.0 } else { 0.0 },
+            );
+        }
+        let mut total = Family::counter(
+            "prjquota_exporter_announcements_total",
+            "Announcements of new volumes from the plugin, by result: registered (the volume's root is in the eBPF maps), failed (registration failed: see the log), refused (not from root, or not a valid request).",
+        );
+        for (result, c) in [
+            ("registered", &self.registered),
+            ("failed", &self.failed),
+            ("refused", &self.refused),
+        ] {
+            total.labelled(
+                vec![("result", result.to_string())],
+                c.load(Ordering::Relaxed) as f64,
+            );
+        }
+        vec![listening, total]
+    }
+}
+
+type Waiter = oneshot::Sender<Result<(), String>>;
+
+/// Starts a listener for each volumes directory and the task that
+/// registers what they announce. A directory whose socket cannot be bound
+/// (another exporter of it runs, or its path is too long for a socket
+/// name) is logged and shown as not listening; the exporter goes on.
+pub fn start(exporter: Arc<Exporter>, dirs: &[PathBuf]) {
+    let (tx, rx) = mpsc::unbounded_channel::<Waiter>();
+    tokio::spawn(register_loop(exporter.clone(), rx));
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    for (i, dir) in dirs.iter().enumerate() {
+        match bind(dir) {
+            Ok(listener) => {
+                exporter.announcements.listening[i]
+                    .1
+                    .store(true, Ordering::Relaxed);
+                tokio::spawn(accept_loop(
+                    listener,
+                    dir.clone(),
+                    exporter.clone(),
+                    tx.clone(),
+                    permits.clone(),
+                ));
+            }
+            Err(e) => crate::warn!(
+                "not listening for the plugin's announcements of new volumes: a new volume is watched from the next scrape",
+                volumes_dir = dir.display().to_string(),
+                err = e
+            ),
+        }
+    }
+}
+
+fn bind(dir: &Path) -> std::io::Result<UnixListener> {
+    let name = socket_name(dir).ok_or_else(|| {
+        std::io::Error::other("the volumes directory's path is too long for a socket name")
+    })?;
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(&name)?;
+    let std_listener = std::os::unix::net::UnixListener::bind_addr(&addr).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AddrInUse {
+            std::io::Error::other(
+                "another prjquota-exporter listens for this volumes directory already",
+            )
+        } else {
+            e
+        }
+    })?;
+    std_listener.set_nonblocking(true)?;
+    UnixListener::from_std(std_listener)
+}
+
+/// Registers once per batch: every announcement waiting when a
+/// registration starts is answered by it; those that arrive during it wait
+/// for the next, which reads the registry after their volume was recorded.
+async fn register_loop(exporter: Arc<Exporter>, mut rx: mpsc::UnboundedReceiver<Waiter>) {
+    while let Some(first) = rx.recv().await {
+        // Before the warm-up finishes, the programs are not loaded; the
+        // registration after it sees every volume.
+        exporter.wait_ready().await;
+        let mut batch = vec![first];
+        while let Ok(w) = rx.try_recv() {
+            batch.push(w);
+        }
+        let result = exporter
+            .register_volumes()
+            .await
+            .map_err(|e| format!("{e:#}"));
+        let stats = &exporter.announcements;
+        match &result {
+            Ok(()) => stats
+                .registered
+                .fetch_add(batch.len() as u64, Ordering::Relaxed),
+            Err(e) => {
+                crate::warn!(
+                    "registering announced volumes failed: they are retried at the next scrape",
+                    announcements = batch.len(),
+                    err = e
+                );
+                stats
+                    .failed
+                    .fetch_add(batch.len() as u64, Ordering::Relaxed)
+            }
+        };
+        crate::debug!("announced volumes registered", announcements = batch.len());
+        for w in batch {
+            let _ = w.send(result.clone());
+        }
+    }
+}
+
+async fn accept_loop(
+    listener: UnixListener,
+    dir: PathBuf,
+    exporter: Arc<Exporter>,
+    tx: mpsc::UnboundedSender<Waiter>,
+    permits: Arc<Semaphore>,
+) {
+    loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                crate::warn!(
+                    "accepting a plugin announcement failed",
+                    volumes_dir = dir.display().to_string(),
+                    err = e
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (dir, exporter, tx) = (dir.clone(), exporter.clone(), tx.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            if let Err(why) = serve(stream, &dir, &tx).await {
+                exporter
+                    .announcements
+                    .refused
+                    .fetch_add(1, Ordering::Relaxed);
+                crate::warn!(
+                    "refused a plugin announcement",
+                    volumes_dir = dir.display().to_string(),
+                    err = why
+                );
+            }
+        });
+    }
+}
+
+/// Serves one connection; `Err` when the request was refused.
+async fn serve(
+    mut stream: UnixStream,
+    dir: &Path,
+    tx: &mpsc::UnboundedSender<Waiter>,
+) -> Result<(), String> {
+    let cred = stream
+        .peer_cred()
+        .map_err(|e| format!("cannot tell who is asking: {e}"))?;
+    if cred.uid() != 0 {
+        // Say nothing to a process that is not root.
+        return Err(format!(
+            "the peer runs as uid {} (pid {:?}), not root",
+            cred.uid(),
+            cred.pid()
+        ));
+    }
+    let mut line = String::new();
+    let (read, mut write) = stream.split();
+    let got = tokio::time::timeout(
+        READ_DEADLINE,
+        BufReader::new(read.take(MAX_LINE as u64)).read_line(&mut line),
+    )
+    .await;
+    let answer = match got {
+        Err(_) => Err("no request within 5s".to_string()),
+        Ok(Err(e)) => Err(format!("reading the request: {e}")),
+        Ok(Ok(_)) => match parse_request(&line) {
+            Ok(asked) if canonical(asked) == canonical(dir) => Ok(()),
+            Ok(asked) => Err(format!(
+                "asked about {}, but this socket is for {}",
+                asked.display(),
+                dir.display()
+            )),
+            Err(e) => Err(e),
+        },
+    };
+    if let Err(why) = answer {
+        let _ = write.write_all(format!("error {why}\n").as_bytes()).await;
+        return Err(why);
+    }
+    let (done, wait) = oneshot::channel();
+    tx.send(done)
+        .map_err(|_| "the registration task has stopped".to_string())?;
+    let reply = match wait.await {
+        Ok(Ok(())) => "ok\n".to_string(),
+        Ok(Err(e)) => format!("error {}\n", e.replace('\n', " ")),
+        Err(_) => "error the registration task has stopped\n".to_string(),
+    };
+    // The plugin may have given up waiting: nothing to do about it.
+    let _ = write.write_all(reply.as_bytes()).await;
+    Ok(())
+}
