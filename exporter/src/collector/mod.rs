@@ -5,9 +5,10 @@
 //!
 //! 1. `registry` reads the prjquota registries into the [`Inventory`] (the
 //!    Ready volumes), shared by everything after it;
-//! 2. `quota` reads every project's usage and limits (one pass per
-//!    filesystem) and leaves them in [`Scrape::quota`] for `statfs`;
-//! 3. `statfs`, then `quota_events`, then `ebpf`.
+//! 2. `quota`, `statfs`, `quota_events`, `ebpf`, `guard`, in any order:
+//!    what several of them read (each project's quota, each root's
+//!    identity) is computed once per scrape by the first that asks
+//!    ([`Scrape::quota`], [`Scrape::root_ids`]).
 //!
 //! The driver times every collector and turns a failure into
 //! `prjquota_exporter_scrape_collector_success{collector} 0` plus one log line
@@ -30,10 +31,9 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use prjquota::quota::ProjectQuota;
 pub use prjquota_ebpf::guard::GuardMode;
 pub use prjquota_ebpf::Mode as EbpfMode;
 
@@ -46,28 +46,48 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 #[derive(Debug)]
 pub struct Scrape {
     pub inventory: Arc<Inventory>,
-    /// Per inventory volume (same index): the project's quota usage and
-    /// limits, `None` where quotas could not be read. Set by `quota`.
-    pub quota: OnceLock<Vec<Option<ProjectQuota>>>,
+    quota_reader: Arc<quota::QuotaReader>,
+    quota: tokio::sync::OnceCell<quota::QuotaReading>,
     root_stat: Arc<roots::RootStat>,
     root_ids: tokio::sync::OnceCell<roots::RootIds>,
 }
 
 impl Scrape {
     pub fn new(inventory: Inventory) -> Scrape {
-        Scrape::with_root_stat(
+        Scrape::with_quota_reader(inventory, quota::QuotaReader::new(Duration::from_secs(5)))
+    }
+
+    /// A scrape whose quotas come from `reader` (tests: a fake listing).
+    pub fn with_quota_reader(inventory: Inventory, reader: quota::QuotaReader) -> Scrape {
+        Scrape::with_sources(
             inventory,
+            Arc::new(reader),
             Arc::new(roots::RootStat::new(Duration::from_secs(5))),
         )
     }
 
-    fn with_root_stat(inventory: Inventory, root_stat: Arc<roots::RootStat>) -> Scrape {
+    fn with_sources(
+        inventory: Inventory,
+        quota_reader: Arc<quota::QuotaReader>,
+        root_stat: Arc<roots::RootStat>,
+    ) -> Scrape {
         Scrape {
             inventory: Arc::new(inventory),
-            quota: OnceLock::new(),
+            quota_reader,
+            quota: tokio::sync::OnceCell::new(),
             root_stat,
             root_ids: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// Every volume's project quota usage and limits, read (one pass per
+    /// filesystem) by the first collector that asks in this scrape and
+    /// shared with the others: no collector depends on running after
+    /// another.
+    pub async fn quota(&self) -> &quota::QuotaReading {
+        self.quota
+            .get_or_init(|| self.quota_reader.read(&self.inventory))
+            .await
     }
 
     /// Every volume root's identity, stat'ed by the first collector that
@@ -179,6 +199,7 @@ pub struct Exporter {
     /// scrape would report zeros that mean "not measured".
     ready: tokio::sync::watch::Sender<bool>,
     root_stat: Arc<roots::RootStat>,
+    quota_reader: Arc<quota::QuotaReader>,
     /// Held by a scrape and by [`Exporter::register_volumes`], each of which
     /// reads the registry and then writes the programs' roots maps: without
     /// it, a scrape that read the registry before a create could rewrite
@@ -216,7 +237,7 @@ impl Exporter {
         let mut exporter = Exporter::with_collectors(
             config,
             vec![
-                Box::new(quota::Quota::new(config.statfs_timeout)),
+                Box::new(quota::Quota),
                 Box::new(statfs::Statfs::new(config.statfs_timeout)),
                 Box::new(events),
                 Box::new(ebpf),
@@ -278,6 +299,7 @@ impl Exporter {
             guard: None,
             ready: tokio::sync::watch::Sender::new(false),
             root_stat: Arc::new(roots::RootStat::new(config.statfs_timeout)),
+            quota_reader: Arc::new(quota::QuotaReader::new(config.statfs_timeout)),
             roots_sync: tokio::sync::Mutex::new(()),
             announcements: Arc::new(crate::announce::Stats::new(&config.volumes_dirs)),
         }
@@ -297,7 +319,8 @@ impl Exporter {
         let _sync = self.roots_sync.lock().await;
         let (inventory, loaded) = self.registry.load().await;
         loaded?;
-        let scrape = Scrape::with_root_stat(inventory, self.root_stat.clone());
+        let scrape =
+            Scrape::with_sources(inventory, self.quota_reader.clone(), self.root_stat.clone());
         let mut errors = Vec::new();
         for c in &self.collectors {
             match tokio::time::timeout(self.deadline, c.register(&scrape)).await {
@@ -324,7 +347,8 @@ impl Exporter {
 
         let start = Instant::now();
         let (inventory, loaded) = self.registry.load().await;
-        let scrape = Scrape::with_root_stat(inventory, self.root_stat.clone());
+        let scrape =
+            Scrape::with_sources(inventory, self.quota_reader.clone(), self.root_stat.clone());
         let collected = self.registry.collect(&scrape, &mut families).await;
         let ok = self.note(self.registry.name(), loaded.and(collected));
         outcomes.push((self.registry.name(), start.elapsed().as_secs_f64(), ok));

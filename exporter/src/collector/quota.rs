@@ -3,7 +3,7 @@
 //! range (not one quotactl per volume).
 //!
 //! A project missing from the pass has zero usage: XFS drops dquots with no
-//! usage and no limits. Results are also left in [`Scrape::quota`] for the
+//! usage and no limits. The reading is [`Scrape::quota`]'s, shared with the
 //! statfs collector's inode numbers. A filesystem without project quota
 //! (this development host, a tmpfs) fails the collector and nothing else.
 
@@ -19,6 +19,7 @@ use prjquota::quota::ProjectQuota;
 
 use super::{BoxFuture, Collector, Scrape};
 use crate::blocking::InFlight;
+use crate::inventory::Inventory;
 use crate::metrics::Family;
 
 pub type ListFn =
@@ -30,23 +31,97 @@ pub fn list(dir: &Path, range: RangeInclusive<u32>) -> io::Result<Vec<ProjectQuo
     prjquota::quota::list(f.as_fd(), range)
 }
 
-pub struct Quota {
+/// Reads every volume's quota, one pass per filesystem. Shared by the
+/// collectors of a scrape through [`Scrape::quota`], which runs it once on
+/// first request: the quota collector publishes it, statfs takes its inode
+/// counts, whichever asks first.
+pub struct QuotaReader {
     timeout: Duration,
     inflight: InFlight,
     list: ListFn,
 }
 
-impl Quota {
-    pub fn new(timeout: Duration) -> Quota {
-        Quota::with_list(timeout, Arc::new(list))
+/// One scrape's reading: per inventory volume (same index) the project's
+/// usage and limits, `None` where they could not be read, and why.
+#[derive(Debug, Default)]
+pub struct QuotaReading {
+    pub per_volume: Vec<Option<ProjectQuota>>,
+    pub errors: Vec<String>,
+}
+
+impl std::fmt::Debug for QuotaReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuotaReader")
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl QuotaReader {
+    pub fn new(timeout: Duration) -> QuotaReader {
+        QuotaReader::with_list(timeout, Arc::new(list))
     }
 
-    pub fn with_list(timeout: Duration, list: ListFn) -> Quota {
-        Quota {
+    pub fn with_list(timeout: Duration, list: ListFn) -> QuotaReader {
+        QuotaReader {
             timeout,
             inflight: InFlight::new("quotactl"),
             list,
         }
+    }
+
+    pub async fn read(&self, inv: &Inventory) -> QuotaReading {
+        let mut per_volume: Vec<Option<ProjectQuota>> = vec![None; inv.volumes.len()];
+        let mut errors = Vec::new();
+        // One pass per filesystem: directories on one device share it.
+        let mut done_devs = Vec::new();
+        for (d, dir) in inv.dirs.iter().enumerate() {
+            let Some(dev) = dir.dev else { continue };
+            if done_devs.contains(&dev) {
+                continue;
+            }
+            done_devs.push(dev);
+            let same_fs: Vec<usize> = inv
+                .dirs
+                .iter()
+                .enumerate()
+                .filter(|(_, o)| o.dev == Some(dev))
+                .map(|(i, _)| i)
+                .collect();
+            let idx: Vec<usize> = (0..inv.volumes.len())
+                .filter(|&i| same_fs.contains(&inv.volumes[i].dir))
+                .collect();
+            let (Some(lo), Some(hi)) = (
+                idx.iter().map(|&i| inv.volumes[i].project_id).min(),
+                idx.iter().map(|&i| inv.volumes[i].project_id).max(),
+            ) else {
+                continue;
+            };
+            let (list, path) = (self.list.clone(), inv.dirs[d].path.clone());
+            let key = path.display().to_string();
+            match self
+                .inflight
+                .run(&key, self.timeout, move || list(&path, lo..=hi))
+                .await
+            {
+                Ok(Ok(found)) => {
+                    // `found` is in ID order.
+                    for &i in &idx {
+                        let id = inv.volumes[i].project_id;
+                        per_volume[i] = Some(match found.binary_search_by_key(&id, |q| q.id) {
+                            Ok(k) => found[k],
+                            Err(_) => ProjectQuota {
+                                id,
+                                ..ProjectQuota::default()
+                            },
+                        });
+                    }
+                }
+                Ok(Err(e)) => errors.push(explain(&dir.path, &e)),
+                Err(blocked) => errors.push(format!("quotactl in {key}: {blocked}")),
+            }
+        }
+        QuotaReading { per_volume, errors }
     }
 }
 
@@ -61,6 +136,9 @@ fn explain(dir: &Path, e: &io::Error) -> String {
     format!("cannot read project quotas in {}: {e}{hint}", dir.display())
 }
 
+/// The quota collector: publishes the scrape's [`QuotaReading`].
+pub struct Quota;
+
 impl Collector for Quota {
     fn name(&self) -> &'static str {
         "quota"
@@ -72,63 +150,12 @@ impl Collector for Quota {
         out: &'a mut Vec<Family>,
     ) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(async move {
-            let inv = &scrape.inventory;
-            let mut per_volume: Vec<Option<ProjectQuota>> = vec![None; inv.volumes.len()];
-            let mut errors = Vec::new();
-            // One pass per filesystem: directories on one device share it.
-            let mut done_devs = Vec::new();
-            for (d, dir) in inv.dirs.iter().enumerate() {
-                let Some(dev) = dir.dev else { continue };
-                if done_devs.contains(&dev) {
-                    continue;
-                }
-                done_devs.push(dev);
-                let same_fs: Vec<usize> = inv
-                    .dirs
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, o)| o.dev == Some(dev))
-                    .map(|(i, _)| i)
-                    .collect();
-                let idx: Vec<usize> = (0..inv.volumes.len())
-                    .filter(|&i| same_fs.contains(&inv.volumes[i].dir))
-                    .collect();
-                let (Some(lo), Some(hi)) = (
-                    idx.iter().map(|&i| inv.volumes[i].project_id).min(),
-                    idx.iter().map(|&i| inv.volumes[i].project_id).max(),
-                ) else {
-                    continue;
-                };
-                let (list, path) = (self.list.clone(), inv.dirs[d].path.clone());
-                let key = path.display().to_string();
-                match self
-                    .inflight
-                    .run(&key, self.timeout, move || list(&path, lo..=hi))
-                    .await
-                {
-                    Ok(Ok(found)) => {
-                        // `found` is in ID order.
-                        for &i in &idx {
-                            let id = inv.volumes[i].project_id;
-                            per_volume[i] = Some(match found.binary_search_by_key(&id, |q| q.id) {
-                                Ok(k) => found[k],
-                                Err(_) => ProjectQuota {
-                                    id,
-                                    ..ProjectQuota::default()
-                                },
-                            });
-                        }
-                    }
-                    Ok(Err(e)) => errors.push(explain(&dir.path, &e)),
-                    Err(blocked) => errors.push(format!("quotactl in {key}: {blocked}")),
-                }
-            }
-            out.extend(families(&per_volume));
-            let _ = scrape.quota.set(per_volume);
-            if errors.is_empty() {
+            let reading = scrape.quota().await;
+            out.extend(families(&reading.per_volume));
+            if reading.errors.is_empty() {
                 Ok(())
             } else {
-                Err(anyhow!(errors.join("; ")))
+                Err(anyhow!(reading.errors.join("; ")))
             }
         })
     }
@@ -172,7 +199,6 @@ pub fn families(per_volume: &[Option<ProjectQuota>]) -> Vec<Family> {
 mod tests {
     use super::*;
     use crate::inventory::tests::volume;
-    use crate::inventory::Inventory;
     use prjquota::quota::Limits;
     use std::sync::Mutex;
 
@@ -206,12 +232,16 @@ mod tests {
                 },
             ])
         });
-        let c = Quota::with_list(Duration::from_secs(5), list);
-        let scrape = Scrape::new(Inventory::for_tests(vols));
+        let scrape = Scrape::with_quota_reader(
+            Inventory::for_tests(vols),
+            QuotaReader::with_list(Duration::from_secs(5), list),
+        );
         let mut out = Vec::new();
-        c.collect(&scrape, &mut out).await.unwrap();
+        Quota.collect(&scrape, &mut out).await.unwrap();
+        // Asked again (statfs does): no second pass.
+        scrape.quota().await;
         assert_eq!(*ranges.lock().unwrap(), vec![1001..=1009]);
-        let q = scrape.quota.get().unwrap();
+        let q = &scrape.quota().await.per_volume;
         assert_eq!(q[0].unwrap().used_bytes, 0, "1005 has no dquot: zero usage");
         assert_eq!(q[1].unwrap().limits.inodes_hard, 100);
         let text = crate::metrics::encode_all(&out, &scrape.inventory);
@@ -228,12 +258,18 @@ mod tests {
     #[tokio::test]
     async fn no_quota_support_fails_the_collector_with_a_hint() {
         let list: ListFn = Arc::new(|_, _| Err(io::Error::from_raw_os_error(libc::ESRCH)));
-        let c = Quota::with_list(Duration::from_secs(5), list);
-        let scrape = Scrape::new(Inventory::for_tests(vec![volume("a", "b", 1)]));
+        let scrape = Scrape::with_quota_reader(
+            Inventory::for_tests(vec![volume("a", "b", 1)]),
+            QuotaReader::with_list(Duration::from_secs(5), list),
+        );
         let mut out = Vec::new();
-        let err = c.collect(&scrape, &mut out).await.unwrap_err().to_string();
+        let err = Quota
+            .collect(&scrape, &mut out)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("prjquota"), "{err}");
-        assert_eq!(scrape.quota.get().unwrap(), &vec![None]);
+        assert_eq!(scrape.quota().await.per_volume, vec![None]);
         assert!(crate::metrics::encode_all(&out, &scrape.inventory).is_empty());
     }
 }

@@ -202,7 +202,8 @@ impl Collector for Statfs {
                 }
                 errors.extend(error);
             }
-            out.extend(families(&results, scrape.quota.get().map(Vec::as_slice)));
+            let quota = scrape.quota().await;
+            out.extend(families(&results, Some(&quota.per_volume)));
             if errors.is_empty() {
                 Ok(())
             } else {
