@@ -52,6 +52,8 @@ fn exporter_catalogue() -> BTreeMap<String, Kind> {
         // (this host): take them from the collector's own catalogue.
         families.extend(prjquota_exporter::collector::ebpf::catalogue());
         families.extend(prjquota_exporter::collector::guard::catalogue());
+        // Added by the HTTP layer to every scrape.
+        families.extend(prjquota_exporter::process::families());
         families
     });
     let _ = std::fs::remove_dir_all(&empty);
@@ -68,6 +70,65 @@ fn exporter_catalogue() -> BTreeMap<String, Kind> {
         out.keys()
     );
     out
+}
+
+/// The metric names the README's metrics table lists. A cell names its
+/// first metric in full and the others of its row as `…_rest`, short for
+/// the first one's family prefix (`nomad_host_volume_`, `prjquota_exporter_`).
+fn readme_metrics() -> BTreeSet<String> {
+    const PREFIXES: &[&str] = &[
+        "nomad_host_volumes_",
+        "nomad_host_volume_",
+        "prjquota_exporter_",
+        "process_",
+    ];
+    let readme = std::fs::read_to_string(prjquota_dashboards::repo_root().join("README.md"))
+        .expect("read README.md");
+    let table = readme
+        .split("\n## Metrics\n")
+        .nth(1)
+        .expect("README has a Metrics section")
+        .lines()
+        .skip_while(|l| !l.starts_with("| metric |"))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'));
+    let mut names = BTreeSet::new();
+    for row in table {
+        let cell = row.split('|').nth(1).unwrap_or_default();
+        let mut prefix = "";
+        for code in cell.split('`').skip(1).step_by(2) {
+            let name: String = code
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '…')
+                .collect();
+            let full = match name.strip_prefix('…') {
+                Some(rest) => format!("{prefix}{}", rest.trim_start_matches('_')),
+                None => {
+                    prefix = PREFIXES
+                        .iter()
+                        .find(|p| name.starts_with(*p))
+                        .copied()
+                        .unwrap_or_else(|| panic!("README metric {name:?} has no known prefix"));
+                    name
+                }
+            };
+            names.insert(full);
+        }
+    }
+    names
+}
+
+#[test]
+fn the_readme_lists_exactly_the_exported_metrics() {
+    let catalogue = exporter_catalogue();
+    let readme = readme_metrics();
+    let exported: BTreeSet<String> = catalogue.keys().cloned().collect();
+    let missing: Vec<_> = exported.difference(&readme).collect();
+    let unknown: Vec<_> = readme.difference(&exported).collect();
+    assert!(
+        missing.is_empty() && unknown.is_empty(),
+        "README's metrics table is out of step with the exporter:\n  exported but not in the table: {missing:?}\n  in the table but not exported: {unknown:?}"
+    );
 }
 
 #[test]
