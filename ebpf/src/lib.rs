@@ -521,6 +521,38 @@ impl WriteTelemetry {
         out
     }
 
+    /// Runs of each attached hook's programs that the kernel skipped, since
+    /// they were loaded: a tracing program is not re-entered on a CPU where
+    /// it already runs, and on a preemptible kernel (Debian's 7.x is
+    /// `PREEMPT_LAZY`) a task preempted inside it makes another task's
+    /// write on that CPU go uncounted. `None` for a hook whose count the
+    /// kernel does not report (`recursion_misses` in the program's fdinfo,
+    /// Linux 5.12+).
+    pub fn missed_runs(&self) -> Vec<(&'static str, Option<u64>)> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let mut out = Vec::new();
+        for hook in HOOKS {
+            if !self.hooks.contains(&(hook.name, true)) {
+                continue;
+            }
+            let mut sum = Some(0u64);
+            for part in hook.parts {
+                let misses = self
+                    .ebpf
+                    .program(part.prog)
+                    .and_then(|p| p.fd().ok())
+                    .and_then(|fd| {
+                        let path = format!("/proc/self/fdinfo/{}", fd.as_fd().as_raw_fd());
+                        std::fs::read_to_string(path).ok()
+                    })
+                    .and_then(|text| fdinfo_field(&text, "recursion_misses"));
+                sum = sum.zip(misses).map(|(a, b)| a + b);
+            }
+            out.push((hook.name, sum));
+        }
+        out
+    }
+
     /// Replaces the volume roots: `(st_dev, st_ino, volume index)` of each
     /// root directory, as from `stat` ([`root_of`]). Adds new roots, updates
     /// changed indexes, deletes stale roots, and drops the counters of
@@ -860,6 +892,15 @@ fn classify(e: &ProgramError) -> (FailureReason, String) {
         }
         other => (FailureReason::Other, chain(other)),
     }
+}
+
+/// A numeric field of a BPF object's `/proc/<pid>/fdinfo/<fd>` text
+/// (`name:\tvalue` lines).
+fn fdinfo_field(text: &str, name: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        (k == name).then(|| v.trim().parse().ok()).flatten()
+    })
 }
 
 #[cfg(test)]

@@ -349,3 +349,15 @@ fn kernel_map_devs(t: &WriteTelemetry) -> Vec<(u64, u32)> {
     v.sort();
     v
 }
+
+#[test]
+fn fdinfo_fields_are_read_by_name() {
+    let text = "pos:\t0\nflags:\t02000002\nprog_type:\t26\nrun_time_ns:\t0\nrun_cnt:\t0\nrecursion_misses:\t7\nverified_insns:\t312\n";
+    assert_eq!(super::fdinfo_field(text, "recursion_misses"), Some(7));
+    assert_eq!(super::fdinfo_field(text, "run_cnt"), Some(0));
+    // Linux 5.10 has no such line: unknown, not zero.
+    assert_eq!(
+        super::fdinfo_field("pos:\t0\nrun_cnt:\t3\n", "recursion_misses"),
+        None
+    );
+}

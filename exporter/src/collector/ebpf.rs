@@ -429,9 +429,16 @@ impl Ebpf {
     ) -> anyhow::Result<()> {
         let (index_of, mut errors) = self.sync_roots(scrape, telemetry).await;
         let t = telemetry.clone();
-        let read =
-            tokio::task::spawn_blocking(move || t.lock().unwrap_or_else(|e| e.into_inner()).read())
-                .await;
+        let read = tokio::task::spawn_blocking(move || {
+            let t = t.lock().unwrap_or_else(|e| e.into_inner());
+            (t.read(), t.missed_runs())
+        })
+        .await;
+        let (read, missed) = match read {
+            Ok((r, m)) => (Ok(r), m),
+            Err(e) => (Err(e), Vec::new()),
+        };
+        out.push(missed_family(&missed));
         let counters = match read {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {
@@ -447,6 +454,21 @@ impl Ebpf {
             Err(anyhow!(errors.join("; ")))
         }
     }
+}
+
+/// `…_ebpf_program_missed_runs_total` per attached hook whose count the
+/// kernel reports.
+fn missed_family(missed: &[(&'static str, Option<u64>)]) -> Family {
+    let mut f = Family::counter(
+        "prjquota_exporter_ebpf_program_missed_runs_total",
+        "Runs of the hook's eBPF programs the kernel skipped since the exporter started (recursion_misses): each is a write that is not counted. A tracing program is not re-entered on a CPU where it already runs; on a preemptible kernel (PREEMPT_LAZY or PREEMPT, as Debian's 7.x) a task preempted inside one makes a write on that CPU go uncounted.",
+    );
+    for (program, n) in missed {
+        if let Some(n) = n {
+            f.labelled(vec![("program", program.to_string())], *n as f64);
+        }
+    }
+    f
 }
 
 /// `…_ebpf_selftest_success` per hook the start-up self-test exercised.
@@ -544,6 +566,7 @@ pub fn catalogue() -> Vec<Family> {
     let mut fams = status_families(&programs, Some("other"));
     fams.extend(counter_families(&Counters::default(), &[]));
     fams.push(selftest_family(&[]));
+    fams.push(missed_family(&[]));
     fams
 }
 
