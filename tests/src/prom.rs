@@ -77,8 +77,36 @@ impl Reply {
 /// `Connection: close`; reads until the server closes. `Err` for a
 /// connection or protocol failure (so callers can poll a server starting up).
 pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> std::io::Result<Reply> {
+    let s = TcpStream::connect_timeout(&addr, timeout)?;
+    http_get_on(s, addr, path, timeout)
+}
+
+/// [`http_get`] from the source address `from` (any of 127.0.0.0/8 on the
+/// loopback): many clients as many hosts, as the exporter's per-address
+/// connection limit sees them.
+pub fn http_get_from(
+    from: std::net::IpAddr,
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> std::io::Result<Reply> {
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )?;
+    sock.bind(&SocketAddr::new(from, 0).into())?;
+    sock.connect_timeout(&addr.into(), timeout)?;
+    http_get_on(sock.into(), addr, path, timeout)
+}
+
+fn http_get_on(
+    mut s: TcpStream,
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> std::io::Result<Reply> {
     use std::io::{Error, ErrorKind};
-    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
     write!(

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use prjquota_vmtests::fixture::{Fixture, MIB, XFS};
 use prjquota_vmtests::nomad::{uuid, Spec};
-use prjquota_vmtests::prom::{http_get, Exporter, Exposition};
+use prjquota_vmtests::prom::{http_get_from, Exporter, Exposition};
 use prjquota_vmtests::{scratch_dir, xfs_mount};
 
 const VOLUME_ID: &str = "volume_id";
@@ -34,11 +34,15 @@ fn two_hundred_concurrent_scrapers_for_a_minute_all_get_answers() {
     let failed = std::sync::Mutex::new(Vec::new());
     let deadline = Instant::now() + Duration::from_secs(60);
     std::thread::scope(|s| {
-        for _ in 0..200 {
-            s.spawn(|| {
+        for i in 0..200u8 {
+            // Each from its own loopback address: 200 hosts, as the
+            // exporter's limit of 8 connections per address counts them.
+            let from = std::net::IpAddr::from([127, 0, 1, i]);
+            let (ok, failed, exp) = (&ok, &failed, &exp);
+            s.spawn(move || {
                 let mut mine = 0;
                 while Instant::now() < deadline || mine == 0 {
-                    match http_get(exp.addr, "/metrics", Duration::from_secs(240)) {
+                    match http_get_from(from, exp.addr, "/metrics", Duration::from_secs(240)) {
                         Ok(r) if r.status == 200 && r.body.contains("nomad_host_volume_info") => {
                             mine += 1;
                             ok.fetch_add(1, Ordering::Relaxed);
