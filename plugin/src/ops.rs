@@ -235,9 +235,9 @@ pub fn create(req: &CreateRequest, plugin_id: &str) -> Result<Created> {
             } else {
                 fit?
             };
-            return update(&vfs, &reg, rec, req, plugin_id, params, bytes);
+            return update(&vfs, &reg, rec, &Desired::new(req, plugin_id, params, bytes));
         }
-        None => create_new(&vfs, &reg, &cfg, req, plugin_id, params, fit?)?,
+        None => create_new(&vfs, &reg, &cfg, &Desired::new(req, plugin_id, params, fit?))?,
     };
     // Only a new volume: a restore or resize keeps its root, which a running
     // exporter already watches. Not under the volume's lock: the exporter
@@ -257,47 +257,136 @@ fn announce(vfs: &VolumesFs, id: &VolumeId) {
     }
 }
 
-fn new_record(
-    vfs: &VolumesFs,
-    req: &CreateRequest,
-    plugin_id: &str,
-    project_id: u32,
+/// What a create asks for, once checked: the request, the parameters it
+/// resolves to and the size that fits. Both a new volume and an update are
+/// made from it.
+#[derive(Debug)]
+struct Desired<'a> {
+    req: &'a CreateRequest,
+    plugin_id: &'a str,
     params: VolumeParams,
     bytes: u64,
-) -> Record {
-    let now = registry::now_unix();
-    Record {
-        version: registry::RECORD_VERSION,
-        state: State::Creating,
-        volume_id: req.volume_id.clone(),
-        volume_name: req.volume_name.clone(),
-        namespace: req.namespace.clone(),
-        node_pool: req.node_pool.clone(),
-        node_id: req.node_id.clone(),
-        plugin_id: plugin_id.to_string(),
-        path: vfs.path.join(req.volume_id.as_str()),
-        fstype: vfs.fstype.name().to_string(),
-        project_id,
-        capacity_min_bytes: req.capacity_min,
-        capacity_max_bytes: req.capacity_max,
-        provisioned_bytes: bytes,
-        params,
-        parameters: req.parameters.clone(),
-        created_unix: now,
-        updated_unix: now,
+}
+
+impl<'a> Desired<'a> {
+    fn new(
+        req: &'a CreateRequest,
+        plugin_id: &'a str,
+        params: VolumeParams,
+        bytes: u64,
+    ) -> Desired<'a> {
+        Desired {
+            req,
+            plugin_id,
+            params,
+            bytes,
+        }
+    }
+
+    /// The record of a new volume with `project_id`, in state Creating.
+    fn record(&self, vfs: &VolumesFs, project_id: u32) -> Record {
+        self.record_at(
+            vfs.path.join(self.req.volume_id.as_str()),
+            vfs.fstype.name(),
+            project_id,
+        )
+    }
+
+    fn record_at(&self, path: PathBuf, fstype: &str, project_id: u32) -> Record {
+        let now = registry::now_unix();
+        let req = self.req;
+        Record {
+            version: registry::RECORD_VERSION,
+            state: State::Creating,
+            volume_id: req.volume_id.clone(),
+            volume_name: req.volume_name.clone(),
+            namespace: req.namespace.clone(),
+            node_pool: req.node_pool.clone(),
+            node_id: req.node_id.clone(),
+            plugin_id: self.plugin_id.to_string(),
+            path,
+            fstype: fstype.to_string(),
+            project_id,
+            capacity_min_bytes: req.capacity_min,
+            capacity_max_bytes: req.capacity_max,
+            provisioned_bytes: self.bytes,
+            params: self.params.clone(),
+            parameters: req.parameters.clone(),
+            created_unix: now,
+            updated_unix: now,
+        }
+    }
+
+    /// Whether `rec` already says everything this request says.
+    fn recorded_in(&self, rec: &Record) -> bool {
+        let req = self.req;
+        rec.volume_name == req.volume_name
+            && rec.namespace == req.namespace
+            && rec.node_pool == req.node_pool
+            && rec.node_id == req.node_id
+            && rec.plugin_id == self.plugin_id
+            && rec.capacity_min_bytes == req.capacity_min
+            && rec.capacity_max_bytes == req.capacity_max
+            && rec.provisioned_bytes == self.bytes
+            && rec.params == self.params
+            && rec.parameters == req.parameters
+    }
+
+    /// Writes this request into an existing volume's record, found at
+    /// `path` on a filesystem of type `fstype`.
+    fn apply_to(&self, rec: &mut Record, path: PathBuf, fstype: &str) {
+        let req = self.req;
+        rec.state = State::Ready;
+        rec.volume_name = req.volume_name.clone();
+        rec.namespace = req.namespace.clone();
+        rec.node_pool = req.node_pool.clone();
+        rec.node_id = req.node_id.clone();
+        rec.plugin_id = self.plugin_id.to_string();
+        rec.capacity_min_bytes = req.capacity_min;
+        rec.capacity_max_bytes = req.capacity_max;
+        rec.provisioned_bytes = self.bytes;
+        rec.params = self.params.clone();
+        rec.parameters = req.parameters.clone();
+        rec.fstype = fstype.to_string();
+        rec.path = path;
+        rec.updated_unix = registry::now_unix();
+    }
+
+    /// Whether applying this request lowers a limit the volume's usage
+    /// must then fit under (bytes, or inodes newly limited or lowered).
+    fn shrinks(&self, rec: &Record) -> bool {
+        self.bytes < rec.provisioned_bytes
+            || match (self.params.max_inodes, rec.params.max_inodes) {
+                (Some(new), Some(old)) => new < old,
+                (Some(_), None) => true,
+                _ => false,
+            }
     }
 }
 
-fn create_new(
-    vfs: &VolumesFs,
-    reg: &Registry,
-    cfg: &Config,
-    req: &CreateRequest,
-    plugin_id: &str,
-    params: VolumeParams,
-    bytes: u64,
-) -> Result<Created> {
-    let id = &req.volume_id;
+/// What a create of a recorded volume must do.
+#[derive(Debug, PartialEq, Eq)]
+enum UpdatePlan {
+    /// A restore with nothing changed: no write at all.
+    Nothing,
+    /// Bring the kernel and the record to the request; `resize_from` is the
+    /// size in force when the limit changes on a Ready volume.
+    Converge { resize_from: Option<u64> },
+}
+
+/// The decision of [`update`], given whether the kernel and the directory
+/// already match the request (`kernel_ok`).
+fn plan_update(rec: &Record, want: &Desired, kernel_ok: bool) -> UpdatePlan {
+    if kernel_ok && want.recorded_in(rec) {
+        return UpdatePlan::Nothing;
+    }
+    let resize_from = (rec.state == State::Ready && rec.provisioned_bytes != want.bytes)
+        .then_some(rec.provisioned_bytes);
+    UpdatePlan::Converge { resize_from }
+}
+
+fn create_new(vfs: &VolumesFs, reg: &Registry, cfg: &Config, want: &Desired) -> Result<Created> {
+    let (id, params, bytes) = (&want.req.volume_id, &want.params, want.bytes);
     let path = vfs.path.join(id.as_str());
     // A directory may already stand where the volume goes: adopt it when the
     // kernel state says it is ours (the registry was lost), use it when it is
@@ -348,7 +437,7 @@ fn create_new(
         };
         reg.reserve_id(pid, id)?;
         fault::point("create:reserved");
-        if let Err(e) = reg.store(&new_record(vfs, req, plugin_id, pid, params.clone(), bytes)) {
+        if let Err(e) = reg.store(&want.record(vfs, pid)) {
             let _ = reg.release_id(pid, id);
             return Err(e);
         }
@@ -360,8 +449,8 @@ fn create_new(
         record: true,
         ..Undo::default()
     };
-    let result = converge(vfs, id, project_id, &params, bytes, &mut undo).and_then(|()| {
-        let mut rec = new_record(vfs, req, plugin_id, project_id, params.clone(), bytes);
+    let result = converge(vfs, id, project_id, params, bytes, &mut undo).and_then(|()| {
+        let mut rec = want.record(vfs, project_id);
         rec.state = State::Ready;
         reg.store(&rec)
     });
@@ -468,27 +557,13 @@ fn rollback(vfs: &VolumesFs, reg: &Registry, id: &VolumeId, project_id: u32, und
 
 /// A create for a volume that has a record: restore, finish a crashed
 /// create, or apply an updated spec.
-fn update(
-    vfs: &VolumesFs,
-    reg: &Registry,
-    mut rec: Record,
-    req: &CreateRequest,
-    plugin_id: &str,
-    params: VolumeParams,
-    bytes: u64,
-) -> Result<Created> {
-    let id = &req.volume_id;
+fn update(vfs: &VolumesFs, reg: &Registry, mut rec: Record, want: &Desired) -> Result<Created> {
+    let (id, params, bytes) = (&want.req.volume_id, &want.params, want.bytes);
     let path = vfs.path.join(id.as_str());
     let pid = rec.project_id;
 
     // Refuse a shrink below what is stored before changing anything.
-    let shrinking = bytes < rec.provisioned_bytes
-        || match (params.max_inodes, rec.params.max_inodes) {
-            (Some(new), Some(old)) => new < old,
-            (Some(_), None) => true,
-            _ => false,
-        };
-    if shrinking {
+    if want.shrinks(&rec) {
         let used =
             quota::get(vfs.fd(), pid).map_err(|e| quota_error(e, "read the usage of", pid, vfs))?;
         capacity::check_fits(
@@ -504,7 +579,7 @@ fn update(
     let kernel_ok = rec.state == State::Ready
         && reg.is_reserved(pid, id)
         && quota::get(vfs.fd(), pid)
-            .map(|q| limits_match(&q.limits, &limits_for(bytes, &params)))
+            .map(|q| limits_match(&q.limits, &limits_for(bytes, params)))
             .unwrap_or(false)
         && match open_volume_dir(vfs, id) {
             Ok(fd) => {
@@ -517,30 +592,19 @@ fn update(
             }
             Err(_) => false,
         };
-    let labels_same = rec.volume_name == req.volume_name
-        && rec.namespace == req.namespace
-        && rec.node_pool == req.node_pool
-        && rec.node_id == req.node_id
-        && rec.plugin_id == plugin_id
-        && rec.capacity_min_bytes == req.capacity_min
-        && rec.capacity_max_bytes == req.capacity_max
-        && rec.provisioned_bytes == bytes
-        && rec.params == params
-        && rec.parameters == req.parameters;
-    if kernel_ok && labels_same {
-        // A restore with nothing changed: no write at all.
-        return Ok(Created { path, bytes });
-    }
-
-    if rec.state == State::Ready && rec.provisioned_bytes != bytes {
-        log(
+    match plan_update(&rec, want, kernel_ok) {
+        UpdatePlan::Nothing => return Ok(Created { path, bytes }),
+        UpdatePlan::Converge {
+            resize_from: Some(from),
+        } => log(
             id,
             format_args!(
                 "resizing from {} to {}",
-                capacity::human(rec.provisioned_bytes),
+                capacity::human(from),
                 capacity::human(bytes)
             ),
-        );
+        ),
+        UpdatePlan::Converge { resize_from: None } => {}
     }
     let mut undo = Undo::default();
     {
@@ -548,21 +612,8 @@ fn update(
         let _alloc = reg.lock_allocation()?;
         reg.reserve_id(pid, id)?;
     }
-    converge(vfs, id, pid, &params, bytes, &mut undo)?;
-    rec.state = State::Ready;
-    rec.volume_name = req.volume_name.clone();
-    rec.namespace = req.namespace.clone();
-    rec.node_pool = req.node_pool.clone();
-    rec.node_id = req.node_id.clone();
-    rec.plugin_id = plugin_id.to_string();
-    rec.capacity_min_bytes = req.capacity_min;
-    rec.capacity_max_bytes = req.capacity_max;
-    rec.provisioned_bytes = bytes;
-    rec.params = params;
-    rec.parameters = req.parameters.clone();
-    rec.fstype = vfs.fstype.name().to_string();
-    rec.path = path.clone();
-    rec.updated_unix = registry::now_unix();
+    converge(vfs, id, pid, params, bytes, &mut undo)?;
+    want.apply_to(&mut rec, path.clone(), vfs.fstype.name());
     reg.store(&rec)?;
     Ok(Created { path, bytes })
 }
@@ -685,4 +736,130 @@ pub fn delete(req: &DeleteRequest) -> Result<()> {
         ),
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ID: &str = "6b0e8ab4-4ec7-4c42-9a1b-0b52c1d9a9a1";
+
+    fn request(min: u64, max: u64, name: &str) -> CreateRequest {
+        let (min, max) = (min.to_string(), max.to_string());
+        crate::contract::parse_create([
+            ("DHV_OPERATION", "create"),
+            ("DHV_VOLUMES_DIR", "/srv/volumes"),
+            ("DHV_PLUGIN_DIR", "/opt/nomad/plugins"),
+            ("DHV_NODE_POOL", "default"),
+            ("DHV_NAMESPACE", "default"),
+            ("DHV_VOLUME_NAME", name),
+            ("DHV_VOLUME_ID", ID),
+            ("DHV_CAPACITY_MIN_BYTES", min.as_str()),
+            ("DHV_CAPACITY_MAX_BYTES", max.as_str()),
+            ("DHV_NODE_ID", "8d6b1c62-8a44-4a2b-9c1e-5a8d1e3f0b7c"),
+            ("DHV_PARAMETERS", "null"),
+        ])
+        .expect("a valid request")
+    }
+
+    fn params(max_inodes: Option<u64>) -> VolumeParams {
+        VolumeParams {
+            mode: 0o750,
+            uid: None,
+            gid: None,
+            max_inodes,
+        }
+    }
+
+    /// The record a create of `req` made, now Ready.
+    fn ready(want: &Desired) -> Record {
+        let mut rec = want.record_at(PathBuf::from("/srv/volumes").join(ID), "xfs", 1234);
+        rec.state = State::Ready;
+        rec
+    }
+
+    #[test]
+    fn an_unchanged_restore_does_nothing_unless_the_kernel_drifted() {
+        let req = request(1 << 30, 1 << 30, "data");
+        let want = Desired::new(&req, "prjquota", params(None), 1 << 30);
+        let rec = ready(&want);
+        assert_eq!(plan_update(&rec, &want, true), UpdatePlan::Nothing);
+        // The kernel lost the limit or the directory's tag: converge, no resize.
+        assert_eq!(
+            plan_update(&rec, &want, false),
+            UpdatePlan::Converge { resize_from: None }
+        );
+    }
+
+    #[test]
+    fn a_changed_label_or_size_converges_and_a_resize_names_the_old_size() {
+        let req = request(1 << 30, 1 << 30, "data");
+        let rec = ready(&Desired::new(&req, "prjquota", params(None), 1 << 30));
+
+        let renamed = request(1 << 30, 1 << 30, "renamed");
+        let want = Desired::new(&renamed, "prjquota", params(None), 1 << 30);
+        assert_eq!(
+            plan_update(&rec, &want, true),
+            UpdatePlan::Converge { resize_from: None }
+        );
+
+        let grown = request(2 << 30, 2 << 30, "data");
+        let want = Desired::new(&grown, "prjquota", params(None), 2 << 30);
+        assert_eq!(
+            plan_update(&rec, &want, true),
+            UpdatePlan::Converge {
+                resize_from: Some(1 << 30)
+            }
+        );
+        assert!(!want.shrinks(&rec));
+
+        // A crashed create (still Creating) is finished, not "resized".
+        let mut creating = rec.clone();
+        creating.state = State::Creating;
+        assert_eq!(
+            plan_update(&creating, &want, false),
+            UpdatePlan::Converge { resize_from: None }
+        );
+    }
+
+    #[test]
+    fn shrinking_is_a_lower_size_or_a_new_or_lower_inode_limit() {
+        let req = request(1 << 30, 1 << 30, "data");
+        let rec = ready(&Desired::new(&req, "prjquota", params(Some(1000)), 1 << 30));
+        let smaller = Desired::new(&req, "prjquota", params(Some(1000)), 1 << 29);
+        assert!(smaller.shrinks(&rec));
+        let fewer = Desired::new(&req, "prjquota", params(Some(999)), 1 << 30);
+        assert!(fewer.shrinks(&rec));
+        let more = Desired::new(&req, "prjquota", params(Some(1001)), 1 << 30);
+        assert!(!more.shrinks(&rec));
+        let unlimited = Desired::new(&req, "prjquota", params(None), 1 << 30);
+        assert!(!unlimited.shrinks(&rec));
+
+        let rec = ready(&Desired::new(&req, "prjquota", params(None), 1 << 30));
+        let limited = Desired::new(&req, "prjquota", params(Some(5)), 1 << 30);
+        assert!(
+            limited.shrinks(&rec),
+            "a first inode limit may be below the usage"
+        );
+    }
+
+    #[test]
+    fn applying_a_request_makes_the_record_say_it() {
+        let req = request(1 << 30, 1 << 30, "data");
+        let mut rec = ready(&Desired::new(&req, "prjquota", params(None), 1 << 30));
+        rec.state = State::Creating;
+        let created = rec.created_unix;
+        let grown = request(2 << 30, 3 << 30, "renamed");
+        let want = Desired::new(&grown, "prjquota", params(Some(7)), 2 << 30);
+        assert!(!want.recorded_in(&rec));
+        want.apply_to(&mut rec, PathBuf::from("/srv/volumes").join(ID), "ext4");
+        assert!(want.recorded_in(&rec));
+        assert_eq!(rec.state, State::Ready);
+        assert_eq!((rec.fstype.as_str(), rec.project_id), ("ext4", 1234));
+        assert_eq!(
+            rec.created_unix, created,
+            "an update keeps the creation time"
+        );
+        assert_eq!(plan_update(&rec, &want, true), UpdatePlan::Nothing);
+    }
 }
