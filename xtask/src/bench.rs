@@ -150,7 +150,7 @@ fn render(plugins_md: &str, measures: &[&str], quick: bool) -> Result<String> {
             })
         })
         .unwrap_or_default();
-    let kernel = crate::vm::kernel(crate::kernels::Kernel::DEFAULT)?;
+    let kernel = crate::kernels::to_boot(crate::kernels::Kernel::DEFAULT)?;
     let mut s = format!(
         "# prjquota benchmark results\n\n\
          Produced by `cargo xtask bench{}` on {date}.\n\n\

@@ -70,7 +70,7 @@ impl PrivateApt {
         std::fs::write(self.dir.join("sources.list"), sources)?;
         let mut cmd = limited(UPDATE_SECS, "apt-get");
         cmd.args(self.options()).arg("update");
-        crate::deps::quiet(&mut cmd).with_context(|| {
+        crate::quiet(&mut cmd).with_context(|| {
             format!(
                 "apt-get update of the private sources ({}/sources.list: {}) failed: \
                  check that deb.debian.org is reachable",
@@ -111,12 +111,12 @@ impl PrivateApt {
             .arg("download")
             .args(specs)
             .current_dir(&debs);
-        crate::deps::quiet(&mut cmd)?;
+        crate::quiet(&mut cmd)?;
         std::fs::create_dir_all(dest)?;
         for deb in std::fs::read_dir(&debs)?.flatten() {
             let mut x = Command::new("dpkg-deb");
             x.arg("-x").arg(deb.path()).arg(dest);
-            crate::deps::quiet(&mut x)?;
+            crate::quiet(&mut x)?;
         }
         let _ = std::fs::remove_dir_all(&debs);
         Ok(())

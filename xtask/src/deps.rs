@@ -126,7 +126,7 @@ pub fn main(args: &[String]) -> Result<u8> {
                 "--version",
                 NEXTEST_VERSION,
             ]);
-            match quiet(&mut cmd) {
+            match crate::quiet(&mut cmd) {
                 Ok(()) => println!("installed   cargo-nextest {NEXTEST_VERSION}"),
                 Err(e) => {
                     println!("failed      cargo-nextest: {e:#}");
@@ -198,7 +198,7 @@ fn apt_install(pkgs: &[&str]) -> Result<()> {
     let mut update = crate::debian::limited(crate::debian::UPDATE_SECS, "apt-get");
     update.args(["update", "-q"]);
     // Fatal: an install from stale or missing lists fails later, less clearly.
-    quiet(&mut update).context(
+    crate::quiet(&mut update).context(
         "apt-get update failed: check the machine's apt sources and that the mirror is reachable",
     )?;
     let mut install = crate::debian::limited(crate::debian::DOWNLOAD_SECS, "apt-get");
@@ -206,31 +206,7 @@ fn apt_install(pkgs: &[&str]) -> Result<()> {
         .env("DEBIAN_FRONTEND", "noninteractive")
         .args(["install", "-y", "-q", "--no-install-recommends"])
         .args(pkgs);
-    quiet(&mut install)
-}
-
-/// Runs `cmd` with its output captured; an error carrying its stderr (and the
-/// tail of its stdout) if it fails.
-pub fn quiet(cmd: &mut Command) -> Result<()> {
-    let out = cmd
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(|e| anyhow::anyhow!("cannot run {}: {e}", crate::display(cmd)))?;
-    if out.status.success() {
-        return Ok(());
-    }
-    let tail = |b: &[u8]| {
-        let s = String::from_utf8_lossy(b);
-        let lines: Vec<&str> = s.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
-    };
-    bail!(
-        "`{}` exited with {}\n--- stderr\n{}\n--- stdout (tail)\n{}",
-        crate::display(cmd),
-        out.status,
-        tail(&out.stderr),
-        tail(&out.stdout)
-    )
+    crate::quiet(&mut install)
 }
 
 /// The project's Python virtual environment (virtme-ng lives there).
@@ -266,7 +242,8 @@ fn pip_install() -> Result<()> {
     if !venv.join("bin/python3").exists() {
         let mut cmd = crate::debian::limited(PIP_SECS, "/usr/bin/python3");
         cmd.args(["-m", "venv"]).arg(&venv);
-        quiet(&mut cmd).context("python3 -m venv failed: is Debian's python3-venv installed?")?;
+        crate::quiet(&mut cmd)
+            .context("python3 -m venv failed: is Debian's python3-venv installed?")?;
     }
     let python = venv.join("bin/python3");
     let mut cmd = crate::debian::limited(PIP_SECS, &python.to_string_lossy());
@@ -278,7 +255,7 @@ fn pip_install() -> Result<()> {
         "--disable-pip-version-check",
         VIRTME_NG,
     ]);
-    quiet(&mut cmd)
+    crate::quiet(&mut cmd)
 }
 
 fn nextest_version() -> Option<String> {

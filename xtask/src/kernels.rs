@@ -115,7 +115,7 @@ fn boot_image(k: Kernel) -> Result<PathBuf> {
         }
         if best
             .as_ref()
-            .is_none_or(|(b, _)| crate::vm::version_cmp(release, b).is_gt())
+            .is_none_or(|(b, _)| version_cmp(release, b).is_gt())
         {
             best = Some((release.to_string(), entry.path()));
         }
@@ -187,13 +187,13 @@ pub fn fetch(k: Kernel, apt: &mut PrivateApt) -> Result<String> {
     // package: keep them (a VM running right now may be reading them).
     if !modules_ready(&release) {
         let _ = std::fs::remove_dir_all(&dest);
-        crate::deps::quiet(
+        crate::quiet(
             std::process::Command::new("cp")
                 .arg("-a")
                 .arg(&modules)
                 .arg(&dest),
         )?;
-        crate::deps::quiet(std::process::Command::new("depmod").args(["-a", &release]))?;
+        crate::quiet(std::process::Command::new("depmod").args(["-a", &release]))?;
     }
     std::fs::remove_dir_all(&root)?;
     // Written last: its presence means the rest is complete.
@@ -206,9 +206,62 @@ pub fn fetch(k: Kernel, apt: &mut PrivateApt) -> Result<String> {
     ))
 }
 
+/// The kernel image to boot for `k`: $PRJQUOTA_VM_KERNEL when set, else
+/// the matrix's (see [`crate::kernels`]).
+pub fn to_boot(k: Kernel) -> Result<PathBuf> {
+    if let Some(img) = std::env::var_os("PRJQUOTA_VM_KERNEL").filter(|k| !k.is_empty()) {
+        let img = PathBuf::from(img);
+        if !img.is_file() {
+            bail!("PRJQUOTA_VM_KERNEL={}: no such kernel image", img.display());
+        }
+        return Ok(img);
+    }
+    image(k)
+}
+
+/// `sort -V`-like comparison: digit runs compare as numbers.
+pub fn version_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+    fn chunks(s: &str) -> Vec<(bool, &str)> {
+        let mut out = Vec::new();
+        let mut start = 0;
+        let bytes = s.as_bytes();
+        for i in 1..=bytes.len() {
+            if i == bytes.len() || bytes[i].is_ascii_digit() != bytes[start].is_ascii_digit() {
+                out.push((bytes[start].is_ascii_digit(), &s[start..i]));
+                start = i;
+            }
+        }
+        out
+    }
+    let (ca, cb) = (chunks(a), chunks(b));
+    for (x, y) in ca.iter().zip(&cb) {
+        let ord = match (x, y) {
+            ((true, x), (true, y)) => x
+                .trim_start_matches('0')
+                .len()
+                .cmp(&y.trim_start_matches('0').len())
+                .then_with(|| x.trim_start_matches('0').cmp(y.trim_start_matches('0'))),
+            ((_, x), (_, y)) => x.cmp(y),
+        };
+        if ord.is_ne() {
+            return ord;
+        }
+    }
+    ca.len().cmp(&cb.len())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn versions() {
+        use std::cmp::Ordering::*;
+        assert_eq!(version_cmp("6.1.0-56-amd64", "6.1.0-9-amd64"), Greater);
+        assert_eq!(version_cmp("6.10.0-1-amd64", "6.9.0-1-amd64"), Greater);
+        assert_eq!(version_cmp("6.1.0-56-amd64", "6.1.0-56-amd64"), Equal);
+        assert_eq!(version_cmp("5.10.0-30-amd64", "6.1.0-1-amd64"), Less);
+    }
 
     #[test]
     fn names_round_trip_and_lines_match() {

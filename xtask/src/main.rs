@@ -340,6 +340,30 @@ pub fn take_value(args: &[String], i: &mut usize, name: &str) -> Result<Option<S
     }
 }
 
+/// Runs `cmd` with its output captured; an error carrying its stderr (and the
+/// tail of its stdout) if it fails.
+pub fn quiet(cmd: &mut Command) -> Result<()> {
+    let out = cmd
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| anyhow::anyhow!("cannot run {}: {e}", display(cmd)))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let tail = |b: &[u8]| {
+        let s = String::from_utf8_lossy(b);
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    };
+    anyhow::bail!(
+        "`{}` exited with {}\n--- stderr\n{}\n--- stdout (tail)\n{}",
+        display(cmd),
+        out.status,
+        tail(&out.stderr),
+        tail(&out.stdout)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

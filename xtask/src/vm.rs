@@ -123,50 +123,6 @@ pub fn main(args: &[String]) -> Result<u8> {
     Ok(u8::try_from(run.status).unwrap_or(1))
 }
 
-/// The kernel image to boot for `k`: $PRJQUOTA_VM_KERNEL when set, else
-/// the matrix's (see [`crate::kernels`]).
-pub fn kernel(k: Kernel) -> Result<PathBuf> {
-    if let Some(img) = std::env::var_os("PRJQUOTA_VM_KERNEL").filter(|k| !k.is_empty()) {
-        let img = PathBuf::from(img);
-        if !img.is_file() {
-            bail!("PRJQUOTA_VM_KERNEL={}: no such kernel image", img.display());
-        }
-        return Ok(img);
-    }
-    crate::kernels::image(k)
-}
-
-/// `sort -V`-like comparison: digit runs compare as numbers.
-pub fn version_cmp(a: &str, b: &str) -> std::cmp::Ordering {
-    fn chunks(s: &str) -> Vec<(bool, &str)> {
-        let mut out = Vec::new();
-        let mut start = 0;
-        let bytes = s.as_bytes();
-        for i in 1..=bytes.len() {
-            if i == bytes.len() || bytes[i].is_ascii_digit() != bytes[start].is_ascii_digit() {
-                out.push((bytes[start].is_ascii_digit(), &s[start..i]));
-                start = i;
-            }
-        }
-        out
-    }
-    let (ca, cb) = (chunks(a), chunks(b));
-    for (x, y) in ca.iter().zip(&cb) {
-        let ord = match (x, y) {
-            ((true, x), (true, y)) => x
-                .trim_start_matches('0')
-                .len()
-                .cmp(&y.trim_start_matches('0').len())
-                .then_with(|| x.trim_start_matches('0').cmp(y.trim_start_matches('0'))),
-            ((_, x), (_, y)) => x.cmp(y),
-        };
-        if ord.is_ne() {
-            return ord;
-        }
-    }
-    ca.len().cmp(&cb.len())
-}
-
 fn vng() -> Result<PathBuf> {
     crate::deps::find_vng().context("`vng` (virtme-ng) not found: run `cargo xtask deps`")
 }
@@ -185,7 +141,7 @@ fn timeout(default: Duration) -> Duration {
 /// `cwd` with `opts.env`, streaming the output live. An error when the VM did
 /// not boot or the guest setup failed; otherwise the guest command's status.
 pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
-    let kernel = kernel(opts.kernel)?;
+    let kernel = crate::kernels::to_boot(opts.kernel)?;
     let vng = vng()?;
     let init = crate::repo_root().join("tests/vm/guest-init.sh");
 
@@ -302,15 +258,6 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::cmp::Ordering::*;
-
-    #[test]
-    fn versions() {
-        assert_eq!(version_cmp("6.1.0-56-amd64", "6.1.0-9-amd64"), Greater);
-        assert_eq!(version_cmp("6.10.0-1-amd64", "6.9.0-1-amd64"), Greater);
-        assert_eq!(version_cmp("6.1.0-56-amd64", "6.1.0-56-amd64"), Equal);
-        assert_eq!(version_cmp("5.10.0-30-amd64", "6.1.0-1-amd64"), Less);
-    }
 
     #[test]
     fn fs_names() {
