@@ -388,6 +388,37 @@ pub fn command_of(
     cmd
 }
 
+/// Runs an exporter command that must refuse to start to its exit (within
+/// 120 s); returns the exit status and its stderr. `what` says in a failure
+/// what should have made it refuse.
+pub fn run_to_refusal(mut cmd: Command, what: &str) -> (std::process::ExitStatus, String) {
+    ensure_loopback();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start prjquota-exporter");
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait for the exporter") {
+            break st;
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the exporter with {what} is still running after 120 s: it did not refuse to start"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr piped"), &mut err)
+        .expect("read the exporter's stderr");
+    (status, err)
+}
+
 /// The exporter binary, running until dropped.
 pub struct Exporter {
     child: Child,

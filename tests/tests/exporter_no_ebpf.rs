@@ -3,12 +3,11 @@
 //! and `--guard=enforce` refuse to start and say why. On a host where eBPF
 //! attaches these paths are otherwise never taken.
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use prjquota_vmtests::fixture::{Fixture, XFS};
 use prjquota_vmtests::nomad::Spec;
-use prjquota_vmtests::prom::{command, ensure_loopback, Exporter};
+use prjquota_vmtests::prom::{command, run_to_refusal, Exporter};
 
 const ATTACHED: &str = "prjquota_exporter_ebpf_program_attached";
 const REASON: &str = "prjquota_exporter_ebpf_detached_reason";
@@ -16,28 +15,10 @@ const REASON: &str = "prjquota_exporter_ebpf_detached_reason";
 /// Runs an exporter without the eBPF capabilities to its exit, which must
 /// come (it is refusing to start); returns the exit status and its stderr.
 fn refused(f: &Fixture, args: &[&str]) -> (std::process::ExitStatus, String) {
-    ensure_loopback();
-    let mut child = command(&[&f.node.volumes_dir], args, true)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start prjquota-exporter under capsh");
-    let start = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait for the exporter") {
-            break st;
-        }
-        if start.elapsed() > Duration::from_secs(120) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the exporter with {args:?} and no eBPF capabilities is still running after 120 s: it did not refuse to start");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
-    (status, err)
+    run_to_refusal(
+        command(&[&f.node.volumes_dir], args, true),
+        &format!("{args:?} and no eBPF capabilities"),
+    )
 }
 
 #[test]
@@ -95,7 +76,6 @@ fn ebpf_required_without_capabilities_refuses_to_start_and_names_the_reason() {
     );
 }
 
-/// Needs the lead's `--guard=enforce` refusal (not on the tests branch yet).
 #[test]
 fn guard_enforce_without_capabilities_refuses_to_start_and_names_the_guard() {
     let f = XFS.fixture("no-guard-enforce");

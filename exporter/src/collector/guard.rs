@@ -421,6 +421,16 @@ fn counter_families(scrape: &Scrape, index_of: &[Option<u32>], c: &GuardCounters
     vec![attempts, unattributed, privileged, lost, full]
 }
 
+/// `…_guard_off_reason{reason}`: why the guard is off.
+fn off_reason_family(reason: &str) -> Family {
+    let mut f = Family::gauge(
+        "prjquota_exporter_guard_off_reason",
+        "1, labelled with why, while the quota-escape guard is off: disabled (--guard=off), or why its programs did not load (permission, no_btf, bpf_unavailable, function_not_found, verifier, kernel_too_old, attach, other; the exporter logs the details at start-up).",
+    );
+    f.labelled(vec![("reason", reason.to_string())], 1.0);
+    f
+}
+
 fn mode_families(mode: GuardMode, fallback: Option<&'static str>) -> Vec<Family> {
     let mut m = Family::gauge(
         "prjquota_exporter_guard_mode",
@@ -456,6 +466,7 @@ pub fn catalogue() -> Vec<Family> {
     let scrape = Scrape::new(crate::inventory::Inventory::default());
     let mut fams = mode_families(GuardMode::Enforce, Some("lsm_inactive"));
     fams.extend(counter_families(&scrape, &[], &GuardCounters::default()));
+    fams.push(off_reason_family("disabled"));
     fams
 }
 
@@ -480,18 +491,17 @@ impl Collector for GuardCollector {
                     out.push(attempts_family(0));
                     Ok(())
                 }
-                Status::Off { reason, error } => {
+                Status::Off { reason, .. } => {
                     out.extend(mode_families(GuardMode::Off, None));
                     // No samples (nothing is counted), but the family is
                     // known: the dashboards' lint reads the catalogue.
                     out.push(attempts_family(0));
-                    match error {
-                        // Logged at start-up; a failed collector says so too.
-                        Some(e) => Err(anyhow!(
-                            "the quota-escape guard did not load ({reason}): {e}"
-                        )),
-                        None => Ok(()),
-                    }
+                    // A guard that could not load is the degraded mode
+                    // --guard=detect asks for (--guard=enforce refuses to
+                    // start instead): logged at start-up and said here, as
+                    // a detached eBPF collector is, not a failed collector.
+                    out.push(off_reason_family(reason));
+                    Ok(())
                 }
                 Status::Loaded {
                     guard,

@@ -1,0 +1,120 @@
+//! On a kernel too old for the exporter's eBPF programs (Debian 11's 5.10:
+//! fexit write hooks need 5.17 or 5.19, the guard's bpf_loop 5.17), the
+//! plugin and the exporter's quota metrics work, and the eBPF features are
+//! refused loudly: a metric with the reason, a log line naming each
+//! program and the version it needs, and a refusal to start when they were
+//! required. Only the 5.10 pass runs this binary (see xtask/src/test.rs);
+//! it fails on a kernel new enough for the programs.
+//!
+//! ```sh
+//! cargo xtask test --vm-only --kernel 5.10 --filter 'binary(old_kernel)'
+//! ```
+
+use prjquota_vmtests::fixture::XFS;
+use prjquota_vmtests::nomad::Spec;
+use prjquota_vmtests::prom::{command, run_to_refusal, Exporter};
+
+/// The running kernel's (major, minor).
+fn kernel_version() -> (u32, u32) {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
+    let mut parts = release.trim().split(['.', '-']);
+    let mut next = || {
+        parts
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("a numeric release")
+    };
+    (next(), next())
+}
+
+fn assert_old_kernel() {
+    let v = kernel_version();
+    assert!(
+        v < (5, 17),
+        "this binary checks the refusals of a kernel older than 5.17; {v:?} runs the programs (run it with --kernel 5.10)"
+    );
+}
+
+#[test]
+fn defaults_serve_the_quota_metrics_and_say_why_ebpf_and_the_guard_are_off() {
+    assert_old_kernel();
+    let f = XFS.fixture("old-kernel-defaults");
+    let spec = Spec::new("v", 8 << 20);
+    f.create(&spec);
+    let exp = Exporter::start(&[&f.node.volumes_dir]);
+    let m = exp.scrape();
+    assert_eq!(
+        m.get(
+            "prjquota_exporter_ebpf_detached_reason",
+            &[("reason", "kernel_too_old")]
+        ),
+        Some(1.0),
+        "{}\n{}",
+        m.text,
+        exp.log()
+    );
+    assert_eq!(
+        m.get(
+            "prjquota_exporter_guard_off_reason",
+            &[("reason", "kernel_too_old")]
+        ),
+        Some(1.0),
+        "{}",
+        m.text
+    );
+    assert_eq!(
+        m.get("prjquota_exporter_guard_mode", &[("mode", "off")]),
+        Some(1.0)
+    );
+    // Degraded, not failed: every collector succeeds and the volume's
+    // quota metrics are there.
+    for s in m.find("prjquota_exporter_scrape_collector_success", &[]) {
+        assert_eq!(
+            s.value,
+            1.0,
+            "collector {:?} failed:\n{}",
+            s.label("collector"),
+            exp.log()
+        );
+    }
+    assert_eq!(
+        m.get(
+            "nomad_host_volume_quota_hard_limit_bytes",
+            &[("volume_id", &spec.id)]
+        ),
+        Some((8 << 20) as f64),
+        "{}",
+        m.text
+    );
+    let log = exp.log();
+    for needle in [
+        "eBPF write telemetry is off",
+        "quota-escape guard is off",
+        "needs 5.17 or later",
+    ] {
+        assert!(log.contains(needle), "the log says {needle:?}:\n{log}");
+    }
+}
+
+#[test]
+fn required_ebpf_and_an_enforcing_guard_refuse_to_start_naming_the_kernel() {
+    assert_old_kernel();
+    let f = XFS.fixture("old-kernel-refusals");
+    for (flag, names) in [
+        ("--ebpf=required", "--ebpf=required"),
+        ("--guard=enforce", "--guard=enforce"),
+    ] {
+        let (status, err) = run_to_refusal(
+            command(&[&f.node.volumes_dir], &[flag], false),
+            &format!("{flag} on Linux 5.10"),
+        );
+        assert!(
+            !status.success(),
+            "{flag} started on a kernel too old: {err}"
+        );
+        assert!(
+            err.contains(names) && err.contains("kernel too old"),
+            "the refusal names {names} and the kernel: {err}"
+        );
+    }
+}
