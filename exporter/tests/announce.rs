@@ -78,19 +78,14 @@ async fn announcements_are_answered_once_ready_and_refused_otherwise() {
     // Before the warm-up the exporter holds the answer back (the programs
     // are not loaded yet); the plugin's client waits, then gets `ok`.
     let d = dir.clone();
-    let asked = tokio::task::spawn_blocking(move || {
-        let t = Instant::now();
-        (announce(&d, Duration::from_secs(10)), t.elapsed())
-    });
+    let asked = tokio::task::spawn_blocking(move || announce(&d, Duration::from_secs(10)));
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !asked.is_finished(),
         "answered before the exporter was ready"
     );
     e.warm_up().await;
-    let (got, took) = asked.await.unwrap();
-    assert_eq!(got.unwrap(), Announced::Registered);
-    assert!(took >= Duration::from_millis(300), "{took:?}");
+    assert_eq!(asked.await.unwrap().unwrap(), Announced::Registered);
 
     // Ready: answered at once, however the directory is spelled.
     let spelled = format!("{}/", dir.display());
