@@ -33,7 +33,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use prjquota::quota::ProjectQuota;
+use prjquota_core::quota::ProjectQuota;
 pub use prjquota_ebpf::guard::GuardMode;
 pub use prjquota_ebpf::Mode as EbpfMode;
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::anyhow;
-use prjquota::quota::ProjectQuota;
+use prjquota_core::quota::ProjectQuota;
 
 use super::{BoxFuture, Collector, Scrape};
 use crate::blocking::InFlight;
@@ -27,7 +27,7 @@ pub type ListFn =
 /// Every project dquot in `range` on the filesystem holding `dir`.
 pub fn list(dir: &Path, range: RangeInclusive<u32>) -> io::Result<Vec<ProjectQuota>> {
     let f = std::fs::File::open(dir)?;
-    prjquota::quota::list(f.as_fd(), range)
+    prjquota_core::quota::list(f.as_fd(), range)
 }
 
 pub struct Quota {
@@ -173,7 +173,7 @@ mod tests {
     use super::*;
     use crate::inventory::tests::volume;
     use crate::inventory::Inventory;
-    use prjquota::quota::Limits;
+    use prjquota_core::quota::Limits;
     use std::sync::Mutex;
 
     #[tokio::test]
