@@ -1,4 +1,4 @@
-//! The exporter's half of the plugin's announcements (`prjquota::announce`):
+//! The exporter's half of the plugin's announcements (`prjquota_core::announce`):
 //! a create that made a new volume asks the exporter to register it with
 //! the eBPF programs before Nomad hears the volume exists, so its first
 //! write is counted and its project ID guarded. Without this the exporter
@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use prjquota::announce::{canonical, parse_request, socket_name, MAX_LINE};
+use prjquota_core::announce::{canonical, parse_request, socket_name, MAX_LINE};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot, Semaphore};

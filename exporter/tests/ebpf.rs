@@ -5,6 +5,10 @@
 //! `--ebpf=required` it must refuse to start; with `--ebpf=off` it says
 //! disabled. The VM tests (tests/tests/exporter_ebpf.rs) cover attached.
 
+// Signals the spawned exporter child with kill(2); the block states its
+// SAFETY invariant.
+#![allow(unsafe_code)]
+
 mod common;
 
 use std::io::{BufRead, BufReader};

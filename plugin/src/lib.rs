@@ -8,16 +8,16 @@
 //! ([`quota`], [`fs`], [`registry`], [`remove`]).
 
 pub mod admin;
-pub mod announce;
 pub mod capacity;
 pub mod config;
 pub mod contract;
 pub mod fault;
 pub mod fs;
-pub mod mountinfo;
 pub mod ops;
 pub mod params;
-pub mod quota;
 pub mod registry;
 pub mod remove;
-pub mod sys;
+
+// Moved to prjquota-core (shared with the exporter); re-exported so the
+// plugin's own `crate::sys` paths keep working.
+pub use prjquota_core::{announce, mountinfo, quota, sys};

@@ -81,6 +81,12 @@ pub struct Record {
     pub updated_unix: u64,
 }
 
+/// `<volumes dir>/.prjquota/volumes`: where the records live. The one place
+/// that spells the path; the plugin, the exporter and the tests all use it.
+pub fn records_dir(volumes_dir: &Path) -> PathBuf {
+    volumes_dir.join(DIR_NAME).join(VOLUMES)
+}
+
 pub fn now_unix() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -398,7 +404,8 @@ fn parse_record(mut f: std::fs::File, expected_id: &str) -> Result<Record> {
 
 /// Parses and checks one record file's content: valid JSON of the supported
 /// version whose `volume_id` matches the file name (`<id>.json`). The
-/// exporter, which caches records per file, uses this directly.
+/// exporter, which caches records per file, uses this directly: it is the
+/// only record reader.
 pub fn parse_record_bytes(body: &[u8], expected_id: &str) -> Result<Record> {
     let rec: Record = serde_json::from_slice(body).context("invalid JSON record")?;
     if rec.volume_id.as_str() != expected_id {
@@ -453,7 +460,7 @@ fn load_all_from(dir: BorrowedFd<'_>) -> io::Result<Vec<Entry>> {
 /// anything: the exporter's and `prjquota list`'s view. A volumes directory
 /// without a registry holds no volumes.
 pub fn read_all(volumes_dir: &Path) -> io::Result<Vec<Entry>> {
-    let dir = volumes_dir.join(DIR_NAME).join(VOLUMES);
+    let dir = records_dir(volumes_dir);
     let f = match std::fs::File::open(&dir) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),

@@ -90,15 +90,15 @@ impl Fixture {
     }
 
     /// The kernel's view of a project on this fixture's filesystem.
-    pub fn quota(&self, project_id: u32) -> prjquota::quota::ProjectQuota {
+    pub fn quota(&self, project_id: u32) -> prjquota_core::quota::ProjectQuota {
         let dir = std::fs::File::open(&self.node.volumes_dir).expect("open volumes dir");
-        prjquota::quota::get(dir.as_fd(), project_id).expect("quotactl")
+        prjquota_core::quota::get(dir.as_fd(), project_id).expect("quotactl")
     }
 
     /// Project ID and PROJINHERIT of a directory.
     pub fn project_of(path: &Path) -> (u32, bool) {
         let f = std::fs::File::open(path).expect("open");
-        prjquota::quota::project_of(f.as_fd()).expect("fsgetxattr")
+        prjquota_core::quota::project_of(f.as_fd()).expect("fsgetxattr")
     }
 
     /// The registry record of a volume, as JSON.
@@ -171,7 +171,7 @@ fn run_fill(args: &[&std::ffi::OsStr], uid: Option<u32>) -> Filled {
 /// `statvfs` of a path: (size bytes, available bytes, files, free files).
 pub fn statvfs(path: &Path) -> (u64, u64, u64, u64) {
     let f = std::fs::File::open(path).expect("open");
-    let st = prjquota::sys::fstatfs(f.as_fd()).expect("statfs");
+    let st = prjquota_core::sys::fstatfs(f.as_fd()).expect("statfs");
     let bs = st.f_frsize as u64;
     (
         st.f_blocks as u64 * bs,

@@ -1,6 +1,6 @@
 //! An independent witness of the kernel's project quotas: the filesystem's
 //! own tools (`xfs_quota` from xfsprogs, `repquota` from quota), not
-//! `prjquota::quota`, the code under test.
+//! `prjquota_core::quota`, the code under test.
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -182,25 +182,25 @@ fn reconcile_finds_every_kind_of_orphan_and_fix_repairs_without_losing_data() {
     // 3. A project in the node's range with limits but no record.
     let dirfd = std::fs::File::open(&vols).unwrap();
     let stray = f.id_max;
-    let limits = prjquota::quota::Limits {
+    let limits = prjquota_core::quota::Limits {
         bytes_hard: 8 * MIB,
         ..Default::default()
     };
-    prjquota::quota::set_limits(dirfd.as_fd(), stray, &limits).unwrap();
+    prjquota_core::quota::set_limits(dirfd.as_fd(), stray, &limits).unwrap();
     // 4. A volume whose root carries another project ID.
     let retag = Spec::new("retag", 4 * MIB as i64);
     let (retag_path, _) = f.create(&retag);
     std::fs::write(retag_path.join("data"), b"keep").unwrap();
     let rfd = std::fs::File::open(&retag_path).unwrap();
-    prjquota::quota::tag(rfd.as_fd(), f.id_max - 1).unwrap();
+    prjquota_core::quota::tag(rfd.as_fd(), f.id_max - 1).unwrap();
     // 5. A volume whose limit was changed behind the plugin's back.
     let limit = Spec::new("limit", 4 * MIB as i64);
     f.create(&limit);
-    let lim = prjquota::quota::Limits {
+    let lim = prjquota_core::quota::Limits {
         bytes_hard: 64 * MIB,
         ..Default::default()
     };
-    prjquota::quota::set_limits(dirfd.as_fd(), f.project_id(&limit.id), &lim).unwrap();
+    prjquota_core::quota::set_limits(dirfd.as_fd(), f.project_id(&limit.id), &lim).unwrap();
     // 6. Stale temp and lock files.
     let reg = vols.join(".prjquota");
     std::fs::write(reg.join(format!("volumes/.{}.json.tmp", uuid())), b"{").unwrap();

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use prjquota::quota::{self, Limits};
+use prjquota_core::quota::{self, Limits};
 use prjquota_ebpf::{
     kernel_dev, root_of, ErrnoBucket, LoadOptions, VolumeCounters, WriteTelemetry, MAX_DEPTH,
 };

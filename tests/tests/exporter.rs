@@ -757,7 +757,7 @@ fn floor_pass(roots: &[CString], volumes_dir: &Path, ids: (u32, u32)) -> Duratio
         std::hint::black_box(st.blocks());
     }
     let dir = std::fs::File::open(volumes_dir).unwrap();
-    let q = prjquota::quota::list(dir.as_fd(), ids.0..=ids.1).unwrap();
+    let q = prjquota_core::quota::list(dir.as_fd(), ids.0..=ids.1).unwrap();
     std::hint::black_box(q.len());
     start.elapsed()
 }
@@ -795,7 +795,7 @@ fn create_via_ops(volumes_dir: &Path, plugin_dir: &Path, node_id: &str, i: usize
 /// plugin's registry code) without its per-create scan of every record and
 /// quota, which makes `ops::create` O(volumes) per call.
 fn create_quick(volumes_dir: &Path, node_id: &str, i: usize, project_id: u32) -> PathBuf {
-    use prjquota::quota::{self, Limits};
+    use prjquota_core::quota::{self, Limits};
     let id = uuid();
     let path = volumes_dir.join(&id);
     std::fs::create_dir(&path).unwrap();

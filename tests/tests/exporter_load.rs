@@ -249,7 +249,7 @@ fn ten_thousand_volumes_created_and_deleted_while_scraping() {
         .collect();
     assert_eq!(records.len(), 1, "records left: {records:?}");
     let vd = std::fs::File::open(&f.node.volumes_dir).unwrap();
-    let limited: Vec<u32> = prjquota::quota::list(vd.as_fd(), f.id_min..=f.id_max)
+    let limited: Vec<u32> = prjquota_core::quota::list(vd.as_fd(), f.id_min..=f.id_max)
         .unwrap()
         .into_iter()
         .filter(|q| !q.limits.is_none())

@@ -17,13 +17,18 @@
 //! capability drop, then the ioctls, then `_exit(errno)`; nothing in the
 //! child allocates. Their pids identify their events.
 
+// The guard tests fork a child that drops privileges and makes raw
+// syscalls (fork, setresuid, capset, FS_IOC_* ioctls); each block states
+// its SAFETY invariant.
+#![allow(unsafe_code)]
+
 use std::fs;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{chown, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use prjquota::sys::{self, FsXattr, FS_XFLAG_PROJINHERIT};
+use prjquota_core::sys::{self, FsXattr, FS_XFLAG_PROJINHERIT};
 use prjquota_ebpf::guard::{
     bpf_lsm_active, EventSource, Guard, GuardEvent, GuardMode, Outcome, Outcomes,
 };

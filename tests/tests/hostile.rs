@@ -6,7 +6,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::symlink;
 use std::path::Path;
 
-use prjquota::sys;
+use prjquota_core::sys;
 use prjquota_vmtests::fixture::{FsCase, MIB};
 use prjquota_vmtests::nomad::Spec;
 use prjquota_vmtests::on_every_fs;

@@ -182,7 +182,9 @@ fn assert_consistent(f: &Fixture, pool: &[Spec], round: u64) {
     // No project in the node's range is limited without a record.
     let dir = std::fs::File::open(&f.node.volumes_dir).unwrap();
     let live: BTreeSet<u32> = ids.keys().copied().collect();
-    for q in prjquota::quota::list(std::os::fd::AsFd::as_fd(&dir), f.id_min..=f.id_max).unwrap() {
+    for q in
+        prjquota_core::quota::list(std::os::fd::AsFd::as_fd(&dir), f.id_min..=f.id_max).unwrap()
+    {
         assert!(
             live.contains(&q.id) || q.is_unused(),
             "round {round}: project {} has limits or usage but no volume: {q:?}",
@@ -192,7 +194,7 @@ fn assert_consistent(f: &Fixture, pool: &[Spec], round: u64) {
 }
 
 /// The filesystem's own quota tool agrees with the records: every volume's
-/// limit as `xfs_quota`/`repquota` see it, not as `prjquota::quota` reads it.
+/// limit as `xfs_quota`/`repquota` see it, not as `prjquota_core::quota` reads it.
 fn assert_witnessed(fs: &FsCase, f: &Fixture, pool: &[Spec], round: u64) {
     let seen = witness::hard_limits(fs, &(fs.mount)());
     let mut checked = 0;

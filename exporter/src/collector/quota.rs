@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::anyhow;
-use prjquota::quota::ProjectQuota;
+use prjquota_core::quota::ProjectQuota;
 
 use super::{BoxFuture, Collector, Scrape};
 use crate::blocking::InFlight;
@@ -28,7 +28,7 @@ pub type ListFn =
 /// Every project dquot in `range` on the filesystem holding `dir`.
 pub fn list(dir: &Path, range: RangeInclusive<u32>) -> io::Result<Vec<ProjectQuota>> {
     let f = std::fs::File::open(dir)?;
-    prjquota::quota::list(f.as_fd(), range)
+    prjquota_core::quota::list(f.as_fd(), range)
 }
 
 /// Reads every volume's quota, one pass per filesystem. Shared by the
@@ -199,7 +199,7 @@ pub fn families(per_volume: &[Option<ProjectQuota>]) -> Vec<Family> {
 mod tests {
     use super::*;
     use crate::inventory::tests::volume;
-    use prjquota::quota::Limits;
+    use prjquota_core::quota::Limits;
     use std::sync::Mutex;
 
     #[tokio::test]

@@ -26,15 +26,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::anyhow;
-use prjquota::registry::{Record, State, DIR_NAME, RECORD_VERSION};
+use prjquota::registry::{parse_record_bytes, records_dir, Record, State, MAX_RECORD_BYTES};
 
 use super::{BoxFuture, Collector, Scrape};
 use crate::blocking::InFlight;
 use crate::inventory::{Dir, Inventory, Volume};
 use crate::metrics::Family;
-
-/// Records are a few hundred bytes; a bigger file is not a record.
-const MAX_RECORD: u64 = 1 << 20;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct FileKey {
@@ -241,7 +238,7 @@ fn scan(cache: &mut DirCache, index: usize, volumes_dir: &Path) -> io::Result<Sn
         }
         Err(e) => return Err(e),
     }
-    let registry = volumes_dir.join(DIR_NAME).join("volumes");
+    let registry = records_dir(volumes_dir);
     let started = SystemTime::now();
     let meta = match fs::metadata(&registry) {
         Ok(m) => m,
@@ -317,7 +314,8 @@ fn scan(cache: &mut DirCache, index: usize, volumes_dir: &Path) -> io::Result<Sn
 }
 
 /// Reads one record file; `Ok(None)` when it vanished before it was opened.
-/// Mirrors the checks of the plugin's own reader.
+/// The open and size checks are the exporter's (it caches per file); the
+/// content checks are the plugin's single reader, `parse_record_bytes`.
 fn read_record(path: &Path, stem: &str) -> Result<Option<Record>, String> {
     // O_NONBLOCK: a FIFO swapped in after the lstat must not hang the read.
     let f = match fs::OpenOptions::new()
@@ -333,26 +331,15 @@ fn read_record(path: &Path, stem: &str) -> Result<Option<Record>, String> {
         return Err("not a regular file".into());
     }
     let mut body = Vec::new();
-    f.take(MAX_RECORD + 1)
+    f.take(MAX_RECORD_BYTES + 1)
         .read_to_end(&mut body)
         .map_err(|e| e.to_string())?;
-    if body.len() as u64 > MAX_RECORD {
-        return Err("larger than 1 MiB: not a record".into());
-    }
-    let rec: Record =
-        serde_json::from_slice(&body).map_err(|e| format!("invalid JSON record: {e}"))?;
-    if rec.volume_id.as_str() != stem {
+    if body.len() as u64 > MAX_RECORD_BYTES {
         return Err(format!(
-            "the record's volume_id {} does not match its file name",
-            rec.volume_id
+            "larger than {MAX_RECORD_BYTES} bytes: not a record"
         ));
     }
-    if rec.version != RECORD_VERSION {
-        return Err(format!(
-            "record version {} is not supported (this exporter reads version {RECORD_VERSION})",
-            rec.version
-        ));
-    }
+    let rec = parse_record_bytes(&body, stem).map_err(|e| format!("{e:#}"))?;
     Ok(Some(rec))
 }
 
@@ -430,6 +417,7 @@ pub mod tests {
 
     use prjquota::contract::VolumeId;
     use prjquota::params::VolumeParams;
+    use prjquota::registry::RECORD_VERSION;
 
     pub fn record(id: &str, namespace: &str, project_id: u32, state: State) -> Record {
         Record {
@@ -460,7 +448,7 @@ pub mod tests {
     }
 
     pub fn write_record(volumes_dir: &Path, rec: &Record) {
-        let dir = volumes_dir.join(DIR_NAME).join("volumes");
+        let dir = records_dir(volumes_dir);
         fs::create_dir_all(&dir).unwrap();
         let tmp = dir.join(format!(".{}.json.tmp", rec.volume_id));
         fs::write(&tmp, serde_json::to_vec_pretty(rec).unwrap()).unwrap();
@@ -520,7 +508,7 @@ pub mod tests {
     async fn a_corrupt_record_is_skipped_counted_and_others_survive() {
         let d = temp_dir("corrupt");
         write_record(&d, &record(A, "default", 1001, State::Ready));
-        let vols = d.join(DIR_NAME).join("volumes");
+        let vols = records_dir(&d);
         fs::write(vols.join(format!("{B}.json")), b"{ not json").unwrap();
         // A record whose ID does not match its file name is corrupt too.
         fs::write(
@@ -552,7 +540,7 @@ pub mod tests {
         assert_eq!(inv.dirs.len(), 2);
         assert_eq!(inv.dirs[1].dev, None);
         // An empty registry directory too.
-        fs::create_dir_all(d.join(DIR_NAME).join("volumes")).unwrap();
+        fs::create_dir_all(records_dir(&d)).unwrap();
         let (inv, res) = reg.load().await;
         res.unwrap();
         assert!(inv.volumes.is_empty());
@@ -576,7 +564,7 @@ pub mod tests {
         // Unchanged records are reused, not parsed again.
         let (inv, _) = reg.load().await;
         assert!(Arc::ptr_eq(&first, &inv.volumes[0]));
-        fs::remove_file(d.join(DIR_NAME).join("volumes").join(format!("{A}.json"))).unwrap();
+        fs::remove_file(records_dir(&d).join(format!("{A}.json"))).unwrap();
         let (inv, _) = reg.load().await;
         assert_eq!(inv.volumes.len(), 1);
         assert_eq!(inv.volumes[0].volume_id, B);
@@ -591,7 +579,7 @@ pub mod tests {
         let (inv, ok) = reg.load().await;
         assert!(ok.is_ok() && !inv.dirs[0].stale);
         // The registry directory replaced by a file: reading it fails.
-        let volumes = d.join(DIR_NAME).join("volumes");
+        let volumes = records_dir(&d);
         fs::remove_dir_all(&volumes).unwrap();
         fs::write(&volumes, b"not a directory").unwrap();
         let (inv, ok) = reg.load().await;

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::anyhow;
-use prjquota::quota::ProjectQuota;
+use prjquota_core::quota::ProjectQuota;
 
 use super::{BoxFuture, Collector, Scrape};
 use crate::blocking::InFlight;
@@ -282,7 +282,7 @@ mod tests {
     use super::*;
     use crate::inventory::tests::volume;
     use crate::inventory::Inventory;
-    use prjquota::quota::Limits;
+    use prjquota_core::quota::Limits;
     use std::sync::atomic::AtomicUsize;
 
     const ST: FsStat = FsStat {

@@ -320,7 +320,7 @@ fn main() {
 fn statvfs(path: &Path) -> (u64, u64) {
     use std::os::fd::AsFd;
     let f = std::fs::File::open(path).unwrap();
-    let st = prjquota::sys::fstatfs(f.as_fd()).unwrap();
+    let st = prjquota_core::sys::fstatfs(f.as_fd()).unwrap();
     let bs = st.f_frsize as u64;
     (st.f_bavail as u64 * bs, st.f_blocks as u64 * bs)
 }

@@ -361,10 +361,8 @@ pub fn get_fsxattr(fd: BorrowedFd<'_>) -> io::Result<FsXattr> {
     let mut attr = FsXattr::default();
     // SAFETY: the ioctl writes one `fsxattr` (28 bytes, checked above) to a
     // valid, exclusively borrowed buffer; `fd` is live for the call.
-    cvt(
-        unsafe { libc::ioctl(fd.as_raw_fd(), FS_IOC_FSGETXATTR, &mut attr as *mut FsXattr) }
-            as libc::c_long,
-    )?;
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), FS_IOC_FSGETXATTR, &mut attr as *mut FsXattr) };
+    cvt(r as libc::c_long)?;
     Ok(attr)
 }
 
@@ -545,6 +543,8 @@ pub fn read_dir(dir: BorrowedFd<'_>) -> io::Result<Vec<DirEntry>> {
         // readdir returns NULL both at the end and on error; errno tells which.
         // SAFETY: errno is thread-local; dirp is valid until closedir below.
         unsafe { *libc::__errno_location() = 0 };
+        // SAFETY: dirp is a valid, open DIR stream until closedir below; the
+        // entry it returns is read before the next readdir call.
         let ent = unsafe { libc::readdir64(dirp) };
         if ent.is_null() {
             let err = io::Error::last_os_error();
