@@ -3,7 +3,12 @@
 //! allow) driven from userspace. Counting itself is tested in the VM
 //! (tests/tests/ebpf.rs).
 
+use std::collections::HashMap;
+
+use aya::maps::HashMap as BpfHashMap;
+
 use super::*;
+use crate::raw::RootKey;
 
 #[test]
 fn errno_buckets() {
