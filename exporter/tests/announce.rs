@@ -83,7 +83,10 @@ async fn announcements_are_answered_once_ready_and_refused_otherwise() {
         (announce(&d, Duration::from_secs(10)), t.elapsed())
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!asked.is_finished(), "answered before the exporter was ready");
+    assert!(
+        !asked.is_finished(),
+        "answered before the exporter was ready"
+    );
     e.warm_up().await;
     let (got, took) = asked.await.unwrap();
     assert_eq!(got.unwrap(), Announced::Registered);
@@ -99,7 +102,10 @@ async fn announcements_are_answered_once_ready_and_refused_otherwise() {
 
     let t = text(&e).await;
     assert_eq!(
-        value(&t, "prjquota_exporter_announcements_total{result=\"registered\"}"),
+        value(
+            &t,
+            "prjquota_exporter_announcements_total{result=\"registered\"}"
+        ),
         Some(2.0),
         "{t}"
     );
@@ -128,8 +134,8 @@ async fn announcements_are_answered_once_ready_and_refused_otherwise() {
     let reply = tokio::task::spawn_blocking(move || {
         use std::io::{BufRead, BufReader, Write};
         use std::os::linux::net::SocketAddrExt;
-        let addr = std::os::unix::net::SocketAddr::from_abstract_name(socket_name(&d).unwrap())
-            .unwrap();
+        let addr =
+            std::os::unix::net::SocketAddr::from_abstract_name(socket_name(&d).unwrap()).unwrap();
         let mut s = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
         s.write_all(b"sync /somewhere/else\n").unwrap();
         let mut line = String::new();
@@ -146,7 +152,10 @@ async fn announcements_are_answered_once_ready_and_refused_otherwise() {
     let deadline = Instant::now() + Duration::from_secs(5);
     let t = loop {
         let t = text(&e).await;
-        if value(&t, "prjquota_exporter_announcements_total{result=\"refused\"}") == Some(2.0)
+        if value(
+            &t,
+            "prjquota_exporter_announcements_total{result=\"refused\"}",
+        ) == Some(2.0)
             || Instant::now() > deadline
         {
             break t;
@@ -154,7 +163,10 @@ async fn announcements_are_answered_once_ready_and_refused_otherwise() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(
-        value(&t, "prjquota_exporter_announcements_total{result=\"refused\"}"),
+        value(
+            &t,
+            "prjquota_exporter_announcements_total{result=\"refused\"}"
+        ),
         Some(2.0),
         "{t}"
     );
