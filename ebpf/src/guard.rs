@@ -821,32 +821,11 @@ fn attach_lsm(ebpf: &mut Ebpf, btf: &Btf, prog: &str, hook: &str) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
 
     use aya::maps::HashMap as BpfHashMap;
 
     use crate::raw::RootKey;
-
-    /// `#define NAME VALUE` lines of a C header.
-    fn defines(header: &str) -> HashMap<String, u64> {
-        header
-            .lines()
-            .filter_map(|l| {
-                let mut w = l.split_whitespace();
-                if w.next()? != "#define" {
-                    return None;
-                }
-                let name = w.next()?.to_string();
-                let value = w.next()?;
-                let v = if let Some(hex) = value.strip_prefix("0x") {
-                    u64::from_str_radix(hex, 16).ok()?
-                } else {
-                    value.parse().ok()?
-                };
-                Some((name, v))
-            })
-            .collect()
-    }
+    use crate::tests::defines;
 
     #[test]
     fn header_matches_rust() {

@@ -109,7 +109,7 @@ fn counters_arithmetic() {
 }
 
 /// `#define NAME VALUE` lines of a C header.
-fn defines(header: &str) -> HashMap<String, u64> {
+pub(crate) fn defines(header: &str) -> HashMap<String, u64> {
     header
         .lines()
         .filter_map(|l| {
