@@ -75,20 +75,21 @@
 //! }
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::io;
 use std::str::FromStr;
 
-use aya::maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
+use aya::maps::{Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 use aya::programs::{FExit, Lsm, ProgramError};
 use aya::util::KernelVersion;
-use aya::{Btf, Ebpf, EbpfError, EbpfLoader};
+use aya::{Btf, Ebpf, EbpfLoader};
 
 use crate::error::{chain, errno_of};
-use crate::raw::RootKey;
+use crate::raw::{GuardRawCounters as RawCounters, GuardRawRoot as RawRoot};
+use crate::roots::{sync_roots, RootMaps};
 use crate::{
-    classify, kernel_btf, kernel_dev, map_err, prune_counters, remove_ok, FailureReason, LoadError,
+    classify, kernel_btf, map_err, object_error, prune_counters, FailureReason, LoadError,
     LoadOptions, ProgramFailure, RootsUpdate, TelemetryError,
 };
 
@@ -104,6 +105,7 @@ pub const LSM_LIST: &str = "/sys/kernel/security/lsm";
 const MAX_ROOTS: u32 = 16384;
 #[cfg(test)]
 const MAX_VOLUMES: u32 = 16384;
+#[cfg(test)]
 const MAX_DEVS: u32 = 64;
 #[cfg(test)]
 const EVENTS_BYTES: u32 = 262_144;
@@ -182,30 +184,6 @@ pub const MAX_EVENTS_PER_DRAIN: usize = 16_384;
 fn object() -> &'static [u8] {
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/guard.o"))
 }
-
-/// `struct guard_root`: a volume root's index and project ID.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-struct RawRoot {
-    index: u32,
-    projid: u32,
-}
-
-/// `struct guard_counters`: one CPU's share of a volume's attempts.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct RawCounters {
-    allowed: u64,
-    denied: u64,
-}
-
-// SAFETY: `aya::Pod` needs a plain-old-data type: `Copy`, `#[repr(C)]`, every
-// bit pattern valid, no padding. `RawRoot` is two `u32`s (8 bytes).
-unsafe impl aya::Pod for RawRoot {}
-
-// SAFETY: as above: two `u64`s (16 bytes), `#[repr(C)]`, no padding, any bit
-// pattern valid.
-unsafe impl aya::Pod for RawCounters {}
 
 /// What the guard does (the exporter's `--guard` flag: `off`, `detect`,
 /// `enforce`).
@@ -595,7 +573,7 @@ impl Guard {
             .map_max_entries(MAP_COUNTERS, opts.max_volumes)
             .map_max_entries(MAP_ROOTS, opts.max_roots)
             .load(object())
-            .map_err(object_error)?;
+            .map_err(|e| object_error(COMPONENT, e))?;
         let events = ebpf
             .take_map(MAP_EVENTS)
             .ok_or_else(|| LoadError::BpfUnavailable {
@@ -659,67 +637,19 @@ impl Guard {
         &mut self,
         roots: &[(u64, u64, u32, u32)],
     ) -> Result<RootsUpdate, TelemetryError> {
-        let mut update = RootsUpdate::default();
-        let mut desired: HashMap<RootKey, RawRoot> = HashMap::with_capacity(roots.len());
-        for &(st_dev, st_ino, index, projid) in roots {
-            match kernel_dev(st_dev) {
-                Some(dev) => {
-                    desired.insert(RootKey { dev, ino: st_ino }, RawRoot { index, projid });
-                }
-                None => update.rejected.push((st_dev, st_ino, index)),
-            }
-        }
-        if desired.len() > self.max_roots as usize {
-            return Err(TelemetryError::TooManyRoots {
-                given: desired.len(),
-                max: self.max_roots,
-            });
-        }
-        let mut devs: BTreeMap<u64, u32> = BTreeMap::new();
-        for key in desired.keys() {
-            *devs.entry(key.dev).or_default() += 1;
-        }
-        if devs.len() > MAX_DEVS as usize {
-            return Err(TelemetryError::TooManyDevices {
-                given: devs.len(),
-                max: MAX_DEVS,
-            });
-        }
-        // Roots first, devices after (a device gates the walk: with the
-        // roots in place first, no window where a volume is unguarded),
-        // then removals, stale devices last.
-        {
-            let mut root_map: BpfHashMap<&mut MapData, RootKey, RawRoot> =
-                map_err(MAP_ROOTS, BpfHashMap::try_from(self.map_mut(MAP_ROOTS)?))?;
-            let current: HashMap<RootKey, RawRoot> =
-                map_err(MAP_ROOTS, root_map.iter().collect::<Result<_, _>>())?;
-            for (key, root) in &desired {
-                match current.get(key) {
-                    Some(r) if r == root => continue,
-                    Some(_) => update.changed += 1,
-                    None => update.added += 1,
-                }
-                map_err(MAP_ROOTS, root_map.insert(key, root, 0))?;
-            }
-            for key in current.keys().filter(|k| !desired.contains_key(k)) {
-                map_err(MAP_ROOTS, remove_ok(root_map.remove(key)))?;
-                update.removed += 1;
-            }
-        }
-        {
-            let mut dev_map: BpfHashMap<&mut MapData, u64, u32> = map_err(
-                MAP_ROOT_DEVS,
-                BpfHashMap::try_from(self.map_mut(MAP_ROOT_DEVS)?),
-            )?;
-            for (dev, n) in &devs {
-                map_err(MAP_ROOT_DEVS, dev_map.insert(dev, n, 0))?;
-            }
-            let stale: Vec<u64> = map_err(MAP_ROOT_DEVS, dev_map.keys().collect())?;
-            for dev in stale.iter().filter(|d| !devs.contains_key(d)) {
-                map_err(MAP_ROOT_DEVS, remove_ok(dev_map.remove(dev)))?;
-            }
-        }
-        let indexes: BTreeSet<u32> = desired.values().map(|r| r.index).collect();
+        let maps = RootMaps {
+            roots: MAP_ROOTS,
+            devs: MAP_ROOT_DEVS,
+        };
+        let (mut update, indexes) = sync_roots(
+            &mut self.ebpf,
+            &maps,
+            self.max_roots,
+            roots
+                .iter()
+                .map(|&(dev, ino, index, projid)| (dev, ino, RawRoot { index, projid })),
+            |r| r.index,
+        )?;
         update.pruned_counters +=
             prune_counters::<RawCounters>(MAP_COUNTERS, self.map_mut(MAP_COUNTERS)?, &indexes)?;
         self.indexes = indexes;
@@ -888,46 +818,14 @@ fn attach_lsm(ebpf: &mut Ebpf, btf: &Btf, prog: &str, hook: &str) -> Result<(), 
     Ok(())
 }
 
-fn object_error(e: EbpfError) -> LoadError {
-    let errno = errno_of(&e);
-    let hint = match errno {
-        Some(libc::EPERM | libc::EACCES) => {
-            " (not permitted: needs root or CAP_BPF; unprivileged BPF or a sandbox policy may \
-             forbid it)"
-        }
-        Some(libc::ENOSYS) => " (the kernel has no bpf(2): CONFIG_BPF_SYSCALL is off)",
-        _ => "",
-    };
-    LoadError::BpfUnavailable {
-        errno,
-        detail: format!("the {COMPONENT}'s object: {}{hint}", chain(&e)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// `#define NAME VALUE` lines of a C header.
-    fn defines(header: &str) -> HashMap<String, u64> {
-        header
-            .lines()
-            .filter_map(|l| {
-                let mut w = l.split_whitespace();
-                if w.next()? != "#define" {
-                    return None;
-                }
-                let name = w.next()?.to_string();
-                let value = w.next()?;
-                let v = if let Some(hex) = value.strip_prefix("0x") {
-                    u64::from_str_radix(hex, 16).ok()?
-                } else {
-                    value.parse().ok()?
-                };
-                Some((name, v))
-            })
-            .collect()
-    }
+    use aya::maps::HashMap as BpfHashMap;
+
+    use crate::raw::RootKey;
+    use crate::tests::defines;
 
     #[test]
     fn header_matches_rust() {

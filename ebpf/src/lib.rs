@@ -42,8 +42,9 @@
 mod error;
 pub mod guard;
 mod raw;
+mod roots;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
@@ -51,14 +52,15 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use aya::maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray, PerCpuHashMap};
+use aya::maps::{Map, MapData, PerCpuArray, PerCpuHashMap};
 use aya::programs::{FEntry, FExit, ProgramError};
 use aya::util::KernelVersion;
 use aya::{Btf, BtfError, Ebpf, EbpfError, EbpfLoader};
 
 use error::{chain, errno_name, errno_of};
 pub use error::{FailureReason, LoadError, ProgramFailure, TelemetryError};
-use raw::{RawCounters, RootKey};
+use raw::RawCounters;
+use roots::RootMaps;
 
 /// Where aya reads the kernel's BTF.
 pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -464,7 +466,7 @@ impl WriteTelemetry {
             .map_max_entries(MAP_COUNTERS, opts.max_volumes)
             .map_max_entries(MAP_ROOTS, opts.max_roots)
             .load(raw::object())
-            .map_err(object_error)?;
+            .map_err(|e| object_error(COMPONENT, e))?;
         Ok(WriteTelemetry {
             ebpf,
             hooks: Vec::new(),
@@ -559,72 +561,17 @@ impl WriteTelemetry {
     /// indexes left without a root. Nested roots are fine: a file counts for
     /// its innermost root. Cheap when nothing changed (one map walk).
     pub fn set_roots(&mut self, roots: &[(u64, u64, u32)]) -> Result<RootsUpdate, TelemetryError> {
-        let mut update = RootsUpdate::default();
-        let mut desired: HashMap<RootKey, u32> = HashMap::with_capacity(roots.len());
-        for &(st_dev, st_ino, index) in roots {
-            match kernel_dev(st_dev) {
-                Some(dev) => {
-                    desired.insert(RootKey { dev, ino: st_ino }, index);
-                }
-                None => update.rejected.push((st_dev, st_ino, index)),
-            }
-        }
-        if desired.len() > self.max_roots as usize {
-            return Err(TelemetryError::TooManyRoots {
-                given: desired.len(),
-                max: self.max_roots,
-            });
-        }
-        let mut devs: BTreeMap<u64, u32> = BTreeMap::new();
-        for key in desired.keys() {
-            *devs.entry(key.dev).or_default() += 1;
-        }
-        if devs.len() > raw::MAX_DEVS as usize {
-            return Err(TelemetryError::TooManyDevices {
-                given: devs.len(),
-                max: raw::MAX_DEVS,
-            });
-        }
-
-        // Devices first (they gate the walk), then roots, then removals.
-        {
-            let mut dev_map: BpfHashMap<&mut MapData, u64, u32> = map_err(
-                MAP_ROOT_DEVS,
-                BpfHashMap::try_from(self.map_mut(MAP_ROOT_DEVS)?),
-            )?;
-            for (dev, n) in &devs {
-                map_err(MAP_ROOT_DEVS, dev_map.insert(dev, n, 0))?;
-            }
-        }
-        {
-            let mut root_map: BpfHashMap<&mut MapData, RootKey, u32> =
-                map_err(MAP_ROOTS, BpfHashMap::try_from(self.map_mut(MAP_ROOTS)?))?;
-            let current: HashMap<RootKey, u32> =
-                map_err(MAP_ROOTS, root_map.iter().collect::<Result<_, _>>())?;
-            for (key, index) in &desired {
-                match current.get(key) {
-                    Some(i) if i == index => continue,
-                    Some(_) => update.changed += 1,
-                    None => update.added += 1,
-                }
-                map_err(MAP_ROOTS, root_map.insert(key, index, 0))?;
-            }
-            for key in current.keys().filter(|k| !desired.contains_key(k)) {
-                map_err(MAP_ROOTS, remove_ok(root_map.remove(key)))?;
-                update.removed += 1;
-            }
-        }
-        {
-            let mut dev_map: BpfHashMap<&mut MapData, u64, u32> = map_err(
-                MAP_ROOT_DEVS,
-                BpfHashMap::try_from(self.map_mut(MAP_ROOT_DEVS)?),
-            )?;
-            let stale: Vec<u64> = map_err(MAP_ROOT_DEVS, dev_map.keys().collect())?;
-            for dev in stale.iter().filter(|d| !devs.contains_key(d)) {
-                map_err(MAP_ROOT_DEVS, remove_ok(dev_map.remove(dev)))?;
-            }
-        }
-        let indexes: BTreeSet<u32> = desired.values().copied().collect();
+        let maps = RootMaps {
+            roots: MAP_ROOTS,
+            devs: MAP_ROOT_DEVS,
+        };
+        let (mut update, indexes) = roots::sync_roots(
+            &mut self.ebpf,
+            &maps,
+            self.max_roots,
+            roots.iter().copied(),
+            |index| *index,
+        )?;
         update.pruned_counters +=
             prune_counters::<RawCounters>(MAP_COUNTERS, self.map_mut(MAP_COUNTERS)?, &indexes)?;
         self.indexes = indexes;
@@ -750,7 +697,10 @@ fn has_function(btf: &Btf, name: &str) -> bool {
         .is_ok()
 }
 
-fn object_error(e: EbpfError) -> LoadError {
+/// Why a program object (of `component`) did not load before any program
+/// was tried: `bpf(2)` refused maps or BTF (errno and a hint), or the object
+/// does not fit this kernel.
+pub(crate) fn object_error(component: &'static str, e: EbpfError) -> LoadError {
     let errno = errno_of(&e);
     let detail = chain(&e);
     match &e {
@@ -765,12 +715,12 @@ fn object_error(e: EbpfError) -> LoadError {
             };
             LoadError::BpfUnavailable {
                 errno,
-                detail: format!("{detail}{hint}"),
+                detail: format!("the {component}'s object: {detail}{hint}"),
             }
         }
         _ => LoadError::BpfUnavailable {
             errno,
-            detail: format!("the {COMPONENT} object does not fit this kernel: {detail}"),
+            detail: format!("the {component} object does not fit this kernel: {detail}"),
         },
     }
 }

@@ -56,6 +56,30 @@ unsafe impl aya::Pod for RootKey {}
 // bit pattern is a valid value.
 unsafe impl aya::Pod for RawCounters {}
 
+/// `struct guard_root`: a volume root's index and project ID.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct GuardRawRoot {
+    pub index: u32,
+    pub projid: u32,
+}
+
+/// `struct guard_counters`: one CPU's share of a volume's attempts.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct GuardRawCounters {
+    pub allowed: u64,
+    pub denied: u64,
+}
+
+// SAFETY: `aya::Pod` needs a plain-old-data type: `Copy`, `#[repr(C)]`, every
+// bit pattern valid, no padding. `GuardRawRoot` is two `u32`s (8 bytes).
+unsafe impl aya::Pod for GuardRawRoot {}
+
+// SAFETY: as above: two `u64`s (16 bytes), `#[repr(C)]`, no padding, any bit
+// pattern valid.
+unsafe impl aya::Pod for GuardRawCounters {}
+
 /// Hands the heap that loading freed back to the kernel.
 ///
 /// Loading parses the kernel's BTF (several MB of types) and frees it again,

@@ -3,7 +3,12 @@
 //! allow) driven from userspace. Counting itself is tested in the VM
 //! (tests/tests/ebpf.rs).
 
+use std::collections::HashMap;
+
+use aya::maps::HashMap as BpfHashMap;
+
 use super::*;
+use crate::raw::RootKey;
 
 #[test]
 fn errno_buckets() {
@@ -104,7 +109,7 @@ fn counters_arithmetic() {
 }
 
 /// `#define NAME VALUE` lines of a C header.
-fn defines(header: &str) -> HashMap<String, u64> {
+pub(crate) fn defines(header: &str) -> HashMap<String, u64> {
     header
         .lines()
         .filter_map(|l| {

@@ -21,7 +21,6 @@
 //!
 //! [`Exporter::ebpf_ready`]: crate::Exporter::ebpf_ready
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,7 +28,7 @@ use anyhow::anyhow;
 use prjquota_ebpf::{Counters, ErrnoBucket, LoadOptions, Mode, ProgramFailure, WriteTelemetry};
 use tokio::sync::watch;
 
-use super::{BoxFuture, Collector, Scrape};
+use super::{kernel_maps, BoxFuture, Collector, Scrape};
 use crate::metrics::{Extra, Family};
 
 /// The crate's hook points, reported (as not attached) when no telemetry
@@ -82,68 +81,11 @@ enum Status {
     },
 }
 
-/// One volume's place in the programs' maps.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Slot {
-    index: u32,
-    /// Index of its volumes directory in the inventory.
-    dir: usize,
-    /// `(st_dev, st_ino)` of its root, as last seen; `None` when the root
-    /// could not be stat'ed (missing, not a directory).
-    root: Option<(u64, u64)>,
-}
+/// The write telemetry's slots: `(st_dev, st_ino, index)` per root.
+type Roots = kernel_maps::Roots<(u64, u64, u32)>;
 
-#[derive(Debug, Default)]
-struct Roots {
-    by_id: HashMap<String, Slot>,
-    next: u32,
-    /// What the map holds (sorted), so an unchanged set is not rewritten.
-    applied: Option<Vec<(u64, u64, u32)>>,
-}
-
-impl Roots {
-    /// Folds this scrape's stat results into the slots and returns the
-    /// roots to register. `stats[i]` is volume `i`'s: `Some(Ok)` its
-    /// identity, `Some(Err(()))` not a usable root, `None` no answer.
-    fn update(&mut self, scrape: &Scrape, stats: &[super::roots::RootId]) -> Vec<(u64, u64, u32)> {
-        let inv = &scrape.inventory;
-        let mut present = std::collections::HashSet::with_capacity(inv.volumes.len());
-        for (v, stat) in inv.volumes.iter().zip(stats) {
-            present.insert(v.volume_id.as_str());
-            let slot = match self.by_id.get_mut(&v.volume_id) {
-                Some(s) => s,
-                None => {
-                    let index = self.next;
-                    // Indexes are never reused: a new volume never inherits a
-                    // deleted one's counters (4 billion creations per run).
-                    self.next = self.next.wrapping_add(1);
-                    self.by_id.entry(v.volume_id.clone()).or_insert(Slot {
-                        index,
-                        dir: v.dir,
-                        root: None,
-                    })
-                }
-            };
-            slot.dir = v.dir;
-            match stat {
-                Some(Ok(id)) => slot.root = Some(*id),
-                Some(Err(())) => slot.root = None,
-                None => {} // no answer: keep what was known
-            }
-        }
-        // A volume gone from the inventory goes, unless its directory's
-        // registry could not be read (then its last state stands).
-        self.by_id.retain(|id, slot| {
-            present.contains(id.as_str()) || inv.dirs.get(slot.dir).is_some_and(|d| d.stale)
-        });
-        let mut roots: Vec<(u64, u64, u32)> = self
-            .by_id
-            .values()
-            .filter_map(|s| s.root.map(|(dev, ino)| (dev, ino, s.index)))
-            .collect();
-        roots.sort_unstable();
-        roots
-    }
+fn new_roots() -> Roots {
+    Roots::new(|s, (dev, ino)| (dev, ino, s.index))
 }
 
 pub struct Ebpf {
@@ -177,12 +119,7 @@ impl Ebpf {
                 let status = load(mode, &opts, &volumes_dirs);
                 let _ = tx.send(Arc::new(status));
             };
-            // The runtime's blocking pool when there is a runtime (always,
-            // in the exporter), a thread of its own otherwise.
-            match tokio::runtime::Handle::try_current() {
-                Ok(rt) => drop(rt.spawn_blocking(work)),
-                Err(_) => drop(std::thread::spawn(work)),
-            }
+            kernel_maps::spawn_load(work);
         }
         Ebpf::with_status(rx, timeout)
     }
@@ -191,7 +128,7 @@ impl Ebpf {
         Ebpf {
             status,
             timeout,
-            roots: Arc::default(),
+            roots: Arc::new(Mutex::new(new_roots())),
         }
     }
 
@@ -368,57 +305,14 @@ impl Ebpf {
         scrape: &Scrape,
         telemetry: &Arc<Mutex<WriteTelemetry>>,
     ) -> (Vec<Option<u32>>, Vec<String>) {
-        let ids = scrape.root_ids().await;
-        let (stats, mut errors) = (&ids.ids, ids.errors.clone());
-        let (roots, index_of) = {
-            let mut r = self.roots.lock().unwrap_or_else(|e| e.into_inner());
-            let roots = r.update(scrape, stats);
-            let apply = (r.applied.as_ref() != Some(&roots)).then(|| roots.clone());
-            let index_of: Vec<Option<u32>> = scrape
-                .inventory
-                .volumes
-                .iter()
-                .map(|v| r.by_id.get(&v.volume_id).map(|s| s.index))
-                .collect();
-            (apply, index_of)
-        };
-        let Some(roots) = roots else {
-            return (index_of, errors);
-        };
-        let (t, state) = (telemetry.clone(), self.roots.clone());
-        let set = tokio::task::spawn_blocking(move || {
-            let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
-            match t.set_roots(&roots) {
-                Ok(u) => {
-                    if !u.rejected.is_empty() {
-                        crate::warn!(
-                            "volume roots on devices the kernel cannot name were skipped",
-                            roots = u.rejected.len()
-                        );
-                    }
-                    crate::debug!(
-                        "eBPF volume roots updated",
-                        added = u.added,
-                        changed = u.changed,
-                        removed = u.removed,
-                        pruned_counters = u.pruned_counters
-                    );
-                    state.lock().unwrap_or_else(|e| e.into_inner()).applied = Some(roots);
-                    None
-                }
-                Err(e) => {
-                    // Retried at the next scrape.
-                    state.lock().unwrap_or_else(|e| e.into_inner()).applied = None;
-                    Some(format!("cannot update the eBPF volume roots: {e}"))
-                }
-            }
-        })
-        .await;
-        match set {
-            Ok(e) => errors.extend(e),
-            Err(e) => errors.push(format!("updating the eBPF volume roots panicked: {e}")),
-        }
-        (index_of, errors)
+        kernel_maps::sync_roots(
+            &self.roots,
+            scrape,
+            telemetry,
+            "write telemetry",
+            WriteTelemetry::set_roots,
+        )
+        .await
     }
 
     async fn collect_counters(
@@ -589,7 +483,7 @@ mod tests {
 
     #[test]
     fn indexes_are_stable_never_reused_and_follow_the_inventory() {
-        let mut r = Roots::default();
+        let mut r = new_roots();
         let s = scrape(&[1, 2], false);
         let roots = r.update(&s, &[Some(Ok((8, 100))), Some(Ok((8, 200)))]);
         assert_eq!(roots, vec![(8, 100, 0), (8, 200, 1)]);
@@ -605,7 +499,7 @@ mod tests {
 
     #[test]
     fn a_failed_registry_read_keeps_the_roots() {
-        let mut r = Roots::default();
+        let mut r = new_roots();
         let s = scrape(&[1, 2], false);
         r.update(&s, &[Some(Ok((8, 100))), Some(Ok((8, 200)))]);
         // The registry could not be read and nothing was read before: an

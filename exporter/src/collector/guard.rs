@@ -29,7 +29,7 @@
 //! volume ID keeps one index from first sight, and the map is rewritten only
 //! when something changed (root identity, index or project ID).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -38,7 +38,7 @@ use prjquota_ebpf::guard::{Guard, GuardCounters, GuardEvent, GuardMode, Outcome}
 use prjquota_ebpf::LoadOptions;
 use tokio::sync::watch;
 
-use super::{BoxFuture, Collector, Scrape};
+use super::{kernel_maps, BoxFuture, Collector, Scrape};
 use crate::metrics::{Extra, Family};
 
 /// How long a scrape waits for the start-up load at most.
@@ -65,64 +65,11 @@ enum Status {
     },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Slot {
-    index: u32,
-    /// `(st_dev, st_ino)` of the root as last seen.
-    root: Option<(u64, u64)>,
-    project_id: u32,
-}
+/// The guard's slots: `(st_dev, st_ino, index, project ID)` per root.
+type Roots = kernel_maps::Roots<(u64, u64, u32, u32)>;
 
-#[derive(Debug, Default)]
-struct Roots {
-    by_id: HashMap<String, Slot>,
-    next: u32,
-    /// What the map holds (sorted).
-    applied: Option<Vec<(u64, u64, u32, u32)>>,
-}
-
-impl Roots {
-    /// Folds this scrape's stat results in (`stats[i]` for volume `i`:
-    /// `Some(Ok)` its identity, `Some(Err)` not a usable root, `None` no
-    /// answer) and returns the roots to register.
-    fn update(
-        &mut self,
-        scrape: &Scrape,
-        stats: &[super::roots::RootId],
-    ) -> Vec<(u64, u64, u32, u32)> {
-        let inv = &scrape.inventory;
-        let mut present = HashSet::with_capacity(inv.volumes.len());
-        for (v, stat) in inv.volumes.iter().zip(stats) {
-            present.insert(v.volume_id.as_str());
-            let slot = match self.by_id.get_mut(&v.volume_id) {
-                Some(s) => s,
-                None => {
-                    let index = self.next;
-                    // Never reused: a new volume never inherits old counters.
-                    self.next = self.next.wrapping_add(1);
-                    self.by_id.entry(v.volume_id.clone()).or_insert(Slot {
-                        index,
-                        root: None,
-                        project_id: v.project_id,
-                    })
-                }
-            };
-            slot.project_id = v.project_id;
-            match stat {
-                Some(Ok(id)) => slot.root = Some(*id),
-                Some(Err(())) => slot.root = None,
-                None => {}
-            }
-        }
-        self.by_id.retain(|id, _| present.contains(id.as_str()));
-        let mut roots: Vec<(u64, u64, u32, u32)> = self
-            .by_id
-            .values()
-            .filter_map(|s| s.root.map(|(dev, ino)| (dev, ino, s.index, s.project_id)))
-            .collect();
-        roots.sort_unstable();
-        roots
-    }
+fn new_roots() -> Roots {
+    Roots::new(|s, (dev, ino)| (dev, ino, s.index, s.project_id))
 }
 
 pub struct GuardCollector {
@@ -133,8 +80,7 @@ pub struct GuardCollector {
 
 impl GuardCollector {
     /// Starts loading the guard on the blocking pool (nothing for
-    /// [`GuardMode::Off`]). Must be called inside a tokio runtime unless
-    /// `mode` is off.
+    /// [`GuardMode::Off`]).
     pub fn start(mode: GuardMode, timeout: Duration, opts: LoadOptions) -> GuardCollector {
         let initial = if mode == GuardMode::Off {
             crate::info!("quota-escape guard disabled (--guard=off)");
@@ -147,14 +93,14 @@ impl GuardCollector {
         };
         let (tx, rx) = watch::channel(Arc::new(initial));
         if mode != GuardMode::Off {
-            tokio::task::spawn_blocking(move || {
+            kernel_maps::spawn_load(move || {
                 let _ = tx.send(Arc::new(load(mode, &opts)));
             });
         }
         GuardCollector {
             status: rx,
             timeout,
-            roots: Arc::default(),
+            roots: Arc::new(Mutex::new(new_roots())),
         }
     }
 
@@ -170,46 +116,14 @@ impl GuardCollector {
         scrape: &Scrape,
         guard: &Arc<Mutex<Guard>>,
     ) -> (Vec<Option<u32>>, Vec<String>) {
-        let ids = scrape.root_ids().await;
-        let (stats, mut errors) = (&ids.ids, ids.errors.clone());
-        let (apply, index_of) = {
-            let mut r = self.roots.lock().unwrap_or_else(|e| e.into_inner());
-            let roots = r.update(scrape, stats);
-            let apply = (r.applied.as_ref() != Some(&roots)).then_some(roots);
-            let index_of: Vec<Option<u32>> = scrape
-                .inventory
-                .volumes
-                .iter()
-                .map(|v| r.by_id.get(&v.volume_id).map(|s| s.index))
-                .collect();
-            (apply, index_of)
-        };
-        let Some(roots) = apply else {
-            return (index_of, errors);
-        };
-        let (g, state) = (guard.clone(), self.roots.clone());
-        let set = tokio::task::spawn_blocking(move || {
-            let mut g = g.lock().unwrap_or_else(|e| e.into_inner());
-            match g.set_roots(&roots) {
-                Ok(u) => {
-                    crate::debug!(
-                        "guard volume roots updated",
-                        added = u.added,
-                        changed = u.changed,
-                        removed = u.removed
-                    );
-                    state.lock().unwrap_or_else(|e| e.into_inner()).applied = Some(roots);
-                    None
-                }
-                Err(e) => Some(format!("updating the guard's volume roots: {e}")),
-            }
-        })
-        .await;
-        match set {
-            Ok(e) => errors.extend(e),
-            Err(e) => errors.push(format!("updating the guard's volume roots panicked: {e}")),
-        }
-        (index_of, errors)
+        kernel_maps::sync_roots(
+            &self.roots,
+            scrape,
+            guard,
+            "quota-escape guard",
+            Guard::set_roots,
+        )
+        .await
     }
 
     async fn collect_guard(
@@ -540,7 +454,7 @@ mod tests {
 
     #[test]
     fn roots_keep_their_index_and_follow_project_ids() {
-        let mut r = Roots::default();
+        let mut r = new_roots();
         let inv = Inventory::for_tests(vec![volume("a", "p", 7), volume("a", "p", 8)]);
         let scrape = Scrape::new(inv);
         let roots = r.update(&scrape, &[Some(Ok((1, 100))), Some(Err(()))]);

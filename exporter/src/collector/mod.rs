@@ -20,6 +20,7 @@
 
 pub mod ebpf;
 pub mod guard;
+mod kernel_maps;
 pub mod quota;
 pub mod quota_events;
 pub mod registry;

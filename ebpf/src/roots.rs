@@ -1,0 +1,105 @@
+//! The one root-sync both programs use: replaces the `(dev, ino) -> value`
+//! roots map and its per-device gate map with a desired set.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use aya::Ebpf;
+
+use crate::raw::{RootKey, MAX_DEVS};
+use crate::{kernel_dev, map_err, remove_ok, RootsUpdate, TelemetryError};
+
+/// The two maps of a program's root set.
+pub(crate) struct RootMaps {
+    /// `RootKey -> V`: the volume roots.
+    pub roots: &'static str,
+    /// `dev -> number of roots on it`: gates the walk up the dentries.
+    pub devs: &'static str,
+}
+
+/// Makes the kernel's roots exactly `roots` (`(st_dev, st_ino, value)` each,
+/// `index_of` giving a value's volume index). Returns what changed and the
+/// volume indexes now in use, for the caller to prune its counters.
+///
+/// Write order (the same for every program): roots first, then removals of
+/// stale roots, then devices, stale devices last. A device gates the walk,
+/// so a device becomes visible only once every root on it is in place: a
+/// program never walks a device with half its roots, where a file under a
+/// nested root not yet written would be attributed to (or, for the guard,
+/// checked against the project ID of) its outer root. Each root's value is
+/// one map update, so a root is never visible with a stale index or project
+/// ID; a removed root disappears before its device does.
+pub(crate) fn sync_roots<V>(
+    ebpf: &mut Ebpf,
+    maps: &RootMaps,
+    max_roots: u32,
+    roots: impl IntoIterator<Item = (u64, u64, V)>,
+    index_of: impl Fn(&V) -> u32,
+) -> Result<(RootsUpdate, BTreeSet<u32>), TelemetryError>
+where
+    V: aya::Pod + PartialEq,
+{
+    let mut update = RootsUpdate::default();
+    let mut desired: HashMap<RootKey, V> = HashMap::new();
+    for (st_dev, st_ino, value) in roots {
+        match kernel_dev(st_dev) {
+            Some(dev) => {
+                desired.insert(RootKey { dev, ino: st_ino }, value);
+            }
+            None => update.rejected.push((st_dev, st_ino, index_of(&value))),
+        }
+    }
+    if desired.len() > max_roots as usize {
+        return Err(TelemetryError::TooManyRoots {
+            given: desired.len(),
+            max: max_roots,
+        });
+    }
+    let mut devs: BTreeMap<u64, u32> = BTreeMap::new();
+    for key in desired.keys() {
+        *devs.entry(key.dev).or_default() += 1;
+    }
+    if devs.len() > MAX_DEVS as usize {
+        return Err(TelemetryError::TooManyDevices {
+            given: devs.len(),
+            max: MAX_DEVS,
+        });
+    }
+    {
+        let map = ebpf
+            .map_mut(maps.roots)
+            .ok_or(TelemetryError::MissingMap { map: maps.roots })?;
+        let mut root_map: BpfHashMap<&mut MapData, RootKey, V> =
+            map_err(maps.roots, BpfHashMap::try_from(map))?;
+        let current: HashMap<RootKey, V> =
+            map_err(maps.roots, root_map.iter().collect::<Result<_, _>>())?;
+        for (key, value) in &desired {
+            match current.get(key) {
+                Some(v) if v == value => continue,
+                Some(_) => update.changed += 1,
+                None => update.added += 1,
+            }
+            map_err(maps.roots, root_map.insert(key, value, 0))?;
+        }
+        for key in current.keys().filter(|k| !desired.contains_key(k)) {
+            map_err(maps.roots, remove_ok(root_map.remove(key)))?;
+            update.removed += 1;
+        }
+    }
+    {
+        let map = ebpf
+            .map_mut(maps.devs)
+            .ok_or(TelemetryError::MissingMap { map: maps.devs })?;
+        let mut dev_map: BpfHashMap<&mut MapData, u64, u32> =
+            map_err(maps.devs, BpfHashMap::try_from(map))?;
+        for (dev, n) in &devs {
+            map_err(maps.devs, dev_map.insert(dev, n, 0))?;
+        }
+        let stale: Vec<u64> = map_err(maps.devs, dev_map.keys().collect())?;
+        for dev in stale.iter().filter(|d| !devs.contains_key(d)) {
+            map_err(maps.devs, remove_ok(dev_map.remove(dev)))?;
+        }
+    }
+    let indexes = desired.values().map(&index_of).collect();
+    Ok((update, indexes))
+}

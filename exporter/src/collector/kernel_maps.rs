@@ -1,0 +1,178 @@
+//! What the two kernel-map collectors (ebpf, guard) share: the start-up
+//! load off the async threads, and each volume's slot in a program's roots
+//! map, synced with the inventory.
+//!
+//! Each volume ID keeps one index, assigned at first sight and never
+//! reused, for as long as it is in the inventory. A volumes directory whose
+//! registry read failed keeps its roots as they were (for the guard too: a
+//! registry that cannot be read must not leave its volumes unguarded), and
+//! a root whose stat timed out keeps its last known identity. The map is
+//! rewritten only when the roots changed.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use prjquota_ebpf::{RootsUpdate, TelemetryError};
+
+use super::Scrape;
+
+/// Runs a program's start-up load on the runtime's blocking pool when there
+/// is a runtime (always, in the exporter), on a thread of its own otherwise.
+pub(super) fn spawn_load(work: impl FnOnce() + Send + 'static) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => drop(rt.spawn_blocking(work)),
+        Err(_) => drop(std::thread::spawn(work)),
+    }
+}
+
+/// One volume's place in a program's maps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Slot {
+    pub index: u32,
+    /// Index of its volumes directory in the inventory.
+    pub dir: usize,
+    /// `(st_dev, st_ino)` of its root, as last seen; `None` when the root
+    /// could not be stat'ed (missing, not a directory).
+    pub root: Option<(u64, u64)>,
+    pub project_id: u32,
+}
+
+/// The slots of one program, and what its roots map holds.
+#[derive(Debug)]
+pub(super) struct Roots<R> {
+    pub by_id: HashMap<String, Slot>,
+    next: u32,
+    /// What the map holds (sorted), so an unchanged set is not rewritten.
+    applied: Option<Vec<R>>,
+    /// A slot with a root as the program's `set_roots` takes it.
+    entry: fn(&Slot, (u64, u64)) -> R,
+}
+
+impl<R: Ord + Clone> Roots<R> {
+    pub fn new(entry: fn(&Slot, (u64, u64)) -> R) -> Roots<R> {
+        Roots {
+            by_id: HashMap::new(),
+            next: 0,
+            applied: None,
+            entry,
+        }
+    }
+
+    /// Folds this scrape's stat results into the slots and returns the
+    /// roots to register. `stats[i]` is volume `i`'s: `Some(Ok)` its
+    /// identity, `Some(Err(()))` not a usable root, `None` no answer.
+    pub fn update(&mut self, scrape: &Scrape, stats: &[super::roots::RootId]) -> Vec<R> {
+        let inv = &scrape.inventory;
+        let mut present = HashSet::with_capacity(inv.volumes.len());
+        for (v, stat) in inv.volumes.iter().zip(stats) {
+            present.insert(v.volume_id.as_str());
+            let slot = match self.by_id.get_mut(&v.volume_id) {
+                Some(s) => s,
+                None => {
+                    let index = self.next;
+                    // Indexes are never reused: a new volume never inherits a
+                    // deleted one's counters (4 billion creations per run).
+                    self.next = self.next.wrapping_add(1);
+                    self.by_id.entry(v.volume_id.clone()).or_insert(Slot {
+                        index,
+                        dir: v.dir,
+                        root: None,
+                        project_id: v.project_id,
+                    })
+                }
+            };
+            slot.dir = v.dir;
+            slot.project_id = v.project_id;
+            match stat {
+                Some(Ok(id)) => slot.root = Some(*id),
+                Some(Err(())) => slot.root = None,
+                None => {} // no answer: keep what was known
+            }
+        }
+        // A volume gone from the inventory goes, unless its directory's
+        // registry could not be read (then its last state stands).
+        self.by_id.retain(|id, slot| {
+            present.contains(id.as_str()) || inv.dirs.get(slot.dir).is_some_and(|d| d.stale)
+        });
+        let entry = self.entry;
+        let mut roots: Vec<R> = self
+            .by_id
+            .values()
+            .filter_map(|s| s.root.map(|r| entry(s, r)))
+            .collect();
+        roots.sort_unstable();
+        roots
+    }
+}
+
+/// Brings a program's roots map up to this scrape's inventory (`set` is the
+/// program's `set_roots`, run on the blocking pool); returns each volume's
+/// index (`None`: not registered) and the errors met. The one path for a
+/// scrape and for a plugin's announcement ([`super::Collector::register`]).
+pub(super) async fn sync_roots<P, R>(
+    state: &Arc<Mutex<Roots<R>>>,
+    scrape: &Scrape,
+    program: &Arc<Mutex<P>>,
+    component: &'static str,
+    set: fn(&mut P, &[R]) -> Result<RootsUpdate, TelemetryError>,
+) -> (Vec<Option<u32>>, Vec<String>)
+where
+    P: Send + 'static,
+    R: Ord + Clone + Send + 'static,
+{
+    let ids = scrape.root_ids().await;
+    let (stats, mut errors) = (&ids.ids, ids.errors.clone());
+    let (apply, index_of) = {
+        let mut r = state.lock().unwrap_or_else(|e| e.into_inner());
+        let roots = r.update(scrape, stats);
+        let apply = (r.applied.as_ref() != Some(&roots)).then_some(roots);
+        let index_of: Vec<Option<u32>> = scrape
+            .inventory
+            .volumes
+            .iter()
+            .map(|v| r.by_id.get(&v.volume_id).map(|s| s.index))
+            .collect();
+        (apply, index_of)
+    };
+    let Some(roots) = apply else {
+        return (index_of, errors);
+    };
+    let (p, state) = (program.clone(), state.clone());
+    let done = tokio::task::spawn_blocking(move || {
+        let mut p = p.lock().unwrap_or_else(|e| e.into_inner());
+        match set(&mut p, &roots) {
+            Ok(u) => {
+                if !u.rejected.is_empty() {
+                    crate::warn!(
+                        "volume roots on devices the kernel cannot name were skipped",
+                        component = component,
+                        roots = u.rejected.len()
+                    );
+                }
+                crate::debug!(
+                    "volume roots updated",
+                    component = component,
+                    added = u.added,
+                    changed = u.changed,
+                    removed = u.removed,
+                    pruned_counters = u.pruned_counters
+                );
+                state.lock().unwrap_or_else(|e| e.into_inner()).applied = Some(roots);
+                None
+            }
+            Err(e) => {
+                // Retried at the next scrape.
+                state.lock().unwrap_or_else(|e| e.into_inner()).applied = None;
+                Some(format!("cannot update the {component}'s volume roots: {e}"))
+            }
+        }
+    })
+    .await;
+    match done {
+        Ok(e) => errors.extend(e),
+        Err(e) => errors.push(format!(
+            "updating the {component}'s volume roots panicked: {e}"
+        )),
+    }
+    (index_of, errors)
+}
