@@ -668,7 +668,8 @@ fn remove_ok(r: Result<(), aya::maps::MapError>) -> Result<(), aya::maps::MapErr
 ///
 /// Each load parses the kernel's BTF, some 35 MiB of heap at its peak
 /// (measured); the exporter starts both loads at once, which doubled its
-/// peak to ~70 MiB, over the 64 MiB its Nomad job reserves.
+/// peak to ~70 MiB (its Nomad job reserves 128 MiB, with the eBPF maps
+/// charged to the same cgroup).
 fn one_load_at_a_time<T>(load: impl FnOnce() -> T) -> T {
     static LOADING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = LOADING.lock().unwrap_or_else(|e| e.into_inner());

@@ -209,7 +209,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     tokio::spawn(async move {
         let took = warm.warm_up().await;
         info!(
-            "ready: eBPF programs loaded and every volume registered",
+            "ready: the eBPF loads are done (see above for what attached) and every volume is registered",
             took = format!("{:.3}s", took.as_secs_f64())
         );
         notify_ready();
