@@ -198,6 +198,18 @@ pub(crate) fn holdings(
     except: &VolumeId,
 ) -> Result<capacity::Holdings> {
     let (promised, ids) = promised_by_records(reg, Some(except))?;
+    measure_holdings(vfs, promised, ids, cfg.overcommit_ratio)
+}
+
+/// The filesystem's size and the bytes used outside the volumes with
+/// project IDs `ids`, now; with `promised` and `ratio`, the admission rule's
+/// inputs. `prjquota check` and `list` report the same figures.
+pub fn measure_holdings(
+    vfs: &VolumesFs,
+    promised: u64,
+    ids: std::collections::BTreeSet<u32>,
+    ratio: f64,
+) -> Result<capacity::Holdings> {
     let usage = volumes_usage(vfs, ids)?;
     let sfs =
         sys::fstatfs(vfs.fd()).with_context(|| format!("cannot statfs {}", vfs.path.display()))?;
@@ -210,7 +222,7 @@ pub(crate) fn holdings(
         fs_bytes,
         used_outside: used.saturating_sub(usage),
         promised,
-        ratio: cfg.overcommit_ratio,
+        ratio,
     })
 }
 
