@@ -12,8 +12,9 @@
 use std::os::fd::AsFd;
 use std::path::Path;
 
-use prjquota_vmtests::fixture::{Fixture, FsCase, SmallFs, MIB};
+use prjquota_vmtests::fixture::{fill, Fixture, FsCase, SmallFs, MIB};
 use prjquota_vmtests::nomad::Spec;
+use prjquota_vmtests::prom::Exporter;
 use prjquota_vmtests::on_every_fs;
 
 on_every_fs!(
@@ -21,6 +22,7 @@ on_every_fs!(
     a_range_without_a_whole_block_is_refused_and_leaves_nothing,
     two_volumes_of_40_percent_fit_a_third_is_refused_and_a_ratio_of_2_admits_it,
     ten_concurrent_creates_of_15_percent_admit_only_what_fits,
+    the_exporter_publishes_the_filesystem_the_promises_and_the_ratio,
 );
 
 const SMALL_FS: u64 = 320 * MIB;
@@ -186,4 +188,57 @@ fn a_range_without_a_whole_block_is_refused_and_leaves_nothing(fs: &FsCase) {
     f.node.create(&narrow).error();
     assert!(path.is_dir());
     assert_eq!(f.quota(pid).limits.bytes_hard, 16 * MIB);
+}
+
+fn the_exporter_publishes_the_filesystem_the_promises_and_the_ratio(fs: &FsCase) {
+    let small = SmallFs::new(fs, "series", SMALL_FS);
+    let f = small.fixture("series");
+    f.set_overcommit_ratio(1.5);
+    let twenty = share(&small.mount, 20);
+    let a = Spec::new("a", twenty as i64);
+    let b = Spec::new("b", twenty as i64);
+    let (pa, _) = f.create(&a);
+    f.create(&b);
+    assert_eq!(fill(&pa.join("data"), 8 * MIB, None).errno, None);
+    let plugin_dir = f.node.plugin_dir.display().to_string();
+    let exp = Exporter::start_with(
+        &[&f.node.volumes_dir],
+        &["--plugin-dir", &plugin_dir, "--ebpf=off"],
+    );
+    let m = exp.scrape();
+    let dir = f.node.volumes_dir.display().to_string();
+    let at = [("volumes_dir", dir.as_str())];
+    let (size, avail, ..) = prjquota_vmtests::fixture::statvfs(&f.node.volumes_dir);
+    assert_eq!(
+        m.value("nomad_host_volumes_filesystem_size_bytes", &at),
+        size as f64
+    );
+    // Nothing writes meanwhile: statfs agrees to the block.
+    let got = m.value("nomad_host_volumes_filesystem_available_bytes", &at);
+    assert!((got - avail as f64).abs() <= 64.0 * 1024.0, "{got} vs {avail}");
+    assert_eq!(
+        m.value("nomad_host_volumes_provisioned_bytes", &at),
+        (2 * twenty) as f64,
+        "the sum of the records' sizes"
+    );
+    let used: u64 = [&a, &b]
+        .iter()
+        .map(|s| f.quota(f.project_id(&s.id)).used_bytes)
+        .sum();
+    assert!(used >= 8 * MIB, "{used}");
+    assert_eq!(m.value("nomad_host_volumes_used_bytes", &at), used as f64);
+    assert_eq!(m.value("nomad_host_volumes_overcommit_ratio", &at), 1.5);
+
+    // A plugin dir that does not exist: the ratio is unknown, not 1.
+    drop(exp);
+    let exp = Exporter::start_with(
+        &[&f.node.volumes_dir],
+        &["--plugin-dir", "/nonexistent/plugins", "--ebpf=off"],
+    );
+    let m = exp.scrape();
+    assert_eq!(m.get("nomad_host_volumes_overcommit_ratio", &at), None);
+    assert_eq!(
+        m.value("nomad_host_volumes_provisioned_bytes", &at),
+        (2 * twenty) as f64
+    );
 }
