@@ -14,8 +14,8 @@ use std::path::Path;
 
 use prjquota_vmtests::fixture::{fill, Fixture, FsCase, SmallFs, MIB};
 use prjquota_vmtests::nomad::Spec;
-use prjquota_vmtests::prom::Exporter;
 use prjquota_vmtests::on_every_fs;
+use prjquota_vmtests::prom::Exporter;
 
 on_every_fs!(
     decimal_capacity_max_rounds_down_and_a_replay_returns_the_same_bytes,
@@ -215,7 +215,10 @@ fn the_exporter_publishes_the_filesystem_the_promises_and_the_ratio(fs: &FsCase)
     );
     // Nothing writes meanwhile: statfs agrees to the block.
     let got = m.value("nomad_host_volumes_filesystem_available_bytes", &at);
-    assert!((got - avail as f64).abs() <= 64.0 * 1024.0, "{got} vs {avail}");
+    assert!(
+        (got - avail as f64).abs() <= 64.0 * 1024.0,
+        "{got} vs {avail}"
+    );
     assert_eq!(
         m.value("nomad_host_volumes_provisioned_bytes", &at),
         (2 * twenty) as f64,
