@@ -406,6 +406,8 @@ fn the_panels_the_issue_asks_for_are_there() {
         "nomad_host_volume_write_errors_total{",
         "nomad_host_volume_quota_limit_hits_total{",
         "nomad_host_volume_provisioned_bytes",
+        "nomad_host_volumes_filesystem_size_bytes",
+        "nomad_host_volumes_provisioned_bytes",
         "prjquota_exporter_scrape_collector_success",
         "prjquota_exporter_ebpf_program_attached",
     ] {

@@ -41,6 +41,17 @@ struct Flags {
     )]
     volumes_dirs: Vec<PathBuf>,
 
+    /// The Nomad client's host_volume_plugin_dir holding the plugin's
+    /// prjquota.toml: nomad_host_volumes_overcommit_ratio is its
+    /// overcommit_ratio (1 when the directory has no such file). When the
+    /// directory does not exist, that series is absent.
+    #[arg(
+        long = "plugin-dir",
+        value_name = "DIR",
+        default_value = "/opt/nomad/data/host_volume_plugins"
+    )]
+    plugin_dir: PathBuf,
+
     /// Address to serve /metrics on: HOST:PORT, [IPV6]:PORT, or :PORT for
     /// every IPv4 address.
     #[arg(long = "web.listen-address", value_name = "ADDR", default_value = DEFAULT_LISTEN)]
@@ -178,6 +189,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         ebpf: flags.ebpf,
         guard: flags.guard,
         max_volumes: flags.max_volumes,
+        plugin_dir: Some(flags.plugin_dir),
     };
     let addr = listen_address(&flags.listen_address);
     let listener = tokio::net::TcpListener::bind(&addr)

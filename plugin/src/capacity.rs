@@ -227,6 +227,82 @@ pub fn check_fits(
     }
 }
 
+/// What a filesystem can still be promised: the inputs of the admission
+/// rule, measured under the allocation lock.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Holdings {
+    /// Size of the filesystem (statfs blocks × fragment size).
+    pub fs_bytes: u64,
+    /// Bytes in use on it that no volume of this volumes directory holds:
+    /// statfs's used bytes minus the volumes' quota usage.
+    pub used_outside: u64,
+    /// Sum of the hard limits of every recorded volume but the one asking.
+    pub promised: u64,
+    /// `overcommit_ratio` in force.
+    pub ratio: f64,
+}
+
+impl Holdings {
+    /// The most the volumes together may be promised:
+    /// `ratio × (fs_bytes − used_outside)`, rounded down.
+    pub fn promisable(&self) -> u64 {
+        let room = self.fs_bytes.saturating_sub(self.used_outside) as f64;
+        let p = (room * self.ratio).floor();
+        if p >= u64::MAX as f64 {
+            u64::MAX
+        } else {
+            p as u64
+        }
+    }
+
+    /// Admits a volume of `requested` bytes, or says why not and what to do.
+    pub fn admit(&self, volume_id: &str, requested: u64) -> Result<(), AdmissionError> {
+        let limit = self.promisable();
+        match self.promised.checked_add(requested) {
+            Some(total) if total <= limit => Ok(()),
+            _ => Err(AdmissionError {
+                volume_id: volume_id.to_owned(),
+                requested,
+                holdings: *self,
+                limit,
+            }),
+        }
+    }
+}
+
+/// A create or grow the filesystem cannot keep its promise for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdmissionError {
+    pub volume_id: String,
+    pub requested: u64,
+    pub holdings: Holdings,
+    pub limit: u64,
+}
+
+impl std::fmt::Display for AdmissionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let h = &self.holdings;
+        write!(
+            f,
+            "not enough space to promise volume {} {} ({} bytes): the other volumes on this \
+             filesystem are already promised {} and the filesystem holds {} of which {} is used \
+             outside volumes, so with overcommit_ratio = {} at most {} can be promised ({} left); \
+             delete volumes, add disk, ask for less, or raise overcommit_ratio in prjquota.toml",
+            self.volume_id,
+            human(self.requested),
+            self.requested,
+            human(h.promised),
+            human(h.fs_bytes),
+            human(h.used_outside),
+            h.ratio,
+            human(self.limit),
+            human(self.limit.saturating_sub(h.promised)),
+        )
+    }
+}
+
+impl std::error::Error for AdmissionError {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -484,5 +560,54 @@ mod tests {
             check_fits("v", 1, 2, Some(1), 2),
             Err(InputError::ShrinkBelowUsage { .. })
         ));
+    }
+
+    fn holdings(fs: u64, outside: u64, promised: u64, ratio: f64) -> Holdings {
+        Holdings {
+            fs_bytes: fs,
+            used_outside: outside,
+            promised,
+            ratio,
+        }
+    }
+
+    #[test]
+    fn admission_counts_promises_against_the_room_left_by_outside_files() {
+        let h = holdings(100 * GIB, 10 * GIB, 80 * GIB, 1.0);
+        assert_eq!(h.promisable(), 90 * GIB);
+        h.admit("v", 10 * GIB).unwrap();
+        let e = h.admit("v", 10 * GIB + 1).unwrap_err();
+        assert_eq!(e.limit, 90 * GIB);
+        let msg = e.to_string();
+        for needle in [
+            "volume v",
+            "10 GiB",
+            "10737418241 bytes",
+            "promised 80 GiB",
+            "holds 100 GiB",
+            "10 GiB is used outside volumes",
+            "overcommit_ratio = 1",
+            "at most 90 GiB",
+            "delete volumes, add disk",
+            "raise overcommit_ratio",
+        ] {
+            assert!(msg.contains(needle), "{needle:?} in {msg}");
+        }
+    }
+
+    #[test]
+    fn ratio_scales_and_extremes_saturate() {
+        assert_eq!(holdings(100, 0, 0, 2.0).promisable(), 200);
+        assert_eq!(holdings(100, 0, 0, 0.5).promisable(), 50);
+        holdings(100, 0, 150, 2.0).admit("v", 50).unwrap();
+        holdings(100, 0, 150, 2.0).admit("v", 51).unwrap_err();
+        // More used outside than the filesystem's size (statfs races): no room.
+        assert_eq!(holdings(100, 200, 0, 1.0).promisable(), 0);
+        holdings(100, 200, 0, 1.0).admit("v", 1).unwrap_err();
+        assert_eq!(holdings(u64::MAX, 0, 0, 4.0).promisable(), u64::MAX);
+        // A sum that overflows is refused, not wrapped into a small number.
+        holdings(u64::MAX, 0, u64::MAX, 4.0)
+            .admit("v", 2)
+            .unwrap_err();
     }
 }

@@ -28,6 +28,12 @@
 //! # Parameters volume authors may set in a volume spec, out of
 //! # "mode", "uid", "gid" and "max_inodes". Default: all four.
 //! allowed_parameters = ["mode", "max_inodes"]
+//!
+//! # How far the volumes' hard limits together may exceed the space the
+//! # filesystem has for them (its size minus what files outside volumes
+//! # use). A create or grow past it is refused. 1.0 promises no more than
+//! # the disk holds; 2.0 bets that volumes fill at most half. Default: 1.0.
+//! overcommit_ratio = 1.5
 //! ```
 
 use std::collections::BTreeSet;
@@ -62,6 +68,9 @@ pub struct Config {
     pub default_mode: u32,
     /// Parameters volume authors may set; a subset of [`params::KNOWN`].
     pub allowed_parameters: BTreeSet<String>,
+    /// How far the volumes' hard limits may exceed the filesystem's space
+    /// for them; finite and above 0.
+    pub overcommit_ratio: f64,
     /// The file these settings came from; `None` for the built-in defaults.
     pub source: Option<PathBuf>,
 }
@@ -79,6 +88,7 @@ impl Default for Config {
             default_capacity: None,
             default_mode: 0o700,
             allowed_parameters: params::KNOWN.iter().map(|s| s.to_string()).collect(),
+            overcommit_ratio: 1.0,
             source: None,
         }
     }
@@ -144,6 +154,7 @@ struct RawConfig {
     default_capacity: Option<Spanned<toml::Value>>,
     default_mode: Option<Spanned<toml::Value>>,
     allowed_parameters: Option<Vec<Spanned<String>>>,
+    overcommit_ratio: Option<Spanned<toml::Value>>,
 }
 
 /// Parses the text of a configuration file; `origin` is its path, for
@@ -322,6 +333,34 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
         cfg.allowed_parameters = allowed;
     }
 
+    if let Some(v) = &raw.overcommit_ratio {
+        const FIX: &str = "write a number above 0 such as 1.0 (promise no more than the disk \
+                           holds) or 2.0, or remove overcommit_ratio for the default 1.0";
+        let ratio = match v.get_ref() {
+            toml::Value::Float(f) => *f,
+            toml::Value::Integer(n) => *n as f64,
+            other => {
+                return Err(invalid(
+                    "overcommit_ratio",
+                    v.span(),
+                    format!(
+                        "overcommit_ratio must be a number, not {}; {FIX}",
+                        kind(other)
+                    ),
+                ))
+            }
+        };
+        // NaN compares false both ways: test for the good case.
+        if !(ratio.is_finite() && ratio > 0.0) {
+            return Err(invalid(
+                "overcommit_ratio",
+                v.span(),
+                format!("overcommit_ratio must be a finite number above 0, not {ratio}; {FIX}"),
+            ));
+        }
+        cfg.overcommit_ratio = ratio;
+    }
+
     Ok(cfg)
 }
 
@@ -385,6 +424,7 @@ mod tests {
             ["gid", "max_inodes", "mode", "uid"]
         );
         assert_eq!(d.source, None);
+        assert_eq!(d.overcommit_ratio, 1.0);
     }
 
     #[test]
@@ -418,6 +458,7 @@ mod tests {
             cfg.allowed_parameters.iter().collect::<Vec<_>>(),
             ["max_inodes", "mode"]
         );
+        assert_eq!(cfg.overcommit_ratio, 1.5);
     }
 
     #[test]
@@ -550,6 +591,44 @@ mod tests {
             let (line, msg) = located(&e);
             assert_eq!(line, Some(2));
             assert!(msg.contains(needle), "{text}: {msg}");
+        }
+    }
+
+    #[test]
+    fn overcommit_ratio_takes_floats_and_integers() {
+        assert_eq!(parse_ok("overcommit_ratio = 2.5").overcommit_ratio, 2.5);
+        assert_eq!(parse_ok("overcommit_ratio = 3").overcommit_ratio, 3.0);
+        assert_eq!(parse_ok("overcommit_ratio = 0.5").overcommit_ratio, 0.5);
+    }
+
+    #[test]
+    fn bad_overcommit_ratio_names_key_file_and_line() {
+        for (text, needle) in [
+            ("overcommit_ratio = \"2\"", "not a string"),
+            ("overcommit_ratio = 0", "above 0, not 0"),
+            ("overcommit_ratio = 0.0", "above 0, not 0"),
+            ("overcommit_ratio = -1.5", "above 0, not -1.5"),
+            ("overcommit_ratio = nan", "not NaN"),
+            ("overcommit_ratio = inf", "not inf"),
+            ("overcommit_ratio = true", "not a boolean"),
+        ] {
+            let e = parse_err(&format!("\n{text}\n"));
+            assert!(
+                matches!(
+                    e,
+                    ConfigError::Invalid {
+                        key: "overcommit_ratio",
+                        ..
+                    }
+                ),
+                "{text}: {e:?}"
+            );
+            let (line, msg) = located(&e);
+            assert_eq!(line, Some(2), "{text}");
+            assert!(
+                msg.contains(needle) && msg.contains("overcommit_ratio"),
+                "{text}: {msg}"
+            );
         }
     }
 

@@ -188,6 +188,87 @@ fn allocate_project_id(vfs: &VolumesFs, reg: &Registry, cfg: &Config) -> Result<
     Ok(candidate)
 }
 
+/// The inputs of the admission rule for a create or grow of `except`: the
+/// filesystem's size and use now, and every other recorded volume's limit.
+/// Called under the allocation lock, so no other promise lands meanwhile.
+pub(crate) fn holdings(
+    vfs: &VolumesFs,
+    reg: &Registry,
+    cfg: &Config,
+    except: &VolumeId,
+) -> Result<capacity::Holdings> {
+    let (promised, ids) = promised_by_records(reg, Some(except))?;
+    measure_holdings(vfs, promised, ids, cfg.overcommit_ratio)
+}
+
+/// The filesystem's size and the bytes used outside the volumes with
+/// project IDs `ids`, now; with `promised` and `ratio`, the admission rule's
+/// inputs. `prjquota check` and `list` report the same figures.
+pub fn measure_holdings(
+    vfs: &VolumesFs,
+    promised: u64,
+    ids: std::collections::BTreeSet<u32>,
+    ratio: f64,
+) -> Result<capacity::Holdings> {
+    let usage = volumes_usage(vfs, ids)?;
+    let sfs =
+        sys::fstatfs(vfs.fd()).with_context(|| format!("cannot statfs {}", vfs.path.display()))?;
+    let frsize = sfs.f_frsize as u64;
+    let fs_bytes = (sfs.f_blocks as u64).saturating_mul(frsize);
+    let used = (sfs.f_blocks as u64)
+        .saturating_sub(sfs.f_bfree as u64)
+        .saturating_mul(frsize);
+    Ok(capacity::Holdings {
+        fs_bytes,
+        used_outside: used.saturating_sub(usage),
+        promised,
+        ratio,
+    })
+}
+
+/// The sum of the recorded volumes' sizes (but `except`'s), and the range
+/// project IDs. A record that cannot be read is an error: its
+/// promise cannot be counted, and leaving it out could overcommit.
+pub(crate) fn promised_by_records(
+    reg: &Registry,
+    except: Option<&VolumeId>,
+) -> Result<(u64, std::collections::BTreeSet<u32>)> {
+    let mut promised = 0u64;
+    let mut ids = std::collections::BTreeSet::new();
+    for entry in reg.load_all()? {
+        match entry {
+            registry::Entry::Record(rec) => {
+                ids.insert(rec.project_id);
+                if Some(&rec.volume_id) != except {
+                    promised = promised.saturating_add(rec.provisioned_bytes);
+                }
+            }
+            registry::Entry::Corrupt { file, error } => bail!(
+                "cannot count the size promised to the volume of {}/{file} ({error}), so no \
+                 volume can be admitted: run `prjquota reconcile` to see what it is, then \
+                 repair or remove that record",
+                reg.path().display()
+            ),
+        }
+    }
+    Ok((promised, ids))
+}
+
+/// Bytes the kernel counts to the volumes' projects, in one quota pass over
+/// the range their IDs span (IDs in between that no record names are other
+/// tools' projects: their files are outside volumes).
+pub(crate) fn volumes_usage(vfs: &VolumesFs, ids: std::collections::BTreeSet<u32>) -> Result<u64> {
+    let (Some(&lo), Some(&hi)) = (ids.first(), ids.last()) else {
+        return Ok(0);
+    };
+    Ok(quota::list(vfs.fd(), lo..=hi)
+        .map_err(|e| quota_error(e, "list the usage of", lo, vfs))?
+        .iter()
+        .filter(|q| ids.contains(&q.id))
+        .map(|q| q.used_bytes)
+        .fold(0u64, u64::saturating_add))
+}
+
 /// What this call changed, so a failed create can put things back.
 #[derive(Default)]
 pub(crate) struct Undo {
@@ -235,7 +316,13 @@ pub fn create(req: &CreateRequest, plugin_id: &str) -> Result<Created> {
             } else {
                 fit?
             };
-            return update(&vfs, &reg, rec, &Desired::new(req, plugin_id, params, bytes));
+            return update(
+                &vfs,
+                &reg,
+                &cfg,
+                rec,
+                &Desired::new(req, plugin_id, params, bytes),
+            );
         }
         None => create_new(&vfs, &reg, &cfg, &Desired::new(req, plugin_id, params, fit?))?,
     };
@@ -435,6 +522,13 @@ fn create_new(vfs: &VolumesFs, reg: &Registry, cfg: &Config, want: &Desired) -> 
             (Some(p), _) | (None, Some(p)) => p,
             (None, None) => allocate_project_id(vfs, reg, cfg)?,
         };
+        // An adopted directory is a volume that already held its promise
+        // before the registry was lost: like a restore, never refused.
+        if adopt.is_none() {
+            holdings(vfs, reg, cfg, id)?
+                .admit(id.as_str(), bytes)
+                .map_err(|e| anyhow!("{e}"))?;
+        }
         reg.reserve_id(pid, id)?;
         fault::point("create:reserved");
         if let Err(e) = reg.store(&want.record(vfs, pid)) {
@@ -557,7 +651,13 @@ fn rollback(vfs: &VolumesFs, reg: &Registry, id: &VolumeId, project_id: u32, und
 
 /// A create for a volume that has a record: restore, finish a crashed
 /// create, or apply an updated spec.
-fn update(vfs: &VolumesFs, reg: &Registry, mut rec: Record, want: &Desired) -> Result<Created> {
+fn update(
+    vfs: &VolumesFs,
+    reg: &Registry,
+    cfg: &Config,
+    mut rec: Record,
+    want: &Desired,
+) -> Result<Created> {
     let (id, params, bytes) = (&want.req.volume_id, &want.params, want.bytes);
     let path = vfs.path.join(id.as_str());
     let pid = rec.project_id;
@@ -607,11 +707,17 @@ fn update(vfs: &VolumesFs, reg: &Registry, mut rec: Record, want: &Desired) -> R
         UpdatePlan::Converge { resize_from: None } => {}
     }
     let mut undo = Undo::default();
-    {
-        // Volumes recorded before reservations existed, or after a repair.
-        let _alloc = reg.lock_allocation()?;
-        reg.reserve_id(pid, id)?;
+    // Held until the grown limit is recorded, so that concurrent grows and
+    // creates each count the others' promises.
+    let _alloc = reg.lock_allocation()?;
+    // Only a grow is checked: a restore or shrink already holds its promise.
+    if bytes > rec.provisioned_bytes {
+        holdings(vfs, reg, cfg, id)?
+            .admit(id.as_str(), bytes)
+            .map_err(|e| anyhow!("{e}"))?;
     }
+    // Volumes recorded before reservations existed, or after a repair.
+    reg.reserve_id(pid, id)?;
     converge(vfs, id, pid, params, bytes, &mut undo)?;
     want.apply_to(&mut rec, path.clone(), vfs.fstype.name());
     reg.store(&rec)?;

@@ -68,7 +68,7 @@ impl Fixture {
         let (id_min, id_max) = id_range();
         std::fs::write(
             plugin_dir.join("prjquota.toml"),
-            format!("project_id_min = {id_min}\nproject_id_max = {id_max}\n"),
+            node_config(id_min, id_max, SHARED_FS_OVERCOMMIT),
         )
         .expect("node config");
         let node = Node::new(
@@ -82,6 +82,16 @@ impl Fixture {
             id_min,
             id_max,
         }
+    }
+
+    /// Rewrites the node config with another `overcommit_ratio`, keeping
+    /// the fixture's project-ID range.
+    pub fn set_overcommit_ratio(&self, ratio: f64) {
+        std::fs::write(
+            self.node.plugin_dir.join("prjquota.toml"),
+            node_config(self.id_min, self.id_max, ratio),
+        )
+        .expect("node config");
     }
 
     /// Creates a volume and returns its path and the bytes Nomad was told.
@@ -119,6 +129,57 @@ impl Fixture {
         self.record(id).expect("record exists")["project_id"]
             .as_u64()
             .expect("project_id") as u32
+    }
+}
+
+/// Tests share the matrix's filesystems and promise more than they hold
+/// (a storm of 200 × 1 GiB on 512 MiB): admission is tested by the capacity
+/// tests on filesystems of their own ([`SmallFs`]).
+const SHARED_FS_OVERCOMMIT: f64 = 1e6;
+
+fn node_config(id_min: u32, id_max: u32, ratio: f64) -> String {
+    format!("project_id_min = {id_min}\nproject_id_max = {id_max}\novercommit_ratio = {ratio:?}\n")
+}
+
+/// A filesystem of its own for one test, `size` bytes on a loop device,
+/// mounted with project quota; unmounted and removed on drop. For tests
+/// whose figures depend on everything else on the filesystem.
+pub struct SmallFs {
+    pub mount: PathBuf,
+    img: PathBuf,
+}
+
+impl SmallFs {
+    pub fn new(case: &FsCase, tag: &str, size: u64) -> SmallFs {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("smallfs-{}-{tag}-{}-{n}", case.name, std::process::id());
+        let img = std::env::temp_dir().join(format!("{name}.img"));
+        let mount = std::env::temp_dir().join(name);
+        std::fs::create_dir_all(&mount).expect("mount point");
+        let mkfs = match case.name {
+            "xfs" => "mkfs.xfs -q -f",
+            _ => "mkfs.ext4 -q -F -O quota,project -I 256",
+        };
+        crate::sh(&format!(
+            "set -e; truncate -s {size} {img}; {mkfs} {img} >/dev/null; \
+             mount -o loop,prjquota {img} {mnt}",
+            img = img.display(),
+            mnt = mount.display()
+        ));
+        SmallFs { mount, img }
+    }
+
+    pub fn fixture(&self, tag: &str) -> Fixture {
+        Fixture::new(&self.mount, tag)
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mount).status();
+        let _ = std::fs::remove_dir(&self.mount);
+        let _ = std::fs::remove_file(&self.img);
     }
 }
 

@@ -67,6 +67,24 @@ fn check_passes_on(mount: &Path) {
         );
         assert_eq!(code, 0);
         assert_eq!(v["ok"], true);
+        let capacity = v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == "capacity")
+            .unwrap_or_else(|| panic!("a capacity check: {v:#}"));
+        let detail = capacity["detail"].as_str().unwrap();
+        let promised = if round == 0 {
+            "promised 0 B"
+        } else {
+            "promised 4 MiB"
+        };
+        assert!(
+            detail.contains("filesystem holds")
+                && detail.contains(promised)
+                && detail.contains("overcommit_ratio = 1000000"),
+            "{detail}"
+        );
         f.create(&Spec::new("c", 4 * MIB as i64));
     }
 }
@@ -157,6 +175,10 @@ fn list_shows_volumes_with_their_usage_fullest_first() {
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let (_, text) = prjquota(&refs);
     assert!(text.contains("16777216") && text.contains("beta"), "{text}");
+    assert!(
+        text.contains("total: 2 volumes promised 33554432, using "),
+        "{text}"
+    );
 }
 
 #[test]

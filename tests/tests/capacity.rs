@@ -3,15 +3,147 @@
 //! later update of a volume whose `capacity_max` is below the stored size).
 //! Every create in the suite is also checked by the shared driver
 //! (`nomad::assert_nomad_accepts`); these cases aim at the edges.
+//!
+//! Admission: the volumes' hard limits together never exceed
+//! `overcommit_ratio × (filesystem size − bytes used outside volumes)`.
+//! Those cases run on a small filesystem of their own, where nothing else
+//! moves the figures.
 
-use prjquota_vmtests::fixture::{FsCase, MIB};
+use std::os::fd::AsFd;
+use std::path::Path;
+
+use prjquota_vmtests::fixture::{fill, Fixture, FsCase, SmallFs, MIB};
 use prjquota_vmtests::nomad::Spec;
 use prjquota_vmtests::on_every_fs;
+use prjquota_vmtests::prom::Exporter;
 
 on_every_fs!(
     decimal_capacity_max_rounds_down_and_a_replay_returns_the_same_bytes,
     a_range_without_a_whole_block_is_refused_and_leaves_nothing,
+    two_volumes_of_40_percent_fit_a_third_is_refused_and_a_ratio_of_2_admits_it,
+    ten_concurrent_creates_of_15_percent_admit_only_what_fits,
+    the_exporter_publishes_the_filesystem_the_promises_and_the_ratio,
 );
+
+const SMALL_FS: u64 = 320 * MIB;
+
+/// `percent` of the filesystem's size, on the 4 KiB block below.
+fn share(mount: &Path, percent: u64) -> u64 {
+    let (size, ..) = prjquota_vmtests::fixture::statvfs(mount);
+    (size * percent / 100) & !4095
+}
+
+/// The room the admission rule sees now: size minus what is used outside
+/// the fixture's volumes (statfs used minus the volumes' quota usage).
+fn room(f: &Fixture, mount: &Path, ids: &[String]) -> u64 {
+    let dir = std::fs::File::open(mount).unwrap();
+    let st = prjquota::sys::fstatfs(dir.as_fd()).unwrap();
+    let frsize = st.f_frsize as u64;
+    let size = st.f_blocks as u64 * frsize;
+    let used = (st.f_blocks as u64 - st.f_bfree as u64) * frsize;
+    let inside: u64 = ids
+        .iter()
+        .map(|id| f.quota(f.project_id(id)).used_bytes)
+        .sum();
+    size - (used - inside)
+}
+
+/// A refusal for capacity: clean JSON naming the request and the fix, and
+/// nothing left behind.
+fn assert_refused_for_capacity(f: &Fixture, spec: &Spec) -> String {
+    let msg = f.node.create(spec).error();
+    for needle in [
+        format!("({} bytes)", spec.max),
+        "already promised".to_string(),
+        "filesystem holds".to_string(),
+        "delete volumes, add disk".to_string(),
+        "overcommit_ratio".to_string(),
+    ] {
+        assert!(msg.contains(&needle), "{needle:?} in {msg}");
+    }
+    assert!(!f.node.volumes_dir.join(&spec.id).exists(), "{msg}");
+    assert!(f.record(&spec.id).is_none(), "no record after {msg}");
+    msg
+}
+
+fn two_volumes_of_40_percent_fit_a_third_is_refused_and_a_ratio_of_2_admits_it(fs: &FsCase) {
+    let small = SmallFs::new(fs, "admit", SMALL_FS);
+    let f = small.fixture("admit");
+    f.set_overcommit_ratio(1.0);
+    let forty = share(&small.mount, 40);
+    let a = Spec::new("a", forty as i64);
+    let b = Spec::new("b", forty as i64);
+    let c = Spec::new("c", forty as i64);
+    f.create(&a);
+    f.create(&b);
+    let msg = assert_refused_for_capacity(&f, &c);
+    assert!(msg.contains("overcommit_ratio = 1"), "{msg}");
+
+    // A grow past the total is refused and the limit stays.
+    let pid = f.project_id(&a.id);
+    let mut grown = a.clone();
+    grown.min = (forty * 2) as i64;
+    grown.max = (forty * 2) as i64;
+    let msg = f.node.create(&grown).error();
+    assert!(
+        msg.contains(&format!("({} bytes)", forty * 2)) && msg.contains("overcommit_ratio"),
+        "{msg}"
+    );
+    assert_eq!(f.quota(pid).limits.bytes_hard, forty);
+    assert_eq!(f.record(&a.id).unwrap()["provisioned_bytes"], forty);
+
+    // Restores are never refused for capacity, even when the ratio drops
+    // below what the volumes already hold.
+    f.set_overcommit_ratio(0.1);
+    assert_eq!(f.create(&a).1, forty as i64);
+    assert_eq!(f.create(&b).1, forty as i64);
+    assert_eq!(f.quota(pid).limits.bytes_hard, forty);
+
+    f.set_overcommit_ratio(2.0);
+    f.create(&c);
+    let pid_c = f.project_id(&c.id);
+    assert_eq!(f.quota(pid_c).limits.bytes_hard, forty);
+}
+
+fn ten_concurrent_creates_of_15_percent_admit_only_what_fits(fs: &FsCase) {
+    let small = SmallFs::new(fs, "race", SMALL_FS);
+    let f = small.fixture("race");
+    f.set_overcommit_ratio(1.0);
+    let each = share(&small.mount, 15);
+    let specs: Vec<Spec> = (0..10)
+        .map(|i| Spec::new(&format!("r{i}"), each as i64))
+        .collect();
+    let outs: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = specs
+            .iter()
+            .map(|sp| s.spawn(|| f.node.create(sp)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut admitted = Vec::new();
+    for (sp, o) in specs.iter().zip(&outs) {
+        if o.status.success() {
+            assert_eq!(o.created().1, each as i64);
+            admitted.push(sp.id.clone());
+        } else {
+            let msg = o.error();
+            assert!(
+                msg.contains("overcommit_ratio") && msg.contains("already promised"),
+                "{msg}"
+            );
+            assert!(f.record(&sp.id).is_none(), "{msg}");
+            assert!(!f.node.volumes_dir.join(&sp.id).exists(), "{msg}");
+        }
+    }
+    let room = room(&f, &small.mount, &admitted);
+    let n = admitted.len() as u64;
+    assert!(n * each <= room, "{n} × {each} admitted into {room}");
+    assert!(
+        (n + 1) * each > room,
+        "only {n} × {each} admitted though {room} had room for another"
+    );
+    assert!(n >= 5, "a fresh filesystem holds at least 5 × 15 %: {n}");
+}
 
 fn decimal_capacity_max_rounds_down_and_a_replay_returns_the_same_bytes(fs: &FsCase) {
     let f = fs.fixture("decimal");
@@ -56,4 +188,60 @@ fn a_range_without_a_whole_block_is_refused_and_leaves_nothing(fs: &FsCase) {
     f.node.create(&narrow).error();
     assert!(path.is_dir());
     assert_eq!(f.quota(pid).limits.bytes_hard, 16 * MIB);
+}
+
+fn the_exporter_publishes_the_filesystem_the_promises_and_the_ratio(fs: &FsCase) {
+    let small = SmallFs::new(fs, "series", SMALL_FS);
+    let f = small.fixture("series");
+    f.set_overcommit_ratio(1.5);
+    let twenty = share(&small.mount, 20);
+    let a = Spec::new("a", twenty as i64);
+    let b = Spec::new("b", twenty as i64);
+    let (pa, _) = f.create(&a);
+    f.create(&b);
+    assert_eq!(fill(&pa.join("data"), 8 * MIB, None).errno, None);
+    let plugin_dir = f.node.plugin_dir.display().to_string();
+    let exp = Exporter::start_with(
+        &[&f.node.volumes_dir],
+        &["--plugin-dir", &plugin_dir, "--ebpf=off"],
+    );
+    let m = exp.scrape();
+    let dir = f.node.volumes_dir.display().to_string();
+    let at = [("volumes_dir", dir.as_str())];
+    let (size, avail, ..) = prjquota_vmtests::fixture::statvfs(&f.node.volumes_dir);
+    assert_eq!(
+        m.value("nomad_host_volumes_filesystem_size_bytes", &at),
+        size as f64
+    );
+    // Nothing writes meanwhile: statfs agrees to the block.
+    let got = m.value("nomad_host_volumes_filesystem_available_bytes", &at);
+    assert!(
+        (got - avail as f64).abs() <= 64.0 * 1024.0,
+        "{got} vs {avail}"
+    );
+    assert_eq!(
+        m.value("nomad_host_volumes_provisioned_bytes", &at),
+        (2 * twenty) as f64,
+        "the sum of the records' sizes"
+    );
+    let used: u64 = [&a, &b]
+        .iter()
+        .map(|s| f.quota(f.project_id(&s.id)).used_bytes)
+        .sum();
+    assert!(used >= 8 * MIB, "{used}");
+    assert_eq!(m.value("nomad_host_volumes_used_bytes", &at), used as f64);
+    assert_eq!(m.value("nomad_host_volumes_overcommit_ratio", &at), 1.5);
+
+    // A plugin dir that does not exist: the ratio is unknown, not 1.
+    drop(exp);
+    let exp = Exporter::start_with(
+        &[&f.node.volumes_dir],
+        &["--plugin-dir", "/nonexistent/plugins", "--ebpf=off"],
+    );
+    let m = exp.scrape();
+    assert_eq!(m.get("nomad_host_volumes_overcommit_ratio", &at), None);
+    assert_eq!(
+        m.value("nomad_host_volumes_provisioned_bytes", &at),
+        (2 * twenty) as f64
+    );
 }

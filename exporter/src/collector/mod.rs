@@ -19,6 +19,7 @@
 //! made; [`Exporter::ebpf_ready`] waits for that (`--ebpf=required`).
 
 pub mod ebpf;
+pub mod filesystem;
 pub mod guard;
 mod kernel_maps;
 pub mod quota;
@@ -153,6 +154,9 @@ pub struct Config {
     pub guard: GuardMode,
     /// Volumes the eBPF counters maps hold (`--ebpf.max-volumes`).
     pub max_volumes: u32,
+    /// The plugin's directory, whose prjquota.toml holds the
+    /// overcommit_ratio in force (`--plugin-dir`).
+    pub plugin_dir: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -164,6 +168,7 @@ impl Default for Config {
             ebpf: EbpfMode::Auto,
             guard: GuardMode::Detect,
             max_volumes: prjquota_ebpf::LoadOptions::default().max_volumes,
+            plugin_dir: None,
         }
     }
 }
@@ -240,6 +245,10 @@ impl Exporter {
             vec![
                 Box::new(quota::Quota),
                 Box::new(statfs::Statfs::new(config.statfs_timeout)),
+                Box::new(filesystem::Filesystem::new(
+                    config.statfs_timeout,
+                    config.plugin_dir.clone(),
+                )),
                 Box::new(events),
                 Box::new(ebpf),
                 Box::new(guard),

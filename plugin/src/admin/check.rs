@@ -12,6 +12,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::Flags;
+use crate::capacity::human;
+use crate::config::Config;
 use crate::fs::{FsType, VolumesFs};
 use crate::ops::load_config;
 use crate::quota::{self, Support};
@@ -282,11 +284,54 @@ pub fn run(flags: &Flags) -> Vec<Item> {
         )
     });
 
+    items.push(capacity(&vfs, &records, &cfg));
     items.push(write_access(&vfs, exists));
     if exists {
         items.push(registry_lock(&vfs));
     }
     items
+}
+
+/// The filesystem's size, what the volumes are promised and the ratio in
+/// force: the figures a create's admission is decided on.
+fn capacity(vfs: &VolumesFs, records: &[registry::Record], cfg: &Config) -> Item {
+    let promised = records
+        .iter()
+        .map(|r| r.provisioned_bytes)
+        .fold(0u64, u64::saturating_add);
+    let ids = records.iter().map(|r| r.project_id).collect();
+    let h = match crate::ops::measure_holdings(vfs, promised, ids, cfg.overcommit_ratio) {
+        Ok(h) => h,
+        Err(e) => {
+            return fail(
+                "capacity",
+                format!("{e:#}"),
+                "see the message; creates fail the same way",
+            )
+        }
+    };
+    let limit = h.promisable();
+    let detail = format!(
+        "filesystem holds {} ({} used outside volumes); volumes are promised {} of at most {} \
+         (overcommit_ratio = {}); {} can still be promised",
+        human(h.fs_bytes),
+        human(h.used_outside),
+        human(h.promised),
+        human(limit),
+        h.ratio,
+        human(limit.saturating_sub(h.promised)),
+    );
+    if h.promised <= limit {
+        pass("capacity", detail)
+    } else {
+        fail(
+            "capacity",
+            detail,
+            "the volumes were promised more than the filesystem now holds (files outside \
+             volumes grew, or overcommit_ratio was lowered): new creates and grows are refused \
+             until volumes are deleted, disk is added or overcommit_ratio is raised",
+        )
+    }
 }
 
 /// The plugin file Nomad will run: a root-owned executable that nobody

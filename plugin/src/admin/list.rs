@@ -152,6 +152,15 @@ pub fn render(rows: &[Row], json: bool, bytes: bool) -> String {
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
     }
+    if !rows.is_empty() {
+        let sum = |f: fn(&Row) -> u64| rows.iter().map(f).fold(0u64, u64::saturating_add);
+        out.push_str(&format!(
+            "total: {} volumes promised {}, using {}\n",
+            rows.len(),
+            size(sum(|r| r.size_bytes)),
+            size(sum(|r| r.used_bytes)),
+        ));
+    }
     out
 }
 

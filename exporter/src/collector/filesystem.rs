@@ -1,0 +1,264 @@
+//! The filesystem collector: per volumes directory, the filesystem's size and
+//! free space (statfs of the directory itself, not of a volume, whose statfs
+//! answers with its project's limit), what its volumes are promised and have
+//! used, and the `overcommit_ratio` the plugin admits creates with.
+//!
+//! The ratio comes from the plugin's own `prjquota.toml` in `--plugin-dir`,
+//! read at every scrape with the plugin's parser, so the series is what the
+//! next create is decided with. When that directory does not exist the ratio
+//! is unknown and its series is absent (never a made-up 1); when the file is
+//! malformed the collector fails naming it, as every create then does.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::anyhow;
+
+use super::statfs::{statvfs, FsStat, StatFn};
+use super::{BoxFuture, Collector, Scrape};
+use crate::blocking::InFlight;
+use crate::metrics::Family;
+
+pub struct Filesystem {
+    timeout: Duration,
+    inflight: InFlight,
+    stat: StatFn,
+    plugin_dir: Option<PathBuf>,
+}
+
+impl Filesystem {
+    pub fn new(timeout: Duration, plugin_dir: Option<PathBuf>) -> Filesystem {
+        Filesystem::with_stat(timeout, plugin_dir, Arc::new(statvfs))
+    }
+
+    pub fn with_stat(timeout: Duration, plugin_dir: Option<PathBuf>, stat: StatFn) -> Filesystem {
+        Filesystem {
+            timeout,
+            inflight: InFlight::new("statfs of a volumes directory"),
+            stat,
+            plugin_dir,
+        }
+    }
+}
+
+/// The ratio in force: `Ok(None)` when the plugin directory is unknown or
+/// absent, an error naming the file when it cannot be used.
+fn ratio(plugin_dir: Option<&Path>) -> anyhow::Result<Option<f64>> {
+    let Some(dir) = plugin_dir.filter(|d| d.is_dir()) else {
+        return Ok(None);
+    };
+    prjquota::config::load(dir)
+        .map(|c| Some(c.overcommit_ratio))
+        .map_err(|e| anyhow!("{e}"))
+}
+
+impl Collector for Filesystem {
+    fn name(&self) -> &'static str {
+        "filesystem"
+    }
+
+    fn collect<'a>(
+        &'a self,
+        scrape: &'a Scrape,
+        out: &'a mut Vec<Family>,
+    ) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move {
+            let inv = &scrape.inventory;
+            let mut errors = Vec::new();
+            let ratio = ratio(self.plugin_dir.as_deref()).unwrap_or_else(|e| {
+                errors.push(e.to_string());
+                None
+            });
+            let reading = scrape.quota().await;
+            let g = |name, help| Family::gauge(name, help).with_capacity(inv.dirs.len());
+            let mut size = g(
+                "nomad_host_volumes_filesystem_size_bytes",
+                "Size of the filesystem holding the volumes directory (statfs of the directory).",
+            );
+            let mut avail = g(
+                "nomad_host_volumes_filesystem_available_bytes",
+                "Bytes an unprivileged writer can still use on the filesystem holding the volumes directory (statfs f_bavail).",
+            );
+            let mut provisioned = g(
+                "nomad_host_volumes_provisioned_bytes",
+                "Sum of the hard limits (provisioned bytes) of the directory's Ready volumes: what the filesystem was promised.",
+            );
+            let mut used = g(
+                "nomad_host_volumes_used_bytes",
+                "Sum of the bytes the directory's Ready volumes use (their project quotas); absent when a quota could not be read.",
+            );
+            let mut ratio_f = g(
+                "nomad_host_volumes_overcommit_ratio",
+                "overcommit_ratio in the plugin's prjquota.toml (--plugin-dir): volumes may be promised this times the filesystem's room; absent when unknown.",
+            );
+            for (d, dir) in inv.dirs.iter().enumerate() {
+                if dir.dev.is_none() {
+                    continue;
+                }
+                let label = || vec![("volumes_dir", dir.path.display().to_string())];
+                let (stat, path) = (self.stat.clone(), dir.path.clone());
+                let key = path.display().to_string();
+                match self
+                    .inflight
+                    .run(&key, self.timeout, move || stat(&path))
+                    .await
+                {
+                    Ok(Ok(FsStat {
+                        frsize,
+                        blocks,
+                        bavail,
+                        ..
+                    })) => {
+                        size.labelled(label(), blocks.saturating_mul(frsize) as f64);
+                        avail.labelled(label(), bavail.saturating_mul(frsize) as f64);
+                    }
+                    Ok(Err(e)) => errors.push(format!("statfs of {key}: {e}")),
+                    Err(blocked) => errors.push(format!("statfs of {key}: {blocked}")),
+                }
+                let mine = || (0..inv.volumes.len()).filter(|&i| inv.volumes[i].dir == d);
+                provisioned.labelled(
+                    label(),
+                    mine()
+                        .map(|i| inv.volumes[i].provisioned_bytes)
+                        .fold(0u64, u64::saturating_add) as f64,
+                );
+                let usage: Option<u64> = mine()
+                    .map(|i| reading.per_volume.get(i).copied().flatten())
+                    .try_fold(0u64, |sum, q| q.map(|q| sum.saturating_add(q.used_bytes)));
+                if let Some(u) = usage {
+                    used.labelled(label(), u as f64);
+                }
+                if let Some(r) = ratio {
+                    ratio_f.labelled(label(), r);
+                }
+            }
+            out.extend([size, avail, provisioned, used, ratio_f]);
+            if errors.is_empty() {
+                Ok(())
+            } else {
+                Err(anyhow!(errors.join("; ")))
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collector::quota::{ListFn, QuotaReader};
+    use crate::inventory::tests::volume;
+    use crate::inventory::Inventory;
+    use prjquota::quota::ProjectQuota;
+
+    fn scrape(quota_ok: bool) -> Scrape {
+        let mut a = volume("default", "default", 1001);
+        a.provisioned_bytes = 3 << 30;
+        let mut b = volume("default", "default", 1002);
+        b.provisioned_bytes = 1 << 30;
+        let list: ListFn = Arc::new(move |_, _| {
+            if quota_ok {
+                Ok(vec![ProjectQuota {
+                    id: 1001,
+                    used_bytes: 4096,
+                    ..ProjectQuota::default()
+                }])
+            } else {
+                Err(std::io::Error::from_raw_os_error(libc::ESRCH))
+            }
+        });
+        Scrape::with_quota_reader(
+            Inventory::for_tests(vec![a, b]),
+            QuotaReader::with_list(Duration::from_secs(5), list),
+        )
+    }
+
+    fn stat() -> StatFn {
+        Arc::new(|_| {
+            Ok(FsStat {
+                frsize: 4096,
+                blocks: 1000,
+                bfree: 600,
+                bavail: 500,
+                files: 0,
+                ffree: 0,
+            })
+        })
+    }
+
+    fn scratch(name: &str, toml: Option<&str>) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("prjq-exp-fs-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        if let Some(t) = toml {
+            std::fs::write(dir.join("prjquota.toml"), t).unwrap();
+        }
+        dir
+    }
+
+    async fn text(c: &Filesystem, s: &Scrape) -> (String, anyhow::Result<()>) {
+        let mut out = Vec::new();
+        let r = c.collect(s, &mut out).await;
+        (crate::metrics::encode_all(&out, &s.inventory), r)
+    }
+
+    #[tokio::test]
+    async fn one_series_each_per_volumes_dir_with_the_ratio_from_the_plugin_dir() {
+        let dir = scratch("ok", Some("overcommit_ratio = 2.5\n"));
+        let c = Filesystem::with_stat(Duration::from_secs(5), Some(dir.clone()), stat());
+        let (t, r) = text(&c, &scrape(true)).await;
+        r.unwrap();
+        for line in [
+            "nomad_host_volumes_filesystem_size_bytes{volumes_dir=\"/srv/volumes\"} 4096000\n",
+            "nomad_host_volumes_filesystem_available_bytes{volumes_dir=\"/srv/volumes\"} 2048000\n",
+            "nomad_host_volumes_provisioned_bytes{volumes_dir=\"/srv/volumes\"} 4294967296\n",
+            "nomad_host_volumes_used_bytes{volumes_dir=\"/srv/volumes\"} 4096\n",
+            "nomad_host_volumes_overcommit_ratio{volumes_dir=\"/srv/volumes\"} 2.5\n",
+        ] {
+            assert!(t.contains(line), "{line} in {t}");
+        }
+        // No file in an existing plugin dir: the plugin's default, 1.
+        std::fs::remove_file(dir.join("prjquota.toml")).unwrap();
+        let (t, _) = text(&c, &scrape(true)).await;
+        assert!(
+            t.contains("nomad_host_volumes_overcommit_ratio{volumes_dir=\"/srv/volumes\"} 1\n"),
+            "{t}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_unknown_ratio_or_usage_is_absent_not_zero_or_one() {
+        let c = Filesystem::with_stat(
+            Duration::from_secs(5),
+            Some("/nonexistent/plugins".into()),
+            stat(),
+        );
+        let (t, r) = text(&c, &scrape(false)).await;
+        r.unwrap();
+        assert!(!t.contains("nomad_host_volumes_overcommit_ratio"), "{t}");
+        assert!(!t.contains("nomad_host_volumes_used_bytes"), "{t}");
+        assert!(t.contains("nomad_host_volumes_provisioned_bytes{"), "{t}");
+        let c = Filesystem::with_stat(Duration::from_secs(5), None, stat());
+        let (t, _) = text(&c, &scrape(true)).await;
+        assert!(!t.contains("nomad_host_volumes_overcommit_ratio"), "{t}");
+    }
+
+    #[tokio::test]
+    async fn a_malformed_ratio_fails_the_collector_naming_the_file() {
+        let dir = scratch("bad", Some("overcommit_ratio = 0\n"));
+        let c = Filesystem::with_stat(Duration::from_secs(5), Some(dir.clone()), stat());
+        let (t, r) = text(&c, &scrape(true)).await;
+        let e = r.unwrap_err().to_string();
+        assert!(
+            e.contains("prjquota.toml") && e.contains("overcommit_ratio"),
+            "{e}"
+        );
+        assert!(!t.contains("nomad_host_volumes_overcommit_ratio"), "{t}");
+        assert!(
+            t.contains("nomad_host_volumes_filesystem_size_bytes{"),
+            "{t}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
