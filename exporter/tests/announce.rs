@@ -14,17 +14,10 @@ use std::time::{Duration, Instant};
 use common::*;
 use prjquota::registry::State;
 use prjquota_core::announce::{announce, socket_name, Announced};
-use prjquota_exporter::{Config, Exporter};
+use prjquota_exporter::Exporter;
 
 fn exporter(dir: &Path) -> Arc<Exporter> {
-    let config = Config {
-        volumes_dirs: vec![dir.to_path_buf()],
-        statfs_timeout: Duration::from_secs(5),
-        quota_events: false,
-        ebpf: prjquota_exporter::collector::EbpfMode::Off,
-        guard: prjquota_exporter::collector::GuardMode::Off,
-        ..Config::default()
-    };
+    let config = host_config(dir);
     let e = Arc::new(Exporter::new(&config));
     prjquota_exporter::announce::start(e.clone(), &config.volumes_dirs);
     e

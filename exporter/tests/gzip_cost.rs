@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use prjquota::registry::State;
-use prjquota_exporter::{Config, Exporter};
+use prjquota_exporter::Exporter;
 
 async fn measure(n: u32) {
     let dir = fresh_dir(&std::env::temp_dir(), "gzipcost");
@@ -17,14 +17,7 @@ async fn measure(n: u32) {
         let id = format!("{i:08x}-0000-4000-8000-000000000000");
         add_volume(&dir, record(&id, "default", 10_000 + i, State::Ready));
     }
-    let config = Config {
-        volumes_dirs: vec![dir.clone()],
-        statfs_timeout: Duration::from_secs(5),
-        quota_events: false,
-        ebpf: prjquota_exporter::collector::EbpfMode::Off,
-        guard: prjquota_exporter::collector::GuardMode::Off,
-        ..Config::default()
-    };
+    let config = host_config(&dir);
     let exporter = Arc::new(Exporter::new(&config));
     exporter.warm_up().await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

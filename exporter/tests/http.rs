@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use prjquota::registry::State;
-use prjquota_exporter::{Config, Exporter};
+use prjquota_exporter::Exporter;
 
 const A: &str = "aaaaaaaa-0000-4000-8000-000000000001";
 const B: &str = "bbbbbbbb-0000-4000-8000-000000000002";
@@ -26,14 +26,7 @@ async fn start_with(
     volumes_dir: &std::path::Path,
     options: prjquota_exporter::http::Options,
 ) -> Server {
-    let config = Config {
-        volumes_dirs: vec![volumes_dir.to_path_buf()],
-        statfs_timeout: Duration::from_secs(5),
-        quota_events: false,
-        ebpf: prjquota_exporter::collector::EbpfMode::Off,
-        guard: prjquota_exporter::collector::GuardMode::Off,
-        ..Config::default()
-    };
+    let config = host_config(volumes_dir);
     let exporter = Arc::new(Exporter::new(&config));
     exporter.warm_up().await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

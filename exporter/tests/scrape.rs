@@ -18,12 +18,8 @@ const A: &str = "aaaaaaaa-1111-4000-8000-000000000001";
 
 fn config(dir: &Path, quota_events: bool) -> Config {
     Config {
-        volumes_dirs: vec![dir.to_path_buf()],
-        statfs_timeout: Duration::from_secs(5),
         quota_events,
-        ebpf: prjquota_exporter::collector::EbpfMode::Off,
-        guard: prjquota_exporter::collector::GuardMode::Off,
-        ..Config::default()
+        ..host_config(dir)
     }
 }
 

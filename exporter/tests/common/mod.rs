@@ -14,6 +14,19 @@ use prjquota::contract::VolumeId;
 use prjquota::params::VolumeParams;
 use prjquota::registry::{Record, Registry, State, RECORD_VERSION};
 
+/// An exporter's settings for host tests of `dir`: no eBPF, no guard, no
+/// netlink subscription (none of them works on the host).
+pub fn host_config(dir: &Path) -> prjquota_exporter::Config {
+    prjquota_exporter::Config {
+        volumes_dirs: vec![dir.to_path_buf()],
+        statfs_timeout: std::time::Duration::from_secs(5),
+        quota_events: false,
+        ebpf: prjquota_exporter::collector::EbpfMode::Off,
+        guard: prjquota_exporter::collector::GuardMode::Off,
+        ..prjquota_exporter::Config::default()
+    }
+}
+
 /// A fresh directory under `base` (e.g. the temp dir, or /dev/shm for tmpfs).
 pub fn fresh_dir(base: &Path, tag: &str) -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);
