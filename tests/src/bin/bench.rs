@@ -75,6 +75,10 @@ fn node(mount: &Path, plugins: &Path, name: &str, file: &str) -> Node {
     let link = dir.join(name);
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink(plugins.join(file), &link).unwrap();
+    // The bench creates volumes far larger than its filesystem (create cost
+    // against capacity): admission would refuse them at the default ratio.
+    std::fs::write(dir.join("prjquota.toml"), "overcommit_ratio = 1000000.0\n")
+        .expect("bench node config");
     let volumes = mount.join(format!("volumes-{name}"));
     Node::new(link, volumes, dir)
 }
