@@ -153,7 +153,13 @@ fn a_volume_filling_past_its_limit_shows_on_every_panel_and_fires_its_alerts() {
     let r = fill(&calm_path.join("some.bin"), MIB, Some(WRITER));
     assert_eq!(r.errno, None, "{r:?}");
 
-    let exporter = prom::Exporter::start(&[&f.node.volumes_dir]);
+    // The node's plugin dir, as a real node's exporter is given it: the
+    // "Promised vs disk" panel reads the overcommit_ratio in force there.
+    let plugin_dir = f.node.plugin_dir.display().to_string();
+    let exporter = prom::Exporter::start_with(
+        &[&f.node.volumes_dir],
+        &["--plugin-dir", plugin_dir.as_str()],
+    );
     let rules = rules_with_short_for();
     let prom = Prometheus::start(&[(JOB, exporter.addr)], std::slice::from_ref(&rules));
     let has_data = |r: &Value| r.as_array().is_some_and(|a| !a.is_empty());
