@@ -85,7 +85,11 @@ fn create_enforces_the_limit_and_statfs_reports_it(fs: &FsCase) {
     // extent metadata, and leaves 1 MiB less a block; older kernels wrote it
     // in part and left nothing.
     let left = statvfs(&path).1;
-    assert_eq!(left, 16 * MIB - q.used_bytes, "statfs and the quota disagree");
+    assert_eq!(
+        left,
+        16 * MIB - q.used_bytes,
+        "statfs and the quota disagree"
+    );
     assert!(left < MIB, "{left} bytes left after the fill");
 }
 
