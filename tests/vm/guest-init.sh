@@ -13,6 +13,7 @@
 #   PRJQUOTA_TEST_EXT4         ext4 -O quota,project (512 MiB) mounted with prjquota (FS=ext4|all)
 #   PRJQUOTA_TEST_XFS_NOQUOTA  XFS (320 MiB) mounted WITHOUT project quotas (always)
 # Guest /tmp is a tmpfs-backed overlay; the rest of the host's root is read-only.
+# The images sit on a scratch disk mounted at /tmp/prjquota-vm.
 #
 # xtask reads the `prjquota-vm:` lines: keep their wording.
 set -euo pipefail
@@ -37,11 +38,15 @@ esac
 
 base=/tmp/prjquota-vm
 mkdir -p "$base"
+# The images live on the scratch disk xtask attaches (label in xtask/src/vm.rs),
+# not in /tmp, which is the guest's memory: a full suite filled that.
+scratch=$(blkid -L prjquota-scratch) || fail "no disk labelled prjquota-scratch (xtask attaches one to every VM)"
+mount -o noatime "$scratch" "$base" || fail "mount $scratch $base"
 
 modprobe loop
 modprobe xfs
 
-# make_fs NAME SIZE MOUNT_OPTS MKFS...: sparse image in guest /tmp, mkfs, mount.
+# make_fs NAME SIZE MOUNT_OPTS MKFS...: sparse image on the scratch disk, mkfs, mount.
 make_fs() {
     local name=$1 size=$2 opts=$3
     shift 3
@@ -86,5 +91,8 @@ set +e
 cd "$cwd" || fail "cannot cd to $cwd"
 bash -c "$cmd"
 rc=$?
+# What the run left in memory and on the scratch disk: the first thing to
+# read when a run ends in ENOSPC or the OOM killer.
+echo "prjquota-vm: at exit: $(df -h --output=target,used,size /tmp "$base" | tail -n +2 | tr -s ' ' | paste -sd ';'); $(free -m | awk '/^Mem:/ { print "memory used " $3 " of " $2 " MiB" }')"
 echo "prjquota-vm: command exited with status $rc"
 exit "$rc"

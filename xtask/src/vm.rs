@@ -137,6 +137,63 @@ fn timeout(default: Duration) -> Duration {
         .map_or(default, Duration::from_secs)
 }
 
+/// The filesystem the guest keeps its test images on: a sparse host file,
+/// formatted here and found in the guest by its label. The images used to
+/// live in the guest's /tmp, which is memory: a full suite filled it (ENOSPC,
+/// then EIO from the loop devices) and could run the guest out of memory.
+/// On a disk, what the tests write costs host disk, freed when the VM ends.
+struct ScratchDisk {
+    path: PathBuf,
+}
+
+/// The label `tests/vm/guest-init.sh` mounts: keep the two in step.
+const SCRATCH_LABEL: &str = "prjquota-scratch";
+/// Room for every image guest-init makes (under 2 GiB) and what tests add.
+const SCRATCH_BYTES: u64 = 8 << 30;
+
+impl ScratchDisk {
+    fn create(dir: &Path) -> Result<ScratchDisk> {
+        let path = dir.join(format!("scratch-{}.img", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        std::fs::File::create(&path)
+            .and_then(|f| f.set_len(SCRATCH_BYTES))
+            .with_context(|| format!("cannot create the VM's scratch disk {}", path.display()))?;
+        let disk = ScratchDisk { path };
+        // Lazy init keeps mkfs to a fraction of a second and the file sparse.
+        let out = Command::new(sbin("mkfs.ext4"))
+            .args(["-q", "-F", "-L", SCRATCH_LABEL])
+            .args(["-E", "lazy_itable_init=1,lazy_journal_init=1"])
+            .arg(&disk.path)
+            .output()
+            .context("cannot run mkfs.ext4 for the VM's scratch disk (`cargo xtask deps` installs e2fsprogs)")?;
+        if !out.status.success() {
+            bail!(
+                "mkfs.ext4 {} failed: {}",
+                disk.path.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(disk)
+    }
+}
+
+/// `name` from PATH, or from /usr/sbin and /sbin, which a non-login root
+/// shell's PATH may lack.
+fn sbin(name: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/sbin".into()])
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| name.into())
+}
+
+impl Drop for ScratchDisk {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// Boots the VM, sets up the filesystems, runs `cmd` (a bash command line) in
 /// `cwd` with `opts.env`, streaming the output live. An error when the VM did
 /// not boot or the guest setup failed; otherwise the guest command's status.
@@ -166,6 +223,7 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
         shell_quote(cmd)
     );
     std::fs::write(&script, text)?;
+    let scratch = ScratchDisk::create(&dir)?;
 
     let verbose = std::env::var_os("PRJQUOTA_VM_VERBOSE").is_some_and(|v| v == "1");
     let mut vng_cmd = Command::new(&vng);
@@ -183,10 +241,20 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
         .arg(&kernel)
         .args(["--disable-kvm", "--memory", &opts.memory])
         .args(["--cpus", &opts.cpus.to_string()])
-        .args(verbose.then_some("--verbose"))
+        // The kernel console always reaches the log, at warning level unless
+        // PRJQUOTA_VM_VERBOSE=1: a panic, an OOM kill or a BUG is then there
+        // to read when a VM dies (the last kernel appended loglevel wins).
+        .arg("--verbose")
+        .args(
+            (!verbose)
+                .then_some(["--append", "loglevel=4"])
+                .into_iter()
+                .flatten(),
+        )
         .args(
             opts.disks
                 .iter()
+                .chain(std::iter::once(&scratch.path))
                 .flat_map(|d| [OsStr::new("--disk"), d.as_os_str()]),
         )
         .args(
@@ -244,8 +312,9 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
     let Some(status) = exited else {
         bail!(
             "the VM ended before the guest command finished (vng {}, {elapsed:.0}s): \
-             kernel panic, OOM, or the guest was killed",
-            tee.status
+             kernel panic, OOM, or the guest was killed; the kernel's last words:\n{}",
+            tee.status,
+            last_kernel_lines(&tee.lines, 25)
         );
     };
     println!("xtask vm: guest command exited with status {status} ({elapsed:.0}s wall)");
@@ -253,6 +322,27 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
         status,
         lines: tee.lines,
     })
+}
+
+/// The last `n` kernel console lines (`[   12.345678] …`) of a run.
+fn last_kernel_lines(lines: &[String], n: usize) -> String {
+    let kernel: Vec<&str> = lines
+        .iter()
+        .map(|l| l.trim_start())
+        .filter(|l| {
+            l.strip_prefix('[')
+                .and_then(|r| r.split_once(']'))
+                .is_some_and(|(t, _)| t.trim().parse::<f64>().is_ok())
+        })
+        .collect();
+    if kernel.is_empty() {
+        return "    (none printed)".into();
+    }
+    kernel[kernel.len().saturating_sub(n)..]
+        .iter()
+        .map(|l| format!("    {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[cfg(test)]
@@ -263,5 +353,24 @@ mod tests {
     fn fs_names() {
         assert_eq!(Fs::parse("all").unwrap(), Fs::All);
         assert!(Fs::parse("btrfs").is_err());
+    }
+
+    #[test]
+    fn the_kernels_last_words_are_the_console_lines_only() {
+        let lines: Vec<String> = [
+            "prjquota-vm: guest up",
+            "[    1.000000] booting",
+            "        PASS [   4.024s] prjquota-vmtests::ebpf x",
+            "[  203.5] Out of memory: Killed process 1 (bash)",
+            "[  203.6] Kernel panic - not syncing: Attempted to kill init!",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(
+            last_kernel_lines(&lines, 2),
+            "    [  203.5] Out of memory: Killed process 1 (bash)\n    \
+             [  203.6] Kernel panic - not syncing: Attempted to kill init!"
+        );
+        assert_eq!(last_kernel_lines(&lines[..1], 2), "    (none printed)");
     }
 }
