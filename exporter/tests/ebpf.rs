@@ -1,124 +1,41 @@
 //! `--ebpf` on this host: the real binary, started the way an operator
-//! would. The development host refuses fentry/fexit programs (EPERM even
-//! to root), so write telemetry cannot attach here: the exporter must say
-//! so (attached 0, the crate's reason) and serve everything else; with
-//! `--ebpf=required` it must refuse to start; with `--ebpf=off` it says
-//! disabled. The VM tests (tests/tests/exporter_ebpf.rs) cover attached.
-
-// Signals the spawned exporter child with kill(2); the block states its
-// SAFETY invariant.
-#![allow(unsafe_code)]
+//! would, where write telemetry cannot load. The development and CI hosts
+//! refuse fentry/fexit programs (EPERM even to root); on a host that would
+//! attach them, the exporter runs without the eBPF capabilities instead
+//! (capsh), so the degraded path is what these tests always take, never a
+//! skip. The exporter must say so (attached 0, the reason) and serve
+//! everything else; with `--ebpf=required` it must refuse to start; with
+//! `--ebpf=off` it says disabled. The VM tests (tests/tests/exporter_ebpf.rs)
+//! cover attached.
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
 
 use common::*;
 use prjquota::registry::State;
 use prjquota_ebpf::WriteTelemetry;
+use prjquota_vmtests::prom::{command_of, run_to_refusal, Exporter};
 
 const A: &str = "aaaaaaaa-2222-4000-8000-000000000001";
 const PROGRAMS: [&str; 3] = prjquota_exporter::collector::ebpf::PROGRAMS;
 
-/// What loading write telemetry does on this host: `None` if it attaches,
-/// else the crate's reason label.
-fn host_reason() -> Option<&'static str> {
+fn exe() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_prjquota-exporter"))
+}
+
+/// How the exporter is kept from loading write telemetry here, and the
+/// reason it must then report: none needed where the host refuses (its own
+/// reason), else no eBPF capabilities (`permission`).
+fn without_ebpf() -> (bool, &'static str) {
     match WriteTelemetry::load() {
-        Ok(_) => None,
-        Err(e) => Some(e.reason()),
+        Ok(_) => (true, "permission"),
+        Err(e) => (false, e.reason()),
     }
 }
 
-struct Running {
-    child: Child,
-    addr: SocketAddr,
-    lines: mpsc::Receiver<String>,
-    /// Lines up to and including the start-up line.
-    early: Vec<String>,
-}
-
-impl Running {
-    fn stop(mut self) -> String {
-        // SAFETY: signalling our own child, which has not been reaped.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
-        }
-        let st = self.child.wait().unwrap();
-        assert!(st.success(), "exit on SIGTERM: {st}");
-        let mut log = self.early;
-        log.extend(self.lines.try_iter());
-        log.join("\n")
-    }
-}
-
-fn spawn(dir: &Path, extra: &[&str]) -> (Child, mpsc::Receiver<String>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_prjquota-exporter"))
-        .arg("--volumes-dir")
-        .arg(dir)
-        .args(["--web.listen-address", "127.0.0.1:0"])
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start prjquota-exporter");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    (child, rx)
-}
-
-fn start(dir: &Path, extra: &[&str]) -> Running {
-    let (child, lines) = spawn(dir, extra);
-    let mut seen = Vec::new();
-    loop {
-        let line = lines
-            .recv_timeout(Duration::from_secs(60))
-            .unwrap_or_else(|e| panic!("no start-up line ({e}):\n{}", seen.join("\n")));
-        seen.push(line.clone());
-        if line.contains("msg=\"starting prjquota-exporter\"") {
-            let addr = line
-                .split(' ')
-                .find_map(|f| f.strip_prefix("address="))
-                .and_then(|a| a.parse().ok())
-                .expect("address= in the start-up line");
-            wait_ready(addr);
-            return Running {
-                child,
-                addr,
-                lines,
-                early: seen,
-            };
-        }
-    }
-}
-
-/// Polls /healthz until the exporter says it is ready (200): before that
-/// /metrics answers 503 by design.
-fn wait_ready(addr: std::net::SocketAddr) {
-    let started = std::time::Instant::now();
-    loop {
-        let r = get(addr, "/healthz");
-        if r.status == 200 {
-            return;
-        }
-        assert_eq!(r.status, 503, "/healthz while starting: {}", r.body);
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "not ready after 60s: {}",
-            r.body
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+fn start(dir: &Path, args: &[&str], drop_caps: bool) -> Exporter {
+    Exporter::start_command(command_of(exe(), &[dir], args, drop_caps))
 }
 
 fn volumes_dir(tag: &str) -> std::path::PathBuf {
@@ -133,13 +50,12 @@ fn has(text: &str, line: &str) -> bool {
 
 #[test]
 fn default_flags_degrade_to_detached_and_serve_the_rest() {
-    let Some(reason) = host_reason() else {
-        eprintln!("skipping: write telemetry attaches on this host (the VM tests cover it)");
-        return;
-    };
-    eprintln!("write telemetry on this host: detached, reason {reason}");
+    let (drop_caps, reason) = without_ebpf();
+    eprintln!(
+        "write telemetry here: detached, reason {reason} (capabilities dropped: {drop_caps})"
+    );
     let dir = volumes_dir("ebpf-auto");
-    let exp = start(&dir, &[]);
+    let exp = start(&dir, &[], drop_caps);
     // Twice: the reason is still reported, and logged only once.
     let mut text = String::new();
     for _ in 0..2 {
@@ -182,27 +98,12 @@ fn default_flags_degrade_to_detached_and_serve_the_rest() {
 
 #[test]
 fn required_fails_at_start_up_with_the_reason() {
-    if host_reason().is_none() {
-        eprintln!("skipping: write telemetry attaches on this host");
-        return;
-    }
+    let (drop_caps, _) = without_ebpf();
     let dir = volumes_dir("ebpf-required");
-    let (mut child, lines) = spawn(&dir, &["--ebpf=required"]);
-    let mut status = None;
-    for _ in 0..600 {
-        if let Some(st) = child.try_wait().unwrap() {
-            status = Some(st);
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let Some(status) = status else {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("--ebpf=required did not exit within 60s");
-    };
-    std::thread::sleep(Duration::from_millis(100));
-    let log = lines.try_iter().collect::<Vec<_>>().join("\n");
+    let (status, log) = run_to_refusal(
+        command_of(exe(), &[&dir], &["--ebpf=required"], drop_caps),
+        "--ebpf=required where eBPF cannot load",
+    );
     assert_eq!(status.code(), Some(1), "{log}");
     assert!(
         log.contains("level=error msg=exiting")
@@ -216,7 +117,7 @@ fn required_fails_at_start_up_with_the_reason() {
 #[test]
 fn off_loads_nothing_and_says_disabled() {
     let dir = volumes_dir("ebpf-off");
-    let exp = start(&dir, &["--ebpf=off"]);
+    let exp = start(&dir, &["--ebpf=off"], false);
     let text = get(exp.addr, "/metrics").body;
     for p in PROGRAMS {
         let line = format!("prjquota_exporter_ebpf_program_attached{{program=\"{p}\"}} 0");

@@ -289,17 +289,14 @@ async fn gzip_only_when_asked_and_decodes_to_the_plain_scrape() {
             )
         })
     };
-    let enc = |h: &[(String, String)]| {
-        h.iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case("content-encoding"))
-            .map(|(_, v)| v.clone())
-    };
+    let enc = |r: &RawReply| r.header("content-encoding").map(str::to_string);
     // What Prometheus sends.
-    let (st, h, zipped) = ask("Accept-Encoding: gzip\r\n").await;
-    assert_eq!((st, enc(&h).as_deref()), (200, Some("gzip")));
-    let (_, h, plain) = ask("").await;
-    assert_eq!(enc(&h), None, "no Accept-Encoding, no gzip");
-    let plain = String::from_utf8(plain).unwrap();
+    let r = ask("Accept-Encoding: gzip\r\n").await;
+    assert_eq!((r.status, enc(&r).as_deref()), (200, Some("gzip")));
+    let zipped = r.body;
+    let r = ask("").await;
+    assert_eq!(enc(&r), None, "no Accept-Encoding, no gzip");
+    let plain = String::from_utf8(r.body).unwrap();
     let unzipped = gunzip(&zipped);
     assert!(
         zipped.len() * 5 < plain.len(),
@@ -313,14 +310,14 @@ async fn gzip_only_when_asked_and_decodes_to_the_plain_scrape() {
         "Accept-Encoding: gzip;q=0\r\n",
         "Accept-Encoding: br, deflate\r\n",
     ] {
-        let (_, h, body) = ask(refused).await;
-        assert_eq!(enc(&h), None, "{refused}");
-        assert!(String::from_utf8(body)
+        let r = ask(refused).await;
+        assert_eq!(enc(&r), None, "{refused}");
+        assert!(String::from_utf8(r.body)
             .unwrap()
             .contains("prjquota_exporter_volumes 200"));
     }
-    let (_, h, _) = ask("Accept-Encoding: deflate, GZIP;q=0.5\r\n").await;
-    assert_eq!(enc(&h).as_deref(), Some("gzip"));
+    let r = ask("Accept-Encoding: deflate, GZIP;q=0.5\r\n").await;
+    assert_eq!(enc(&r).as_deref(), Some("gzip"));
     srv.stop.send(()).unwrap();
     let _ = srv.done.await;
 
@@ -334,15 +331,15 @@ async fn gzip_only_when_asked_and_decodes_to_the_plain_scrape() {
     )
     .await;
     let addr = srv.addr;
-    let (st, h, body) = client(move || {
+    let r = client(move || {
         raw_bytes(
             addr,
             "GET /custom HTTP/1.1\r\nHost: t\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n",
         )
     })
     .await;
-    assert_eq!((st, enc(&h)), (200, None));
-    assert!(String::from_utf8(body)
+    assert_eq!((r.status, enc(&r)), (200, None));
+    assert!(String::from_utf8(r.body)
         .unwrap()
         .contains("prjquota_exporter_volumes 200"));
     assert_eq!(client(move || get(addr, "/metrics")).await.status, 404);

@@ -7,8 +7,10 @@
 //! that says so, rather than letting a test pass against the wrong kernel.
 
 pub mod fixture;
+pub mod http;
 pub mod nomad;
 pub mod prom;
+pub mod records;
 pub mod witness;
 
 use std::path::{Path, PathBuf};

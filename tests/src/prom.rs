@@ -1,4 +1,4 @@
-//! Prometheus in the tests: a minimal HTTP client, a parser for the text
+//! Prometheus in the tests: a parser for the text
 //! exposition format, the `prjquota-exporter` binary run as a guarded child
 //! process, `promtool`, and a real Prometheus server (`/usr/bin/prometheus`,
 //! Debian 12 ships 2.42) scraping test targets, queried through its HTTP API.
@@ -16,8 +16,8 @@
 //! its CPU, so waits are generous and only report how long they took.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -25,6 +25,8 @@ use std::sync::{mpsc, Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+use crate::http::{http_get, url_encode};
 
 pub const PROMETHEUS: &str = "/usr/bin/prometheus";
 pub const PROMTOOL: &str = "/usr/bin/promtool";
@@ -51,131 +53,6 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .expect("bind 127.0.0.1:0")
         .port()
-}
-
-// ---------------------------------------------------------------------------
-// HTTP
-
-/// A reply: status and (de-chunked) body.
-#[derive(Debug, Clone)]
-pub struct Reply {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: String,
-}
-
-impl Reply {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// `GET path` (path and query, already encoded) over HTTP/1.1 with
-/// `Connection: close`; reads until the server closes. `Err` for a
-/// connection or protocol failure (so callers can poll a server starting up).
-pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> std::io::Result<Reply> {
-    let s = TcpStream::connect_timeout(&addr, timeout)?;
-    http_get_on(s, addr, path, timeout)
-}
-
-/// [`http_get`] from the source address `from` (any of 127.0.0.0/8 on the
-/// loopback): many clients as many hosts, as the exporter's per-address
-/// connection limit sees them.
-pub fn http_get_from(
-    from: std::net::IpAddr,
-    addr: SocketAddr,
-    path: &str,
-    timeout: Duration,
-) -> std::io::Result<Reply> {
-    let sock = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::STREAM,
-        None,
-    )?;
-    sock.bind(&SocketAddr::new(from, 0).into())?;
-    sock.connect_timeout(&addr.into(), timeout)?;
-    http_get_on(sock.into(), addr, path, timeout)
-}
-
-fn http_get_on(
-    mut s: TcpStream,
-    addr: SocketAddr,
-    path: &str,
-    timeout: Duration,
-) -> std::io::Result<Reply> {
-    use std::io::{Error, ErrorKind};
-    s.set_read_timeout(Some(timeout))?;
-    s.set_write_timeout(Some(timeout))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: prjquota-vmtests\r\nAccept: */*\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf)?;
-    let bad = |what: &str| Error::new(ErrorKind::InvalidData, format!("{what} from {addr}{path}"));
-    let split = buf
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| bad("no reply head"))?;
-    let head = std::str::from_utf8(&buf[..split]).map_err(|_| bad("a non-UTF-8 head"))?;
-    let raw_body = &buf[split + 4..];
-    let mut lines = head.split("\r\n");
-    let status = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| bad("no status line"))?;
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
-        .collect();
-    let chunked = headers.iter().any(|(n, v)| {
-        n.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
-    });
-    let body = if chunked {
-        dechunk(raw_body).ok_or_else(|| bad("a truncated chunked body"))?
-    } else {
-        raw_body.to_vec()
-    };
-    let body = String::from_utf8(body).map_err(|_| bad("a non-UTF-8 body"))?;
-    Ok(Reply {
-        status,
-        headers,
-        body,
-    })
-}
-
-/// Decodes a chunked body; `None` unless it ends with the last (empty) chunk.
-fn dechunk(mut s: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        let eol = s.windows(2).position(|w| w == b"\r\n")?;
-        let size = std::str::from_utf8(&s[..eol]).ok()?;
-        let size = size.split(';').next()?.trim();
-        let n = usize::from_str_radix(size, 16).ok()?;
-        s = &s[eol + 2..];
-        if n == 0 {
-            return Some(out);
-        }
-        out.extend_from_slice(s.get(..n)?);
-        s = s.get(n + 2..)?;
-    }
-}
-
-/// Percent-encodes a query parameter value (RFC 3986 unreserved kept).
-pub fn url_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() * 3);
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 // ---------------------------------------------------------------------------
@@ -331,6 +208,23 @@ impl Exposition {
         }
     }
 
+    /// `prjquota_exporter_scrape_collector_success` by collector.
+    pub fn collector_successes(&self) -> BTreeMap<String, f64> {
+        self.find("prjquota_exporter_scrape_collector_success", &[])
+            .map(|s| (s.label("collector").unwrap_or("").to_string(), s.value))
+            .collect()
+    }
+
+    /// Panics, with `context` (the exporter's log, a moment), unless the
+    /// scrape lists collectors and every one succeeded.
+    pub fn assert_collectors_succeeded(&self, context: &str) {
+        let ok = self.collector_successes();
+        assert!(!ok.is_empty(), "no collector in the scrape:\n{}", self.text);
+        for (c, v) in ok {
+            assert_eq!(v, 1.0, "collector {c} failed: {context}");
+        }
+    }
+
     /// As [`Exposition::get`], panicking (with the exposition) when absent.
     pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
         self.get(name, labels)
@@ -424,6 +318,12 @@ pub struct Exporter {
     child: Child,
     pub addr: SocketAddr,
     log: Arc<Mutex<String>>,
+    /// The thread copying stderr into `log`: joined once the exporter has
+    /// exited, so that the log is whole.
+    reader: Option<std::thread::JoinHandle<()>>,
+    /// How the exporter ended, once [`Exporter::terminate`] or the wait for
+    /// readiness has seen it end (`Some(None)`: it had to be killed).
+    stopped: Option<Option<std::process::ExitStatus>>,
 }
 
 impl Exporter {
@@ -441,16 +341,18 @@ impl Exporter {
     /// [`Exporter::start_with`] for another build of the exporter (the
     /// fault-injection one).
     pub fn start_binary(binary: &Path, volumes_dirs: &[&Path], args: &[&str]) -> Exporter {
-        Self::spawn(command_of(binary, volumes_dirs, args, false))
+        Self::start_command(command_of(binary, volumes_dirs, args, false))
     }
 
     /// [`Exporter::start_with`] without the capabilities that loading eBPF
     /// needs (see [`command`]).
     pub fn start_without_bpf_caps(volumes_dirs: &[&Path], args: &[&str]) -> Exporter {
-        Self::spawn(command(volumes_dirs, args, true))
+        Self::start_command(command(volumes_dirs, args, true))
     }
 
-    fn spawn(mut cmd: Command) -> Exporter {
+    /// Starts an exporter from its command line ([`command_of`]) and
+    /// returns once it is ready.
+    pub fn start_command(mut cmd: Command) -> Exporter {
         ensure_loopback();
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -460,7 +362,7 @@ impl Exporter {
         let log = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = mpsc::channel();
         let log2 = log.clone();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
                 if line.contains("msg=\"starting prjquota-exporter\"") {
@@ -491,7 +393,13 @@ impl Exporter {
             "MEASURE exporter_start_seconds {:.3}",
             started.elapsed().as_secs_f64()
         );
-        let mut exporter = Exporter { child, addr, log };
+        let mut exporter = Exporter {
+            child,
+            addr,
+            log,
+            reader: Some(reader),
+            stopped: None,
+        };
         exporter.wait_ready(started);
         exporter
     }
@@ -506,6 +414,7 @@ impl Exporter {
     fn wait_ready(&mut self, started: Instant) {
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
+                self.stopped = Some(Some(status));
                 panic!(
                     "the exporter exited ({status}) before it was ready:\n{}",
                     self.log()
@@ -569,8 +478,25 @@ impl Exporter {
     }
 }
 
-impl Drop for Exporter {
-    fn drop(&mut self) {
+impl Exporter {
+    /// Stops the exporter with SIGTERM, as systemd and Nomad do, and
+    /// returns its whole log; panics unless it exits cleanly.
+    pub fn stop(mut self) -> String {
+        let status = self.terminate();
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "the exporter did not stop cleanly on SIGTERM: {status:?}\n{}",
+            self.log()
+        );
+        self.log()
+    }
+
+    /// SIGTERM, then up to 30 s for the exit (SIGKILL after that: `None`).
+    /// Runs once; later calls return the first outcome.
+    fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        if let Some(outcome) = self.stopped {
+            return outcome;
+        }
         // Our own child, not reaped yet: the pid cannot have been reused.
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.child.id() as i32),
@@ -590,16 +516,26 @@ impl Drop for Exporter {
                 }
             }
         };
+        // The exporter has exited: its stderr is closed and the reader ends.
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        self.stopped = Some(status);
+        status
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        let already = self.stopped.is_some();
+        let status = self.terminate();
         if std::thread::panicking() {
-            eprintln!(
-                "--- exporter log (exit {status:?}) ---\n{}",
-                self.log.lock().unwrap()
-            );
-        } else {
+            eprintln!("--- exporter log (exit {status:?}) ---\n{}", self.log());
+        } else if !already {
             assert!(
                 status.is_some_and(|s| s.success()),
                 "the exporter did not stop cleanly on SIGTERM: {status:?}\n{}",
-                self.log.lock().unwrap()
+                self.log()
             );
         }
     }

@@ -1,25 +1,23 @@
 //! The real `prjquota-exporter` binary against volumes the real plugin made,
 //! on a kernel that enforces project quotas: every number it publishes is
 //! compared with what the test wrote and with what the kernel says, its
-//! exposition is checked by `promtool` and scraped by a real Prometheus,
-//! and its cost is measured next to a bare loop doing the same syscalls.
+//! exposition is checked by `promtool` and scraped by a real Prometheus.
+//! Its cost at scale is measured in `scrape_cost.rs`.
 //!
 //! Each test starts its own exporter (on 127.0.0.1, port chosen by the
 //! kernel and read back from the exporter's start-up log line) against its
 //! own Nomad node, and stops it when the test ends, passed or not.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::CString;
+use std::collections::BTreeSet;
 use std::io::Write;
-use std::os::fd::AsFd;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use prjquota_vmtests::fixture::{fill, statvfs, Fixture, MIB};
 use prjquota_vmtests::nomad::{uuid, Spec};
 use prjquota_vmtests::prom::{self, Exporter, Exposition, Prometheus};
-use prjquota_vmtests::{ext4_mount, median, scratch_dir, xfs_mount, xfs_noquota_mount};
+use prjquota_vmtests::records::{add_volume, ready_record};
+use prjquota_vmtests::{ext4_mount, scratch_dir, xfs_mount, xfs_noquota_mount};
 
 const BLOCK: u64 = 4096;
 
@@ -175,13 +173,6 @@ fn fstype_of(mount: &Path) -> &'static str {
     }
 }
 
-/// Collector success values by collector.
-fn successes(e: &Exposition) -> BTreeMap<String, f64> {
-    e.find("prjquota_exporter_scrape_collector_success", &[])
-        .map(|s| (s.label("collector").unwrap_or("").to_string(), s.value))
-        .collect()
-}
-
 /// Every `nomad_host_volume_*` sample carries namespace, node_pool and
 /// volume_id; the IDs are exactly `ids`; each family has one series per
 /// volume and label set; every family has TYPE and HELP.
@@ -228,11 +219,11 @@ fn metrics_match_what_was_written(mount: &Path) {
     let ids: BTreeSet<&str> = made.iter().map(|m| m.spec.id.as_str()).collect();
     assert_per_volume_labels(&e, &ids);
     assert_eq!(e.value("prjquota_exporter_volumes", &[]), 3.0);
-    for (c, ok) in successes(&e) {
+    for (c, ok) in e.collector_successes() {
         assert_eq!(ok, 1.0, "collector {c} failed:\n{}", exp.log());
     }
     for c in ["registry", "quota", "statfs", "quota_events"] {
-        assert!(successes(&e).contains_key(c), "no collector {c}");
+        assert!(e.collector_successes().contains_key(c), "no collector {c}");
     }
     assert_eq!(
         e.value("prjquota_exporter_quota_events_subscribed", &[]),
@@ -506,7 +497,7 @@ fn a_deleted_volumes_series_vanish_at_the_next_scrape() {
         );
         assert!(e.value("nomad_host_volume_quota_used_bytes", &l) >= m.data_bytes as f64);
     }
-    for (c, ok) in successes(&e) {
+    for (c, ok) in e.collector_successes() {
         assert_eq!(ok, 1.0, "collector {c} failed:\n{}", exp.log());
     }
 }
@@ -515,7 +506,7 @@ fn a_deleted_volumes_series_vanish_at_the_next_scrape() {
 // 5: no quota, no directory: degraded, never failed
 
 /// Stores a Ready record for volume `id` with the plugin's own registry
-/// writer, as the plugin does at the end of a create.
+/// writer, as the plugin does at the end of a create, and makes its root.
 fn store_record(
     volumes_dir: &Path,
     id: &str,
@@ -524,46 +515,19 @@ fn store_record(
     node_id: &str,
     project_id: u32,
 ) {
-    use prjquota::contract::VolumeId;
-    use prjquota::params::VolumeParams;
-    use prjquota::registry::{Record, Registry, State, RECORD_VERSION};
-    let rec = Record {
-        version: RECORD_VERSION,
-        state: State::Ready,
-        volume_id: VolumeId::parse(id).unwrap(),
-        volume_name: name.into(),
-        namespace: namespace.into(),
-        node_pool: "default".into(),
-        node_id: node_id.into(),
-        plugin_id: "prjquota".into(),
-        path: volumes_dir.join(id),
-        fstype: "xfs".into(),
-        project_id,
-        capacity_min_bytes: 0,
-        capacity_max_bytes: 16 * MIB,
-        provisioned_bytes: 16 * MIB,
-        params: VolumeParams {
-            mode: 0o700,
-            uid: None,
-            gid: None,
-            max_inodes: None,
-        },
-        parameters: BTreeMap::new(),
-        created_unix: 1_700_000_000,
-        updated_unix: 1_700_000_000,
-    };
-    let dir = std::fs::File::open(volumes_dir).unwrap();
-    let reg = Registry::open(dir.as_fd(), volumes_dir, true)
-        .unwrap()
-        .expect("a registry");
-    reg.store(&rec).unwrap();
+    let mut rec = ready_record(id, namespace, project_id);
+    rec.volume_name = name.into();
+    rec.node_id = node_id.into();
+    rec.capacity_max_bytes = 16 * MIB;
+    rec.provisioned_bytes = 16 * MIB;
+    rec.params.mode = 0o700;
+    add_volume(volumes_dir, rec);
 }
 
 /// A Ready volume where the plugin refuses to make one (no project quota):
 /// a directory and a record.
 fn record_volume(volumes_dir: &Path, name: &str, project_id: u32) -> String {
     let id = uuid();
-    std::fs::create_dir_all(volumes_dir.join(&id)).unwrap();
     store_record(volumes_dir, &id, name, "default", &uuid(), project_id);
     id
 }
@@ -582,7 +546,7 @@ fn without_quota_or_without_a_directory_the_scrape_still_answers() {
     {
         let exp = Exporter::start(&[&noquota]);
         let e = exp.scrape();
-        let ok = successes(&e);
+        let ok = e.collector_successes();
         assert_eq!(ok["quota"], 0.0, "{}", e.text);
         assert_eq!(ok["registry"], 1.0);
         assert_eq!(ok["statfs"], 1.0);
@@ -613,7 +577,7 @@ fn without_quota_or_without_a_directory_the_scrape_still_answers() {
     {
         let exp = Exporter::start(&[&missing]);
         let e = exp.scrape();
-        for (c, ok) in successes(&e) {
+        for (c, ok) in e.collector_successes() {
             assert_eq!(ok, 1.0, "collector {c}:\n{}", e.text);
         }
         assert_eq!(e.value("prjquota_exporter_volumes", &[]), 0.0);
@@ -638,7 +602,7 @@ fn without_quota_or_without_a_directory_the_scrape_still_answers() {
         let good = make(&f, &THREE[..1]);
         let exp = Exporter::start(&[&f.node.volumes_dir, &noquota, &missing]);
         let e = exp.scrape();
-        assert_eq!(successes(&e)["quota"], 0.0);
+        assert_eq!(e.collector_successes()["quota"], 0.0);
         assert_eq!(e.value("prjquota_exporter_volumes", &[]), 3.0);
         let l = good[0].labels("default");
         assert_eq!(
@@ -743,211 +707,4 @@ fn promtool_check_metrics_accepts_the_exposition() {
         "promtool:\n{}\n---\n{text}",
         lint.output
     );
-}
-
-// ---------------------------------------------------------------------------
-// 8: cost at scale, next to the floor
-
-/// A bare loop doing what a scrape must do at least: statfs of every volume
-/// root and one quota pass over the project-ID range. Returns its time.
-fn floor_pass(roots: &[CString], volumes_dir: &Path, ids: (u32, u32)) -> Duration {
-    let start = Instant::now();
-    for r in roots {
-        let st = nix::sys::statvfs::statvfs(r.as_c_str()).expect("statvfs");
-        std::hint::black_box(st.blocks());
-    }
-    let dir = std::fs::File::open(volumes_dir).unwrap();
-    let q = prjquota_core::quota::list(dir.as_fd(), ids.0..=ids.1).unwrap();
-    std::hint::black_box(q.len());
-    start.elapsed()
-}
-
-/// The first volumes of the scale test go through `prjquota::ops::create`,
-/// the plugin's own code path without a process per volume.
-const VIA_OPS: usize = 100;
-
-/// Creates volume `i` through `prjquota::ops::create`; returns its root.
-fn create_via_ops(volumes_dir: &Path, plugin_dir: &Path, node_id: &str, i: usize) -> PathBuf {
-    let env: Vec<(String, String)> = [
-        ("DHV_OPERATION", "create".to_string()),
-        ("DHV_VOLUMES_DIR", volumes_dir.display().to_string()),
-        ("DHV_PLUGIN_DIR", plugin_dir.display().to_string()),
-        ("DHV_NODE_POOL", "default".into()),
-        ("DHV_NAMESPACE", format!("ns-{}", i % 10)),
-        ("DHV_VOLUME_NAME", format!("vol-{i}")),
-        ("DHV_VOLUME_ID", uuid()),
-        ("DHV_CAPACITY_MIN_BYTES", "0".into()),
-        ("DHV_CAPACITY_MAX_BYTES", (16 * MIB).to_string()),
-        ("DHV_NODE_ID", node_id.to_string()),
-        ("DHV_PARAMETERS", "null".into()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    let req = prjquota::contract::parse_create(env).expect("a valid request");
-    prjquota::ops::create(&req, "prjquota")
-        .expect("create")
-        .path
-}
-
-/// Volume `i` with project ID `project_id`, the quick way: the end state of
-/// a create (directory, hard limit, project tag, Ready record written by the
-/// plugin's registry code) without its per-create scan of every record and
-/// quota, which makes `ops::create` O(volumes) per call.
-fn create_quick(volumes_dir: &Path, node_id: &str, i: usize, project_id: u32) -> PathBuf {
-    use prjquota_core::quota::{self, Limits};
-    let id = uuid();
-    let path = volumes_dir.join(&id);
-    std::fs::create_dir(&path).unwrap();
-    let vdir = std::fs::File::open(volumes_dir).unwrap();
-    let limits = Limits {
-        bytes_hard: 16 * MIB,
-        ..Limits::NONE
-    };
-    quota::set_limits(vdir.as_fd(), project_id, &limits).expect("set limits");
-    let root = std::fs::File::open(&path).unwrap();
-    quota::tag(root.as_fd(), project_id).expect("tag");
-    store_record(
-        volumes_dir,
-        &id,
-        &format!("vol-{i}"),
-        &format!("ns-{}", i % 10),
-        node_id,
-        project_id,
-    );
-    path
-}
-
-/// Creates volumes up to each count (the first [`VIA_OPS`] through the
-/// plugin's library, the rest quickly, on two threads), then starts a fresh
-/// exporter and measures it next to the floor.
-fn scale(counts: &[usize]) {
-    let root = scratch_dir(&xfs_mount(), "exp-scale");
-    let plugin_dir = root.join("plugins");
-    std::fs::create_dir(&plugin_dir).unwrap();
-    // Outside every Fixture's range (10,000,000 to 410,000,000).
-    let base = 600_000_000 + (std::process::id() % 1000) * 20_000;
-    let ids = (base, base + 19_999);
-    std::fs::write(
-        plugin_dir.join("prjquota.toml"),
-        format!("project_id_min = {}\nproject_id_max = {}\n", ids.0, ids.1),
-    )
-    .unwrap();
-    let volumes_dir = root.join("volumes");
-    let node_id = uuid();
-    let mut roots: Vec<CString> = Vec::new();
-    let cstr = |p: PathBuf| CString::new(p.as_os_str().as_bytes()).unwrap();
-    for &n in counts {
-        let start = Instant::now();
-        let before = roots.len();
-        while roots.len() < n.min(VIA_OPS) {
-            let p = create_via_ops(&volumes_dir, &plugin_dir, &node_id, roots.len());
-            roots.push(cstr(p));
-        }
-        if roots.len() < n {
-            let from = roots.len();
-            let made: Vec<PathBuf> = std::thread::scope(|s| {
-                let workers: Vec<_> = (0..2)
-                    .map(|w| {
-                        let (vd, node) = (&volumes_dir, &node_id);
-                        s.spawn(move || {
-                            (from..n)
-                                .filter(|i| i % 2 == w)
-                                .map(|i| (i, create_quick(vd, node, i, base + i as u32)))
-                                .collect::<Vec<_>>()
-                        })
-                    })
-                    .collect();
-                let mut all: Vec<(usize, PathBuf)> = workers
-                    .into_iter()
-                    .flat_map(|w| w.join().expect("creator thread"))
-                    .collect();
-                all.sort();
-                all.into_iter().map(|(_, p)| p).collect()
-            });
-            roots.extend(made.into_iter().map(cstr));
-        }
-        assert_eq!(roots.len(), n);
-        if roots.len() > before {
-            eprintln!(
-                "MEASURE scale_create_seconds_per_volume{{volumes={n}}} {:.4}",
-                start.elapsed().as_secs_f64() / (roots.len() - before) as f64
-            );
-        }
-
-        let exp = Exporter::start(&[&volumes_dir]);
-        let (cold_text, cold) = exp.scrape_text();
-        let e = Exposition::parse(&cold_text);
-        assert_eq!(e.value("prjquota_exporter_volumes", &[]), n as f64);
-        assert_eq!(e.find("nomad_host_volume_capacity_bytes", &[]).count(), n);
-        assert_eq!(e.find("nomad_host_volume_quota_used_bytes", &[]).count(), n);
-        for (c, ok) in successes(&e) {
-            assert_eq!(ok, 1.0, "collector {c} failed at {n} volumes");
-        }
-        // The registry skips unchanged directories only when its last scan
-        // began a second after their last change.
-        std::thread::sleep(Duration::from_millis(1100));
-        let mut warm = Vec::new();
-        let mut text_len = 0;
-        for _ in 0..5 {
-            let (t, d) = exp.scrape_text();
-            text_len = t.len();
-            warm.push(d);
-        }
-        // The exporter's own account of where a scrape's time goes.
-        let last = Exposition::parse(&exp.scrape_text().0);
-        let mut collectors = 0.0;
-        for s in last.find("prjquota_exporter_scrape_collector_duration_seconds", &[]) {
-            collectors += s.value;
-            eprintln!(
-                "MEASURE exporter_collector_seconds{{volumes={n},collector={:?}}} {:.4}",
-                s.label("collector").unwrap_or(""),
-                s.value
-            );
-        }
-        let (hwm, rss) = exp.memory_kib();
-        drop(exp);
-
-        let floor = median(
-            (0..5)
-                .map(|_| floor_pass(&roots, &volumes_dir, ids))
-                .collect(),
-        );
-        let warm = median(warm);
-        eprintln!(
-            "MEASURE exporter_scrape_cold_seconds{{volumes={n}}} {:.4}",
-            cold.as_secs_f64()
-        );
-        eprintln!(
-            "MEASURE exporter_scrape_seconds{{volumes={n}}} {:.4}",
-            warm.as_secs_f64()
-        );
-        eprintln!("MEASURE exporter_collectors_seconds{{volumes={n}}} {collectors:.4}");
-        eprintln!(
-            "MEASURE floor_statfs_quota_seconds{{volumes={n}}} {:.4}",
-            floor.as_secs_f64()
-        );
-        eprintln!(
-            "MEASURE exporter_scrape_floor_ratio{{volumes={n}}} {:.2}",
-            warm.as_secs_f64() / floor.as_secs_f64()
-        );
-        eprintln!("MEASURE exporter_vmhwm_kib{{volumes={n}}} {hwm}");
-        eprintln!("MEASURE exporter_vmrss_kib{{volumes={n}}} {rss}");
-        eprintln!("MEASURE exposition_bytes{{volumes={n}}} {text_len}");
-    }
-}
-
-/// A measurement, not a behaviour: `cargo xtask bench` runs it.
-#[test]
-#[ignore = "a measurement: run by `cargo xtask bench`"]
-fn scrape_cost_at_100_and_1000_volumes() {
-    scale(&[100, 1000]);
-}
-
-/// `cargo xtask bench` runs it: creating 10,000 volumes takes minutes under
-/// emulation.
-#[test]
-#[ignore = "minutes of emulated time: run by `cargo xtask bench`"]
-fn scrape_cost_at_100_1000_and_10000_volumes() {
-    scale(&[100, 1000, 10_000]);
 }

@@ -263,15 +263,7 @@ fn counts_exact_writes_and_quota_refusals_per_volume(fs: &FsCase) {
         e.text
     );
     assert!(e.value(BYTES, &labels(&spec_a)) as u64 >= a1.bytes + filled.written);
-    for s in e.find("prjquota_exporter_scrape_collector_success", &[]) {
-        assert_eq!(
-            s.value,
-            1.0,
-            "collector {:?} failed:\n{}",
-            s.label("collector"),
-            exp.log()
-        );
-    }
+    e.assert_collectors_succeeded(&exp.log());
 }
 
 /// `--ebpf=required` starts (every program attached), and `--ebpf=off`

@@ -9,8 +9,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use prjquota_vmtests::fixture::{Fixture, MIB, XFS};
+use prjquota_vmtests::http::http_get_from;
 use prjquota_vmtests::nomad::{uuid, Spec};
-use prjquota_vmtests::prom::{http_get_from, Exporter, Exposition};
+use prjquota_vmtests::prom::{Exporter, Exposition};
 use prjquota_vmtests::{scratch_dir, xfs_mount};
 
 const VOLUME_ID: &str = "volume_id";
@@ -228,12 +229,7 @@ fn ten_thousand_volumes_created_and_deleted_while_scraping() {
     // The exporter: only the stable volume, every collector well.
     let end = exp.scrape();
     assert_eq!(check_churn_scrape(&end, &keep.id), 1);
-    for (c, ok) in end
-        .find("prjquota_exporter_scrape_collector_success", &[])
-        .map(|s| (s.label("collector").unwrap_or("").to_string(), s.value))
-    {
-        assert_eq!(ok, 1.0, "collector {c} failed after the churn");
-    }
+    end.assert_collectors_succeeded("after the churn");
     let (hwm, rss_after) = exp.memory_kib();
     // The filesystem: no directory, record or project limit of a churned
     // volume remains.

@@ -68,15 +68,7 @@ fn defaults_serve_the_quota_metrics_and_say_why_ebpf_and_the_guard_are_off() {
     );
     // Degraded, not failed: every collector succeeds and the volume's
     // quota metrics are there.
-    for s in m.find("prjquota_exporter_scrape_collector_success", &[]) {
-        assert_eq!(
-            s.value,
-            1.0,
-            "collector {:?} failed:\n{}",
-            s.label("collector"),
-            exp.log()
-        );
-    }
+    m.assert_collectors_succeeded(&exp.log());
     assert_eq!(
         m.get(
             "nomad_host_volume_quota_hard_limit_bytes",

@@ -48,7 +48,7 @@ pub fn main(args: &[String]) -> Result<u8> {
         "prjquota-vmtests",
         "--bins",
     ]))?;
-    let tests = test_binaries(&["exporter", "ebpf"])?;
+    let tests = test_binaries(&["scrape_cost", "ebpf"])?;
 
     let work = target.join("bench");
     let plugins = work.join("plugins");

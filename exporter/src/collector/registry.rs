@@ -413,38 +413,19 @@ pub fn families(inv: &Inventory) -> Vec<Family> {
 #[cfg(test)]
 pub mod tests {
     use super::*;
-    use std::collections::BTreeMap;
 
-    use prjquota::contract::VolumeId;
-    use prjquota::params::VolumeParams;
-    use prjquota::registry::RECORD_VERSION;
-
+    /// The tests' shared record, with the values these tests' expected
+    /// lines name.
     pub fn record(id: &str, namespace: &str, project_id: u32, state: State) -> Record {
-        Record {
-            version: RECORD_VERSION,
-            state,
-            volume_id: VolumeId::parse(id).unwrap(),
-            volume_name: format!("name-{project_id}"),
-            namespace: namespace.into(),
-            node_pool: "default".into(),
-            node_id: "9f8e7d6c-0000-4000-8000-000000000001".into(),
-            plugin_id: "prjquota".into(),
-            path: PathBuf::from("/srv/volumes").join(id),
-            fstype: "xfs".into(),
-            project_id,
-            capacity_min_bytes: 1 << 30,
-            capacity_max_bytes: 10 << 30,
-            provisioned_bytes: 10 << 30,
-            params: VolumeParams {
-                mode: 0o755,
-                uid: None,
-                gid: None,
-                max_inodes: Some(5000),
-            },
-            parameters: BTreeMap::new(),
-            created_unix: 1_700_000_000,
-            updated_unix: 1_700_000_000,
-        }
+        let mut r = prjquota_vmtests::records::record(id, namespace, project_id, state);
+        r.volume_name = format!("name-{project_id}");
+        r.node_id = "9f8e7d6c-0000-4000-8000-000000000001".into();
+        r.path = PathBuf::from("/srv/volumes").join(id);
+        r.capacity_min_bytes = 1 << 30;
+        r.capacity_max_bytes = 10 << 30;
+        r.provisioned_bytes = 10 << 30;
+        r.params.max_inodes = Some(5000);
+        r
     }
 
     pub fn write_record(volumes_dir: &Path, rec: &Record) {

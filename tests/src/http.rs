@@ -1,0 +1,200 @@
+//! The tests' one HTTP/1.1 client, shared by the real-kernel tests and the
+//! exporter's host tests: a request head sent as written, the reply read
+//! until the server closes, a chunked body decoded. Deliberately minimal, so
+//! that a test sees exactly the bytes the exporter sent (status, headers,
+//! transfer and content encodings) rather than what a client library made
+//! of them.
+
+use std::io::{Error, ErrorKind, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::time::Duration;
+
+/// A reply whose body is text: status, headers and the de-chunked body.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Reply {
+    /// The first header called `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        header(&self.headers, name)
+    }
+}
+
+/// A reply whose body need not be text (gzip).
+#[derive(Debug, Clone)]
+pub struct RawReply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl RawReply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        header(&self.headers, name)
+    }
+
+    /// The reply with its body as text; `Err` if it is not UTF-8.
+    pub fn text(self) -> std::io::Result<Reply> {
+        let body = String::from_utf8(self.body)
+            .map_err(|_| Error::new(ErrorKind::InvalidData, "a non-UTF-8 body"))?;
+        Ok(Reply {
+            status: self.status,
+            headers: self.headers,
+            body,
+        })
+    }
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+}
+
+/// `GET path` (path and query, already encoded) with `Connection: close`.
+/// `Err` for a connection or protocol failure, so that a caller can poll a
+/// server that is still starting.
+pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> std::io::Result<Reply> {
+    let s = TcpStream::connect_timeout(&addr, timeout)?;
+    exchange(s, addr, &get_head(addr, path), timeout)?.text()
+}
+
+/// [`http_get`] from the source address `from` (any of 127.0.0.0/8 on the
+/// loopback): many clients as many hosts, as the exporter's per-address
+/// connection limit sees them.
+pub fn http_get_from(
+    from: IpAddr,
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> std::io::Result<Reply> {
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )?;
+    sock.bind(&SocketAddr::new(from, 0).into())?;
+    sock.connect_timeout(&addr.into(), timeout)?;
+    exchange(sock.into(), addr, &get_head(addr, path), timeout)?.text()
+}
+
+/// Sends `head` (a whole request head, ending in an empty line) exactly as
+/// written and reads the reply until the server closes the connection.
+pub fn request(addr: SocketAddr, head: &str, timeout: Duration) -> std::io::Result<RawReply> {
+    let s = TcpStream::connect_timeout(&addr, timeout)?;
+    exchange(s, addr, head, timeout)
+}
+
+/// The request head of a plain `GET` that asks the server to close.
+pub fn get_head(addr: SocketAddr, path: &str) -> String {
+    format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: prjquota-tests\r\nAccept: */*\r\n\
+         Connection: close\r\n\r\n"
+    )
+}
+
+fn exchange(
+    mut s: TcpStream,
+    addr: SocketAddr,
+    head: &str,
+    timeout: Duration,
+) -> std::io::Result<RawReply> {
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    s.write_all(head.as_bytes())?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)?;
+    let target = head.split(' ').nth(1).unwrap_or_default();
+    let bad = |what: &str| {
+        Error::new(
+            ErrorKind::InvalidData,
+            format!("{what} from {addr}{target}"),
+        )
+    };
+    let split = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| bad("no reply head"))?;
+    let text = std::str::from_utf8(&buf[..split]).map_err(|_| bad("a non-UTF-8 head"))?;
+    let mut lines = text.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("no status line"))?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let raw_body = &buf[split + 4..];
+    let chunked =
+        header(&headers, "transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
+    let body = if chunked {
+        dechunk(raw_body).ok_or_else(|| bad("a truncated chunked body"))?
+    } else {
+        raw_body.to_vec()
+    };
+    Ok(RawReply {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// Decodes a chunked body; `None` unless it ends with the last (empty) chunk.
+pub fn dechunk(mut s: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let eol = s.windows(2).position(|w| w == b"\r\n")?;
+        let size = std::str::from_utf8(&s[..eol]).ok()?;
+        let size = size.split(';').next()?.trim();
+        let n = usize::from_str_radix(size, 16).ok()?;
+        s = &s[eol + 2..];
+        if n == 0 {
+            return Some(out);
+        }
+        out.extend_from_slice(s.get(..n)?);
+        s = s.get(n + 2..)?;
+    }
+}
+
+/// Percent-encodes a query parameter value (RFC 3986 unreserved kept).
+pub fn url_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 3);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chunked_body_is_decoded_only_when_it_ends_with_the_last_chunk() {
+        let whole = b"4\r\nWiki\r\n6;ext=1\r\npedia \r\nE\r\nin \r\n\r\nchunks.\r\n0\r\n\r\n";
+        assert_eq!(
+            dechunk(whole).as_deref(),
+            Some(&b"Wikipedia in \r\n\r\nchunks."[..])
+        );
+        assert_eq!(dechunk(b"4\r\nWiki\r\n"), None, "no last chunk");
+        assert_eq!(dechunk(b"4\r\nWi"), None, "a short chunk");
+        assert_eq!(dechunk(b"zz\r\n"), None, "not a hex size");
+    }
+
+    #[test]
+    fn query_values_are_percent_encoded() {
+        assert_eq!(url_encode("up == 1"), "up%20%3D%3D%201");
+        assert_eq!(url_encode("a-b_c.d~e"), "a-b_c.d~e");
+    }
+}

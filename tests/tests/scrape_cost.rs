@@ -1,0 +1,216 @@
+//! The exporter's cost at scale, next to the floor: a bare loop doing what
+//! a scrape must do at least (statfs of every root, one quota pass). These
+//! are measurements, not behaviours: `cargo xtask bench` runs them in its
+//! one VM boot and tabulates their `MEASURE` lines; `cargo xtask test`
+//! skips them (`#[ignore]`).
+
+use std::ffi::CString;
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use prjquota_vmtests::fixture::MIB;
+use prjquota_vmtests::nomad::uuid;
+use prjquota_vmtests::prom::{Exporter, Exposition};
+use prjquota_vmtests::records::{add_volume, ready_record};
+use prjquota_vmtests::{median, scratch_dir, xfs_mount};
+
+/// A bare loop doing what a scrape must do at least: statfs of every volume
+/// root and one quota pass over the project-ID range. Returns its time.
+fn floor_pass(roots: &[CString], volumes_dir: &Path, ids: (u32, u32)) -> Duration {
+    let start = Instant::now();
+    for r in roots {
+        let st = nix::sys::statvfs::statvfs(r.as_c_str()).expect("statvfs");
+        std::hint::black_box(st.blocks());
+    }
+    let dir = std::fs::File::open(volumes_dir).unwrap();
+    let q = prjquota_core::quota::list(dir.as_fd(), ids.0..=ids.1).unwrap();
+    std::hint::black_box(q.len());
+    start.elapsed()
+}
+
+/// The first volumes of the scale test go through `prjquota::ops::create`,
+/// the plugin's own code path without a process per volume.
+const VIA_OPS: usize = 100;
+
+/// Creates volume `i` through `prjquota::ops::create`; returns its root.
+fn create_via_ops(volumes_dir: &Path, plugin_dir: &Path, node_id: &str, i: usize) -> PathBuf {
+    let env: Vec<(String, String)> = [
+        ("DHV_OPERATION", "create".to_string()),
+        ("DHV_VOLUMES_DIR", volumes_dir.display().to_string()),
+        ("DHV_PLUGIN_DIR", plugin_dir.display().to_string()),
+        ("DHV_NODE_POOL", "default".into()),
+        ("DHV_NAMESPACE", format!("ns-{}", i % 10)),
+        ("DHV_VOLUME_NAME", format!("vol-{i}")),
+        ("DHV_VOLUME_ID", uuid()),
+        ("DHV_CAPACITY_MIN_BYTES", "0".into()),
+        ("DHV_CAPACITY_MAX_BYTES", (16 * MIB).to_string()),
+        ("DHV_NODE_ID", node_id.to_string()),
+        ("DHV_PARAMETERS", "null".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let req = prjquota::contract::parse_create(env).expect("a valid request");
+    prjquota::ops::create(&req, "prjquota")
+        .expect("create")
+        .path
+}
+
+/// Volume `i` with project ID `project_id`, the quick way: the end state of
+/// a create (directory, hard limit, project tag, Ready record written by the
+/// plugin's registry code) without its per-create scan of every record and
+/// quota, which makes `ops::create` O(volumes) per call.
+fn create_quick(volumes_dir: &Path, node_id: &str, i: usize, project_id: u32) -> PathBuf {
+    use prjquota_core::quota::{self, Limits};
+    let id = uuid();
+    let path = volumes_dir.join(&id);
+    std::fs::create_dir(&path).unwrap();
+    let vdir = std::fs::File::open(volumes_dir).unwrap();
+    let limits = Limits {
+        bytes_hard: 16 * MIB,
+        ..Limits::NONE
+    };
+    quota::set_limits(vdir.as_fd(), project_id, &limits).expect("set limits");
+    let root = std::fs::File::open(&path).unwrap();
+    quota::tag(root.as_fd(), project_id).expect("tag");
+    let mut rec = ready_record(&id, &format!("ns-{}", i % 10), project_id);
+    rec.volume_name = format!("vol-{i}");
+    rec.node_id = node_id.into();
+    rec.capacity_max_bytes = 16 * MIB;
+    rec.provisioned_bytes = 16 * MIB;
+    add_volume(volumes_dir, rec)
+}
+
+/// Creates volumes up to each count (the first [`VIA_OPS`] through the
+/// plugin's library, the rest quickly, on two threads), then starts a fresh
+/// exporter and measures it next to the floor.
+fn scale(counts: &[usize]) {
+    let root = scratch_dir(&xfs_mount(), "exp-scale");
+    let plugin_dir = root.join("plugins");
+    std::fs::create_dir(&plugin_dir).unwrap();
+    // Outside every Fixture's range (10,000,000 to 410,000,000).
+    let base = 600_000_000 + (std::process::id() % 1000) * 20_000;
+    let ids = (base, base + 19_999);
+    std::fs::write(
+        plugin_dir.join("prjquota.toml"),
+        format!("project_id_min = {}\nproject_id_max = {}\n", ids.0, ids.1),
+    )
+    .unwrap();
+    let volumes_dir = root.join("volumes");
+    let node_id = uuid();
+    let mut roots: Vec<CString> = Vec::new();
+    let cstr = |p: PathBuf| CString::new(p.as_os_str().as_bytes()).unwrap();
+    for &n in counts {
+        let start = Instant::now();
+        let before = roots.len();
+        while roots.len() < n.min(VIA_OPS) {
+            let p = create_via_ops(&volumes_dir, &plugin_dir, &node_id, roots.len());
+            roots.push(cstr(p));
+        }
+        if roots.len() < n {
+            let from = roots.len();
+            let made: Vec<PathBuf> = std::thread::scope(|s| {
+                let workers: Vec<_> = (0..2)
+                    .map(|w| {
+                        let (vd, node) = (&volumes_dir, &node_id);
+                        s.spawn(move || {
+                            (from..n)
+                                .filter(|i| i % 2 == w)
+                                .map(|i| (i, create_quick(vd, node, i, base + i as u32)))
+                                .collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                let mut all: Vec<(usize, PathBuf)> = workers
+                    .into_iter()
+                    .flat_map(|w| w.join().expect("creator thread"))
+                    .collect();
+                all.sort();
+                all.into_iter().map(|(_, p)| p).collect()
+            });
+            roots.extend(made.into_iter().map(cstr));
+        }
+        assert_eq!(roots.len(), n);
+        if roots.len() > before {
+            eprintln!(
+                "MEASURE scale_create_seconds_per_volume{{volumes={n}}} {:.4}",
+                start.elapsed().as_secs_f64() / (roots.len() - before) as f64
+            );
+        }
+
+        let exp = Exporter::start(&[&volumes_dir]);
+        let (cold_text, cold) = exp.scrape_text();
+        let e = Exposition::parse(&cold_text);
+        assert_eq!(e.value("prjquota_exporter_volumes", &[]), n as f64);
+        assert_eq!(e.find("nomad_host_volume_capacity_bytes", &[]).count(), n);
+        assert_eq!(e.find("nomad_host_volume_quota_used_bytes", &[]).count(), n);
+        e.assert_collectors_succeeded(&format!("at {n} volumes"));
+        // The registry skips unchanged directories only when its last scan
+        // began a second after their last change.
+        std::thread::sleep(Duration::from_millis(1100));
+        let mut warm = Vec::new();
+        let mut text_len = 0;
+        for _ in 0..5 {
+            let (t, d) = exp.scrape_text();
+            text_len = t.len();
+            warm.push(d);
+        }
+        // The exporter's own account of where a scrape's time goes.
+        let last = Exposition::parse(&exp.scrape_text().0);
+        let mut collectors = 0.0;
+        for s in last.find("prjquota_exporter_scrape_collector_duration_seconds", &[]) {
+            collectors += s.value;
+            eprintln!(
+                "MEASURE exporter_collector_seconds{{volumes={n},collector={:?}}} {:.4}",
+                s.label("collector").unwrap_or(""),
+                s.value
+            );
+        }
+        let (hwm, rss) = exp.memory_kib();
+        drop(exp);
+
+        let floor = median(
+            (0..5)
+                .map(|_| floor_pass(&roots, &volumes_dir, ids))
+                .collect(),
+        );
+        let warm = median(warm);
+        eprintln!(
+            "MEASURE exporter_scrape_cold_seconds{{volumes={n}}} {:.4}",
+            cold.as_secs_f64()
+        );
+        eprintln!(
+            "MEASURE exporter_scrape_seconds{{volumes={n}}} {:.4}",
+            warm.as_secs_f64()
+        );
+        eprintln!("MEASURE exporter_collectors_seconds{{volumes={n}}} {collectors:.4}");
+        eprintln!(
+            "MEASURE floor_statfs_quota_seconds{{volumes={n}}} {:.4}",
+            floor.as_secs_f64()
+        );
+        eprintln!(
+            "MEASURE exporter_scrape_floor_ratio{{volumes={n}}} {:.2}",
+            warm.as_secs_f64() / floor.as_secs_f64()
+        );
+        eprintln!("MEASURE exporter_vmhwm_kib{{volumes={n}}} {hwm}");
+        eprintln!("MEASURE exporter_vmrss_kib{{volumes={n}}} {rss}");
+        eprintln!("MEASURE exposition_bytes{{volumes={n}}} {text_len}");
+    }
+}
+
+/// A measurement, not a behaviour: `cargo xtask bench` runs it.
+#[test]
+#[ignore = "a measurement: run by `cargo xtask bench`"]
+fn scrape_cost_at_100_and_1000_volumes() {
+    scale(&[100, 1000]);
+}
+
+/// `cargo xtask bench` runs it: creating 10,000 volumes takes minutes under
+/// emulation.
+#[test]
+#[ignore = "minutes of emulated time: run by `cargo xtask bench`"]
+fn scrape_cost_at_100_1000_and_10000_volumes() {
+    scale(&[100, 1000, 10_000]);
+}
