@@ -45,6 +45,19 @@ const fn ioc(dir: u64, ty: u8, nr: u8, size: usize) -> libc::c_ulong {
 }
 const _: () = assert!(FS_IOC_FSGETXATTR == 0x801c_581f);
 const _: () = assert!(FS_IOC_FSSETXATTR == 0x401c_5820);
+/// `_IOR('f', 1, long)`: the inode flags (`chattr`'s). The kernel moves an
+/// `int` through the pointer; the number says `long`, so a `long` is passed.
+const FS_IOC_GETFLAGS: libc::c_ulong = ioc(2, b'f', 1, size_of::<libc::c_long>());
+/// `_IOW('f', 2, long)`.
+const FS_IOC_SETFLAGS: libc::c_ulong = ioc(1, b'f', 2, size_of::<libc::c_long>());
+const _: () = assert!(FS_IOC_GETFLAGS == 0x8008_6601);
+const _: () = assert!(FS_IOC_SETFLAGS == 0x4008_6602);
+/// Inode flags of `FS_IOC_GETFLAGS`: project inheritance (`chattr +P`),
+/// append only (`+a`), no dump (`+d`), immutable (`+i`).
+pub const FS_PROJINHERIT_FL: u32 = 0x2000_0000;
+pub const FS_APPEND_FL: u32 = 0x0000_0020;
+pub const FS_NODUMP_FL: u32 = 0x0000_0040;
+pub const FS_IMMUTABLE_FL: u32 = 0x0000_0010;
 
 // ---------------------------------------------------------------------------
 // include/uapi/linux/quota.h
@@ -374,6 +387,38 @@ pub fn set_fsxattr(fd: BorrowedFd<'_>, attr: &FsXattr) -> io::Result<()> {
             as libc::c_long,
     )
     .map(drop)
+}
+
+/// `FS_IOC_GETFLAGS` (what `lsattr` reads) on an open file or directory.
+pub fn get_inode_flags(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    let mut flags: libc::c_long = 0;
+    // SAFETY: the ioctl writes at most one `long` (the kernel: an `int`)
+    // to a live, exclusively borrowed local; `fd` is live for the call.
+    let r = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            FS_IOC_GETFLAGS,
+            &mut flags as *mut libc::c_long,
+        )
+    };
+    cvt(r as libc::c_long)?;
+    // The kernel wrote an `int`: its 32 bits are the flags.
+    Ok(flags as u32)
+}
+
+/// `FS_IOC_SETFLAGS` (what `chattr` does) on an open file or directory.
+pub fn set_inode_flags(fd: BorrowedFd<'_>, flags: u32) -> io::Result<()> {
+    let value = flags as libc::c_long;
+    // SAFETY: the ioctl reads at most one `long` from a live local; `fd` is
+    // live for the call.
+    let r = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            FS_IOC_SETFLAGS,
+            &value as *const libc::c_long,
+        )
+    };
+    cvt(r as libc::c_long).map(drop)
 }
 
 /// `fstatfs(2)`.

@@ -13,22 +13,20 @@
 //! cargo xtask test --vm-only --filter 'binary(guard)'   # add --kernel 5.10|6.12|7 for another kernel
 //! ```
 //!
-//! The acting processes are forked children of the test: a uid switch or a
-//! capability drop, then the ioctls, then `_exit(errno)`; nothing in the
-//! child allocates. Their pids identify their events.
-
-// The guard tests fork a child that drops privileges and makes raw
-// syscalls (fork, setresuid, capset, FS_IOC_* ioctls); each block states
-// its SAFETY invariant.
-#![allow(unsafe_code)]
+//! The acting processes are children of the test (`attr-act`, one change
+//! each) started as another user, or under `capsh` without CAP_SYS_ADMIN,
+//! with the file the test opened as their standard input. Their pids
+//! identify their events.
 
 use std::fs;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{chown, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
-use prjquota_core::sys::{self, FsXattr, FS_XFLAG_PROJINHERIT};
+use prjquota_core::sys::{
+    self, FsXattr, FS_APPEND_FL, FS_NODUMP_FL, FS_PROJINHERIT_FL, FS_XFLAG_PROJINHERIT,
+};
 use prjquota_ebpf::guard::{
     bpf_lsm_active, EventSource, Guard, GuardEvent, GuardMode, Outcome, Outcomes,
 };
@@ -48,15 +46,9 @@ on_every_fs!(
 const OWNER: u32 = 1000;
 /// Another user, who does not own the files.
 const STRANGER: u32 = 1001;
-const CAP_SYS_ADMIN: u32 = 21;
-const FS_IOC_GETFLAGS: libc::c_ulong = 0x8008_6601;
-const FS_IOC_SETFLAGS: libc::c_ulong = 0x4008_6602;
-const FS_PROJINHERIT_FL: i64 = 0x2000_0000;
-const FS_NODUMP_FL: i64 = 0x0000_0040;
-const FS_APPEND_FL: i64 = 0x0000_0020;
 const FS_XFLAG_NOATIME: u32 = 0x0000_0040;
 
-/// Who a forked child acts as.
+/// Who an acting child is.
 #[derive(Clone, Copy, Debug)]
 enum Who {
     /// A plain user (no capabilities).
@@ -69,101 +61,53 @@ enum Who {
     Root,
 }
 
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: i32,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
-const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-
-/// In the child, after fork: become `who`. Only syscalls.
-fn become_(who: Who) -> Result<(), i32> {
-    let errno = || {
-        std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(255)
-    };
-    // SAFETY: plain syscalls on values owned by this frame; the child is
-    // single-threaded.
-    unsafe {
-        match who {
-            Who::User(uid) => {
-                if libc::setgroups(0, std::ptr::null()) != 0
-                    || libc::setresgid(uid, uid, uid) != 0
-                    || libc::setresuid(uid, uid, uid) != 0
-                {
-                    return Err(errno());
-                }
-            }
-            Who::RootWithoutSysAdmin => {
-                if libc::prctl(
-                    libc::PR_CAPBSET_DROP,
-                    CAP_SYS_ADMIN as libc::c_ulong,
-                    0,
-                    0,
-                    0,
-                ) != 0
-                {
-                    return Err(errno());
-                }
-                let mut hdr = CapHeader {
-                    version: LINUX_CAPABILITY_VERSION_3,
-                    pid: 0,
-                };
-                let mut data = [CapData::default(); 2];
-                if libc::syscall(
-                    libc::SYS_capget,
-                    &mut hdr as *mut CapHeader,
-                    data.as_mut_ptr(),
-                ) != 0
-                {
-                    return Err(errno());
-                }
-                let bit = !(1u32 << CAP_SYS_ADMIN);
-                data[0].effective &= bit;
-                data[0].permitted &= bit;
-                data[0].inheritable &= bit;
-                if libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) != 0 {
-                    return Err(errno());
-                }
-            }
-            Who::Root => {}
+/// Runs `attr-act ARGS` as `who`, with `file` (opened by this process) as
+/// its standard input; returns its pid and what the kernel said
+/// (`Err(errno)`).
+fn act(who: Who, file: Option<&OwnedFd>, args: &[&str]) -> (u32, Result<(), i32>) {
+    use std::os::unix::process::CommandExt;
+    let exe = prjquota_vmtests::bin("attr-act");
+    let mut cmd = match who {
+        Who::User(uid) => {
+            let mut c = Command::new(&exe);
+            // std drops the supplementary groups when root changes uid.
+            c.uid(uid).gid(uid);
+            c
         }
-    }
-    Ok(())
+        // Out of the bounding set, so the exec'd program has it in no set.
+        Who::RootWithoutSysAdmin => {
+            let mut c = Command::new("capsh");
+            c.args(["--drop=cap_sys_admin", "--", "-c", "exec \"$@\"", "capsh"])
+                .arg(&exe);
+            c
+        }
+        Who::Root => Command::new(&exe),
+    };
+    cmd.args(args)
+        .stdin(match file {
+            Some(f) => Stdio::from(f.try_clone().expect("dup the acted-on file")),
+            None => Stdio::null(),
+        })
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let child = cmd.spawn().expect("start attr-act");
+    let pid = child.id();
+    let out = child.wait_with_output().expect("wait for attr-act");
+    let result = match out.status.code() {
+        Some(0) => Ok(()),
+        Some(code) if code < 255 => Err(code),
+        _ => panic!(
+            "attr-act {args:?} as {who:?}: {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    };
+    (pid, result)
 }
 
-/// Runs `f` in a child as `who`; returns the child's pid and what `f`
-/// returned (`Err(errno)`).
-fn as_child(who: Who, f: impl FnOnce() -> Result<(), i32>) -> (u32, Result<(), i32>) {
-    // SAFETY: the child only makes syscalls (no allocation, no locks) and
-    // leaves with _exit.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
-    if pid == 0 {
-        let code = match become_(who).and_then(|()| f()) {
-            Ok(()) => 0,
-            Err(e) => e.clamp(1, 254),
-        };
-        // SAFETY: ends the child without running the parent's destructors.
-        unsafe { libc::_exit(code) };
-    }
-    let mut status = 0;
-    // SAFETY: waits for our own child.
-    let r = unsafe { libc::waitpid(pid, &mut status, 0) };
-    assert_eq!(r, pid, "waitpid");
-    assert!(libc::WIFEXITED(status), "child status {status:#x}");
-    let code = libc::WEXITSTATUS(status);
-    (pid as u32, if code == 0 { Ok(()) } else { Err(code) })
+/// `chproj ID` by `who` on `file`.
+fn chproj_as(who: Who, file: &OwnedFd, id: u32) -> (u32, Result<(), i32>) {
+    act(who, Some(file), &["chproj", &id.to_string()])
 }
 
 fn open(p: &Path) -> OwnedFd {
@@ -188,26 +132,6 @@ fn chproj(fd: &OwnedFd, id: u32) -> Result<(), i32> {
     set_xattr(fd, |a| a.projid = id)
 }
 
-/// What [`set_xattr`] does, with the set through the 32-bit system call
-/// entry: the path an i386 binary (or `int $0x80`) takes.
-fn set_xattr_compat(fd: &OwnedFd, change: impl FnOnce(&mut FsXattr)) -> Result<(), i32> {
-    let mut a = sys::get_fsxattr(fd.as_fd()).map_err(errno_of)?;
-    change(&mut a);
-    sys::set_fsxattr_compat(fd.as_fd(), &a).map_err(errno_of)
-}
-
-fn chproj_compat(fd: &OwnedFd, id: u32) -> Result<(), i32> {
-    set_xattr_compat(fd, |a| a.projid = id)
-}
-
-/// `file_getattr(2)`, new project ID, `file_setattr(2)` (6.17+).
-fn file_setattr_projid(path: &Path, id: u32) -> Result<(), i32> {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    let mut a = sys::file_getattr(&c).map_err(errno_of)?;
-    a.projid = id;
-    sys::file_setattr(&c, &a).map_err(errno_of)
-}
-
 /// Whether this kernel has file_setattr(2), by its release (6.17+).
 fn has_file_setattr() -> bool {
     kernel_release() >= (6, 17)
@@ -220,28 +144,6 @@ fn kernel_release() -> (u32, u32) {
         .split(['.', '-'])
         .map(|p| p.parse::<u32>().unwrap_or(0));
     (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
-}
-
-fn clear_inherit_xattr(fd: &OwnedFd) -> Result<(), i32> {
-    set_xattr(fd, |a| a.xflags &= !FS_XFLAG_PROJINHERIT)
-}
-
-/// `FS_IOC_GETFLAGS`, change, `FS_IOC_SETFLAGS` (what e2fsprogs' chattr
-/// does).
-fn set_flags(fd: &OwnedFd, change: impl FnOnce(i64) -> i64) -> Result<(), i32> {
-    let mut flags: i64 = 0;
-    // SAFETY: the ioctls read and write one long (the kernel uses an int)
-    // in a live local.
-    unsafe {
-        if libc::ioctl(fd.as_raw_fd(), FS_IOC_GETFLAGS, &mut flags as *mut i64) != 0 {
-            return Err(errno_of(std::io::Error::last_os_error()));
-        }
-        let new = change(flags);
-        if libc::ioctl(fd.as_raw_fd(), FS_IOC_SETFLAGS, &new as *const i64) != 0 {
-            return Err(errno_of(std::io::Error::last_os_error()));
-        }
-    }
-    Ok(())
 }
 
 /// A volume made by the plugin, holding `data` (1 MiB) and `sub/` (with
@@ -325,7 +227,7 @@ fn detect_counts_escapes_as_allowed_and_the_kernel_refusals_as_denied(fs: &FsCas
     // The owner moves its file out of the project: it works (the escape
     // the guard exists for), and the volume stops paying for it.
     let data = open(&v.path.join("data"));
-    let (owner_pid, r) = as_child(Who::User(OWNER), || chproj(&data, 0));
+    let (owner_pid, r) = chproj_as(Who::User(OWNER), &data, 0);
     assert_eq!(r, Ok(()), "detect mode refuses nothing");
     assert_eq!(Fixture::project_of(&v.path.join("data")).0, 0);
     let after = v.used();
@@ -338,21 +240,29 @@ fn detect_counts_escapes_as_allowed_and_the_kernel_refusals_as_denied(fs: &FsCas
     // Root without CAP_SYS_ADMIN clears PROJINHERIT on a directory it does
     // not own (CAP_FOWNER), through fsxattr and through SETFLAGS.
     let sub = open(&v.path.join("sub"));
-    let (root_pid, r) = as_child(Who::RootWithoutSysAdmin, || clear_inherit_xattr(&sub));
+    let inherit = format!("{FS_XFLAG_PROJINHERIT:x}");
+    let (root_pid, r) = act(
+        Who::RootWithoutSysAdmin,
+        Some(&sub),
+        &["xflags-clear", &inherit],
+    );
     assert_eq!(r, Ok(()));
     assert_eq!(Fixture::project_of(&v.path.join("sub")), (v.projid, false));
     // Back (restoring the volume's state is no attempt), then chattr -P.
     set_xattr(&sub, |a| a.xflags |= FS_XFLAG_PROJINHERIT).unwrap();
-    let (flags_pid, r) = as_child(Who::RootWithoutSysAdmin, || {
-        set_flags(&sub, |f| f & !FS_PROJINHERIT_FL)
-    });
+    let inherit_fl = format!("{FS_PROJINHERIT_FL:x}");
+    let (flags_pid, r) = act(
+        Who::RootWithoutSysAdmin,
+        Some(&sub),
+        &["flags-clear", &inherit_fl],
+    );
     assert_eq!(r, Ok(()));
     assert_eq!(Fixture::project_of(&v.path.join("sub")), (v.projid, false));
 
     // Someone who does not own the file: the kernel says EPERM, counted as
     // denied.
     let more = open(&v.path.join("sub/more"));
-    let (stranger_pid, r) = as_child(Who::User(STRANGER), || chproj(&more, 0));
+    let (stranger_pid, r) = chproj_as(Who::User(STRANGER), &more, 0);
     assert_eq!(r, Err(libc::EPERM));
 
     let c = g.read().unwrap();
@@ -430,7 +340,7 @@ fn enforce_refuses_escapes_and_the_volume_keeps_the_usage(fs: &FsCase) {
     let root = open(&v.path);
     let deep_fd = open(&deep_file);
     let mut refused: Vec<(&str, u32)> = Vec::new();
-    for (what, who, fd, act) in [
+    for (what, who, fd, step) in [
         ("owner: chproj 0", Who::User(OWNER), &data, 0),
         (
             "owner: chproj 0 on its directory",
@@ -488,21 +398,25 @@ fn enforce_refuses_escapes_and_the_volume_keeps_the_usage(fs: &FsCase) {
             5,
         ),
     ] {
-        let (pid, r) = as_child(who, || match act {
-            0 => chproj(fd, 0),
-            1 => chproj(fd, 4242),
-            2 => clear_inherit_xattr(fd),
-            4 => chproj_compat(fd, 0),
-            5 => set_xattr_compat(fd, |a| a.xflags &= !FS_XFLAG_PROJINHERIT),
-            _ => set_flags(fd, |f| f & !FS_PROJINHERIT_FL),
-        });
+        let inherit = format!("{FS_XFLAG_PROJINHERIT:x}");
+        let inherit_fl = format!("{FS_PROJINHERIT_FL:x}");
+        let args: [&str; 2] = match step {
+            0 => ["chproj", "0"],
+            1 => ["chproj", "4242"],
+            2 => ["xflags-clear", &inherit],
+            4 => ["chproj-compat", "0"],
+            5 => ["xflags-clear-compat", &inherit],
+            _ => ["flags-clear", &inherit_fl],
+        };
+        let (pid, r) = act(who, Some(fd), &args);
         eprintln!("{}: {what}: {r:?}", fs.name);
         assert_eq!(r, Err(libc::EPERM), "{what}");
         refused.push((what, pid));
     }
     // file_setattr(2) (6.17+): the system call, not an ioctl.
     let data_path = v.path.join("data");
-    let (pid, r) = as_child(Who::User(OWNER), || file_setattr_projid(&data_path, 0));
+    let path_arg = data_path.to_str().expect("a UTF-8 path");
+    let (pid, r) = act(Who::User(OWNER), None, &["file-setattr", path_arg, "0"]);
     eprintln!("{}: owner: file_setattr(2) project 0: {r:?}", fs.name);
     if has_file_setattr() {
         assert_eq!(r, Err(libc::EPERM), "file_setattr(2) under enforce");
@@ -520,7 +434,7 @@ fn enforce_refuses_escapes_and_the_volume_keeps_the_usage(fs: &FsCase) {
 
     // An owner setting what is already there (the volume's project ID,
     // PROJINHERIT kept) is no attempt.
-    let (_, r) = as_child(Who::User(OWNER), || chproj(&data, v.projid));
+    let (_, r) = chproj_as(Who::User(OWNER), &data, v.projid);
     assert_eq!(r, Ok(()));
 
     let c = g.read().unwrap();
@@ -580,8 +494,8 @@ fn enforce_refuses_escapes_and_the_volume_keeps_the_usage(fs: &FsCase) {
     }
 
     // The plugin (and anyone with CAP_SYS_ADMIN) may: this process, as a
-    // forked root child and in place, moves a file out and back.
-    let (pid, r) = as_child(Who::Root, || chproj(&data, 0));
+    // root child and in place, moves a file out and back.
+    let (pid, r) = chproj_as(Who::Root, &data, 0);
     assert_eq!(r, Ok(()));
     assert_eq!(Fixture::project_of(&v.path.join("data")).0, 0);
     chproj(&data, v.projid).unwrap();
@@ -642,13 +556,19 @@ fn enforce_leaves_other_changes_outside_volumes_and_the_plugin_alone(fs: &FsCase
             3,
         ),
     ];
-    for (what, who, fd, act) in steps {
-        let (_, r) = as_child(who, || match act {
-            0 => set_flags(fd, |f| f | FS_NODUMP_FL),
-            1 => set_xattr(fd, |a| a.xflags |= FS_XFLAG_NOATIME),
-            2 => set_flags(fd, |f| f | FS_APPEND_FL),
-            _ => set_flags(fd, |f| f & !FS_APPEND_FL),
-        });
+    let (nodump, noatime, append) = (
+        format!("{FS_NODUMP_FL:x}"),
+        format!("{FS_XFLAG_NOATIME:x}"),
+        format!("{FS_APPEND_FL:x}"),
+    );
+    for (what, who, fd, step) in steps {
+        let args: [&str; 2] = match step {
+            0 => ["flags-set", &nodump],
+            1 => ["xflags-set", &noatime],
+            2 => ["flags-set", &append],
+            _ => ["flags-clear", &append],
+        };
+        let (_, r) = act(who, Some(fd), &args);
         eprintln!("{}: {what}: {r:?}", fs.name);
         assert_eq!(r, Ok(()), "{what}");
     }
@@ -672,7 +592,7 @@ fn enforce_leaves_other_changes_outside_volumes_and_the_plugin_alone(fs: &FsCase
     chown(&file, Some(OWNER), Some(OWNER)).unwrap();
     let fd = open(&file);
     chproj(&fd, 4242).unwrap();
-    let (_, r) = as_child(Who::User(OWNER), || chproj(&fd, 0));
+    let (_, r) = chproj_as(Who::User(OWNER), &fd, 0);
     assert_eq!(r, Ok(()), "outside the volumes");
     assert_eq!(Fixture::project_of(&file).0, 0);
 
@@ -772,13 +692,13 @@ fn two_guards_count_their_own_volumes() {
     let mut b = load(GuardMode::Detect);
     a.set_roots(&[v.root(5)]).unwrap();
     let data = open(&v.path.join("data"));
-    let (_, r) = as_child(Who::User(OWNER), || chproj(&data, 0));
+    let (_, r) = chproj_as(Who::User(OWNER), &data, 0);
     assert_eq!(r, Err(libc::EPERM));
     assert_eq!(a.read().unwrap().volume(5), counted(0, 1));
     assert_eq!(b.read().unwrap().volume(5), counted(0, 0), "b has no roots");
     assert!(b.drain_events().is_empty());
     b.set_roots(&[v.root(9)]).unwrap();
-    let (_, r) = as_child(Who::User(OWNER), || chproj(&data, 0));
+    let (_, r) = chproj_as(Who::User(OWNER), &data, 0);
     assert_eq!(r, Err(libc::EPERM), "a still enforces");
     assert_eq!(a.read().unwrap().volume(5), counted(0, 2));
     // Before 6.17 a's LSM refuses in the ioctl, before vfs_fileattr_set:
@@ -788,7 +708,7 @@ fn two_guards_count_their_own_volumes() {
     let seen_by_b = u64::from(kernel_release() >= (6, 17));
     assert_eq!(b.read().unwrap().volume(9), counted(0, seen_by_b));
     drop(a);
-    let (_, r) = as_child(Who::User(OWNER), || chproj(&data, 0));
+    let (_, r) = chproj_as(Who::User(OWNER), &data, 0);
     assert_eq!(r, Ok(()), "no guard enforcing any more");
     assert_eq!(b.read().unwrap().volume(9), counted(1, seen_by_b));
 }
@@ -811,7 +731,7 @@ fn the_exporter_counts_refuses_and_logs_attempts() {
     // The moment it says ready, and no later: the first attempt is refused
     // and counted for its volume at the very next scrape.
     let data = open(&v.path.join("data"));
-    let (pid, r) = as_child(Who::User(OWNER), || chproj(&data, 0));
+    let (pid, r) = chproj_as(Who::User(OWNER), &data, 0);
     assert_eq!(
         r,
         Err(libc::EPERM),
@@ -852,7 +772,7 @@ fn the_exporter_counts_refuses_and_logs_attempts() {
     let (path, _) = v.f.create(&spec);
     assert_eq!(fill(&path.join("data"), MIB, Some(OWNER)).errno, None);
     let data = open(&path.join("data"));
-    let (_, r) = as_child(Who::User(OWNER), || chproj(&data, 0));
+    let (_, r) = chproj_as(Who::User(OWNER), &data, 0);
     assert_eq!(
         r,
         Err(libc::EPERM),

@@ -1,0 +1,85 @@
+//! One attribute change, made by a process of its own so that the guard
+//! tests can run it as another user or without CAP_SYS_ADMIN, and tell its
+//! events apart by pid. Exits 0 when the kernel allowed the change, else
+//! with the errno (1 to 254); a usage error exits 255.
+//!
+//! - `attr-act chproj ID`: `FS_IOC_FSGETXATTR`, new project ID,
+//!   `FS_IOC_FSSETXATTR` (what `xfs_io -c 'chproj ID'` does)
+//! - `attr-act chproj-compat ID`: the same set through the 32-bit
+//!   system call entry (`int $0x80`), the path of an i386 binary
+//! - `attr-act xflags-clear|xflags-set HEX` (`xflags-clear-compat` too): fsxattr
+//!   flags, e.g. `xflags-clear 200` clears PROJINHERIT
+//! - `attr-act flags-clear|flags-set HEX`: `FS_IOC_GETFLAGS`, change,
+//!   `FS_IOC_SETFLAGS` (what e2fsprogs' `chattr` does)
+//! - `attr-act file-setattr PATH ID`: `file_getattr(2)`, new project ID,
+//!   `file_setattr(2)` (6.17+)
+//!
+//! All but `file-setattr` act on standard input: the test opens the file
+//! (as root) and hands it over, as a workload holds an open file, so the
+//! acting process needs no permission to reach it by path.
+
+use std::os::fd::{AsFd, BorrowedFd};
+
+use prjquota_core::sys::{self, FsXattr};
+
+fn usage() -> ! {
+    eprintln!("usage: attr-act ACTION ARG... (see the source's header)");
+    std::process::exit(255)
+}
+
+fn errno(e: std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(254).clamp(1, 254)
+}
+
+fn hex(s: &str) -> u32 {
+    u32::from_str_radix(s, 16).unwrap_or_else(|_| usage())
+}
+
+fn number(s: &str) -> u32 {
+    s.parse().unwrap_or_else(|_| usage())
+}
+
+fn xattr(fd: BorrowedFd<'_>, compat: bool, change: impl FnOnce(&mut FsXattr)) -> Result<(), i32> {
+    let mut a = sys::get_fsxattr(fd).map_err(errno)?;
+    change(&mut a);
+    if compat {
+        sys::set_fsxattr_compat(fd, &a).map_err(errno)
+    } else {
+        sys::set_fsxattr(fd, &a).map_err(errno)
+    }
+}
+
+fn flags(fd: BorrowedFd<'_>, change: impl FnOnce(u32) -> u32) -> Result<(), i32> {
+    let f = sys::get_inode_flags(fd).map_err(errno)?;
+    sys::set_inode_flags(fd, change(f)).map_err(errno)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [action, rest @ ..] = args.as_slice() else {
+        usage()
+    };
+    let stdin = std::io::stdin();
+    let fd = stdin.as_fd();
+    let result = match (action.as_str(), rest) {
+        ("file-setattr", [path, id]) => {
+            let path = std::ffi::CString::new(path.as_bytes()).unwrap_or_else(|_| usage());
+            sys::file_getattr(&path).map_err(errno).and_then(|mut a| {
+                a.projid = number(id);
+                sys::file_setattr(&path, &a).map_err(errno)
+            })
+        }
+        ("chproj", [id]) => xattr(fd, false, |a| a.projid = number(id)),
+        ("chproj-compat", [id]) => xattr(fd, true, |a| a.projid = number(id)),
+        ("xflags-clear", [x]) => xattr(fd, false, |a| a.xflags &= !hex(x)),
+        ("xflags-clear-compat", [x]) => xattr(fd, true, |a| a.xflags &= !hex(x)),
+        ("xflags-set", [x]) => xattr(fd, false, |a| a.xflags |= hex(x)),
+        ("flags-clear", [x]) => flags(fd, |f| f & !hex(x)),
+        ("flags-set", [x]) => flags(fd, |f| f | hex(x)),
+        _ => usage(),
+    };
+    std::process::exit(match result {
+        Ok(()) => 0,
+        Err(e) => e,
+    })
+}
