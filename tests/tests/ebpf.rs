@@ -77,7 +77,7 @@ impl Probe {
     }
 }
 
-fn counted(bytes: u64, ops: u64) -> VolumeCounters {
+fn writes(bytes: u64, ops: u64) -> VolumeCounters {
     VolumeCounters {
         written_bytes: bytes,
         write_ops: ops,
@@ -210,7 +210,7 @@ fn every_write_path_counts_exact_bytes_and_calls_at_every_depth(fs: &FsCase) {
             ));
             assert_eq!(
                 got,
-                counted(expect.0, expect.1),
+                writes(expect.0, expect.1),
                 "{} {name} at depth {depth}: expected {expect:?} (bytes, ops)",
                 fs.name
             );
@@ -239,7 +239,7 @@ fn writes_outside_or_under_another_root_do_not_count(fs: &FsCase) {
     );
     assert_eq!(
         mid.volume(2).since(&before.volume(2)),
-        counted(100_000 + 4 * 65536, 1 + 4)
+        writes(100_000 + 4 * 65536, 1 + 4)
     );
 
     path_write(&outside.join("f"));
@@ -275,11 +275,8 @@ fn nested_roots_count_for_the_innermost(fs: &FsCase) {
     path_pwrite(&nested(&inner, 1).join("f"));
     path_write(&outer.join("d1/f"));
     let after = probe.t.read().unwrap();
-    assert_eq!(after.volume(3).since(&before.volume(3)), counted(30_000, 3));
-    assert_eq!(
-        after.volume(1).since(&before.volume(1)),
-        counted(100_000, 1)
-    );
+    assert_eq!(after.volume(3).since(&before.volume(3)), writes(30_000, 3));
+    assert_eq!(after.volume(1).since(&before.volume(1)), writes(100_000, 1));
 }
 
 /// Unmounts on drop, also when the test fails.
@@ -310,7 +307,7 @@ fn writes_through_a_bind_mount_count(fs: &FsCase) {
         path_o_direct(&bind.join("sub/g"));
         path_io_uring_direct(&bind.join("sub/h"));
     });
-    assert_eq!(got, counted(100_000 + 4 * 65536 + 256 * 1024, 1 + 4 + 64));
+    assert_eq!(got, writes(100_000 + 4 * 65536 + 256 * 1024, 1 + 4 + 64));
 }
 
 fn past_the_depth_limit_is_unattributed_never_another_volume(fs: &FsCase) {
@@ -324,10 +321,7 @@ fn past_the_depth_limit_is_unattributed_never_another_volume(fs: &FsCase) {
     path_write(&too_deep.join("f"));
     path_o_direct(&too_deep.join("g"));
     let after = probe.t.read().unwrap();
-    assert_eq!(
-        after.volume(1).since(&before.volume(1)),
-        counted(100_000, 1)
-    );
+    assert_eq!(after.volume(1).since(&before.volume(1)), writes(100_000, 1));
     let limit = after
         .unattributed
         .walk_limit
@@ -428,7 +422,7 @@ fn set_roots_replaces_and_drops_stale_counters(fs: &FsCase) {
     let c = probe.t.read().unwrap();
     assert_eq!(
         (c.volume(1), c.volume(2)),
-        (counted(100_000, 1), counted(100_000, 1))
+        (writes(100_000, 1), writes(100_000, 1))
     );
 
     // b now belongs to volume 1; volume 2 is gone with its counters, and
@@ -445,7 +439,7 @@ fn set_roots_replaces_and_drops_stale_counters(fs: &FsCase) {
     path_write(&b.join("f2"));
     let c = probe.t.read().unwrap();
     assert_eq!(c.volumes.keys().copied().collect::<Vec<_>>(), [1]);
-    assert_eq!(c.volume(1), counted(200_000, 2));
+    assert_eq!(c.volume(1), writes(200_000, 2));
 
     // No roots: nothing is attributed; the device is no volume device.
     probe.t.set_roots(&[]).unwrap();
@@ -457,7 +451,7 @@ fn set_roots_replaces_and_drops_stale_counters(fs: &FsCase) {
     probe.t.set_roots(&[(ra.0, ra.1, 1)]).unwrap();
     assert_eq!(probe.vol(1), zero());
     path_write(&a.join("f4"));
-    assert_eq!(probe.vol(1), counted(100_000, 1));
+    assert_eq!(probe.vol(1), writes(100_000, 1));
 }
 
 // ---- single tests
@@ -524,7 +518,7 @@ fn a_root_on_a_device_with_minor_above_255_at_its_mount_root() {
         path_write(&mnt.join("f"));
         path_o_direct(&nested(&mnt, 3).join("g"));
     });
-    assert_eq!(got, counted(100_000 + 4 * 65536, 5));
+    assert_eq!(got, writes(100_000 + 4 * 65536, 5));
 }
 
 // ---- measurement
@@ -740,12 +734,12 @@ fn a_full_counters_map_counts_writes_as_map_full(fs: &FsCase) {
         .map_full
         .since(&before.unattributed.map_full);
     let (bytes, ops) = wrote[2];
-    assert_eq!(full, counted(bytes, ops), "the third volume's writes");
+    assert_eq!(full, writes(bytes, ops), "the third volume's writes");
     for (i, (bytes, ops)) in wrote.iter().take(2).enumerate() {
         let index = i as u32 + 1;
         assert_eq!(
             after.volume(index).since(&before.volume(index)),
-            counted(*bytes, *ops),
+            writes(*bytes, *ops),
             "volume {index}"
         );
     }

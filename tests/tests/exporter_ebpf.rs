@@ -72,7 +72,7 @@ fn labels(spec: &Spec) -> [(&str, &str); 3] {
 }
 
 /// The volume's counters; panics unless all seven series are there.
-fn counted(e: &Exposition, spec: &Spec) -> Counted {
+fn published(e: &Exposition, spec: &Spec) -> Counted {
     let l = labels(spec);
     let mut errors = [0; 5];
     for (i, b) in ErrnoBucket::ALL.iter().enumerate() {
@@ -163,7 +163,7 @@ fn counts_exact_writes_and_quota_refusals_per_volume(fs: &FsCase) {
             &[("reason", reason)],
         );
     }
-    let (a0, b0) = (counted(&before, &spec_a), counted(&before, &spec_b));
+    let (a0, b0) = (published(&before, &spec_a), published(&before, &spec_b));
 
     // Exactly N bytes in M write(2) calls, into a file two directories down.
     let nested = path_a.join("sub/deeper");
@@ -173,8 +173,8 @@ fn counts_exact_writes_and_quota_refusals_per_volume(fs: &FsCase) {
     let m = sizes.len() as u64;
     let e = exp.scrape();
     let (da, db) = (
-        counted(&e, &spec_a).since(&a0),
-        counted(&e, &spec_b).since(&b0),
+        published(&e, &spec_a).since(&a0),
+        published(&e, &spec_b).since(&b0),
     );
     eprintln!("{}: wrote {n} bytes in {m} calls; A moved {da:?}", fs.name);
     assert_eq!(
@@ -191,14 +191,14 @@ fn counts_exact_writes_and_quota_refusals_per_volume(fs: &FsCase) {
     // Past the limit: XFS refuses root too (ENOSPC); ext4 only a writer
     // without CAP_SYS_RESOURCE (EDQUOT).
     let uid = (fs.name != XFS.name).then_some(WRITER);
-    let a1 = counted(&e, &spec_a);
-    let b1 = counted(&e, &spec_b);
+    let a1 = published(&e, &spec_a);
+    let b1 = published(&e, &spec_b);
     let filled = fill(&path_a.join("blob"), 16 * MIB, uid);
     assert_eq!(filled.errno, Some(fs.full_errno), "{filled:?}");
     let e = exp.scrape();
     let (da, db) = (
-        counted(&e, &spec_a).since(&a1),
-        counted(&e, &spec_b).since(&b1),
+        published(&e, &spec_a).since(&a1),
+        published(&e, &spec_b).since(&b1),
     );
     let bucket = ErrnoBucket::from_errno(fs.full_errno);
     eprintln!(
@@ -224,7 +224,7 @@ fn counts_exact_writes_and_quota_refusals_per_volume(fs: &FsCase) {
     let n = write_calls(&path_c.join("new"), &[5000, 5000]);
     let e = exp.scrape();
     assert_eq!(
-        counted(&e, &spec_c),
+        published(&e, &spec_c),
         Counted {
             bytes: n,
             ops: 2,
@@ -390,7 +390,7 @@ fn assert_exact_or_reported(
 ) {
     let mut short = 0;
     for ((name, engine, direct, size), (spec, _)) in cases.iter().zip(specs) {
-        let got = counted(e, spec);
+        let got = published(e, spec);
         eprintln!(
             "{}: {name} ({engine}, direct {direct}), {when}: {got:?}",
             fs.name

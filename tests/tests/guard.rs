@@ -207,7 +207,7 @@ fn of(events: &[GuardEvent], pid: u32) -> Vec<GuardEvent> {
     events.iter().filter(|e| e.pid == pid).cloned().collect()
 }
 
-fn counted(allowed: u64, denied: u64) -> Outcomes {
+fn outcomes(allowed: u64, denied: u64) -> Outcomes {
     Outcomes { allowed, denied }
 }
 
@@ -220,7 +220,7 @@ fn detect_counts_escapes_as_allowed_and_the_kernel_refusals_as_denied(fs: &FsCas
     assert_eq!(g.mode(), GuardMode::Detect);
     g.set_roots(&[v.root(1)]).unwrap();
     let before = g.read().unwrap();
-    assert_eq!(before.volume(1), counted(0, 0));
+    assert_eq!(before.volume(1), outcomes(0, 0));
     let used = v.used();
     assert!(used >= MIB + MIB / 4, "{used}");
 
@@ -266,7 +266,11 @@ fn detect_counts_escapes_as_allowed_and_the_kernel_refusals_as_denied(fs: &FsCas
     assert_eq!(r, Err(libc::EPERM));
 
     let c = g.read().unwrap();
-    assert_eq!(c.volume(1).since(&before.volume(1)), counted(3, 1), "{c:?}");
+    assert_eq!(
+        c.volume(1).since(&before.volume(1)),
+        outcomes(3, 1),
+        "{c:?}"
+    );
     assert_eq!(
         c.privileged, before.privileged,
         "restoring PROJINHERIT is no attempt"
@@ -438,7 +442,7 @@ fn enforce_refuses_escapes_and_the_volume_keeps_the_usage(fs: &FsCase) {
     assert_eq!(r, Ok(()));
 
     let c = g.read().unwrap();
-    assert_eq!(c.volume(1), counted(0, refused.len() as u64), "{c:?}");
+    assert_eq!(c.volume(1), outcomes(0, refused.len() as u64), "{c:?}");
     assert_eq!(
         (c.walk_limit.total(), c.unreadable, c.events_lost),
         (0, 0, 0)
@@ -488,7 +492,7 @@ fn enforce_refuses_escapes_and_the_volume_keeps_the_usage(fs: &FsCase) {
         refused.push(("xfs_io chproj 0", events[0].pid));
         assert_eq!(
             g.read().unwrap().volume(1),
-            counted(0, refused.len() as u64)
+            outcomes(0, refused.len() as u64)
         );
         assert_eq!(v.used(), used);
     }
@@ -501,7 +505,7 @@ fn enforce_refuses_escapes_and_the_volume_keeps_the_usage(fs: &FsCase) {
     chproj(&data, v.projid).unwrap();
     assert_eq!(v.used(), used);
     let c = g.read().unwrap();
-    assert_eq!(c.volume(1), counted(0, refused.len() as u64));
+    assert_eq!(c.volume(1), outcomes(0, refused.len() as u64));
     assert_eq!(c.privileged, 1, "{c:?}");
     let events = g.drain_events();
     let e = of(&events, pid);
@@ -616,7 +620,7 @@ fn enforce_leaves_other_changes_outside_volumes_and_the_plugin_alone(fs: &FsCase
     let c = g.read().unwrap();
     assert_eq!(
         (c.volume(1), c.volume(2)),
-        (counted(0, 0), counted(0, 0)),
+        (outcomes(0, 0), outcomes(0, 0)),
         "{c:?}"
     );
     assert_eq!(c.walk_limit.total(), 0);
@@ -694,23 +698,27 @@ fn two_guards_count_their_own_volumes() {
     let data = open(&v.path.join("data"));
     let (_, r) = chproj_as(Who::User(OWNER), &data, 0);
     assert_eq!(r, Err(libc::EPERM));
-    assert_eq!(a.read().unwrap().volume(5), counted(0, 1));
-    assert_eq!(b.read().unwrap().volume(5), counted(0, 0), "b has no roots");
+    assert_eq!(a.read().unwrap().volume(5), outcomes(0, 1));
+    assert_eq!(
+        b.read().unwrap().volume(5),
+        outcomes(0, 0),
+        "b has no roots"
+    );
     assert!(b.drain_events().is_empty());
     b.set_roots(&[v.root(9)]).unwrap();
     let (_, r) = chproj_as(Who::User(OWNER), &data, 0);
     assert_eq!(r, Err(libc::EPERM), "a still enforces");
-    assert_eq!(a.read().unwrap().volume(5), counted(0, 2));
+    assert_eq!(a.read().unwrap().volume(5), outcomes(0, 2));
     // Before 6.17 a's LSM refuses in the ioctl, before vfs_fileattr_set:
     // b's fexit never runs. From 6.17 a refuses inside vfs_fileattr_set,
     // and b sees the call fail: a denied attempt, as it would for the
     // kernel's own refusal.
     let seen_by_b = u64::from(kernel_release() >= (6, 17));
-    assert_eq!(b.read().unwrap().volume(9), counted(0, seen_by_b));
+    assert_eq!(b.read().unwrap().volume(9), outcomes(0, seen_by_b));
     drop(a);
     let (_, r) = chproj_as(Who::User(OWNER), &data, 0);
     assert_eq!(r, Ok(()), "no guard enforcing any more");
-    assert_eq!(b.read().unwrap().volume(9), counted(1, seen_by_b));
+    assert_eq!(b.read().unwrap().volume(9), outcomes(1, seen_by_b));
 }
 
 /// The real exporter with `--guard=enforce`: the attempt is refused,
