@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 /// An environment variable set by the VM runner, or a panic explaining how to
 /// get it.
-fn vm_env(name: &str) -> String {
+pub fn vm_env(name: &str) -> String {
     match std::env::var(name) {
         Ok(v) if !v.is_empty() => v,
         _ => panic!(

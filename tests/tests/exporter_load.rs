@@ -116,13 +116,13 @@ fn volumes_created_and_deleted_while_scraping_never_break_a_scrape() {
     assert!(scrapes.load(Ordering::Relaxed) > 0);
 }
 
-/// How many volumes the churn test creates and deletes; 10,000 unless
-/// `PRJQUOTA_CHURN_VOLUMES` says otherwise.
+/// How many volumes the churn test creates and deletes:
+/// `PRJQUOTA_CHURN_VOLUMES`, which xtask sets (1,000 in `cargo xtask test`,
+/// 10,000 in `cargo xtask stress`).
 fn churn_volumes() -> usize {
-    match std::env::var("PRJQUOTA_CHURN_VOLUMES") {
-        Ok(v) => v.parse().expect("PRJQUOTA_CHURN_VOLUMES: a whole number"),
-        Err(_) => 10_000,
-    }
+    prjquota_vmtests::vm_env("PRJQUOTA_CHURN_VOLUMES")
+        .parse()
+        .expect("PRJQUOTA_CHURN_VOLUMES: a whole number")
 }
 
 /// Volumes each churn worker keeps alive before deleting its oldest.
@@ -169,7 +169,7 @@ fn check_churn_scrape(e: &Exposition, keep: &str) -> usize {
 /// the churned volumes may remain, and the exporter's memory must be back
 /// near where it started (its per-volume state is dropped with the volume).
 #[test]
-fn ten_thousand_volumes_created_and_deleted_while_scraping() {
+fn a_churn_of_thousands_of_volumes_while_scraping_leaves_nothing_behind() {
     use std::sync::atomic::AtomicUsize;
     let total = churn_volumes();
     let f = XFS.fixture("churn10k");

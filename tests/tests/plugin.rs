@@ -24,7 +24,7 @@ on_every_fs!(
     default_mode_is_0700_and_unknown_parameters_are_refused,
     max_inodes_limits_the_number_of_files,
     thirty_two_parallel_creates_get_distinct_enforced_project_ids,
-    a_restore_storm_of_200_volumes_restores_every_one,
+    a_restore_storm_restores_every_volume,
     delete_removes_everything_and_never_follows_symlinks,
     nomads_auto_delete_with_the_whole_volumes_dir_deletes_only_that_volume,
     delete_twice_and_delete_of_an_unknown_volume_succeed,
@@ -270,9 +270,20 @@ fn thirty_two_parallel_creates_get_distinct_enforced_project_ids(fs: &FsCase) {
     });
 }
 
-fn a_restore_storm_of_200_volumes_restores_every_one(fs: &FsCase) {
+/// Volumes of the restore storm: `PRJQUOTA_STORM_VOLUMES`, which xtask sets
+/// (100 in `cargo xtask test`, 1,000 in `cargo xtask stress`).
+fn storm_volumes() -> usize {
+    let n: usize = prjquota_vmtests::vm_env("PRJQUOTA_STORM_VOLUMES")
+        .parse()
+        .expect("PRJQUOTA_STORM_VOLUMES: a whole number");
+    assert!(n >= 2, "a storm of {n} volumes is no storm");
+    n
+}
+
+fn a_restore_storm_restores_every_volume(fs: &FsCase) {
     let f = fs.fixture("storm");
-    let specs: Vec<Spec> = (0..200)
+    let n = storm_volumes();
+    let specs: Vec<Spec> = (0..n)
         .map(|i| Spec::new(&format!("s{i}"), 1 << 30))
         .collect();
     for chunk in specs.chunks(16) {
@@ -292,11 +303,12 @@ fn a_restore_storm_of_200_volumes_restores_every_one(fs: &FsCase) {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let took = start.elapsed();
+    assert_eq!(outs.len(), n, "every volume was replayed");
     for (sp, o) in specs.iter().zip(&outs) {
         assert_eq!(o.created().0, f.node.volumes_dir.join(&sp.id));
     }
     eprintln!(
-        "MEASURE restore_storm_200_volumes_seconds {:.3}",
+        "MEASURE restore_storm_{n}_volumes_seconds {:.3}",
         took.as_secs_f64()
     );
 }

@@ -1,8 +1,9 @@
 //! `cargo xtask stress [--secs N] [--seed S] [--kernel K]`: the long runs.
 //! The concurrency stress test (tests/tests/stress.rs) for N seconds per
 //! filesystem instead of the few rounds `cargo xtask test` runs, and the
-//! exporter's churn test at its full 10,000 volumes (CI runs 1,000); same VM,
-//! same checks.
+//! exporter's churn test at its full 10,000 volumes (CI runs 1,000) and the
+//! plugin's restore storm at 1,000 volumes (CI runs 100); same VM, same
+//! checks.
 
 use std::time::Duration;
 
@@ -13,6 +14,9 @@ use crate::take_value;
 
 /// Volumes of the soak run of the exporter's churn test.
 const SOAK_CHURN_VOLUMES: &str = "10000";
+/// Volumes of the soak run of the plugin's restore storm (Nomad replays
+/// every volume of a node at once at agent start).
+const SOAK_STORM_VOLUMES: &str = "1000";
 
 pub fn main(args: &[String]) -> Result<u8> {
     let mut secs: u64 = 300;
@@ -38,6 +42,10 @@ pub fn main(args: &[String]) -> Result<u8> {
             "PRJQUOTA_CHURN_VOLUMES".to_string(),
             SOAK_CHURN_VOLUMES.to_string(),
         ),
+        (
+            "PRJQUOTA_STORM_VOLUMES".to_string(),
+            SOAK_STORM_VOLUMES.to_string(),
+        ),
     ];
     if let Some(seed) = seed {
         guest_env.push(("PRJQUOTA_STRESS_SEED".to_string(), seed));
@@ -45,7 +53,7 @@ pub fn main(args: &[String]) -> Result<u8> {
     crate::test::run_opts(&crate::test::Opts {
         host: false,
         vm: true,
-        filter: Some("binary(stress) | test(ten_thousand_volumes)".into()),
+        filter: Some("binary(stress) | test(a_churn_of_thousands) | test(restore_storm)".into()),
         vm_threads: 2,
         // The rounds survived and the seed are the point of a long run:
         // show them for passing tests too.
@@ -54,7 +62,8 @@ pub fn main(args: &[String]) -> Result<u8> {
         full: false,
         guest_env,
         // Two filesystems of `secs` each, the churn soak (15 minutes on 6.1),
-        // the boot and the builds' margin.
-        vm_timeout: Some(Duration::from_secs(2 * secs + 45 * 60)),
+        // two storms of 1,000 (about 10 minutes each under emulation), the
+        // boot and the builds' margin.
+        vm_timeout: Some(Duration::from_secs(2 * secs + 65 * 60)),
     })
 }

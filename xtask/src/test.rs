@@ -74,6 +74,12 @@ fn pass_selection(kernel: Kernel, full: bool) -> (&'static str, bool) {
 /// `cargo xtask stress` runs the 10,000-volume soak.
 pub const CHURN_VOLUMES: &str = "1000";
 
+/// Volumes of the plugin's restore storm in `cargo xtask test` (CI): 100
+/// processes at once already contend for every lock; `cargo xtask stress`
+/// runs 1,000. A storm of 200 took five minutes per filesystem of the full
+/// pass under emulation and starved the tests beside it.
+pub const STORM_VOLUMES: &str = "100";
+
 /// CI gives a run 90 minutes on 2 cores, and a cold run should stay under
 /// 45. The VM limits follow from the 90: the full pass on 6.1 (CI's whole
 /// run took 28 minutes before the kernel matrix; beside another VM the pass
@@ -591,6 +597,7 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
             fault_exporter.to_string_lossy().into_owned(),
         ),
         ("PRJQUOTA_CHURN_VOLUMES".into(), CHURN_VOLUMES.into()),
+        ("PRJQUOTA_STORM_VOLUMES".into(), STORM_VOLUMES.into()),
     ];
     if crate::is_executable(&crate::deps::prometheus3_binary()) {
         env.push((
