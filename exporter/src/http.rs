@@ -551,8 +551,7 @@ pub async fn serve_with(
                     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
                     // The handshake gets the time the headers get: a client
                     // that connects and says nothing holds a slot no longer.
-                    match tokio::time::timeout(HEADER_READ_TIMEOUT, acceptor.accept(stream)).await
-                    {
+                    match tokio::time::timeout(HEADER_READ_TIMEOUT, acceptor.accept(stream)).await {
                         Ok(Ok(tls_stream)) => {
                             serve_conn(app, &http, watcher, tls_stream, peer).await
                         }

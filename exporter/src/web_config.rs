@@ -258,7 +258,9 @@ fn tls_version(
         Some("TLS13") => Ok(Some(&rustls::version::TLS13)),
         Some(old @ ("TLS10" | "TLS11")) => Err(field_err(
             field,
-            format!("{old} is not offered: prjquota-exporter speaks TLS 1.2 and 1.3 only; use TLS12"),
+            format!(
+                "{old} is not offered: prjquota-exporter speaks TLS 1.2 and 1.3 only; use TLS12"
+            ),
         )),
         Some(other) => Err(field_err(
             field,
@@ -279,6 +281,8 @@ fn tls_config(t: &TlsSpec, dir: &Path) -> Result<Option<Arc<rustls::ServerConfig
             return Err(field_err(name, unsupported()));
         }
     }
+    let min = tls_version(&t.min_version, "min_version")?.unwrap_or(&rustls::version::TLS12);
+    let max = tls_version(&t.max_version, "max_version")?.unwrap_or(&rustls::version::TLS13);
     let enabled = t.cert.is_some()
         || t.cert_file.is_some()
         || t.key.is_some()
@@ -296,7 +300,8 @@ fn tls_config(t: &TlsSpec, dir: &Path) -> Result<Option<Arc<rustls::ServerConfig
             "TLS is configured but no certificate is: set cert_file (or cert)",
         ));
     };
-    let Some((key_pem, key_field)) = pem_source(&t.key, "key", &t.key_file, "key_file", dir)? else {
+    let Some((key_pem, key_field)) = pem_source(&t.key, "key", &t.key_file, "key_file", dir)?
+    else {
         return Err(field_err(
             "key_file",
             "TLS is configured but no private key is: set key_file (or key)",
@@ -377,21 +382,19 @@ fn tls_config(t: &TlsSpec, dir: &Path) -> Result<Option<Arc<rustls::ServerConfig
         }
     };
 
-    let min = tls_version(&t.min_version, "min_version")?.unwrap_or(&rustls::version::TLS12);
-    let max = tls_version(&t.max_version, "max_version")?.unwrap_or(&rustls::version::TLS13);
-    let versions: Vec<&'static rustls::SupportedProtocolVersion> =
-        match (min.version, max.version) {
-            (a, b) if a == b => vec![min],
-            (rustls::ProtocolVersion::TLSv1_2, rustls::ProtocolVersion::TLSv1_3) => {
-                vec![&rustls::version::TLS13, &rustls::version::TLS12]
-            }
-            _ => {
-                return Err(field_err(
-                    "max_version",
-                    "is below min_version; raise it or lower min_version",
-                ))
-            }
-        };
+    let versions: Vec<&'static rustls::SupportedProtocolVersion> = match (min.version, max.version)
+    {
+        (a, b) if a == b => vec![min],
+        (rustls::ProtocolVersion::TLSv1_2, rustls::ProtocolVersion::TLSv1_3) => {
+            vec![&rustls::version::TLS13, &rustls::version::TLS12]
+        }
+        _ => {
+            return Err(field_err(
+                "max_version",
+                "is below min_version; raise it or lower min_version",
+            ))
+        }
+    };
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&versions)
         .map_err(|e| field_err("min_version", e.to_string()))?
@@ -544,7 +547,10 @@ impl Web {
 
     /// The config in force: what new connections and requests use.
     pub fn config(&self) -> Arc<WebConfig> {
-        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Re-reads the file (SIGHUP). On success it applies to connections
@@ -778,7 +784,11 @@ mod tests {
     async fn basic_auth_verifies_once_then_from_the_cache() {
         let d = temp_dir();
         let hash = bcrypt::hash("pw", 4).unwrap();
-        let f = write(&d, "web.yml", &format!("basic_auth_users:\n  alice: '{hash}'\n"));
+        let f = write(
+            &d,
+            "web.yml",
+            &format!("basic_auth_users:\n  alice: '{hash}'\n"),
+        );
         let web = Web::load(&f).unwrap();
         let header = |u: &str, p: &str| {
             use base64::Engine;
@@ -795,7 +805,10 @@ mod tests {
         let bad = header("alice", "wrong");
         assert_eq!(web.authorize(Some(bad.as_bytes())).await, Verdict::Denied);
         let nobody = header("mallory", "pw");
-        assert_eq!(web.authorize(Some(nobody.as_bytes())).await, Verdict::Denied);
+        assert_eq!(
+            web.authorize(Some(nobody.as_bytes())).await,
+            Verdict::Denied
+        );
         assert_eq!(web.verified.lock().unwrap().len(), 1);
     }
 }

@@ -14,6 +14,8 @@ use prjquota::contract::VolumeId;
 use prjquota::params::VolumeParams;
 use prjquota::registry::{Record, Registry, State, RECORD_VERSION};
 
+pub mod child;
+
 /// An exporter's settings for host tests of `dir`: no eBPF, no guard, no
 /// netlink subscription (none of them works on the host).
 pub fn host_config(dir: &Path) -> prjquota_exporter::Config {
