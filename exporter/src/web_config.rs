@@ -518,6 +518,30 @@ fn now_unix() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
+fn reload_families(state: ReloadState) -> Vec<Family> {
+    let mut ok = Family::gauge(
+        "prjquota_exporter_web_config_last_reload_successful",
+        "Whether the last load of --web.config.file (at start-up or on SIGHUP) succeeded; \
+         0 means the exporter still serves with the configuration loaded before.",
+    );
+    ok.plain(if state.successful { 1.0 } else { 0.0 });
+    let mut ts = Family::gauge(
+        "prjquota_exporter_web_config_last_reload_success_timestamp_seconds",
+        "When --web.config.file was last loaded successfully, in seconds since the Unix epoch.",
+    );
+    ts.plain(state.success_unix);
+    vec![ok, ts]
+}
+
+/// The families the HTTP layer adds to every scrape when a web config is
+/// given, for the dashboards' lint (their values are placeholders).
+pub fn catalogue() -> Vec<Family> {
+    reload_families(ReloadState {
+        successful: true,
+        success_unix: 0.0,
+    })
+}
+
 /// Whether basic auth let a request through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -590,19 +614,7 @@ impl Web {
 
     /// The reload self-metrics.
     pub fn families(&self) -> Vec<Family> {
-        let state = *self.reload.lock().unwrap_or_else(|e| e.into_inner());
-        let mut ok = Family::gauge(
-            "prjquota_exporter_web_config_last_reload_successful",
-            "Whether the last load of --web.config.file (at start-up or on SIGHUP) succeeded; \
-             0 means the exporter still serves with the configuration loaded before.",
-        );
-        ok.plain(if state.successful { 1.0 } else { 0.0 });
-        let mut ts = Family::gauge(
-            "prjquota_exporter_web_config_last_reload_success_timestamp_seconds",
-            "When --web.config.file was last loaded successfully, in seconds since the Unix epoch.",
-        );
-        ts.plain(state.success_unix);
-        vec![ok, ts]
+        reload_families(*self.reload.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Checks a request's `Authorization` header against basic_auth_users
