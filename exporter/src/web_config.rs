@@ -630,18 +630,16 @@ impl Web {
             return Verdict::Denied;
         };
         let known = config.users.get(&user).cloned();
-        // An unknown user still costs a bcrypt, so that timing does not
-        // tell which user names exist.
-        let hash = known.clone().unwrap_or_else(|| dummy_hash().to_string());
-        let key = cache_key(&user, &hash, &password);
-        if known.is_some()
-            && self
+        let key = known.as_ref().map(|hash| cache_key(&user, hash, &password));
+        if let Some(key) = &key {
+            if self
                 .verified
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .contains(&key)
-        {
-            return Verdict::Allowed;
+                .contains(key)
+            {
+                return Verdict::Allowed;
+            }
         }
         let permit = self
             .bcrypt
@@ -652,15 +650,21 @@ impl Web {
         // The permit moves into the blocking call: a client that hangs up
         // mid-verification does not free the slot before bcrypt is done.
         let ok = tokio::task::spawn_blocking(move || {
-            let ok = bcrypt::non_truncating_verify(password.as_bytes(), &hash).unwrap_or(false);
+            // An unknown user still costs a bcrypt, so that timing does not
+            // tell which user names exist.
+            let hash: &str = match &known {
+                Some(h) => h,
+                None => dummy_hash(),
+            };
+            let ok = bcrypt::non_truncating_verify(password.as_bytes(), hash).unwrap_or(false);
             drop(permit);
-            ok
+            ok && known.is_some()
         })
         .await
         .unwrap_or(false);
-        if !(ok && known.is_some()) {
+        let (true, Some(key)) = (ok, key) else {
             return Verdict::Denied;
-        }
+        };
         let mut verified = self.verified.lock().unwrap_or_else(|e| e.into_inner());
         if verified.len() >= AUTH_CACHE_ENTRIES {
             verified.clear();

@@ -5,19 +5,12 @@
 //! `--ebpf=required` it must refuse to start; with `--ebpf=off` it says
 //! disabled. The VM tests (tests/tests/exporter_ebpf.rs) cover attached.
 
-// Signals the spawned exporter child with kill(2); the block states its
-// SAFETY invariant.
-#![allow(unsafe_code)]
-
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
+use common::child::{self, Running};
 use common::*;
 use prjquota::registry::State;
 use prjquota_ebpf::WriteTelemetry;
@@ -34,72 +27,10 @@ fn host_reason() -> Option<&'static str> {
     }
 }
 
-struct Running {
-    child: Child,
-    addr: SocketAddr,
-    lines: mpsc::Receiver<String>,
-    /// Lines up to and including the start-up line.
-    early: Vec<String>,
-}
-
-impl Running {
-    fn stop(mut self) -> String {
-        // SAFETY: signalling our own child, which has not been reaped.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
-        }
-        let st = self.child.wait().unwrap();
-        assert!(st.success(), "exit on SIGTERM: {st}");
-        let mut log = self.early;
-        log.extend(self.lines.try_iter());
-        log.join("\n")
-    }
-}
-
-fn spawn(dir: &Path, extra: &[&str]) -> (Child, mpsc::Receiver<String>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_prjquota-exporter"))
-        .arg("--volumes-dir")
-        .arg(dir)
-        .args(["--web.listen-address", "127.0.0.1:0"])
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start prjquota-exporter");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    (child, rx)
-}
-
 fn start(dir: &Path, extra: &[&str]) -> Running {
-    let (child, lines) = spawn(dir, extra);
-    let mut seen = Vec::new();
-    loop {
-        let line = lines
-            .recv_timeout(Duration::from_secs(60))
-            .unwrap_or_else(|e| panic!("no start-up line ({e}):\n{}", seen.join("\n")));
-        seen.push(line.clone());
-        if line.contains("msg=\"starting prjquota-exporter\"") {
-            let addr = line
-                .split(' ')
-                .find_map(|f| f.strip_prefix("address="))
-                .and_then(|a| a.parse().ok())
-                .expect("address= in the start-up line");
-            wait_ready(addr);
-            return Running {
-                child,
-                addr,
-                lines,
-                early: seen,
-            };
-        }
-    }
+    let r = child::start(dir, extra);
+    wait_ready(r.addr);
+    r
 }
 
 /// Polls /healthz until the exporter says it is ready (200): before that
@@ -187,7 +118,7 @@ fn required_fails_at_start_up_with_the_reason() {
         return;
     }
     let dir = volumes_dir("ebpf-required");
-    let (mut child, lines) = spawn(&dir, &["--ebpf=required"]);
+    let (mut child, lines) = child::spawn(&dir, &["--ebpf=required"]);
     let mut status = None;
     for _ in 0..600 {
         if let Some(st) = child.try_wait().unwrap() {

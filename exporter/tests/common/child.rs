@@ -2,6 +2,7 @@
 //! operator would: its logfmt stderr read line by line, its address taken
 //! from the start-up line (it binds 127.0.0.1:0).
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
@@ -19,7 +20,7 @@ pub struct Running {
 
 /// Starts the exporter on `dir` with `extra` flags; stdin and stdout are
 /// closed, stderr is read by a thread.
-pub fn spawn(dir: &Path, extra: &[&std::ffi::OsStr]) -> (Child, mpsc::Receiver<String>) {
+pub fn spawn<S: AsRef<OsStr>>(dir: &Path, extra: &[S]) -> (Child, mpsc::Receiver<String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_prjquota-exporter"))
         .arg("--volumes-dir")
         .arg(dir)
@@ -43,7 +44,7 @@ pub fn spawn(dir: &Path, extra: &[&std::ffi::OsStr]) -> (Child, mpsc::Receiver<S
 /// [`spawn`], then waits (at most 60 s) for the start-up line and its
 /// address. It does not wait for readiness: how to ask depends on the
 /// transport.
-pub fn start(dir: &Path, extra: &[&std::ffi::OsStr]) -> Running {
+pub fn start<S: AsRef<OsStr>>(dir: &Path, extra: &[S]) -> Running {
     let (child, lines) = spawn(dir, extra);
     let mut log = Vec::new();
     loop {
@@ -99,8 +100,15 @@ impl Running {
     pub fn stop(mut self) -> String {
         self.signal(nix::sys::signal::Signal::SIGTERM);
         let st = self.child.wait().unwrap();
-        assert!(st.success(), "exit on SIGTERM: {st}");
-        self.log.extend(self.lines.try_iter());
+        // Every line up to the exit: the reader thread ends at EOF.
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(10)) {
+            self.log.push(l);
+        }
+        assert!(
+            st.success(),
+            "exit on SIGTERM: {st}\n{}",
+            self.log.join("\n")
+        );
         self.log.join("\n")
     }
 }
