@@ -259,18 +259,18 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         tls = web.as_ref().is_some_and(|w| w.config().tls().is_some()),
         basic_auth = web.as_ref().is_some_and(|w| w.config().basic_auth()),
     );
-    if let Some(web) = &web {
-        // Registered now, not when the task first runs: from the start-up
-        // line on, SIGHUP reloads and never takes its default action (exit).
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-            Ok(hup) => {
-                tokio::spawn(reload_on_sighup(web.clone(), hup));
-            }
-            Err(e) => error!(
-                "cannot listen for SIGHUP: the web config will not be reloaded",
-                err = e
-            ),
+    // Registered now, not when the task first runs: from the start-up line
+    // on, SIGHUP never takes its default action (exit), even without a web
+    // config, so `systemctl reload` cannot stop an exporter by accident
+    // (systemd counts death by SIGHUP as a clean exit, and does not restart).
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(hup) => {
+            tokio::spawn(reload_on_sighup(web.clone(), hup));
         }
+        Err(e) => error!(
+            "cannot listen for SIGHUP: the web config will not be reloaded",
+            err = e
+        ),
     }
     let options = prjquota_exporter::http::Options {
         compression: !flags.disable_compression,
@@ -311,10 +311,14 @@ fn notify_ready() {
 
 /// Re-reads the web config on every SIGHUP (certificate rotation).
 async fn reload_on_sighup(
-    web: Arc<prjquota_exporter::web_config::Web>,
+    web: Option<Arc<prjquota_exporter::web_config::Web>>,
     mut hup: tokio::signal::unix::Signal,
 ) {
     while hup.recv().await.is_some() {
+        let Some(web) = &web else {
+            info!("SIGHUP: nothing to reload (no --web.config.file)");
+            continue;
+        };
         let w = web.clone();
         // Reads files and parses keys: off the async workers.
         let result = tokio::task::spawn_blocking(move || w.reload()).await;
