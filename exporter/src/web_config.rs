@@ -796,6 +796,25 @@ mod tests {
         assert_ne!(cache_key("a", "h", "b"), cache_key("a", "h2", "b"));
     }
 
+    /// htpasswd writes `$2y$`, the bcrypt crate `$2b$`: the same hash.
+    #[tokio::test]
+    async fn htpasswd_hashes_verify() {
+        use base64::Engine;
+        let d = temp_dir();
+        // The README's example: "example-password" at cost 10.
+        let f = write(
+            &d,
+            "web.yml",
+            "basic_auth_users:\n  prometheus: $2y$10$ZDTeVqI894ibBK1qSXn5uOGyxDsxMs6T9ggyaDTRkcjyhFYqscsFq\n",
+        );
+        let web = Web::load(&f).unwrap();
+        let good = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode("prometheus:example-password")
+        );
+        assert_eq!(web.authorize(Some(good.as_bytes())).await, Verdict::Allowed);
+    }
+
     #[tokio::test]
     async fn basic_auth_verifies_once_then_from_the_cache() {
         let d = temp_dir();
