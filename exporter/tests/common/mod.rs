@@ -1,5 +1,6 @@
 //! Helpers shared by the exporter's host tests: volumes directories written
-//! with the plugin's own registry code, and a minimal HTTP/1.1 client.
+//! with the plugin's own registry code, a minimal HTTP/1.1 client, and the
+//! exporter binary as a child process ([`child`]).
 
 #![allow(dead_code)]
 
