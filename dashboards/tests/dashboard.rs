@@ -54,6 +54,8 @@ fn exporter_catalogue() -> BTreeMap<String, Kind> {
         families.extend(prjquota_exporter::collector::guard::catalogue());
         // Added by the HTTP layer to every scrape.
         families.extend(prjquota_exporter::process::families());
+        // Added by the HTTP layer when --web.config.file is given.
+        families.extend(prjquota_exporter::web_config::catalogue());
         families
     });
     let _ = std::fs::remove_dir_all(&empty);

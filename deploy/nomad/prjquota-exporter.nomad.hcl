@@ -24,6 +24,9 @@ job "prjquota-exporter" {
       port     = "metrics"
       tags     = ["prometheus"]
 
+      # /healthz needs no basic auth credentials. With TLS on
+      # (--web.config.file below) add: protocol = "https", and
+      # tls_skip_verify = true unless the agent trusts the exporter's CA.
       check {
         type     = "http"
         path     = "/healthz"
@@ -41,8 +44,14 @@ job "prjquota-exporter" {
           "--volumes-dir", "/opt/nomad/data/host_volumes",
           "--web.listen-address", ":${NOMAD_PORT_metrics}",
           "--ebpf", "auto",
+          # TLS and basic auth (README "TLS and basic auth"), a file on the
+          # client in exporter-toolkit's format:
+          # "--web.config.file", "/etc/prjquota/web.yml",
         ]
       }
+      # After rotating its certificate on the client:
+      #   nomad alloc signal -s SIGHUP <alloc> exporter
+      # reloads the file (a bad one is refused and the old one kept).
 
       # Measured: ~37 MiB at its peak (loading the eBPF programs parses the
       # kernel's BTF), under 20 MiB afterwards at 10,000 volumes. The eBPF

@@ -9,6 +9,14 @@
 //! rendered under the scrape permit and sent after it is released, so a
 //! client that does not read holds only its own connection; scrapers that
 //! arrive during a scrape share its rendered body.
+//!
+//! With `--web.config.file` ([`crate::web_config`]) a connection is TLS from
+//! its first byte when the file configures TLS (no plain HTTP on that
+//! listener), and every path but `/healthz` asks for basic auth when the file
+//! lists users. `/healthz` tells only "ready" or "starting", and health
+//! checkers (Nomad's service check, load balancers) rarely carry
+//! credentials, so it stays open, as exporter-toolkit's
+//! `auth_excluded_paths` lets an operator do; it is still TLS-only.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -23,7 +31,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::{Frame, Incoming};
-use hyper::header::{HeaderValue, ACCEPT_ENCODING, ALLOW, CONTENT_ENCODING, CONTENT_TYPE, VARY};
+use hyper::header::{
+    HeaderValue, ACCEPT_ENCODING, ALLOW, AUTHORIZATION, CONTENT_ENCODING, CONTENT_TYPE, VARY,
+    WWW_AUTHENTICATE,
+};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -34,6 +45,7 @@ use tokio::sync::Semaphore;
 
 use crate::collector::{Exporter, BUILD_VERSION};
 use crate::metrics::{Encoder, TEXT_FORMAT};
+use crate::web_config::{Verdict, Web};
 
 /// Time a client has to send a request's headers (and an idle keep-alive
 /// connection may stay open).
@@ -240,7 +252,18 @@ async fn render(app: &App, arrived: Instant) -> Option<Bytes> {
     let scraped = app.exporter.scrape().await;
     let enc = Encoder::new(&scraped.inventory);
     let mut buf = Vec::with_capacity(CHUNK * 2);
-    for f in scraped.families.iter().chain(&crate::process::families()) {
+    let web = app
+        .options
+        .web
+        .as_ref()
+        .map(|w| w.families())
+        .unwrap_or_default();
+    for f in scraped
+        .families
+        .iter()
+        .chain(&crate::process::families())
+        .chain(&web)
+    {
         for b in 0..f.batches() {
             f.encode_batch(&enc, b, &mut buf);
         }
@@ -348,6 +371,23 @@ async fn route(
             .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
         return Ok(r);
     }
+    if let Some(web) = &app.options.web {
+        if req.uri().path() != "/healthz"
+            && web
+                .authorize(req.headers().get(AUTHORIZATION).map(|v| v.as_bytes()))
+                .await
+                == Verdict::Denied
+        {
+            let mut r = full(
+                StatusCode::UNAUTHORIZED,
+                "text/plain; charset=utf-8",
+                "unauthorized: give the user and password of basic_auth_users in the web config\n",
+            );
+            r.headers_mut()
+                .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Basic"));
+            return Ok(r);
+        }
+    }
     if let Some(r) = not_ready(&app, req.uri().path()) {
         return Ok(r);
     }
@@ -383,6 +423,38 @@ async fn send_watchdog(app: &App, in_flight: &AtomicU64) {
     }
 }
 
+/// Serves one accepted connection (plain or TLS) until it ends, or until its
+/// reader is past the send deadline.
+async fn serve_conn<S>(
+    app: Arc<App>,
+    http: &http1::Builder,
+    watcher: hyper_util::server::graceful::Watcher,
+    stream: S,
+    peer: std::net::SocketAddr,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let state = Arc::new(Conn {
+        in_flight: Arc::new(AtomicU64::new(0)),
+    });
+    let in_flight = state.in_flight.clone();
+    let app2 = app.clone();
+    let svc = service_fn(move |req| route(req, app.clone(), state.clone()));
+    let conn = watcher.watch(http.serve_connection(TokioIo::new(stream), svc));
+    tokio::select! {
+        r = conn => if let Err(e) = r {
+            crate::debug!("connection ended with an error", peer = peer, err = e);
+        },
+        () = send_watchdog(&app2, &in_flight) => {
+            crate::warn!(
+                "a scraper took too long to read /metrics; connection closed",
+                peer = peer,
+                deadline_s = SEND_DEADLINE.as_secs()
+            );
+        }
+    }
+}
+
 /// How the server answers; [`Options::default`] is the flags' defaults.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -391,6 +463,8 @@ pub struct Options {
     pub compression: bool,
     /// Where the metrics are served (`--web.telemetry-path`).
     pub telemetry_path: String,
+    /// TLS and basic auth (`--web.config.file`); `None`: plain HTTP, open.
+    pub web: Option<Arc<Web>>,
 }
 
 impl Default for Options {
@@ -398,6 +472,7 @@ impl Default for Options {
         Self {
             compression: true,
             telemetry_path: "/metrics".into(),
+            web: None,
         }
     }
 }
@@ -461,24 +536,30 @@ pub async fn serve_with(
             drop(stream);
             continue;
         };
-        let state = Arc::new(Conn {
-            in_flight: Arc::new(AtomicU64::new(0)),
-        });
-        let in_flight = state.in_flight.clone();
-        let (app, app2) = (app.clone(), app.clone());
-        let svc = service_fn(move |req| route(req, app.clone(), state.clone()));
-        let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), svc));
+        // The TLS config in force when the connection arrives: a reload
+        // applies from the next connection on.
+        let tls = app
+            .options
+            .web
+            .as_ref()
+            .and_then(|w| w.config().tls().cloned());
+        let (app, http, watcher) = (app.clone(), http.clone(), graceful.watcher());
         tokio::spawn(async move {
-            tokio::select! {
-                r = conn => if let Err(e) = r {
-                    crate::debug!("connection ended with an error", peer = peer, err = e);
-                },
-                () = send_watchdog(&app2, &in_flight) => {
-                    crate::warn!(
-                        "a scraper took too long to read /metrics; connection closed",
-                        peer = peer,
-                        deadline_s = SEND_DEADLINE.as_secs()
-                    );
+            match tls {
+                None => serve_conn(app, &http, watcher, stream, peer).await,
+                Some(tls) => {
+                    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+                    // The handshake gets the time the headers get: a client
+                    // that connects and says nothing holds a slot no longer.
+                    match tokio::time::timeout(HEADER_READ_TIMEOUT, acceptor.accept(stream)).await {
+                        Ok(Ok(tls_stream)) => {
+                            serve_conn(app, &http, watcher, tls_stream, peer).await
+                        }
+                        Ok(Err(e)) => {
+                            crate::debug!("TLS handshake failed", peer = peer, err = e);
+                        }
+                        Err(_) => crate::debug!("TLS handshake timed out", peer = peer),
+                    }
                 }
             }
             drop(ip_slot);

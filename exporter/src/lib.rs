@@ -22,5 +22,6 @@ pub mod http;
 pub mod inventory;
 pub mod metrics;
 pub mod process;
+pub mod web_config;
 
 pub use collector::{Config, Exporter};

@@ -59,6 +59,14 @@ struct Flags {
     /// Path to serve the metrics on.
     #[arg(long = "web.telemetry-path", value_name = "PATH", default_value = "/metrics", value_parser = telemetry_path)]
     telemetry_path: String,
+    /// TLS and basic auth: a YAML file in exporter-toolkit's web
+    /// configuration format (as node_exporter's --web.config.file):
+    /// tls_server_config (cert_file, key_file, client_auth_type,
+    /// client_ca_file, min_version, max_version) and basic_auth_users (user:
+    /// bcrypt hash). Re-read on SIGHUP; a bad file stops the start-up, a bad
+    /// reload keeps the configuration in force.
+    #[arg(long = "web.config.file", value_name = "FILE")]
+    web_config_file: Option<PathBuf>,
     /// Never gzip the metrics, even for a scraper that sends
     /// Accept-Encoding: gzip (Prometheus does).
     #[arg(long = "web.disable-compression")]
@@ -191,6 +199,15 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         max_volumes: flags.max_volumes,
         plugin_dir: Some(flags.plugin_dir),
     };
+    // Before binding or loading anything: a bad web config is the
+    // operator's to fix, and says so at once.
+    let web = match &flags.web_config_file {
+        Some(file) => Some(Arc::new(
+            prjquota_exporter::web_config::Web::load(file)
+                .map_err(|e| anyhow::anyhow!("{e} (--web.config.file)"))?,
+        )),
+        None => None,
+    };
     let addr = listen_address(&flags.listen_address);
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
@@ -239,10 +256,26 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         statfs_timeout = format!("{:?}", config.statfs_timeout),
         ebpf = config.ebpf,
         guard = config.guard,
+        tls = web.as_ref().is_some_and(|w| w.config().tls().is_some()),
+        basic_auth = web.as_ref().is_some_and(|w| w.config().basic_auth()),
     );
+    // Registered now, not when the task first runs: from the start-up line
+    // on, SIGHUP never takes its default action (exit), even without a web
+    // config, so `systemctl reload` cannot stop an exporter by accident
+    // (systemd counts death by SIGHUP as a clean exit, and does not restart).
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(hup) => {
+            tokio::spawn(reload_on_sighup(web.clone(), hup));
+        }
+        Err(e) => error!(
+            "cannot listen for SIGHUP: the web config will not be reloaded",
+            err = e
+        ),
+    }
     let options = prjquota_exporter::http::Options {
         compression: !flags.disable_compression,
         telemetry_path: flags.telemetry_path,
+        web,
     };
     prjquota_exporter::http::serve_with(listener, exporter, options, shutdown_signal()).await?;
     info!("stopped");
@@ -273,6 +306,35 @@ fn notify_ready() {
             socket = path.to_string_lossy(),
             err = e
         );
+    }
+}
+
+/// Re-reads the web config on every SIGHUP (certificate rotation).
+async fn reload_on_sighup(
+    web: Option<Arc<prjquota_exporter::web_config::Web>>,
+    mut hup: tokio::signal::unix::Signal,
+) {
+    while hup.recv().await.is_some() {
+        let Some(web) = &web else {
+            info!("SIGHUP: nothing to reload (no --web.config.file)");
+            continue;
+        };
+        let w = web.clone();
+        // Reads files and parses keys: off the async workers.
+        let result = tokio::task::spawn_blocking(move || w.reload()).await;
+        match result {
+            Ok(Ok(())) => info!(
+                "web config reloaded; new connections use it",
+                file = web.file().display()
+            ),
+            Ok(Err(e)) => prjquota_exporter::warn!(
+                "web config reload failed; still serving with the configuration loaded before",
+                file = e.file.display(),
+                field = e.field,
+                err = e.message
+            ),
+            Err(e) => error!("web config reload panicked", err = e),
+        }
     }
 }
 

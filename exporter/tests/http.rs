@@ -327,6 +327,7 @@ async fn gzip_only_when_asked_and_decodes_to_the_plain_scrape() {
         prjquota_exporter::http::Options {
             compression: false,
             telemetry_path: "/custom".into(),
+            ..Default::default()
         },
     )
     .await;

@@ -350,9 +350,31 @@ impl Exporter {
         Self::start_command(command(volumes_dirs, args, true))
     }
 
+    /// [`Exporter::start_with`] for an exporter that serves TLS only
+    /// (`--web.config.file`), which the tests' plain HTTP client cannot
+    /// ask: ready is its `ready:` log line rather than `/healthz`.
+    pub fn start_tls(volumes_dirs: &[&Path], args: &[&str]) -> Exporter {
+        Self::start_command_logged(command_of(
+            &crate::bin("prjquota-exporter"),
+            volumes_dirs,
+            args,
+            false,
+        ))
+    }
+
+    /// [`Exporter::start_command`] for an exporter that serves TLS only:
+    /// returns at its `ready:` log line.
+    pub fn start_command_logged(cmd: Command) -> Exporter {
+        Self::spawn_probed(cmd, false)
+    }
+
     /// Starts an exporter from its command line ([`command_of`]) and
     /// returns once it is ready.
-    pub fn start_command(mut cmd: Command) -> Exporter {
+    pub fn start_command(cmd: Command) -> Exporter {
+        Self::spawn_probed(cmd, true)
+    }
+
+    fn spawn_probed(mut cmd: Command, plain_http: bool) -> Exporter {
         ensure_loopback();
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -400,12 +422,40 @@ impl Exporter {
             reader: Some(reader),
             stopped: None,
         };
-        exporter.wait_ready(started);
+        if plain_http {
+            exporter.wait_ready(started);
+        } else {
+            exporter.wait_ready_logged(started);
+        }
         exporter
     }
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Sends `sig` to the exporter (SIGHUP: reload its web config).
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        // Our own child, not reaped while `self` lives: the pid is its own.
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig)
+            .unwrap_or_else(|e| panic!("signal {sig} to the exporter: {e}"));
+    }
+
+    /// Waits (at most `timeout`) until the log has a line containing
+    /// `needle`, and returns the first such line.
+    pub fn wait_for_line(&self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(l) = self.log().lines().find(|l| l.contains(needle)) {
+                return l.to_string();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no log line with {needle:?} within {timeout:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Polls /healthz until 200 (the programs are loaded and every volume
@@ -424,6 +474,28 @@ impl Exporter {
                 Ok(r) if r.status == 200 => break,
                 Ok(r) => assert_eq!(r.status, 503, "/healthz while starting: {}", r.body),
                 Err(e) => panic!("GET /healthz: {e}\n{}", self.log()),
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(300),
+                "the exporter is not ready after 300 s:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!(
+            "MEASURE exporter_ready_seconds {:.3}",
+            started.elapsed().as_secs_f64()
+        );
+    }
+
+    /// Waits for the `ready:` log line (eBPF loaded, every volume registered).
+    fn wait_ready_logged(&mut self, started: Instant) {
+        while !self.log().contains("msg=\"ready:") {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "the exporter exited ({status}) before it was ready:\n{}",
+                    self.log()
+                );
             }
             assert!(
                 started.elapsed() < Duration::from_secs(300),
@@ -654,10 +726,21 @@ impl Prometheus {
     /// Starts Prometheus scraping `targets` (job name, address) every
     /// second with `rule_files` loaded, and waits until `/-/ready` answers.
     pub fn start(targets: &[(&str, SocketAddr)], rule_files: &[PathBuf]) -> Prometheus {
+        Self::start_config(
+            Path::new(PROMETHEUS),
+            &config_yaml(targets, rule_files),
+            rule_files,
+        )
+    }
+
+    /// Starts `binary` (another Prometheus release) with the whole
+    /// configuration `yaml` (e.g. scrape configs with TLS and basic auth),
+    /// whose rule files are `rule_files`.
+    pub fn start_config(binary: &Path, yaml: &str, rule_files: &[PathBuf]) -> Prometheus {
         ensure_loopback();
         let dir = temp_dir("prometheus");
         let config = dir.join("prometheus.yml");
-        std::fs::write(&config, config_yaml(targets, rule_files)).expect("write prometheus.yml");
+        std::fs::write(&config, yaml).expect("write prometheus.yml");
         let (code, out) = promtool(&["check", "config", config.to_str().expect("UTF-8 path")]);
         assert_eq!(code, Some(0), "promtool check config:\n{out}");
         for f in rule_files {
@@ -675,7 +758,7 @@ impl Prometheus {
         for attempt in 0..3 {
             let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
             let log = std::fs::File::create(dir.join("prometheus.log")).expect("log file");
-            let child = Command::new(PROMETHEUS)
+            let child = Command::new(binary)
                 .arg(format!("--config.file={}", config.display()))
                 .arg(format!(
                     "--storage.tsdb.path={}",
@@ -688,7 +771,7 @@ impl Prometheus {
                 .stdout(log.try_clone().expect("dup log"))
                 .stderr(log)
                 .spawn()
-                .unwrap_or_else(|e| panic!("run {PROMETHEUS}: {e}"));
+                .unwrap_or_else(|e| panic!("run {}: {e}", binary.display()));
             let mut p = Prometheus {
                 child,
                 addr,

@@ -1,0 +1,849 @@
+//! `--web.config.file`: TLS and basic auth, read from exporter-toolkit's web
+//! configuration file (the YAML node_exporter and Prometheus itself read), so
+//! one file and one habit serve every exporter on a node.
+//!
+//! The file is read at start-up (a bad one stops the exporter) and again on
+//! SIGHUP: a good reload applies to connections accepted after it, a bad one
+//! keeps the configuration in force, logs why and sets
+//! `prjquota_exporter_web_config_last_reload_successful` to 0. Unlike
+//! exporter-toolkit, which re-reads the file on every request and
+//! connection, nothing is read from disk per request: a scrape never waits
+//! for a filesystem, and a half-written certificate during rotation cannot
+//! fail handshakes.
+//!
+//! Fields of the format this exporter does not implement (cipher_suites,
+//! curve_preferences, client_allowed_sans, headers, rate_limit) are refused
+//! by name rather than ignored: a file that asks for client SAN checks must
+//! not be served without them.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
+use serde::Deserialize;
+use tokio::sync::Semaphore;
+
+use crate::metrics::Family;
+
+/// A web config that cannot be used: the file, the field (dotted path, empty
+/// for the file as a whole) and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error {
+    pub file: PathBuf,
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "web config {}: ", self.file.display())?;
+        if !self.field.is_empty() {
+            write!(f, "{}: ", self.field)?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+// The file as written. `deny_unknown_fields` everywhere, as exporter-toolkit
+// unmarshals strictly: a misspelt `client_auth_typ` must not silently mean
+// "no client certificates".
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSpec {
+    tls_server_config: Option<TlsSpec>,
+    http_server_config: Option<HttpSpec>,
+    basic_auth_users: Option<HashMap<String, String>>,
+    rate_limit: Option<serde_norway::Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TlsSpec {
+    cert: Option<String>,
+    key: Option<String>,
+    client_ca: Option<String>,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+    client_auth_type: Option<String>,
+    client_ca_file: Option<PathBuf>,
+    min_version: Option<String>,
+    max_version: Option<String>,
+    prefer_server_cipher_suites: Option<bool>,
+    cipher_suites: Option<serde_norway::Value>,
+    curve_preferences: Option<serde_norway::Value>,
+    client_allowed_sans: Option<serde_norway::Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HttpSpec {
+    // Only HTTP/1.1 is served, so `http2: false` is already true and
+    // `http2: true` (the toolkit's default) asks for nothing a scraper needs.
+    #[allow(dead_code)]
+    http2: Option<bool>,
+    headers: Option<serde_norway::Value>,
+}
+
+/// A loaded, checked web config.
+pub struct WebConfig {
+    /// `None`: plain HTTP.
+    tls: Option<Arc<rustls::ServerConfig>>,
+    /// User name to bcrypt hash; empty: no basic auth.
+    users: HashMap<String, String>,
+}
+
+impl fmt::Debug for WebConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut users: Vec<_> = self.users.keys().collect();
+        users.sort();
+        f.debug_struct("WebConfig")
+            .field("tls", &self.tls.is_some())
+            .field("users", &users)
+            .finish()
+    }
+}
+
+impl WebConfig {
+    /// Reads and checks `file`, with the certificates and keys it names
+    /// (relative paths are relative to the file's directory, as in
+    /// exporter-toolkit).
+    pub fn load(file: &Path) -> Result<WebConfig, Error> {
+        let err = |field: &str, message: String| Error {
+            file: file.to_path_buf(),
+            field: field.to_string(),
+            message,
+        };
+        let text = std::fs::read_to_string(file).map_err(|e| {
+            err(
+                "",
+                format!("cannot read it ({e}); fix the path given to --web.config.file"),
+            )
+        })?;
+        // An empty file is a valid, empty config, as in exporter-toolkit.
+        let spec: FileSpec = if text.trim().is_empty() {
+            FileSpec::default()
+        } else {
+            serde_norway::from_str(&text).map_err(|e| yaml_error(file, &e))?
+        };
+        if spec.rate_limit.is_some() {
+            return Err(err("rate_limit", unsupported()));
+        }
+        if let Some(h) = &spec.http_server_config {
+            if h.headers.is_some() {
+                return Err(err("http_server_config.headers", unsupported()));
+            }
+        }
+        let dir = file.parent().unwrap_or(Path::new("."));
+        let tls = match spec.tls_server_config {
+            Some(t) => tls_config(&t, dir).map_err(|(field, m)| err(&field, m))?,
+            None => None,
+        };
+        let mut users = HashMap::new();
+        for (user, hash) in spec.basic_auth_users.unwrap_or_default() {
+            if let Err(e) = hash.parse::<bcrypt::HashParts>() {
+                return Err(err(
+                    &format!("basic_auth_users.{user}"),
+                    format!(
+                        "not a bcrypt hash ({e}); make one with `htpasswd -nBC 10 \"\" | tr -d ':\\n'`"
+                    ),
+                ));
+            }
+            users.insert(user, hash);
+        }
+        Ok(WebConfig { tls, users })
+    }
+
+    pub fn tls(&self) -> Option<&Arc<rustls::ServerConfig>> {
+        self.tls.as_ref()
+    }
+
+    pub fn basic_auth(&self) -> bool {
+        !self.users.is_empty()
+    }
+}
+
+fn unsupported() -> String {
+    "exporter-toolkit's format has it, but prjquota-exporter does not implement it; remove it \
+     (a setting that is not applied is refused rather than ignored)"
+        .into()
+}
+
+/// serde's error names the field; the location says where in the file.
+fn yaml_error(file: &Path, e: &serde_norway::Error) -> Error {
+    let text = e.to_string();
+    // serde_norway prefixes the dotted path of the value at fault ("a.b: …");
+    // split it off so every error reads file, field, message.
+    let (field, message) = match text.split_once(": ") {
+        Some((path, rest))
+            if !path.contains(' ') && path.chars().all(|c| c != '`' && c != '\'') =>
+        {
+            (path.to_string(), rest.to_string())
+        }
+        _ => (String::new(), text),
+    };
+    Error {
+        file: file.to_path_buf(),
+        field,
+        message,
+    }
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+type FieldError = (String, String);
+
+fn field_err(field: &str, message: impl Into<String>) -> FieldError {
+    (format!("tls_server_config.{field}"), message.into())
+}
+
+/// Reads an inline PEM value or a file (relative to `dir`); the field named
+/// is the one that was set.
+fn pem_source(
+    inline: &Option<String>,
+    inline_name: &str,
+    path: &Option<PathBuf>,
+    path_name: &str,
+    dir: &Path,
+) -> Result<Option<(Vec<u8>, String)>, FieldError> {
+    match (inline, path) {
+        (Some(_), Some(_)) => Err(field_err(
+            path_name,
+            format!("give either {inline_name} (inline PEM) or {path_name}, not both"),
+        )),
+        (Some(text), None) => Ok(Some((text.clone().into_bytes(), inline_name.to_string()))),
+        (None, Some(p)) if p.as_os_str().is_empty() => Err(field_err(path_name, "is empty")),
+        (None, Some(p)) => {
+            let full = dir.join(p);
+            std::fs::read(&full)
+                .map(|b| Some((b, path_name.to_string())))
+                .map_err(|e| field_err(path_name, format!("cannot read {}: {e}", full.display())))
+        }
+        (None, None) => Ok(None),
+    }
+}
+
+fn certificates(pem: &[u8], field: &str) -> Result<Vec<CertificateDer<'static>>, FieldError> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| field_err(field, format!("not PEM certificates: {e}")))?;
+    if certs.is_empty() {
+        return Err(field_err(
+            field,
+            "holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+        ));
+    }
+    Ok(certs)
+}
+
+fn tls_version(
+    v: &Option<String>,
+    field: &str,
+) -> Result<Option<&'static rustls::SupportedProtocolVersion>, FieldError> {
+    match v.as_deref() {
+        None => Ok(None),
+        Some("TLS12") => Ok(Some(&rustls::version::TLS12)),
+        Some("TLS13") => Ok(Some(&rustls::version::TLS13)),
+        Some(old @ ("TLS10" | "TLS11")) => Err(field_err(
+            field,
+            format!(
+                "{old} is not offered: prjquota-exporter speaks TLS 1.2 and 1.3 only; use TLS12"
+            ),
+        )),
+        Some(other) => Err(field_err(
+            field,
+            format!("unknown TLS version {other:?}; use TLS12 or TLS13"),
+        )),
+    }
+}
+
+/// The rustls server config the spec describes; `None` when it sets no TLS
+/// field at all (exporter-toolkit's "TLS config is not present").
+fn tls_config(t: &TlsSpec, dir: &Path) -> Result<Option<Arc<rustls::ServerConfig>>, FieldError> {
+    for (set, name) in [
+        (t.cipher_suites.is_some(), "cipher_suites"),
+        (t.curve_preferences.is_some(), "curve_preferences"),
+        (t.client_allowed_sans.is_some(), "client_allowed_sans"),
+    ] {
+        if set {
+            return Err(field_err(name, unsupported()));
+        }
+    }
+    let min = tls_version(&t.min_version, "min_version")?.unwrap_or(&rustls::version::TLS12);
+    let max = tls_version(&t.max_version, "max_version")?.unwrap_or(&rustls::version::TLS13);
+    let enabled = t.cert.is_some()
+        || t.cert_file.is_some()
+        || t.key.is_some()
+        || t.key_file.is_some()
+        || t.client_ca.is_some()
+        || t.client_ca_file.is_some()
+        || t.client_auth_type.is_some();
+    if !enabled {
+        return Ok(None);
+    }
+    let Some((cert_pem, cert_field)) = pem_source(&t.cert, "cert", &t.cert_file, "cert_file", dir)?
+    else {
+        return Err(field_err(
+            "cert_file",
+            "TLS is configured but no certificate is: set cert_file (or cert)",
+        ));
+    };
+    let Some((key_pem, key_field)) = pem_source(&t.key, "key", &t.key_file, "key_file", dir)?
+    else {
+        return Err(field_err(
+            "key_file",
+            "TLS is configured but no private key is: set key_file (or key)",
+        ));
+    };
+    let chain = certificates(&cert_pem, &cert_field)?;
+    let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
+        field_err(
+            &key_field,
+            format!("no PEM private key (PKCS#8, PKCS#1 or SEC1) in it: {e}"),
+        )
+    })?;
+
+    let client_ca = pem_source(
+        &t.client_ca,
+        "client_ca",
+        &t.client_ca_file,
+        "client_ca_file",
+        dir,
+    )?;
+    let provider = provider();
+    let auth = t.client_auth_type.as_deref().unwrap_or("NoClientCert");
+    let roots = |required_by: &str| -> Result<Arc<RootCertStore>, FieldError> {
+        let Some((pem, field)) = &client_ca else {
+            return Err(field_err(
+                "client_ca_file",
+                format!("client_auth_type {required_by} verifies client certificates: set client_ca_file to the CA that signs them"),
+            ));
+        };
+        let mut store = RootCertStore::empty();
+        for c in certificates(pem, field)? {
+            store
+                .add(c)
+                .map_err(|e| field_err(field, format!("not a usable CA certificate: {e}")))?;
+        }
+        Ok(Arc::new(store))
+    };
+    let verifier: Arc<dyn ClientCertVerifier> = match auth {
+        "NoClientCert" => {
+            if client_ca.is_some() {
+                return Err(field_err(
+                    "client_auth_type",
+                    "client_ca_file is set but client_auth_type is NoClientCert: set \
+                     RequireAndVerifyClientCert to check client certificates, or remove \
+                     client_ca_file",
+                ));
+            }
+            Arc::new(rustls::server::NoClientAuth)
+        }
+        "RequestClientCert" => Arc::new(AnyClientCert {
+            mandatory: false,
+            provider: provider.clone(),
+        }),
+        // "RequireClientCert" is the old spelling exporter-toolkit still takes.
+        "RequireAnyClientCert" | "RequireClientCert" => Arc::new(AnyClientCert {
+            mandatory: true,
+            provider: provider.clone(),
+        }),
+        "VerifyClientCertIfGiven" => {
+            WebPkiClientVerifier::builder_with_provider(roots(auth)?, provider.clone())
+                .allow_unauthenticated()
+                .build()
+                .map_err(|e| field_err("client_ca_file", e.to_string()))?
+        }
+        "RequireAndVerifyClientCert" => {
+            WebPkiClientVerifier::builder_with_provider(roots(auth)?, provider.clone())
+                .build()
+                .map_err(|e| field_err("client_ca_file", e.to_string()))?
+        }
+        other => {
+            return Err(field_err(
+                "client_auth_type",
+                format!(
+                    "unknown value {other:?}; use NoClientCert, RequestClientCert, \
+                     RequireAnyClientCert, VerifyClientCertIfGiven or RequireAndVerifyClientCert"
+                ),
+            ))
+        }
+    };
+
+    let versions: Vec<&'static rustls::SupportedProtocolVersion> = match (min.version, max.version)
+    {
+        (a, b) if a == b => vec![min],
+        (rustls::ProtocolVersion::TLSv1_2, rustls::ProtocolVersion::TLSv1_3) => {
+            vec![&rustls::version::TLS13, &rustls::version::TLS12]
+        }
+        _ => {
+            return Err(field_err(
+                "max_version",
+                "is below min_version; raise it or lower min_version",
+            ))
+        }
+    };
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&versions)
+        .map_err(|e| field_err("min_version", e.to_string()))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(|e| {
+            field_err(
+                &key_field,
+                format!("does not go with {cert_field}, or is not a usable key: {e}"),
+            )
+        })?;
+    config.ignore_client_order = t.prefer_server_cipher_suites.unwrap_or(true);
+    // HTTP/1.1 only: say so in ALPN rather than leave a client that offers
+    // h2 to guess.
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Some(Arc::new(config)))
+}
+
+/// RequestClientCert and RequireAnyClientCert: ask for (or require) a
+/// certificate and check that the client holds its key, but trust any
+/// issuer, as Go's crypto/tls does for these modes. exporter-toolkit calls
+/// them insecure; they are here so a node_exporter file means the same.
+#[derive(Debug)]
+struct AnyClientCert {
+    mandatory: bool,
+    provider: Arc<CryptoProvider>,
+}
+
+impl ClientCertVerifier for AnyClientCert {
+    fn client_auth_mandatory(&self) -> bool {
+        self.mandatory
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// Successful verifications remembered, so Prometheus' scrape every 15 s
+/// costs one bcrypt per process (and per password change), not one per
+/// scrape. More than this many distinct good credentials is not a scraper
+/// setup; the set is then cleared, never grown.
+const AUTH_CACHE_ENTRIES: usize = 256;
+
+/// The web config in force, its reloads, and basic auth's state.
+pub struct Web {
+    file: PathBuf,
+    current: RwLock<Arc<WebConfig>>,
+    /// SHA-256 of (user, hash, password) of credentials that verified, as
+    /// exporter-toolkit's cache is keyed on all three: a changed hash or
+    /// password never hits. A digest, not the password, is what stays in
+    /// memory.
+    verified: Mutex<HashSet<[u8; 32]>>,
+    /// One bcrypt at a time, as in exporter-toolkit: a burst of wrong
+    /// passwords takes one core of the blocking pool, never all of it.
+    bcrypt: Arc<Semaphore>,
+    reload: Mutex<ReloadState>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ReloadState {
+    successful: bool,
+    success_unix: f64,
+}
+
+impl fmt::Debug for Web {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Web")
+            .field("file", &self.file)
+            .field("current", &self.config())
+            .finish()
+    }
+}
+
+fn now_unix() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn reload_families(state: ReloadState) -> Vec<Family> {
+    let mut ok = Family::gauge(
+        "prjquota_exporter_web_config_last_reload_successful",
+        "Whether the last load of --web.config.file (at start-up or on SIGHUP) succeeded; \
+         0 means the exporter still serves with the configuration loaded before.",
+    );
+    ok.plain(if state.successful { 1.0 } else { 0.0 });
+    let mut ts = Family::gauge(
+        "prjquota_exporter_web_config_last_reload_success_timestamp_seconds",
+        "When --web.config.file was last loaded successfully, in seconds since the Unix epoch.",
+    );
+    ts.plain(state.success_unix);
+    vec![ok, ts]
+}
+
+/// The families the HTTP layer adds to every scrape when a web config is
+/// given, for the dashboards' lint (their values are placeholders).
+pub fn catalogue() -> Vec<Family> {
+    reload_families(ReloadState {
+        successful: true,
+        success_unix: 0.0,
+    })
+}
+
+/// Whether basic auth let a request through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Allowed,
+    Denied,
+}
+
+impl Web {
+    /// Loads `file` (a start-up error if it is bad).
+    pub fn load(file: &Path) -> Result<Web, Error> {
+        let config = WebConfig::load(file)?;
+        Ok(Web {
+            file: file.to_path_buf(),
+            current: RwLock::new(Arc::new(config)),
+            verified: Mutex::default(),
+            bcrypt: Arc::new(Semaphore::new(1)),
+            reload: Mutex::new(ReloadState {
+                successful: true,
+                success_unix: now_unix(),
+            }),
+        })
+    }
+
+    pub fn file(&self) -> &Path {
+        &self.file
+    }
+
+    /// The config in force: what new connections and requests use.
+    pub fn config(&self) -> Arc<WebConfig> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Re-reads the file (SIGHUP). On success it applies to connections
+    /// accepted from now on; on failure the config in force stays and the
+    /// error is returned (and counted in the reload metrics). Turning TLS on
+    /// or off is refused: a listener that served TLS must never start
+    /// answering in plain text because of an edit, so that takes a restart.
+    pub fn reload(&self) -> Result<(), Error> {
+        let result = WebConfig::load(&self.file).and_then(|new| {
+            let was_tls = self.config().tls.is_some();
+            if was_tls != new.tls.is_some() {
+                return Err(Error {
+                    file: self.file.clone(),
+                    field: "tls_server_config".into(),
+                    message: format!(
+                        "the reload would turn TLS {}; that takes a restart of the exporter",
+                        if was_tls { "off" } else { "on" }
+                    ),
+                });
+            }
+            Ok(new)
+        });
+        let mut state = self.reload.lock().unwrap_or_else(|e| e.into_inner());
+        match result {
+            Ok(new) => {
+                *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(new);
+                state.successful = true;
+                state.success_unix = now_unix();
+                Ok(())
+            }
+            Err(e) => {
+                state.successful = false;
+                Err(e)
+            }
+        }
+    }
+
+    /// The reload self-metrics.
+    pub fn families(&self) -> Vec<Family> {
+        reload_families(*self.reload.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Checks a request's `Authorization` header against basic_auth_users
+    /// (always allowed when there are none). A credential not seen before
+    /// costs one bcrypt, on the blocking pool; one that verified before
+    /// costs a SHA-256.
+    pub async fn authorize(&self, authorization: Option<&[u8]>) -> Verdict {
+        let config = self.config();
+        if config.users.is_empty() {
+            return Verdict::Allowed;
+        }
+        let Some((user, password)) = authorization.and_then(parse_basic) else {
+            return Verdict::Denied;
+        };
+        let known = config.users.get(&user).cloned();
+        let key = known.as_ref().map(|hash| cache_key(&user, hash, &password));
+        if let Some(key) = &key {
+            if self
+                .verified
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(key)
+            {
+                return Verdict::Allowed;
+            }
+        }
+        let permit = self
+            .bcrypt
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the bcrypt semaphore is never closed");
+        // The permit moves into the blocking call: a client that hangs up
+        // mid-verification does not free the slot before bcrypt is done.
+        let ok = tokio::task::spawn_blocking(move || {
+            // An unknown user still costs a bcrypt, so that timing does not
+            // tell which user names exist.
+            let hash: &str = match &known {
+                Some(h) => h,
+                None => dummy_hash(),
+            };
+            let ok = bcrypt::non_truncating_verify(password.as_bytes(), hash).unwrap_or(false);
+            drop(permit);
+            ok && known.is_some()
+        })
+        .await
+        .unwrap_or(false);
+        let (true, Some(key)) = (ok, key) else {
+            return Verdict::Denied;
+        };
+        let mut verified = self.verified.lock().unwrap_or_else(|e| e.into_inner());
+        if verified.len() >= AUTH_CACHE_ENTRIES {
+            verified.clear();
+        }
+        verified.insert(key);
+        Verdict::Allowed
+    }
+}
+
+/// A bcrypt hash of no password anyone knows, at the cost htpasswd and
+/// exporter-toolkit's docs use (10), made once on first need.
+fn dummy_hash() -> &'static str {
+    static DUMMY: OnceLock<String> = OnceLock::new();
+    DUMMY.get_or_init(|| {
+        let mut secret = [0u8; 16];
+        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret);
+        bcrypt::hash(secret, 10).unwrap_or_default()
+    })
+}
+
+fn cache_key(user: &str, hash: &str, password: &str) -> [u8; 32] {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    // Lengths first, so ("ab", "c") and ("a", "bc") never share a key.
+    for part in [user, hash, password] {
+        ctx.update(&(part.len() as u64).to_le_bytes());
+        ctx.update(part.as_bytes());
+    }
+    let mut key = [0u8; 32];
+    key.copy_from_slice(ctx.finish().as_ref());
+    key
+}
+
+/// `Basic base64(user:password)`: the user and password, or `None` for any
+/// other scheme or a malformed value.
+fn parse_basic(header: &[u8]) -> Option<(String, String)> {
+    use base64::Engine;
+    let header = std::str::from_utf8(header).ok()?.trim();
+    let (scheme, token) = header.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(token.trim())
+        .ok()?;
+    let decoded = String::from_utf8(decoded).ok()?;
+    let (user, password) = decoded.split_once(':')?;
+    Some((user.to_string(), password.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    fn temp_dir() -> PathBuf {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let d = std::env::temp_dir().join(format!(
+            "prjq-webcfg-unit-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn load_err(text: &str) -> Error {
+        let d = temp_dir();
+        let f = write(&d, "web.yml", text);
+        WebConfig::load(&f).unwrap_err()
+    }
+
+    #[test]
+    fn an_empty_file_is_plain_http_without_auth() {
+        let d = temp_dir();
+        let c = WebConfig::load(&write(&d, "web.yml", "")).unwrap();
+        assert!(c.tls().is_none() && !c.basic_auth());
+        let c = WebConfig::load(&write(&d, "web2.yml", "basic_auth_users: {}\n")).unwrap();
+        assert!(!c.basic_auth());
+    }
+
+    #[test]
+    fn errors_name_the_file_and_the_field() {
+        let e = load_err("tls_server_config:\n  client_auth_typ: NoClientCert\n");
+        assert_eq!(e.field, "tls_server_config", "{e}");
+        assert!(e.message.contains("client_auth_typ"), "{e}");
+        assert!(e.to_string().contains("web.yml"), "{e}");
+
+        let e = load_err("basic_auth_users:\n  alice: plaintext\n");
+        assert_eq!(e.field, "basic_auth_users.alice", "{e}");
+
+        let e = load_err("tls_server_config:\n  cert_file: nope.crt\n  key_file: nope.key\n");
+        assert_eq!(e.field, "tls_server_config.cert_file", "{e}");
+        assert!(e.message.contains("nope.crt"), "{e}");
+
+        let e = load_err("tls_server_config:\n  key_file: k\n");
+        assert_eq!(e.field, "tls_server_config.cert_file", "{e}");
+
+        let e = load_err("tls_server_config:\n  cert_file: c\n  key_file: k\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n");
+        assert_eq!(e.field, "tls_server_config.cipher_suites", "{e}");
+
+        let e = load_err("rate_limit:\n  interval: 1s\n  burst: 2\n");
+        assert_eq!(e.field, "rate_limit", "{e}");
+
+        let e = load_err("bogus: 1\n");
+        assert!(e.message.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn basic_credentials_parse() {
+        assert_eq!(
+            parse_basic(b"Basic YWxpY2U6czNjcjN0OmV4dHJh"),
+            Some(("alice".into(), "s3cr3t:extra".into()))
+        );
+        assert_eq!(parse_basic(b"basic YTpi"), Some(("a".into(), "b".into())));
+        assert_eq!(parse_basic(b"Bearer YTpi"), None);
+        assert_eq!(parse_basic(b"Basic !!!"), None);
+        assert_eq!(parse_basic(b"Basic YWxpY2U="), None);
+    }
+
+    #[test]
+    fn cache_keys_separate_their_parts() {
+        assert_ne!(cache_key("ab", "h", "c"), cache_key("a", "h", "bc"));
+        assert_eq!(cache_key("a", "h", "b"), cache_key("a", "h", "b"));
+        assert_ne!(cache_key("a", "h", "b"), cache_key("a", "h2", "b"));
+    }
+
+    /// htpasswd writes `$2y$`, the bcrypt crate `$2b$`: the same hash.
+    #[tokio::test]
+    async fn htpasswd_hashes_verify() {
+        use base64::Engine;
+        let d = temp_dir();
+        // The README's example: "example-password" at cost 10.
+        let f = write(
+            &d,
+            "web.yml",
+            "basic_auth_users:\n  prometheus: $2y$10$ZDTeVqI894ibBK1qSXn5uOGyxDsxMs6T9ggyaDTRkcjyhFYqscsFq\n",
+        );
+        let web = Web::load(&f).unwrap();
+        let good = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode("prometheus:example-password")
+        );
+        assert_eq!(web.authorize(Some(good.as_bytes())).await, Verdict::Allowed);
+    }
+
+    #[tokio::test]
+    async fn basic_auth_verifies_once_then_from_the_cache() {
+        let d = temp_dir();
+        let hash = bcrypt::hash("pw", 4).unwrap();
+        let f = write(
+            &d,
+            "web.yml",
+            &format!("basic_auth_users:\n  alice: '{hash}'\n"),
+        );
+        let web = Web::load(&f).unwrap();
+        let header = |u: &str, p: &str| {
+            use base64::Engine;
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"))
+            )
+        };
+        assert_eq!(web.authorize(None).await, Verdict::Denied);
+        let good = header("alice", "pw");
+        assert_eq!(web.authorize(Some(good.as_bytes())).await, Verdict::Allowed);
+        assert_eq!(web.verified.lock().unwrap().len(), 1);
+        assert_eq!(web.authorize(Some(good.as_bytes())).await, Verdict::Allowed);
+        let bad = header("alice", "wrong");
+        assert_eq!(web.authorize(Some(bad.as_bytes())).await, Verdict::Denied);
+        let nobody = header("mallory", "pw");
+        assert_eq!(
+            web.authorize(Some(nobody.as_bytes())).await,
+            Verdict::Denied
+        );
+        assert_eq!(web.verified.lock().unwrap().len(), 1);
+    }
+}
