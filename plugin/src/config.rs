@@ -4,7 +4,10 @@
 //! key is optional, and an unknown key is an error, so that a misspelt
 //! setting is never silently ignored. The plugin reads the file on every
 //! operation: a change takes effect at the next create or delete, no agent
-//! restart needed.
+//! restart needed. The defaults and `allowed_parameters` are applied when a
+//! volume is created (or its spec updated) and kept in its record: Nomad's
+//! replay of an unchanged spec at agent start is answered from the record,
+//! whatever the file says now (see `ops::settled`).
 //!
 //! ```toml
 //! # /opt/nomad/plugins/prjquota.toml

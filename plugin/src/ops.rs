@@ -282,19 +282,33 @@ pub(crate) struct Undo {
 pub fn create(req: &CreateRequest, plugin_id: &str) -> Result<Created> {
     let id = &req.volume_id;
     let cfg = load_config(req.plugin_dir.as_deref())?;
-    let params = params::parse(&req.parameters, &cfg).map_err(|e| anyhow!("{e}"))?;
-    // Refuse a request without any size before touching the filesystem.
-    capacity::requested_limit(req.capacity_min, req.capacity_max, cfg.default_capacity)
-        .map_err(|e| anyhow!("{e}"))?;
+    // What today's config makes of the request. A recorded volume uses it
+    // only for the parts of its spec that changed (see `settled`), so a
+    // replay is not refused for what the config no longer allows.
+    let params = params::parse(&req.parameters, &cfg).map_err(|e| anyhow!("{e}"));
+    let sized = capacity::requested_limit(req.capacity_min, req.capacity_max, cfg.default_capacity)
+        .map_err(|e| anyhow!("{e}"));
+    // Refuse a request the config rejects before touching the filesystem,
+    // unless it may be the replay of a recorded volume (decided under its
+    // lock below).
+    if params.is_err() || sized.is_err() {
+        let record = registry::records_dir(&req.volumes_dir).join(format!("{id}.json"));
+        if std::fs::symlink_metadata(record).is_err() {
+            params.as_ref().map_err(|e| anyhow!("{e}"))?;
+            sized.as_ref().map_err(|e| anyhow!("{e}"))?;
+        }
+    }
     let vfs = VolumesFs::open(&req.volumes_dir, true)?;
     vfs.require_enforced_quota()?;
-    let fit = capacity::fit_to_blocks(
-        req.capacity_min,
-        req.capacity_max,
-        cfg.default_capacity,
-        vfs.block_size,
-    )
-    .map_err(|e| anyhow!("{e}"));
+    let fit = sized.and_then(|_| {
+        capacity::fit_to_blocks(
+            req.capacity_min,
+            req.capacity_max,
+            cfg.default_capacity,
+            vfs.block_size,
+        )
+        .map_err(|e| anyhow!("{e}"))
+    });
     let reg = Registry::open(vfs.fd(), &vfs.path, true)?
         .expect("open with create always yields a registry");
     let lock = reg.lock_volume(id)?;
@@ -304,18 +318,7 @@ pub fn create(req: &CreateRequest, plugin_id: &str) -> Result<Created> {
             "volume {id} was being deleted when a previous delete stopped, and part of its data may be gone: run `nomad volume delete` for it again"
         ),
         Some(rec) => {
-            // An unchanged request keeps the size it was given: a restore
-            // never resizes because the node's default_capacity changed, or
-            // because an earlier version rounded capacity_max up to a block
-            // (which a replay rounding down would shrink, or refuse).
-            let bytes = if rec.capacity_min_bytes == req.capacity_min
-                && rec.capacity_max_bytes == req.capacity_max
-                && rec.provisioned_bytes > 0
-            {
-                rec.provisioned_bytes
-            } else {
-                fit?
-            };
+            let (params, bytes) = settled(&rec, req, params, fit)?;
             return update(
                 &vfs,
                 &reg,
@@ -324,7 +327,7 @@ pub fn create(req: &CreateRequest, plugin_id: &str) -> Result<Created> {
                 &Desired::new(req, plugin_id, params, bytes),
             );
         }
-        None => create_new(&vfs, &reg, &cfg, &Desired::new(req, plugin_id, params, fit?))?,
+        None => create_new(&vfs, &reg, &cfg, &Desired::new(req, plugin_id, params?, fit?))?,
     };
     // Only a new volume: a restore or resize keeps its root, which a running
     // exporter already watches. Not under the volume's lock: the exporter
@@ -332,6 +335,40 @@ pub fn create(req: &CreateRequest, plugin_id: &str) -> Result<Created> {
     drop(lock);
     announce(&vfs, id);
     Ok(created)
+}
+
+/// The parameters and size a recorded volume keeps under `req`. Defaults
+/// belong to a volume from its creation: the record holds what was applied
+/// (the resolved mode, owner and inode limit in `params`, the size in
+/// `provisioned_bytes`), and a part of the spec that did not change keeps
+/// it, whatever the node config says now. So Nomad's replay of the last
+/// create at agent start never chmods a volume because `default_mode`
+/// changed, never shrinks one because `default_capacity` did (Nomad ignores
+/// the returned size on restore), and is never refused because a parameter
+/// left `allowed_parameters`. A changed part is an explicit update: today's
+/// config resolves it (`params`, `fit`), and refuses it if it must.
+fn settled(
+    rec: &Record,
+    req: &CreateRequest,
+    params: Result<VolumeParams>,
+    fit: Result<u64>,
+) -> Result<(VolumeParams, u64)> {
+    let params = if rec.parameters == req.parameters {
+        rec.params.clone()
+    } else {
+        params?
+    };
+    // Also keeps a size an earlier version rounded capacity_max up to a
+    // block (which a fit today would round down, or refuse).
+    let bytes = if rec.capacity_min_bytes == req.capacity_min
+        && rec.capacity_max_bytes == req.capacity_max
+        && rec.provisioned_bytes > 0
+    {
+        rec.provisioned_bytes
+    } else {
+        fit?
+    };
+    Ok((params, bytes))
 }
 
 /// Tells a running prjquota-exporter the volume exists, and waits until it
@@ -895,6 +932,39 @@ mod tests {
             plan_update(&rec, &want, false),
             UpdatePlan::Converge { resize_from: None }
         );
+    }
+
+    #[test]
+    fn an_unchanged_spec_keeps_what_its_creation_applied_whatever_the_config() {
+        let req = request(0, 0, "data");
+        let mut rec = ready(&Desired::new(&req, "prjquota", params(Some(9)), 16 << 20));
+        rec.capacity_min_bytes = 0;
+        rec.capacity_max_bytes = 0;
+        // Today's config refuses the parameters and has no default size.
+        let (p, bytes) = settled(
+            &rec,
+            &req,
+            Err(anyhow!("uid is not allowed")),
+            Err(anyhow!("no capacity")),
+        )
+        .unwrap();
+        assert_eq!((p, bytes), (params(Some(9)), 16 << 20));
+
+        // A changed part of the spec is resolved, or refused, today; the
+        // unchanged part still keeps the record's.
+        let resized = request(0, 32 << 20, "data");
+        let (p, bytes) = settled(
+            &rec,
+            &resized,
+            Err(anyhow!("uid is not allowed")),
+            Ok(32 << 20),
+        )
+        .unwrap();
+        assert_eq!((p, bytes), (params(Some(9)), 32 << 20));
+        let mut reparam = request(0, 0, "data");
+        reparam.parameters.insert("uid".into(), "1".into());
+        let e = settled(&rec, &reparam, Err(anyhow!("uid is not allowed")), Ok(1)).unwrap_err();
+        assert_eq!(e.to_string(), "uid is not allowed");
     }
 
     #[test]

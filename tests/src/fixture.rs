@@ -94,6 +94,19 @@ impl Fixture {
         .expect("node config");
     }
 
+    /// Rewrites the node config: the fixture's project-ID range and
+    /// overcommit ratio, then `extra` (more `key = value` lines).
+    pub fn set_config(&self, extra: &str) {
+        std::fs::write(
+            self.node.plugin_dir.join("prjquota.toml"),
+            format!(
+                "{}{extra}\n",
+                node_config(self.id_min, self.id_max, SHARED_FS_OVERCOMMIT)
+            ),
+        )
+        .expect("node config");
+    }
+
     /// Creates a volume and returns its path and the bytes Nomad was told.
     pub fn create(&self, spec: &Spec) -> (PathBuf, i64) {
         self.node.create(spec).created()

@@ -18,6 +18,7 @@ on_every_fs!(
     create_enforces_the_limit_and_statfs_reports_it,
     capacity_rounds_up_to_the_block_and_min_alone_is_the_limit,
     restore_is_idempotent_writes_nothing_and_keeps_content,
+    restore_under_a_changed_config_keeps_what_the_volume_was_given,
     grow_in_place_lets_writes_continue,
     shrink_is_refused_above_usage_and_applied_below,
     parameters_set_mode_and_owner_of_the_root_only,
@@ -132,6 +133,71 @@ fn restore_is_idempotent_writes_nothing_and_keeps_content(fs: &FsCase) {
     );
     assert_eq!(before.mtime_nsec(), after.mtime_nsec());
     assert_eq!(std::fs::read(path.join("data")).unwrap(), b"precious");
+}
+
+/// Mode, size and owner of a volume as the kernel has them.
+fn volume_state(f: &Fixture, spec: &Spec) -> (u32, u32, u32, u64) {
+    let path = f.node.volumes_dir.join(&spec.id);
+    let m = std::fs::metadata(&path).unwrap();
+    let limit = f.quota(f.project_id(&spec.id)).limits.bytes_hard;
+    (m.permissions().mode() & 0o7777, m.uid(), m.gid(), limit)
+}
+
+/// Defaults belong to a volume from its creation: Nomad replays the last
+/// create of every volume at each agent start, and a node config changed
+/// since (default_mode, default_capacity, allowed_parameters) must not
+/// chmod, shrink or break a volume whose spec did not change.
+fn restore_under_a_changed_config_keeps_what_the_volume_was_given(fs: &FsCase) {
+    let f = fs.fixture("reconf");
+    f.set_config("default_mode = \"0750\"\ndefault_capacity = \"16MiB\"");
+    // No size and no mode: both from the node's defaults.
+    let sized_by_default = Spec::new("defaults", 0);
+    // An owner and an inode limit, parameters the new config will forbid.
+    let with_params = writable(Spec::new("params", 12 * MIB as i64)).param("max_inodes", "100");
+    let mut before = Vec::new();
+    for spec in [&sized_by_default, &with_params] {
+        let out = f.node.create(spec);
+        out.created();
+        before.push((out.stdout.clone(), volume_state(&f, spec)));
+    }
+    assert_eq!(before[0].1, (0o750, 0, 0, 16 * MIB));
+    assert_eq!(before[1].1, (0o750, WRITER, WRITER, 12 * MIB));
+
+    for config in [
+        "default_mode = \"0700\"\ndefault_capacity = \"8MiB\"\nallowed_parameters = [\"mode\"]",
+        // No default size at all: a new volume without one is refused, a
+        // volume that was given one keeps it.
+        "default_mode = \"0777\"\nallowed_parameters = []",
+    ] {
+        f.set_config(config);
+        for (spec, (stdout, state)) in [&sized_by_default, &with_params].into_iter().zip(&before) {
+            let out = f.node.create(spec);
+            out.created();
+            assert_eq!(
+                &out.stdout, stdout,
+                "{config}: the replay returns what the create did"
+            );
+            assert_eq!(&volume_state(&f, spec), state, "{config}: {}", spec.name);
+        }
+    }
+    let pid = f.project_id(&with_params.id);
+    assert_eq!(f.quota(pid).limits.inodes_hard, 100);
+
+    // The new config is for new volumes, and for an explicit update.
+    f.set_config(
+        "default_mode = \"0711\"\ndefault_capacity = \"8MiB\"\nallowed_parameters = [\"mode\"]",
+    );
+    let new = Spec::new("new", 0);
+    f.create(&new);
+    assert_eq!(volume_state(&f, &new), (0o711, 0, 0, 8 * MIB));
+    let msg = f
+        .node
+        .create(&Spec::new("forbidden", 0).param("uid", "1"))
+        .error();
+    assert!(msg.contains("uid"), "{msg}");
+    let updated = sized_by_default.clone().param("mode", "0755");
+    f.create(&updated);
+    assert_eq!(volume_state(&f, &updated), (0o755, 0, 0, 16 * MIB));
 }
 
 fn grow_in_place_lets_writes_continue(fs: &FsCase) {
