@@ -11,7 +11,7 @@ use prjquota_vmtests::fixture::{
     fill, make_files, statvfs, writable, Fixture, FsCase, EXT4, MIB, WRITER, XFS,
 };
 use prjquota_vmtests::nomad::{run_plugin, Spec};
-use prjquota_vmtests::{on_every_fs, xfs_noquota_mount};
+use prjquota_vmtests::{on_every_fs, sh, xfs_noquota_mount};
 
 on_every_fs!(
     fingerprint_prints_the_crate_version_as_a_json_string,
@@ -31,6 +31,7 @@ on_every_fs!(
     delete_twice_and_delete_of_an_unknown_volume_succeed,
     bad_input_changes_nothing_on_disk,
     a_volume_with_many_files_is_deleted_completely,
+    delete_clears_immutable_and_append_only_flags,
     a_plugin_run_without_any_environment_fails_cleanly,
 );
 
@@ -522,6 +523,87 @@ fn a_volume_with_many_files_is_deleted_completely(fs: &FsCase) {
     );
     assert!(!path.exists());
     assert!(f.quota(pid).is_unused());
+}
+
+/// A workload with CAP_LINUX_IMMUTABLE can mark what it wrote immutable or
+/// append-only; the volume must still be deletable.
+fn delete_clears_immutable_and_append_only_flags(fs: &FsCase) {
+    let f = fs.fixture("chattr");
+    let spec = Spec::new("chattr", 16 * MIB as i64);
+    let (path, _) = f.create(&spec);
+    let pid = f.project_id(&spec.id);
+    for d in ["idir", "adir", "plain"] {
+        std::fs::create_dir(path.join(d)).unwrap();
+        std::fs::write(path.join(d).join("inner"), b"x").unwrap();
+    }
+    std::fs::write(path.join("ifile"), b"x").unwrap();
+    std::fs::write(path.join("afile"), b"x").unwrap();
+    std::fs::write(path.join("plain/ifile"), b"x").unwrap();
+    let p = |n: &str| path.join(n).display().to_string();
+    sh(&format!(
+        "chattr +i {} {} {} && chattr +a {} {} && chattr +i {}",
+        p("ifile"),
+        p("idir/inner"),
+        p("idir"),
+        p("afile"),
+        p("adir"),
+        p("plain/ifile"),
+    ));
+    // The volume root too: its owner may be the workload.
+    sh(&format!("chattr +a {}", path.display()));
+    assert!(
+        std::fs::remove_file(path.join("ifile")).is_err(),
+        "chattr +i took effect"
+    );
+
+    let out = f.node.delete(&spec);
+    out.ok();
+    assert!(!path.exists(), "{}", out.stderr);
+    assert!(f.record(&spec.id).is_none());
+    assert!(f.quota(pid).is_unused());
+}
+
+/// The peak resident memory of the largest child this test process has
+/// waited for, in KiB (nextest runs every test in a process of its own).
+fn children_peak_rss_kib() -> i64 {
+    nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
+        .expect("getrusage")
+        .max_rss()
+}
+
+/// A directory of 100,000 entries is deleted with the memory of a small
+/// one: its listing is streamed in batches, not read whole.
+#[test]
+fn deleting_a_directory_of_100k_entries_streams_its_listing() {
+    let f = XFS.fixture("stream");
+    let small = Spec::new("small", 1 << 30);
+    let (path, _) = f.create(&small);
+    populate(&path, 1, 100);
+    f.node.delete(&small).ok();
+    let baseline = children_peak_rss_kib();
+
+    let big = Spec::new("big", 1 << 30);
+    let (path, _) = f.create(&big);
+    let dir = path.join("d");
+    std::fs::create_dir(&dir).unwrap();
+    // Long names make a whole listing in memory easy to see (~14 MiB).
+    let pad = "n".repeat(100);
+    for i in 0..100_000 {
+        std::fs::File::create(dir.join(format!("{pad}{i}"))).unwrap();
+    }
+    let out = f.node.delete(&big);
+    out.ok();
+    assert!(!path.exists());
+    let peak = children_peak_rss_kib();
+    eprintln!(
+        "MEASURE delete_100k_entries_peak_rss_kib {peak} baseline_kib {baseline} seconds {:.3}",
+        out.elapsed.as_secs_f64()
+    );
+    assert!(
+        peak <= baseline + 4096,
+        "deleting 100,000 entries peaked at {peak} KiB, more than 4 MiB above the {baseline} KiB \
+         of deleting 100: the listing is held in memory"
+    );
 }
 
 fn a_plugin_run_without_any_environment_fails_cleanly(fs: &FsCase) {
