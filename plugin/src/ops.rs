@@ -559,6 +559,10 @@ fn create_new(vfs: &VolumesFs, reg: &Registry, cfg: &Config, want: &Desired) -> 
             (Some(p), _) | (None, Some(p)) => p,
             (None, None) => allocate_project_id(vfs, reg, cfg)?,
         };
+        // An adopted directory brings its own ID: a reservation an earlier,
+        // crashed create made for this volume is another one, which nothing
+        // would ever release.
+        release_other_reservations(vfs, reg, id, Some(pid))?;
         // An adopted directory is a volume that already held its promise
         // before the registry was lost: like a restore, never refused.
         if adopt.is_none() {
@@ -780,6 +784,47 @@ fn settled_usage(vfs: &VolumesFs, pid: u32) -> Result<quota::ProjectQuota> {
     Ok(q)
 }
 
+/// Releases every project ID reserved for volume `id` but `keep`, clearing
+/// the limits of each one the kernel charges nothing to (a claim made before
+/// a crash); an ID that still has usage keeps its limits, so it stays out of
+/// use. Called under the volume's lock, which every reservation for `id` is
+/// made under.
+fn release_other_reservations(
+    vfs: &VolumesFs,
+    reg: &Registry,
+    id: &VolumeId,
+    keep: Option<u32>,
+) -> Result<()> {
+    for (pid, owner) in reg.reservations()? {
+        if &owner != id || Some(pid) == keep {
+            continue;
+        }
+        // Best effort: a limit left on an unused ID only keeps that ID out
+        // of use, and `prjquota reconcile` reports it.
+        match quota::get(vfs.fd(), pid) {
+            Ok(q) if q.used_bytes == 0 && q.used_inodes == 0 && !q.limits.is_none() => {
+                if let Err(e) = quota::set_limits(vfs.fd(), pid, &Limits::NONE) {
+                    log(
+                        id,
+                        format_args!("cannot clear the limits of project {pid}: {e}"),
+                    );
+                }
+            }
+            Ok(_) => {}
+            Err(e) => log(
+                id,
+                format_args!("cannot read the quota of project {pid}: {e}"),
+            ),
+        }
+        reg.release_id(pid, id)?;
+        log(
+            id,
+            format_args!("released project ID {pid}, reserved by a create that did not finish"),
+        );
+    }
+    Ok(())
+}
+
 /// `delete`. Succeeds when the volume is already gone. Only
 /// `<volumes dir>/<volume ID>` of a recorded volume is ever removed;
 /// `DHV_CREATED_PATH` is compared and logged, never deleted.
@@ -810,17 +855,7 @@ pub fn delete(req: &DeleteRequest) -> Result<()> {
     let path = vfs.path.join(id.as_str());
     let Some(mut rec) = reg.load(id)? else {
         let _alloc = reg.lock_allocation()?;
-        for (pid, owner) in reg.reservations()? {
-            if &owner == id {
-                reg.release_id(pid, id)?;
-                log(
-                    id,
-                    format_args!(
-                        "released project ID {pid}, reserved by a create that did not finish"
-                    ),
-                );
-            }
-        }
+        release_other_reservations(&vfs, &reg, id, None)?;
         if sys::fstatat_nofollow(vfs.fd(), &cname(id)).is_ok() {
             log(id, format_args!("{} exists but prjquota has no record of it: left in place (see `prjquota reconcile`)", path.display()));
         } else {
@@ -868,6 +903,8 @@ pub fn delete(req: &DeleteRequest) -> Result<()> {
     reg.remove(id)?;
     fault::point("delete:unrecorded");
     reg.release_id(pid, id)?;
+    // Reservations a crashed create left beside the recorded ID.
+    release_other_reservations(&vfs, &reg, id, None)?;
     reg.forget_lock(id)?;
     log(
         id,

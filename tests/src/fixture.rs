@@ -124,6 +124,12 @@ impl Fixture {
         prjquota_core::quota::project_of(f.as_fd()).expect("fsgetxattr")
     }
 
+    /// Puts a directory into project `id`, as a volume of this plugin is.
+    pub fn tag(path: &Path, id: u32) {
+        let f = std::fs::File::open(path).expect("open");
+        prjquota_core::quota::tag(f.as_fd(), id).expect("fssetxattr");
+    }
+
     /// The registry record of a volume, as JSON.
     pub fn record(&self, id: &str) -> Option<serde_json::Value> {
         let p = self

@@ -15,6 +15,7 @@ on_every_fs!(
     a_resize_killed_at_any_step_converges_and_keeps_data,
     a_delete_killed_at_any_step_is_finished_by_the_next_delete,
     project_ids_are_never_shared_after_crashes,
+    adopting_a_directory_releases_the_id_a_crashed_create_reserved,
 );
 
 /// A node on `fs` whose plugin aborts at the fault point it is told.
@@ -239,4 +240,50 @@ fn project_ids_are_never_shared_after_crashes(fs: &FsCase) {
             }
         }
     }
+}
+
+/// The reservations (`ids/<project ID>.<volume ID>`) held for `spec`.
+fn reservations(f: &Fixture, spec: &Spec) -> Vec<String> {
+    let ids = f.node.volumes_dir.join(".prjquota/ids");
+    let mut v: Vec<String> = std::fs::read_dir(&ids)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(&spec.id))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// A create killed after reserving an ID, then a directory with another
+/// project ID of the node's range where the volume goes (the registry lost
+/// and restored from an older copy): the next create adopts the directory
+/// and its ID, and the reservation the crashed create made is released
+/// rather than kept forever, by the create and so by the delete.
+fn adopting_a_directory_releases_the_id_a_crashed_create_reserved(fs: &FsCase) {
+    let f = faulty(fs, "crash-adopt");
+    let spec = Spec::new("adopt", 8 * MIB as i64);
+    crash(&f, "create", &f.node.create_vars(&spec), "create:reserved");
+    let crashed = reservations(&f, &spec);
+    assert_eq!(crashed.len(), 1, "{crashed:?}");
+    let path = f.node.volumes_dir.join(&spec.id);
+    std::fs::create_dir(&path).unwrap();
+    let adopted = f.id_max;
+    Fixture::tag(&path, adopted);
+    std::fs::write(path.join("data"), b"keep").unwrap();
+
+    f.create(&spec);
+    assert_eq!(f.project_id(&spec.id), adopted);
+    assert_eq!(std::fs::read(path.join("data")).unwrap(), b"keep");
+    assert_eq!(
+        reservations(&f, &spec),
+        [format!("{adopted}.{}", spec.id)],
+        "the crashed create's reservation {crashed:?} leaked"
+    );
+    let first: u32 = crashed[0].split('.').next().unwrap().parse().unwrap();
+    assert!(f.quota(first).is_unused(), "{:?}", f.quota(first));
+    f.node.delete(&spec).ok();
+    assert_clean(&f, &spec, Some(adopted));
 }
