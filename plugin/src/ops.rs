@@ -4,8 +4,10 @@
 //! crash (`kill -9`) at any point leaves state that the next call for the
 //! same volume finishes or cleans up:
 //!
-//! - create: record (`creating`, with the reserved project ID) → hard limit on
-//!   the ID → directory → mode/owner → project tag → record `ready`. The limit
+//! - create: a new ID is claimed on the kernel (its hard limit set, under a
+//!   lock every volumes directory of the filesystem shares) → reservation →
+//!   record (`creating`, with the reserved project ID) → hard limit on the ID
+//!   → directory → mode/owner → project tag → record `ready`. The limit
 //!   comes before the tag, so there is never a moment when a tagged volume is
 //!   unlimited.
 //! - delete: record `deleting` → directory tree removed → limits cleared →
@@ -186,6 +188,50 @@ fn allocate_project_id(vfs: &VolumesFs, reg: &Registry, cfg: &Config) -> Result<
         );
     }
     Ok(candidate)
+}
+
+/// Chooses a project ID for a new volume and claims it on the kernel by
+/// setting its limits, before any record of it exists.
+///
+/// Project IDs belong to the filesystem, but a registry belongs to one
+/// volumes directory, and another directory on the same filesystem (a
+/// second Nomad agent, or a node whose `host_volumes_dir` moved) sees none
+/// of its reservations. What every directory does see is the kernel: the
+/// allocator skips IDs the kernel has usage or limits for. So the ID is
+/// chosen and its limits set under a lock shared by every volumes directory
+/// of the filesystem on this host (see [`registry::lock_filesystem`]), and
+/// from then on no other directory can choose it, whether or not this
+/// create gets further. The claim comes before the reservation, so a crash
+/// between the two can leave a limit on an unused ID (the ID stays out of
+/// use; `prjquota reconcile --fix` clears it) but never a reserved ID that
+/// another directory may take.
+fn allocate_and_claim(
+    vfs: &VolumesFs,
+    reg: &Registry,
+    cfg: &Config,
+    id: &VolumeId,
+    limits: &Limits,
+) -> Result<u32> {
+    let _fs = match registry::lock_filesystem(vfs.dev) {
+        Ok(lock) => Some(lock),
+        // Without it, only a race of two directories' creates within the
+        // same instant can pick one ID; the claim still covers creates that
+        // stopped, or run one after the other.
+        Err(e) => {
+            log(
+                id,
+                format_args!(
+                    "cannot take the filesystem-wide allocation lock in {} ({e}): project IDs are claimed without it",
+                    registry::RUN_DIR
+                ),
+            );
+            None
+        }
+    };
+    let pid = allocate_project_id(vfs, reg, cfg)?;
+    quota::set_limits(vfs.fd(), pid, limits)
+        .map_err(|e| quota_error(e, "set the limits of", pid, vfs))?;
+    Ok(pid)
 }
 
 /// The inputs of the admission rule for a create or grow of `except`: the
@@ -546,6 +592,7 @@ fn create_new(vfs: &VolumesFs, reg: &Registry, cfg: &Config, want: &Desired) -> 
         Err(e) => return Err(e).with_context(|| format!("cannot inspect {}", path.display())),
     }
 
+    let mut claimed = false;
     let project_id = {
         let _alloc = reg.lock_allocation()?;
         // A create killed after reserving, before recording, left its
@@ -555,14 +602,6 @@ fn create_new(vfs: &VolumesFs, reg: &Registry, cfg: &Config, want: &Desired) -> 
             .into_iter()
             .find(|(_, owner)| owner == id)
             .map(|(p, _)| p);
-        let pid = match (adopt, own) {
-            (Some(p), _) | (None, Some(p)) => p,
-            (None, None) => allocate_project_id(vfs, reg, cfg)?,
-        };
-        // An adopted directory brings its own ID: a reservation an earlier,
-        // crashed create made for this volume is another one, which nothing
-        // would ever release.
-        release_other_reservations(vfs, reg, id, Some(pid))?;
         // An adopted directory is a volume that already held its promise
         // before the registry was lost: like a restore, never refused.
         if adopt.is_none() {
@@ -570,10 +609,34 @@ fn create_new(vfs: &VolumesFs, reg: &Registry, cfg: &Config, want: &Desired) -> 
                 .admit(id.as_str(), bytes)
                 .map_err(|e| anyhow!("{e}"))?;
         }
-        reg.reserve_id(pid, id)?;
+        let pid = match (adopt, own) {
+            (Some(p), _) | (None, Some(p)) => p,
+            (None, None) => {
+                let p = allocate_and_claim(vfs, reg, cfg, id, &limits_for(bytes, params))?;
+                claimed = true;
+                p
+            }
+        };
+        let unclaim = || {
+            if claimed {
+                let _ = quota::set_limits(vfs.fd(), pid, &Limits::NONE);
+            }
+        };
+        // An adopted directory brings its own ID: a reservation an earlier,
+        // crashed create made for this volume is another one, which nothing
+        // would ever release.
+        if let Err(e) = release_other_reservations(vfs, reg, id, Some(pid)) {
+            unclaim();
+            return Err(e);
+        }
+        if let Err(e) = reg.reserve_id(pid, id) {
+            unclaim();
+            return Err(e);
+        }
         fault::point("create:reserved");
         if let Err(e) = reg.store(&want.record(vfs, pid)) {
             let _ = reg.release_id(pid, id);
+            unclaim();
             return Err(e);
         }
         pid
@@ -582,6 +645,7 @@ fn create_new(vfs: &VolumesFs, reg: &Registry, cfg: &Config, want: &Desired) -> 
 
     let mut undo = Undo {
         record: true,
+        limits: claimed,
         ..Undo::default()
     };
     let result = converge(vfs, id, project_id, params, bytes, &mut undo).and_then(|()| {
@@ -617,7 +681,7 @@ pub(crate) fn converge(
     if !limits_match(&have.limits, &want) {
         quota::set_limits(vfs.fd(), project_id, &want)
             .map_err(|e| quota_error(e, "set the limits of", project_id, vfs))?;
-        undo.limits = have.limits.is_none();
+        undo.limits |= have.limits.is_none();
     }
     fault::point("create:limited");
 

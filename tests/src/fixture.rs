@@ -130,6 +130,16 @@ impl Fixture {
         prjquota_core::quota::tag(f.as_fd(), id).expect("fssetxattr");
     }
 
+    /// Another node on the same filesystem as `self` (its own plugin dir
+    /// and volumes dir) whose node config gives it the same project-ID
+    /// range, as two Nomad agents configured alike would have.
+    pub fn sibling(&self, mount: &Path, tag: &str, plugin: &Path) -> Fixture {
+        let mut f = Fixture::with_plugin(mount, tag, plugin);
+        (f.id_min, f.id_max) = (self.id_min, self.id_max);
+        f.set_config("");
+        f
+    }
+
     /// The registry record of a volume, as JSON.
     pub fn record(&self, id: &str) -> Option<serde_json::Value> {
         let p = self

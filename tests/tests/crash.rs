@@ -16,6 +16,7 @@ on_every_fs!(
     a_delete_killed_at_any_step_is_finished_by_the_next_delete,
     project_ids_are_never_shared_after_crashes,
     adopting_a_directory_releases_the_id_a_crashed_create_reserved,
+    two_volumes_dirs_on_one_filesystem_never_share_a_project_id,
 );
 
 /// A node on `fs` whose plugin aborts at the fault point it is told.
@@ -286,4 +287,38 @@ fn adopting_a_directory_releases_the_id_a_crashed_create_reserved(fs: &FsCase) {
     assert!(f.quota(first).is_unused(), "{:?}", f.quota(first));
     f.node.delete(&spec).ok();
     assert_clean(&f, &spec, Some(adopted));
+}
+
+/// Project IDs belong to the filesystem, not to a volumes directory: two
+/// nodes (or one node reconfigured) with volumes directories on one
+/// filesystem and the same ID range must not hand out one ID twice, even
+/// when a create stops between reserving its ID and using it.
+fn two_volumes_dirs_on_one_filesystem_never_share_a_project_id(fs: &FsCase) {
+    let a = faulty(fs, "crash-fsw-a");
+    let b = a.sibling(
+        &(fs.mount)(),
+        &format!("{}-crash-fsw-b", fs.name),
+        &fault_bin(),
+    );
+    let v1 = writable(Spec::new("v1", 8 * MIB as i64));
+    let v2 = writable(Spec::new("v2", 8 * MIB as i64));
+    crash(&a, "create", &a.node.create_vars(&v1), "create:reserved");
+    let (p2, _) = b.create(&v2);
+    let (p1, _) = a.create(&v1);
+    let (id1, id2) = (a.project_id(&v1.id), b.project_id(&v2.id));
+    assert_ne!(
+        id1, id2,
+        "the volumes of two directories share project {id1}"
+    );
+    assert_eq!(Fixture::project_of(&p1), (id1, true));
+    assert_eq!(Fixture::project_of(&p2), (id2, true));
+    // Each is charged only its own writes.
+    let r = fill(&p1.join("x"), 4 * MIB, Some(WRITER));
+    assert_eq!(r.errno, None, "{r:?}");
+    assert_eq!(statvfs(&p2).1, 8 * MIB - b.quota(id2).used_bytes);
+    assert!(b.quota(id2).used_bytes < MIB, "{:?}", b.quota(id2));
+    a.node.delete(&v1).ok();
+    b.node.delete(&v2).ok();
+    assert_clean(&a, &v1, Some(id1));
+    assert_clean(&b, &v2, Some(id2));
 }
