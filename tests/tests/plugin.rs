@@ -11,7 +11,7 @@ use prjquota_vmtests::fixture::{
     fill, make_files, statvfs, writable, Fixture, FsCase, EXT4, MIB, WRITER, XFS,
 };
 use prjquota_vmtests::nomad::{run_plugin, Spec};
-use prjquota_vmtests::{on_every_fs, sh, xfs_noquota_mount};
+use prjquota_vmtests::{bin, on_every_fs, sh, xfs_noquota_mount};
 
 on_every_fs!(
     fingerprint_prints_the_crate_version_as_a_json_string,
@@ -25,6 +25,7 @@ on_every_fs!(
     default_mode_is_0700_and_unknown_parameters_are_refused,
     max_inodes_limits_the_number_of_files,
     thirty_two_parallel_creates_get_distinct_enforced_project_ids,
+    parallel_creates_in_two_volumes_dirs_of_one_filesystem_get_distinct_ids,
     a_restore_storm_of_200_volumes_restores_every_one,
     delete_removes_everything_and_never_follows_symlinks,
     nomads_auto_delete_with_the_whole_volumes_dir_deletes_only_that_volume,
@@ -335,6 +336,34 @@ fn thirty_two_parallel_creates_get_distinct_enforced_project_ids(fs: &FsCase) {
             });
         }
     });
+}
+
+/// Creates racing in two volumes directories of one filesystem with one
+/// project-ID range get distinct IDs: the ID is chosen and claimed under a
+/// lock the two directories share.
+fn parallel_creates_in_two_volumes_dirs_of_one_filesystem_get_distinct_ids(fs: &FsCase) {
+    let a = fs.fixture("race-a");
+    let b = a.sibling(
+        &(fs.mount)(),
+        &format!("{}-race-b", fs.name),
+        &bin("prjquota"),
+    );
+    let specs: Vec<(&Fixture, Spec)> = (0..16)
+        .map(|i| {
+            let f = if i % 2 == 0 { &a } else { &b };
+            (f, Spec::new(&format!("r{i}"), 4 * MIB as i64))
+        })
+        .collect();
+    std::thread::scope(|s| {
+        for (f, spec) in &specs {
+            s.spawn(move || f.create(spec));
+        }
+    });
+    let ids: BTreeSet<u32> = specs
+        .iter()
+        .map(|(f, spec)| f.project_id(&spec.id))
+        .collect();
+    assert_eq!(ids.len(), specs.len(), "shared project IDs: {ids:?}");
 }
 
 fn a_restore_storm_of_200_volumes_restores_every_one(fs: &FsCase) {
