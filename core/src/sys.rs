@@ -38,6 +38,10 @@ const FS_IOC_FSGETXATTR: libc::c_ulong = ioc(2, b'X', 31, size_of::<FsXattr>());
 const FS_IOC_FSSETXATTR: libc::c_ulong = ioc(1, b'X', 32, size_of::<FsXattr>());
 /// New files and directories inherit the directory's project ID.
 pub const FS_XFLAG_PROJINHERIT: u32 = 0x0000_0200;
+/// Neither the inode nor its directory entry can change (`chattr +i`).
+pub const FS_XFLAG_IMMUTABLE: u32 = 0x0000_0008;
+/// Writes only append, and the entry cannot be unlinked (`chattr +a`).
+pub const FS_XFLAG_APPEND: u32 = 0x0000_0010;
 
 /// The generic `_IOC` encoding (asm-generic/ioctl.h), used by x86 and arm.
 const fn ioc(dir: u64, ty: u8, nr: u8, size: usize) -> libc::c_ulong {
@@ -615,6 +619,75 @@ pub fn read_dir(dir: BorrowedFd<'_>) -> io::Result<Vec<DirEntry>> {
     result.map(|()| out)
 }
 
+/// Reads the next entries of a directory from its descriptor's position:
+/// one `getdents64` call into `buf` (`.` and `..` left out). An empty batch
+/// is the end of the directory. Unlike [`read_dir`], memory stays bounded by
+/// `buf` however many entries the directory holds, and the position lives
+/// in the descriptor, so a caller can act on each batch (unlink what it
+/// lists) before reading the next.
+pub fn read_dir_batch(dir: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Vec<DirEntry>> {
+    loop {
+        // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`, a
+        // live mutable slice of that length, and returns how many it wrote.
+        let n = cvt(unsafe {
+            libc::syscall(
+                libc::SYS_getdents64,
+                dir.as_raw_fd() as libc::c_long,
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        })? as usize;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let out = parse_dirents(&buf[..n])?;
+        // A batch of only `.` and `..` is not the end: read on.
+        if !out.is_empty() {
+            return Ok(out);
+        }
+    }
+}
+
+/// The entries of a `getdents64` result: `struct linux_dirent64`
+/// (include/linux/dirent.h) records of `d_ino` u64, `d_off` s64, `d_reclen`
+/// u16, `d_type` u8, then the NUL-terminated name, each `d_reclen` long.
+fn parse_dirents(mut bytes: &[u8]) -> io::Result<Vec<DirEntry>> {
+    const NAME_AT: usize = 19;
+    let bad = || io::Error::other("getdents64 returned a malformed record");
+    let mut out = Vec::new();
+    while !bytes.is_empty() {
+        let reclen = u16::from_ne_bytes(
+            bytes
+                .get(16..18)
+                .ok_or_else(bad)?
+                .try_into()
+                .map_err(|_| bad())?,
+        ) as usize;
+        let rec = bytes
+            .get(..reclen)
+            .filter(|r| r.len() > NAME_AT)
+            .ok_or_else(bad)?;
+        let d_type = rec[18];
+        let name = CStr::from_bytes_until_nul(&rec[NAME_AT..]).map_err(|_| bad())?;
+        let b = name.to_bytes();
+        if b != b"." && b != b".." {
+            out.push(DirEntry {
+                name: name.to_owned(),
+                d_type,
+            });
+        }
+        bytes = &bytes[reclen..];
+    }
+    Ok(out)
+}
+
+/// Moves a directory descriptor back to its first entry, for another pass
+/// of [`read_dir_batch`].
+pub fn rewind_dir(dir: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: lseek on a descriptor we borrow; no memory is passed.
+    cvt(unsafe { libc::lseek(dir.as_raw_fd(), 0, libc::SEEK_SET) } as libc::c_long).map(drop)
+}
+
 // ---------------------------------------------------------------------------
 // glibc's allocator
 // ---------------------------------------------------------------------------
@@ -668,6 +741,41 @@ mod tests {
                 .collect();
             names.sort();
             assert_eq!(names, ["file", "sub"]);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn read_dir_batch_streams_a_directory_in_bounded_batches() {
+        use std::os::fd::AsFd;
+        let dir = std::env::temp_dir().join(format!("prjquota-sys-batch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for i in 0..500 {
+            std::fs::write(dir.join(format!("entry-{i:04}")), b"").unwrap();
+        }
+        let fd: OwnedFd = std::fs::File::open(&dir).unwrap().into();
+        let mut buf = vec![0u8; 1024];
+        for _ in 0..2 {
+            let (mut names, mut batches) = (Vec::new(), 0);
+            loop {
+                let batch = read_dir_batch(fd.as_fd(), &mut buf).unwrap();
+                if batch.is_empty() {
+                    break;
+                }
+                batches += 1;
+                assert!(
+                    batch.len() <= 1024 / 24,
+                    "{} entries from 1 KiB",
+                    batch.len()
+                );
+                names.extend(batch.into_iter().map(|e| e.name.into_string().unwrap()));
+            }
+            names.sort();
+            let want: Vec<String> = (0..500).map(|i| format!("entry-{i:04}")).collect();
+            assert_eq!(names, want);
+            assert!(batches > 10, "{batches} batches");
+            rewind_dir(fd.as_fd()).unwrap();
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -4,7 +4,10 @@
 //! key is optional, and an unknown key is an error, so that a misspelt
 //! setting is never silently ignored. The plugin reads the file on every
 //! operation: a change takes effect at the next create or delete, no agent
-//! restart needed.
+//! restart needed. The defaults and `allowed_parameters` are applied when a
+//! volume is created (or its spec updated) and kept in its record: Nomad's
+//! replay of an unchanged spec at agent start is answered from the record,
+//! whatever the file says now (see `ops::settled`).
 //!
 //! ```toml
 //! # /opt/nomad/plugins/prjquota.toml
@@ -105,6 +108,11 @@ pub enum ConfigError {
     )]
     Read { path: PathBuf, error: io::Error },
 
+    /// A file that is not safe to take settings from: a link, not a regular
+    /// file, or one another user could have written.
+    #[error("refusing the node configuration {}: {reason}", path.display())]
+    Unsafe { path: PathBuf, reason: String },
+
     /// Not valid TOML, an unknown key, or a value of the wrong type.
     #[error("{}: {message}", Location(path, *line))]
     Syntax {
@@ -139,11 +147,104 @@ impl fmt::Display for Location<'_> {
 /// defaults could allocate project IDs the operator meant to keep free.
 pub fn load(dir: &Path) -> Result<Config, ConfigError> {
     let path = dir.join(FILE_NAME);
-    match std::fs::read_to_string(&path) {
-        Ok(text) => parse(&text, &path),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Config::default()),
-        Err(error) => Err(ConfigError::Read { path, error }),
+    match read_trusted(&path) {
+        Ok(Some(text)) => parse(&text, &path),
+        Ok(None) => Ok(Config::default()),
+        Err(e) => Err(e),
     }
+}
+
+/// Largest node configuration read; a real one is a few hundred bytes.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// The file's text, or `None` when there is none. The file decides which
+/// project IDs the plugin (running as root) hands out and what volume
+/// authors may set, and is read on every operation within Nomad's deadline,
+/// so it is opened without following a link and without blocking (a FIFO
+/// in its place would hold every create past the deadline), and taken only
+/// as a regular file owned by root (or by the user the plugin runs as) that
+/// neither group nor others can write.
+fn read_trusted(path: &Path) -> Result<Option<String>, ConfigError> {
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+
+    let unsafe_file = |reason: String| ConfigError::Unsafe {
+        path: path.to_owned(),
+        reason,
+    };
+    let read_error = |error: io::Error| ConfigError::Read {
+        path: path.to_owned(),
+        error,
+    };
+    let shown_path = path.display();
+    // std's open, with the flags nix would pass: safe, and no descriptor
+    // changes hands through a raw integer.
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(unsafe_file(format!(
+                "it is a symlink, and the plugin follows none there; put the file itself in \
+                 its place (cp --remove-destination \"$(readlink -f {shown_path})\" {shown_path})"
+            )))
+        }
+        Err(e) => return Err(read_error(e)),
+    };
+    let st = file.metadata().map_err(read_error)?;
+    let ft = st.file_type();
+    if !ft.is_file() {
+        let what = if ft.is_fifo() {
+            "a FIFO"
+        } else if ft.is_dir() {
+            "a directory"
+        } else if ft.is_socket() {
+            "a socket"
+        } else if ft.is_char_device() || ft.is_block_device() {
+            "a device"
+        } else {
+            "something else"
+        };
+        return Err(unsafe_file(format!(
+            "it is {what}, not a regular file; replace it with a regular file, or remove it \
+             to use the built-in defaults"
+        )));
+    }
+    // Root in production; the owner of a test's files on a developer's host.
+    let me = nix::unistd::geteuid().as_raw();
+    if st.uid() != 0 && st.uid() != me {
+        return Err(unsafe_file(format!(
+            "it is owned by uid {}, and whoever can write it chooses the project IDs and \
+             parameters of every volume: chown root:root {shown_path}",
+            st.uid()
+        )));
+    }
+    if st.mode() & 0o022 != 0 {
+        return Err(unsafe_file(format!(
+            "it is writable by {} (mode {:04o}), and whoever can write it chooses the \
+             project IDs and parameters of every volume: chmod go-w {shown_path}",
+            if st.mode() & 0o002 != 0 {
+                "every user"
+            } else {
+                "its group"
+            },
+            st.mode() & 0o7777
+        )));
+    }
+    let mut text = String::new();
+    file.take(MAX_CONFIG_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(read_error)?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(unsafe_file(format!(
+            "it is larger than {MAX_CONFIG_BYTES} bytes, which no node configuration is; \
+             check what was written there"
+        )));
+    }
+    Ok(Some(text))
 }
 
 #[derive(Deserialize)]
@@ -396,7 +497,7 @@ mod tests {
         assert!(msg.starts_with(ORIGIN), "{msg}");
         match e {
             ConfigError::Syntax { line, .. } | ConfigError::Invalid { line, .. } => (*line, msg),
-            ConfigError::Read { .. } => (None, msg),
+            ConfigError::Read { .. } | ConfigError::Unsafe { .. } => (None, msg),
         }
     }
 
@@ -700,14 +801,71 @@ mod tests {
     #[test]
     fn load_refuses_unreadable_file() {
         let dir = scratch_dir("unreadable");
-        // A directory in the file's place fails to read on any user, root too.
+        // A directory in the file's place is not a configuration.
         std::fs::create_dir(dir.join(FILE_NAME)).unwrap();
         let e = load(&dir).unwrap_err();
-        assert!(matches!(e, ConfigError::Read { .. }), "{e:?}");
+        assert!(matches!(e, ConfigError::Unsafe { .. }), "{e:?}");
         assert!(e.to_string().contains(FILE_NAME));
+        assert!(e.to_string().contains("a directory"), "{e}");
         std::fs::remove_dir(dir.join(FILE_NAME)).unwrap();
         std::fs::write(dir.join(FILE_NAME), b"default_mode = \"\xff\"\n").unwrap();
         assert!(matches!(load(&dir), Err(ConfigError::Read { .. })));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The node configuration decides which project IDs a root process hands
+    /// out: a FIFO in its place must not hang a create past Nomad's
+    /// deadline, a link is not followed, and a file others can write is
+    /// refused; each error names the file and the fix.
+    #[test]
+    fn load_refuses_a_fifo_a_symlink_and_a_file_others_can_write() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = scratch_dir("unsafe");
+        let path = dir.join(FILE_NAME);
+        let refused = |dir: &Path, needle: &str| {
+            let start = std::time::Instant::now();
+            let e = load(dir).unwrap_err();
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(5),
+                "load blocked on {needle}"
+            );
+            assert!(matches!(e, ConfigError::Unsafe { .. }), "{e:?}");
+            let msg = e.to_string();
+            assert!(msg.contains(&path.display().to_string()), "{msg}");
+            assert!(msg.contains(needle), "{msg}");
+        };
+
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        // Run in a thread: before the fix a FIFO blocks the read forever.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let d = dir.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(load(&d).map_err(|e| e.to_string()));
+        });
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("load of a FIFO returns at once instead of waiting for a writer");
+        let msg = got.unwrap_err();
+        assert!(
+            msg.contains("FIFO") && msg.contains("regular file"),
+            "{msg}"
+        );
+        std::fs::remove_file(&path).unwrap();
+
+        let real = dir.join("real.toml");
+        std::fs::write(&real, "default_mode = \"0750\"\n").unwrap();
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::os::unix::fs::symlink(&real, &path).unwrap();
+        refused(&dir, "symlink");
+        std::fs::remove_file(&path).unwrap();
+
+        std::fs::write(&path, "default_mode = \"0750\"\n").unwrap();
+        for (mode, needle) in [(0o666, "chmod go-w"), (0o664, "its group")] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            refused(&dir, needle);
+        }
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(load(&dir).unwrap().default_mode, 0o750);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

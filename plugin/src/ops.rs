@@ -4,8 +4,10 @@
 //! crash (`kill -9`) at any point leaves state that the next call for the
 //! same volume finishes or cleans up:
 //!
-//! - create: record (`creating`, with the reserved project ID) → hard limit on
-//!   the ID → directory → mode/owner → project tag → record `ready`. The limit
+//! - create: a new ID is claimed on the kernel (its hard limit set, under a
+//!   lock every volumes directory of the filesystem shares) → reservation →
+//!   record (`creating`, with the reserved project ID) → hard limit on the ID
+//!   → directory → mode/owner → project tag → record `ready`. The limit
 //!   comes before the tag, so there is never a moment when a tagged volume is
 //!   unlimited.
 //! - delete: record `deleting` → directory tree removed → limits cleared →
@@ -188,6 +190,50 @@ fn allocate_project_id(vfs: &VolumesFs, reg: &Registry, cfg: &Config) -> Result<
     Ok(candidate)
 }
 
+/// Chooses a project ID for a new volume and claims it on the kernel by
+/// setting its limits, before any record of it exists.
+///
+/// Project IDs belong to the filesystem, but a registry belongs to one
+/// volumes directory, and another directory on the same filesystem (a
+/// second Nomad agent, or a node whose `host_volumes_dir` moved) sees none
+/// of its reservations. What every directory does see is the kernel: the
+/// allocator skips IDs the kernel has usage or limits for. So the ID is
+/// chosen and its limits set under a lock shared by every volumes directory
+/// of the filesystem on this host (see [`registry::lock_filesystem`]), and
+/// from then on no other directory can choose it, whether or not this
+/// create gets further. The claim comes before the reservation, so a crash
+/// between the two can leave a limit on an unused ID (the ID stays out of
+/// use; `prjquota reconcile --fix` clears it) but never a reserved ID that
+/// another directory may take.
+fn allocate_and_claim(
+    vfs: &VolumesFs,
+    reg: &Registry,
+    cfg: &Config,
+    id: &VolumeId,
+    limits: &Limits,
+) -> Result<u32> {
+    let _fs = match registry::lock_filesystem(vfs.dev) {
+        Ok(lock) => Some(lock),
+        // Without it, only a race of two directories' creates within the
+        // same instant can pick one ID; the claim still covers creates that
+        // stopped, or run one after the other.
+        Err(e) => {
+            log(
+                id,
+                format_args!(
+                    "cannot take the filesystem-wide allocation lock in {} ({e}): project IDs are claimed without it",
+                    registry::RUN_DIR
+                ),
+            );
+            None
+        }
+    };
+    let pid = allocate_project_id(vfs, reg, cfg)?;
+    quota::set_limits(vfs.fd(), pid, limits)
+        .map_err(|e| quota_error(e, "set the limits of", pid, vfs))?;
+    Ok(pid)
+}
+
 /// The inputs of the admission rule for a create or grow of `except`: the
 /// filesystem's size and use now, and every other recorded volume's limit.
 /// Called under the allocation lock, so no other promise lands meanwhile.
@@ -282,19 +328,33 @@ pub(crate) struct Undo {
 pub fn create(req: &CreateRequest, plugin_id: &str) -> Result<Created> {
     let id = &req.volume_id;
     let cfg = load_config(req.plugin_dir.as_deref())?;
-    let params = params::parse(&req.parameters, &cfg).map_err(|e| anyhow!("{e}"))?;
-    // Refuse a request without any size before touching the filesystem.
-    capacity::requested_limit(req.capacity_min, req.capacity_max, cfg.default_capacity)
-        .map_err(|e| anyhow!("{e}"))?;
+    // What today's config makes of the request. A recorded volume uses it
+    // only for the parts of its spec that changed (see `settled`), so a
+    // replay is not refused for what the config no longer allows.
+    let params = params::parse(&req.parameters, &cfg).map_err(|e| anyhow!("{e}"));
+    let sized = capacity::requested_limit(req.capacity_min, req.capacity_max, cfg.default_capacity)
+        .map_err(|e| anyhow!("{e}"));
+    // Refuse a request the config rejects before touching the filesystem,
+    // unless it may be the replay of a recorded volume (decided under its
+    // lock below).
+    if params.is_err() || sized.is_err() {
+        let record = registry::records_dir(&req.volumes_dir).join(format!("{id}.json"));
+        if std::fs::symlink_metadata(record).is_err() {
+            params.as_ref().map_err(|e| anyhow!("{e}"))?;
+            sized.as_ref().map_err(|e| anyhow!("{e}"))?;
+        }
+    }
     let vfs = VolumesFs::open(&req.volumes_dir, true)?;
     vfs.require_enforced_quota()?;
-    let fit = capacity::fit_to_blocks(
-        req.capacity_min,
-        req.capacity_max,
-        cfg.default_capacity,
-        vfs.block_size,
-    )
-    .map_err(|e| anyhow!("{e}"));
+    let fit = sized.and_then(|_| {
+        capacity::fit_to_blocks(
+            req.capacity_min,
+            req.capacity_max,
+            cfg.default_capacity,
+            vfs.block_size,
+        )
+        .map_err(|e| anyhow!("{e}"))
+    });
     let reg = Registry::open(vfs.fd(), &vfs.path, true)?
         .expect("open with create always yields a registry");
     let lock = reg.lock_volume(id)?;
@@ -304,18 +364,7 @@ pub fn create(req: &CreateRequest, plugin_id: &str) -> Result<Created> {
             "volume {id} was being deleted when a previous delete stopped, and part of its data may be gone: run `nomad volume delete` for it again"
         ),
         Some(rec) => {
-            // An unchanged request keeps the size it was given: a restore
-            // never resizes because the node's default_capacity changed, or
-            // because an earlier version rounded capacity_max up to a block
-            // (which a replay rounding down would shrink, or refuse).
-            let bytes = if rec.capacity_min_bytes == req.capacity_min
-                && rec.capacity_max_bytes == req.capacity_max
-                && rec.provisioned_bytes > 0
-            {
-                rec.provisioned_bytes
-            } else {
-                fit?
-            };
+            let (params, bytes) = settled(&rec, req, params, fit)?;
             return update(
                 &vfs,
                 &reg,
@@ -324,7 +373,7 @@ pub fn create(req: &CreateRequest, plugin_id: &str) -> Result<Created> {
                 &Desired::new(req, plugin_id, params, bytes),
             );
         }
-        None => create_new(&vfs, &reg, &cfg, &Desired::new(req, plugin_id, params, fit?))?,
+        None => create_new(&vfs, &reg, &cfg, &Desired::new(req, plugin_id, params?, fit?))?,
     };
     // Only a new volume: a restore or resize keeps its root, which a running
     // exporter already watches. Not under the volume's lock: the exporter
@@ -332,6 +381,40 @@ pub fn create(req: &CreateRequest, plugin_id: &str) -> Result<Created> {
     drop(lock);
     announce(&vfs, id);
     Ok(created)
+}
+
+/// The parameters and size a recorded volume keeps under `req`. Defaults
+/// belong to a volume from its creation: the record holds what was applied
+/// (the resolved mode, owner and inode limit in `params`, the size in
+/// `provisioned_bytes`), and a part of the spec that did not change keeps
+/// it, whatever the node config says now. So Nomad's replay of the last
+/// create at agent start never chmods a volume because `default_mode`
+/// changed, never shrinks one because `default_capacity` did (Nomad ignores
+/// the returned size on restore), and is never refused because a parameter
+/// left `allowed_parameters`. A changed part is an explicit update: today's
+/// config resolves it (`params`, `fit`), and refuses it if it must.
+fn settled(
+    rec: &Record,
+    req: &CreateRequest,
+    params: Result<VolumeParams>,
+    fit: Result<u64>,
+) -> Result<(VolumeParams, u64)> {
+    let params = if rec.parameters == req.parameters {
+        rec.params.clone()
+    } else {
+        params?
+    };
+    // Also keeps a size an earlier version rounded capacity_max up to a
+    // block (which a fit today would round down, or refuse).
+    let bytes = if rec.capacity_min_bytes == req.capacity_min
+        && rec.capacity_max_bytes == req.capacity_max
+        && rec.provisioned_bytes > 0
+    {
+        rec.provisioned_bytes
+    } else {
+        fit?
+    };
+    Ok((params, bytes))
 }
 
 /// Tells a running prjquota-exporter the volume exists, and waits until it
@@ -509,6 +592,7 @@ fn create_new(vfs: &VolumesFs, reg: &Registry, cfg: &Config, want: &Desired) -> 
         Err(e) => return Err(e).with_context(|| format!("cannot inspect {}", path.display())),
     }
 
+    let mut claimed = false;
     let project_id = {
         let _alloc = reg.lock_allocation()?;
         // A create killed after reserving, before recording, left its
@@ -518,10 +602,6 @@ fn create_new(vfs: &VolumesFs, reg: &Registry, cfg: &Config, want: &Desired) -> 
             .into_iter()
             .find(|(_, owner)| owner == id)
             .map(|(p, _)| p);
-        let pid = match (adopt, own) {
-            (Some(p), _) | (None, Some(p)) => p,
-            (None, None) => allocate_project_id(vfs, reg, cfg)?,
-        };
         // An adopted directory is a volume that already held its promise
         // before the registry was lost: like a restore, never refused.
         if adopt.is_none() {
@@ -529,10 +609,34 @@ fn create_new(vfs: &VolumesFs, reg: &Registry, cfg: &Config, want: &Desired) -> 
                 .admit(id.as_str(), bytes)
                 .map_err(|e| anyhow!("{e}"))?;
         }
-        reg.reserve_id(pid, id)?;
+        let pid = match (adopt, own) {
+            (Some(p), _) | (None, Some(p)) => p,
+            (None, None) => {
+                let p = allocate_and_claim(vfs, reg, cfg, id, &limits_for(bytes, params))?;
+                claimed = true;
+                p
+            }
+        };
+        let unclaim = || {
+            if claimed {
+                let _ = quota::set_limits(vfs.fd(), pid, &Limits::NONE);
+            }
+        };
+        // An adopted directory brings its own ID: a reservation an earlier,
+        // crashed create made for this volume is another one, which nothing
+        // would ever release.
+        if let Err(e) = release_other_reservations(vfs, reg, id, Some(pid)) {
+            unclaim();
+            return Err(e);
+        }
+        if let Err(e) = reg.reserve_id(pid, id) {
+            unclaim();
+            return Err(e);
+        }
         fault::point("create:reserved");
         if let Err(e) = reg.store(&want.record(vfs, pid)) {
             let _ = reg.release_id(pid, id);
+            unclaim();
             return Err(e);
         }
         pid
@@ -541,6 +645,7 @@ fn create_new(vfs: &VolumesFs, reg: &Registry, cfg: &Config, want: &Desired) -> 
 
     let mut undo = Undo {
         record: true,
+        limits: claimed,
         ..Undo::default()
     };
     let result = converge(vfs, id, project_id, params, bytes, &mut undo).and_then(|()| {
@@ -576,7 +681,7 @@ pub(crate) fn converge(
     if !limits_match(&have.limits, &want) {
         quota::set_limits(vfs.fd(), project_id, &want)
             .map_err(|e| quota_error(e, "set the limits of", project_id, vfs))?;
-        undo.limits = have.limits.is_none();
+        undo.limits |= have.limits.is_none();
     }
     fault::point("create:limited");
 
@@ -743,6 +848,47 @@ fn settled_usage(vfs: &VolumesFs, pid: u32) -> Result<quota::ProjectQuota> {
     Ok(q)
 }
 
+/// Releases every project ID reserved for volume `id` but `keep`, clearing
+/// the limits of each one the kernel charges nothing to (a claim made before
+/// a crash); an ID that still has usage keeps its limits, so it stays out of
+/// use. Called under the volume's lock, which every reservation for `id` is
+/// made under.
+fn release_other_reservations(
+    vfs: &VolumesFs,
+    reg: &Registry,
+    id: &VolumeId,
+    keep: Option<u32>,
+) -> Result<()> {
+    for (pid, owner) in reg.reservations()? {
+        if &owner != id || Some(pid) == keep {
+            continue;
+        }
+        // Best effort: a limit left on an unused ID only keeps that ID out
+        // of use, and `prjquota reconcile` reports it.
+        match quota::get(vfs.fd(), pid) {
+            Ok(q) if q.used_bytes == 0 && q.used_inodes == 0 && !q.limits.is_none() => {
+                if let Err(e) = quota::set_limits(vfs.fd(), pid, &Limits::NONE) {
+                    log(
+                        id,
+                        format_args!("cannot clear the limits of project {pid}: {e}"),
+                    );
+                }
+            }
+            Ok(_) => {}
+            Err(e) => log(
+                id,
+                format_args!("cannot read the quota of project {pid}: {e}"),
+            ),
+        }
+        reg.release_id(pid, id)?;
+        log(
+            id,
+            format_args!("released project ID {pid}, reserved by a create that did not finish"),
+        );
+    }
+    Ok(())
+}
+
 /// `delete`. Succeeds when the volume is already gone. Only
 /// `<volumes dir>/<volume ID>` of a recorded volume is ever removed;
 /// `DHV_CREATED_PATH` is compared and logged, never deleted.
@@ -773,17 +919,7 @@ pub fn delete(req: &DeleteRequest) -> Result<()> {
     let path = vfs.path.join(id.as_str());
     let Some(mut rec) = reg.load(id)? else {
         let _alloc = reg.lock_allocation()?;
-        for (pid, owner) in reg.reservations()? {
-            if &owner == id {
-                reg.release_id(pid, id)?;
-                log(
-                    id,
-                    format_args!(
-                        "released project ID {pid}, reserved by a create that did not finish"
-                    ),
-                );
-            }
-        }
+        release_other_reservations(&vfs, &reg, id, None)?;
         if sys::fstatat_nofollow(vfs.fd(), &cname(id)).is_ok() {
             log(id, format_args!("{} exists but prjquota has no record of it: left in place (see `prjquota reconcile`)", path.display()));
         } else {
@@ -831,6 +967,8 @@ pub fn delete(req: &DeleteRequest) -> Result<()> {
     reg.remove(id)?;
     fault::point("delete:unrecorded");
     reg.release_id(pid, id)?;
+    // Reservations a crashed create left beside the recorded ID.
+    release_other_reservations(&vfs, &reg, id, None)?;
     reg.forget_lock(id)?;
     log(
         id,
@@ -895,6 +1033,39 @@ mod tests {
             plan_update(&rec, &want, false),
             UpdatePlan::Converge { resize_from: None }
         );
+    }
+
+    #[test]
+    fn an_unchanged_spec_keeps_what_its_creation_applied_whatever_the_config() {
+        let req = request(0, 0, "data");
+        let mut rec = ready(&Desired::new(&req, "prjquota", params(Some(9)), 16 << 20));
+        rec.capacity_min_bytes = 0;
+        rec.capacity_max_bytes = 0;
+        // Today's config refuses the parameters and has no default size.
+        let (p, bytes) = settled(
+            &rec,
+            &req,
+            Err(anyhow!("uid is not allowed")),
+            Err(anyhow!("no capacity")),
+        )
+        .unwrap();
+        assert_eq!((p, bytes), (params(Some(9)), 16 << 20));
+
+        // A changed part of the spec is resolved, or refused, today; the
+        // unchanged part still keeps the record's.
+        let resized = request(0, 32 << 20, "data");
+        let (p, bytes) = settled(
+            &rec,
+            &resized,
+            Err(anyhow!("uid is not allowed")),
+            Ok(32 << 20),
+        )
+        .unwrap();
+        assert_eq!((p, bytes), (params(Some(9)), 32 << 20));
+        let mut reparam = request(0, 0, "data");
+        reparam.parameters.insert("uid".into(), "1".into());
+        let e = settled(&rec, &reparam, Err(anyhow!("uid is not allowed")), Ok(1)).unwrap_err();
+        assert_eq!(e.to_string(), "uid is not allowed");
     }
 
     #[test]

@@ -16,6 +16,9 @@
 //! before its record and released after it, so the set of reservations always
 //! covers the set of recorded IDs; a crash can only leave a reservation
 //! behind (`prjquota reconcile` clears it), never an ID in use unreserved.
+//! Reservations are seen only by this directory's creates; other volumes
+//! directories on the filesystem see a new ID through its kernel limit,
+//! set before the reservation (`ops::allocate_and_claim`, [`lock_filesystem`]).
 //!
 //! Records are replaced atomically (write a temp file, fsync, rename, fsync
 //! the directory), so a reader — another plugin process or the exporter —
@@ -150,6 +153,32 @@ fn lock_file(dir: BorrowedFd<'_>, name: &str) -> io::Result<Lock> {
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Where the filesystem-wide allocation locks live. Not on the volumes
+/// filesystem: two volumes directories on one filesystem may be reached
+/// through different bind mounts, with no directory both can see, while
+/// every plugin run on a host sees the same `/run`.
+pub const RUN_DIR: &str = "/run/prjquota";
+
+/// Serialises the choice and kernel claim of project IDs among every volumes
+/// directory of the filesystem with device number `dev` on this host
+/// (`/run/prjquota/fs-<dev>.lock`). Project IDs belong to the filesystem;
+/// a registry's own allocation lock covers only its directory.
+pub fn lock_filesystem(dev: u64) -> io::Result<Lock> {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::DirBuilder::new().mode(0o700).create(RUN_DIR) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    let root = std::fs::File::open("/")?;
+    let dir = sys::openat(
+        root.as_fd(),
+        &c(RUN_DIR.trim_start_matches('/')),
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        0,
+    )?;
+    lock_file(dir.as_fd(), &format!("fs-{dev:x}.lock"))
 }
 
 /// The registry of one volumes directory.

@@ -12,7 +12,17 @@
 //! - holds at most [`MAX_OPEN`] descriptors however deep the tree is: deeper
 //!   ancestors are closed and reopened through `..`, and the reopened
 //!   directory must have the device and inode recorded on the way down, or
-//!   the walk stops with an error rather than unlink in an unknown place.
+//!   the walk stops with an error rather than unlink in an unknown place;
+//! - reads each directory in batches of one `getdents64` buffer and acts on
+//!   a batch (unlinks its files, descends into its subdirectories) before
+//!   reading the next, so a directory of millions of entries costs no more
+//!   memory than a small one, and the work done so far is kept if Nomad's
+//!   deadline ends the delete: the next delete starts from what is left;
+//! - clears the immutable and append-only flags (`chattr +i`/`+a`, which a
+//!   workload with `CAP_LINUX_IMMUTABLE` can set) of an entry, or of the
+//!   directory holding it, when the kernel refuses to unlink it, and only
+//!   of regular files and directories it opened itself without following
+//!   a link and checked to be on the volume's mount.
 
 use std::ffi::{CStr, CString};
 use std::io;
@@ -25,6 +35,10 @@ const MAX_OPEN: usize = 64;
 /// Listing passes over one directory before giving up on a writer that keeps
 /// filling it.
 const MAX_PASSES: usize = 8;
+/// One `getdents64` read: a few hundred entries of typical names.
+const BATCH_BYTES: usize = 16 * 1024;
+/// The flags that make the kernel refuse an unlink even to root.
+const LOCK_FLAGS: u32 = sys::FS_XFLAG_IMMUTABLE | sys::FS_XFLAG_APPEND;
 
 /// What a removal did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -39,9 +53,25 @@ struct Frame {
     ino: u64,
     /// Name of this directory in its parent.
     name: CString,
-    /// Subdirectories still to descend into.
-    pending: Vec<CString>,
+    /// The unhandled rest of the last batch read, last entry first.
+    batch: Vec<sys::DirEntry>,
+    /// The descriptor's position reached the end of the directory.
+    listed: bool,
     passes: usize,
+}
+
+impl Frame {
+    fn new(fd: OwnedFd, dev: u64, ino: u64, name: CString) -> Frame {
+        Frame {
+            fd: Some(fd),
+            dev,
+            ino,
+            name,
+            batch: Vec::new(),
+            listed: false,
+            passes: 1,
+        }
+    }
 }
 
 fn is_dir(mode: u32) -> bool {
@@ -104,33 +134,30 @@ pub fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<Removed> {
     let dev = pst.st_dev;
     let mnt = sys::mount_id(parent)?;
     let (fd, ino) = open_dir_checked(parent, name, dev, mnt, Some(st.st_ino))?;
-    let mut stack = vec![Frame {
-        fd: Some(fd),
-        dev,
-        ino,
-        name: name.to_owned(),
-        pending: Vec::new(),
-        passes: 0,
-    }];
-    scan(stack.last_mut().expect("just pushed"), &mut done)?;
+    let mut stack = vec![Frame::new(fd, dev, ino, name.to_owned())];
     let mut first_open = 1;
+    let mut buf = vec![0u8; BATCH_BYTES];
 
     loop {
         let top = stack.last_mut().expect("stack is never empty here");
-        if let Some(child) = top.pending.pop() {
-            let fd = top.fd.as_ref().expect("the top frame is open");
-            match open_dir_checked(fd.as_fd(), &child, dev, mnt, None) {
+        let fd = top.fd.as_ref().expect("the top frame is open");
+        if let Some(entry) = top.batch.pop() {
+            let dir = match entry.d_type {
+                libc::DT_DIR => true,
+                libc::DT_UNKNOWN => match sys::fstatat_nofollow(fd.as_fd(), &entry.name) {
+                    Ok(st) => is_dir(st.st_mode),
+                    Err(e) if gone(&e) => continue,
+                    Err(e) => return Err(e),
+                },
+                _ => false,
+            };
+            if !dir {
+                unlink_entry(fd.as_fd(), &entry.name, dev, mnt, &mut done)?;
+                continue;
+            }
+            match open_dir_checked(fd.as_fd(), &entry.name, dev, mnt, None) {
                 Ok((cfd, cino)) => {
-                    let mut frame = Frame {
-                        fd: Some(cfd),
-                        dev,
-                        ino: cino,
-                        name: child,
-                        pending: Vec::new(),
-                        passes: 0,
-                    };
-                    scan(&mut frame, &mut done)?;
-                    stack.push(frame);
+                    stack.push(Frame::new(cfd, dev, cino, entry.name));
                     // Bound the open descriptors: close the oldest one still
                     // open above the root frame. Frames from `first_open` up
                     // are open; those below it (but the root) are closed.
@@ -140,37 +167,46 @@ pub fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<Removed> {
                     }
                 }
                 Err(e) if gone(&e) => {}
-                // Replaced by a non-directory (a symlink, say) since the scan:
-                // unlink the entry itself, never what it points to.
+                // Replaced by a non-directory (a symlink, say) since it was
+                // listed: unlink the entry itself, never what it points to.
                 Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) => {
-                    unlink_entry(fd.as_fd(), &child, &mut done)?;
+                    unlink_entry(fd.as_fd(), &entry.name, dev, mnt, &mut done)?;
                 }
                 Err(e) => return Err(e),
             }
             continue;
         }
+        if !top.listed {
+            let mut batch = sys::read_dir_batch(fd.as_fd(), &mut buf)?;
+            if batch.is_empty() {
+                top.listed = true;
+            } else {
+                batch.reverse();
+                top.batch = batch;
+            }
+            continue;
+        }
 
-        // Every subdirectory of the top frame is gone: remove the frame's
-        // directory from its parent, unless a writer added entries meanwhile.
+        // The whole directory was listed and handled: remove it from its
+        // parent, unless a writer added entries meanwhile.
         let frame = stack.pop().expect("non-empty");
         let depth = stack.len();
         let Some(parent_frame) = stack.last_mut() else {
-            // The root of the walk: its parent is the caller's descriptor.
-            match sys::unlinkat(parent, &frame.name, true) {
-                Ok(()) => {
-                    done.dirs += 1;
-                    return Ok(done);
-                }
-                Err(e) if gone(&e) => return Ok(done),
-                Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => {
-                    stack.push(rescan(frame, &mut done)?);
+            // The root of the walk: its parent is the caller's descriptor,
+            // which is not the volume's to unlock.
+            match remove_dir(parent, None, &frame, &mut done) {
+                Ok(true) => return Ok(done),
+                Ok(false) => {
+                    stack.push(relist(frame)?);
                     continue;
                 }
                 Err(e) => return Err(e),
             }
         };
         if parent_frame.fd.is_none() {
-            // Reopened below: every frame from here up is open again.
+            // Reopened below: every frame from here up is open again. The
+            // new descriptor starts at the first entry; what was already
+            // removed is no longer listed.
             first_open = first_open.min(depth.saturating_sub(1)).max(1);
             let child_fd = frame.fd.as_ref().expect("popped frames are open");
             let (pfd, _) = open_dir_checked(
@@ -183,33 +219,50 @@ pub fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<Removed> {
             parent_frame.fd = Some(pfd);
         }
         let pfd = parent_frame.fd.as_ref().expect("reopened above");
-        match sys::unlinkat(pfd.as_fd(), &frame.name, true) {
-            Ok(()) => done.dirs += 1,
-            Err(e) if gone(&e) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => {
-                stack.push(rescan(frame, &mut done)?);
+        if !remove_dir(pfd.as_fd(), Some(pfd.as_fd()), &frame, &mut done)? {
+            stack.push(relist(frame)?);
+        }
+    }
+}
+
+/// Removes a listed directory from its parent: `Ok(false)` when entries
+/// arrived since it was listed. `unlockable` is the parent when its flags
+/// may be cleared (a directory of the volume's tree).
+fn remove_dir(
+    parent: BorrowedFd<'_>,
+    unlockable: Option<BorrowedFd<'_>>,
+    frame: &Frame,
+    done: &mut Removed,
+) -> io::Result<bool> {
+    let fd = frame.fd.as_ref().expect("popped frames are open");
+    let mut unlocked = false;
+    loop {
+        match sys::unlinkat(parent, &frame.name, true) {
+            Ok(()) => {
+                done.dirs += 1;
+                return Ok(true);
             }
+            Err(e) if gone(&e) => return Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => return Ok(false),
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) && !unlocked => {
+                unlocked = true;
+                let shown = frame.name.to_string_lossy();
+                let mut cleared = unlock(fd.as_fd(), &shown)?;
+                if let Some(p) = unlockable {
+                    cleared |= unlock(p, &format_args!("the directory holding {shown}"))?;
+                }
+                if !cleared {
+                    return Err(refused(&frame.name, e));
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => return Err(refused(&frame.name, e)),
             Err(e) => return Err(e),
         }
     }
 }
 
-fn unlink_entry(dir: BorrowedFd<'_>, name: &CStr, done: &mut Removed) -> io::Result<()> {
-    match sys::unlinkat(dir, name, false) {
-        Ok(()) => {
-            done.files += 1;
-            Ok(())
-        }
-        Err(e) if gone(&e) => Ok(()),
-        // It became a directory again: leave it for the next pass.
-        Err(e) if e.raw_os_error() == Some(libc::EISDIR) => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-/// Lists a frame's directory: unlinks every non-directory, queues the
-/// subdirectories.
-fn scan(frame: &mut Frame, done: &mut Removed) -> io::Result<()> {
+/// Starts another listing pass over a directory that gained entries.
+fn relist(mut frame: Frame) -> io::Result<Frame> {
     frame.passes += 1;
     if frame.passes > MAX_PASSES {
         return Err(io::Error::other(format!(
@@ -217,29 +270,107 @@ fn scan(frame: &mut Frame, done: &mut Removed) -> io::Result<()> {
             frame.name.to_string_lossy()
         )));
     }
-    let fd = frame.fd.as_ref().expect("scanned frames are open");
-    for entry in sys::read_dir(fd.as_fd())? {
-        let dir = match entry.d_type {
-            libc::DT_DIR => true,
-            libc::DT_UNKNOWN => match sys::fstatat_nofollow(fd.as_fd(), &entry.name) {
-                Ok(st) => is_dir(st.st_mode),
-                Err(e) if gone(&e) => continue,
-                Err(e) => return Err(e),
-            },
-            _ => false,
-        };
-        if dir {
-            frame.pending.push(entry.name);
-        } else {
-            unlink_entry(fd.as_fd(), &entry.name, done)?;
-        }
-    }
-    Ok(())
+    sys::rewind_dir(frame.fd.as_ref().expect("popped frames are open").as_fd())?;
+    frame.listed = false;
+    Ok(frame)
 }
 
-fn rescan(mut frame: Frame, done: &mut Removed) -> io::Result<Frame> {
-    scan(&mut frame, done)?;
-    Ok(frame)
+/// Clears the immutable and append-only flags of an open file or directory;
+/// `Ok(true)` when one was set. Every other attribute (the project ID and
+/// PROJINHERIT included) is written back as it was.
+fn unlock(fd: BorrowedFd<'_>, what: &dyn std::fmt::Display) -> io::Result<bool> {
+    let mut a = sys::get_fsxattr(fd)?;
+    if a.xflags & LOCK_FLAGS == 0 {
+        return Ok(false);
+    }
+    a.xflags &= !LOCK_FLAGS;
+    sys::set_fsxattr(fd, &a).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "{what} is immutable or append-only (chattr +i/+a) and the kernel refused to \
+                 clear that ({e}): clearing needs CAP_LINUX_IMMUTABLE; run `chattr -R -i -a` \
+                 on the volume as root, then delete it again"
+            ),
+        )
+    })?;
+    Ok(true)
+}
+
+/// Clears the flags of entry `name` of `dir` when it is a regular file on
+/// the volume's device and mount: opened without following a link, without
+/// blocking, and checked to be what was listed. Other kinds cannot carry
+/// the flags through this ioctl, and opening a device node could act on it.
+fn unlock_entry(dir: BorrowedFd<'_>, name: &CStr, dev: u64, mnt: u64) -> io::Result<bool> {
+    let st = match sys::fstatat_nofollow(dir, name) {
+        Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFREG => st,
+        Ok(_) => return Ok(false),
+        Err(e) if gone(&e) => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let fd = match sys::openat(
+        dir,
+        name,
+        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY,
+        0,
+    ) {
+        Ok(fd) => fd,
+        Err(e) if gone(&e) => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let now = sys::fstat(fd.as_fd())?;
+    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino)
+        || now.st_dev != dev
+        || sys::mount_id(fd.as_fd())? != mnt
+    {
+        return Ok(false);
+    }
+    unlock(fd.as_fd(), &name.to_string_lossy())
+}
+
+/// The error for an entry the kernel still refuses to unlink.
+fn refused(name: &CStr, e: io::Error) -> io::Error {
+    io::Error::new(
+        e.kind(),
+        format!(
+            "cannot remove {}: {e}, and it has no immutable or append-only flag left to clear \
+             (an LSM policy, or a flag on the volumes directory itself?)",
+            name.to_string_lossy()
+        ),
+    )
+}
+
+fn unlink_entry(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    dev: u64,
+    mnt: u64,
+    done: &mut Removed,
+) -> io::Result<()> {
+    let mut unlocked = false;
+    loop {
+        match sys::unlinkat(dir, name, false) {
+            Ok(()) => {
+                done.files += 1;
+                return Ok(());
+            }
+            Err(e) if gone(&e) => return Ok(()),
+            // It became a directory again: leave it for the next pass.
+            Err(e) if e.raw_os_error() == Some(libc::EISDIR) => return Ok(()),
+            // The file, or the directory holding it, is immutable or
+            // append-only.
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) && !unlocked => {
+                unlocked = true;
+                let shown = name.to_string_lossy();
+                let dir_cleared = unlock(dir, &format_args!("the directory holding {shown}"))?;
+                if !(unlock_entry(dir, name, dev, mnt)? || dir_cleared) {
+                    return Err(refused(name, e));
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => return Err(refused(name, e)),
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -94,6 +94,19 @@ impl Fixture {
         .expect("node config");
     }
 
+    /// Rewrites the node config: the fixture's project-ID range and
+    /// overcommit ratio, then `extra` (more `key = value` lines).
+    pub fn set_config(&self, extra: &str) {
+        std::fs::write(
+            self.node.plugin_dir.join("prjquota.toml"),
+            format!(
+                "{}{extra}\n",
+                node_config(self.id_min, self.id_max, SHARED_FS_OVERCOMMIT)
+            ),
+        )
+        .expect("node config");
+    }
+
     /// Creates a volume and returns its path and the bytes Nomad was told.
     pub fn create(&self, spec: &Spec) -> (PathBuf, i64) {
         self.node.create(spec).created()
@@ -109,6 +122,22 @@ impl Fixture {
     pub fn project_of(path: &Path) -> (u32, bool) {
         let f = std::fs::File::open(path).expect("open");
         prjquota_core::quota::project_of(f.as_fd()).expect("fsgetxattr")
+    }
+
+    /// Puts a directory into project `id`, as a volume of this plugin is.
+    pub fn tag(path: &Path, id: u32) {
+        let f = std::fs::File::open(path).expect("open");
+        prjquota_core::quota::tag(f.as_fd(), id).expect("fssetxattr");
+    }
+
+    /// Another node on the same filesystem as `self` (its own plugin dir
+    /// and volumes dir) whose node config gives it the same project-ID
+    /// range, as two Nomad agents configured alike would have.
+    pub fn sibling(&self, mount: &Path, tag: &str, plugin: &Path) -> Fixture {
+        let mut f = Fixture::with_plugin(mount, tag, plugin);
+        (f.id_min, f.id_max) = (self.id_min, self.id_max);
+        f.set_config("");
+        f
     }
 
     /// The registry record of a volume, as JSON.

@@ -15,6 +15,8 @@ on_every_fs!(
     a_resize_killed_at_any_step_converges_and_keeps_data,
     a_delete_killed_at_any_step_is_finished_by_the_next_delete,
     project_ids_are_never_shared_after_crashes,
+    adopting_a_directory_releases_the_id_a_crashed_create_reserved,
+    two_volumes_dirs_on_one_filesystem_never_share_a_project_id,
 );
 
 /// A node on `fs` whose plugin aborts at the fault point it is told.
@@ -239,4 +241,84 @@ fn project_ids_are_never_shared_after_crashes(fs: &FsCase) {
             }
         }
     }
+}
+
+/// The reservations (`ids/<project ID>.<volume ID>`) held for `spec`.
+fn reservations(f: &Fixture, spec: &Spec) -> Vec<String> {
+    let ids = f.node.volumes_dir.join(".prjquota/ids");
+    let mut v: Vec<String> = std::fs::read_dir(&ids)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(&spec.id))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// A create killed after reserving an ID, then a directory with another
+/// project ID of the node's range where the volume goes (the registry lost
+/// and restored from an older copy): the next create adopts the directory
+/// and its ID, and the reservation the crashed create made is released
+/// rather than kept forever, by the create and so by the delete.
+fn adopting_a_directory_releases_the_id_a_crashed_create_reserved(fs: &FsCase) {
+    let f = faulty(fs, "crash-adopt");
+    let spec = Spec::new("adopt", 8 * MIB as i64);
+    crash(&f, "create", &f.node.create_vars(&spec), "create:reserved");
+    let crashed = reservations(&f, &spec);
+    assert_eq!(crashed.len(), 1, "{crashed:?}");
+    let path = f.node.volumes_dir.join(&spec.id);
+    std::fs::create_dir(&path).unwrap();
+    let adopted = f.id_max;
+    Fixture::tag(&path, adopted);
+    std::fs::write(path.join("data"), b"keep").unwrap();
+
+    f.create(&spec);
+    assert_eq!(f.project_id(&spec.id), adopted);
+    assert_eq!(std::fs::read(path.join("data")).unwrap(), b"keep");
+    assert_eq!(
+        reservations(&f, &spec),
+        [format!("{adopted}.{}", spec.id)],
+        "the crashed create's reservation {crashed:?} leaked"
+    );
+    let first: u32 = crashed[0].split('.').next().unwrap().parse().unwrap();
+    assert!(f.quota(first).is_unused(), "{:?}", f.quota(first));
+    f.node.delete(&spec).ok();
+    assert_clean(&f, &spec, Some(adopted));
+}
+
+/// Project IDs belong to the filesystem, not to a volumes directory: two
+/// nodes (or one node reconfigured) with volumes directories on one
+/// filesystem and the same ID range must not hand out one ID twice, even
+/// when a create stops between reserving its ID and using it.
+fn two_volumes_dirs_on_one_filesystem_never_share_a_project_id(fs: &FsCase) {
+    let a = faulty(fs, "crash-fsw-a");
+    let b = a.sibling(
+        &(fs.mount)(),
+        &format!("{}-crash-fsw-b", fs.name),
+        &fault_bin(),
+    );
+    let v1 = writable(Spec::new("v1", 8 * MIB as i64));
+    let v2 = writable(Spec::new("v2", 8 * MIB as i64));
+    crash(&a, "create", &a.node.create_vars(&v1), "create:reserved");
+    let (p2, _) = b.create(&v2);
+    let (p1, _) = a.create(&v1);
+    let (id1, id2) = (a.project_id(&v1.id), b.project_id(&v2.id));
+    assert_ne!(
+        id1, id2,
+        "the volumes of two directories share project {id1}"
+    );
+    assert_eq!(Fixture::project_of(&p1), (id1, true));
+    assert_eq!(Fixture::project_of(&p2), (id2, true));
+    // Each is charged only its own writes.
+    let r = fill(&p1.join("x"), 4 * MIB, Some(WRITER));
+    assert_eq!(r.errno, None, "{r:?}");
+    assert_eq!(statvfs(&p2).1, 8 * MIB - b.quota(id2).used_bytes);
+    assert!(b.quota(id2).used_bytes < MIB, "{:?}", b.quota(id2));
+    a.node.delete(&v1).ok();
+    b.node.delete(&v2).ok();
+    assert_clean(&a, &v1, Some(id1));
+    assert_clean(&b, &v2, Some(id2));
 }

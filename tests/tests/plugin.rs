@@ -11,25 +11,28 @@ use prjquota_vmtests::fixture::{
     fill, make_files, statvfs, writable, Fixture, FsCase, EXT4, MIB, WRITER, XFS,
 };
 use prjquota_vmtests::nomad::{run_plugin, Spec};
-use prjquota_vmtests::{on_every_fs, xfs_noquota_mount};
+use prjquota_vmtests::{bin, on_every_fs, sh, xfs_noquota_mount};
 
 on_every_fs!(
     fingerprint_prints_the_crate_version_as_a_json_string,
     create_enforces_the_limit_and_statfs_reports_it,
     capacity_rounds_up_to_the_block_and_min_alone_is_the_limit,
     restore_is_idempotent_writes_nothing_and_keeps_content,
+    restore_under_a_changed_config_keeps_what_the_volume_was_given,
     grow_in_place_lets_writes_continue,
     shrink_is_refused_above_usage_and_applied_below,
     parameters_set_mode_and_owner_of_the_root_only,
     default_mode_is_0700_and_unknown_parameters_are_refused,
     max_inodes_limits_the_number_of_files,
     thirty_two_parallel_creates_get_distinct_enforced_project_ids,
+    parallel_creates_in_two_volumes_dirs_of_one_filesystem_get_distinct_ids,
     a_restore_storm_restores_every_volume,
     delete_removes_everything_and_never_follows_symlinks,
     nomads_auto_delete_with_the_whole_volumes_dir_deletes_only_that_volume,
     delete_twice_and_delete_of_an_unknown_volume_succeed,
     bad_input_changes_nothing_on_disk,
     a_volume_with_many_files_is_deleted_completely,
+    delete_clears_immutable_and_append_only_flags,
     a_plugin_run_without_any_environment_fails_cleanly,
 );
 
@@ -132,6 +135,71 @@ fn restore_is_idempotent_writes_nothing_and_keeps_content(fs: &FsCase) {
     );
     assert_eq!(before.mtime_nsec(), after.mtime_nsec());
     assert_eq!(std::fs::read(path.join("data")).unwrap(), b"precious");
+}
+
+/// Mode, size and owner of a volume as the kernel has them.
+fn volume_state(f: &Fixture, spec: &Spec) -> (u32, u32, u32, u64) {
+    let path = f.node.volumes_dir.join(&spec.id);
+    let m = std::fs::metadata(&path).unwrap();
+    let limit = f.quota(f.project_id(&spec.id)).limits.bytes_hard;
+    (m.permissions().mode() & 0o7777, m.uid(), m.gid(), limit)
+}
+
+/// Defaults belong to a volume from its creation: Nomad replays the last
+/// create of every volume at each agent start, and a node config changed
+/// since (default_mode, default_capacity, allowed_parameters) must not
+/// chmod, shrink or break a volume whose spec did not change.
+fn restore_under_a_changed_config_keeps_what_the_volume_was_given(fs: &FsCase) {
+    let f = fs.fixture("reconf");
+    f.set_config("default_mode = \"0750\"\ndefault_capacity = \"16MiB\"");
+    // No size and no mode: both from the node's defaults.
+    let sized_by_default = Spec::new("defaults", 0);
+    // An owner and an inode limit, parameters the new config will forbid.
+    let with_params = writable(Spec::new("params", 12 * MIB as i64)).param("max_inodes", "100");
+    let mut before = Vec::new();
+    for spec in [&sized_by_default, &with_params] {
+        let out = f.node.create(spec);
+        out.created();
+        before.push((out.stdout.clone(), volume_state(&f, spec)));
+    }
+    assert_eq!(before[0].1, (0o750, 0, 0, 16 * MIB));
+    assert_eq!(before[1].1, (0o750, WRITER, WRITER, 12 * MIB));
+
+    for config in [
+        "default_mode = \"0700\"\ndefault_capacity = \"8MiB\"\nallowed_parameters = [\"mode\"]",
+        // No default size at all: a new volume without one is refused, a
+        // volume that was given one keeps it.
+        "default_mode = \"0777\"\nallowed_parameters = []",
+    ] {
+        f.set_config(config);
+        for (spec, (stdout, state)) in [&sized_by_default, &with_params].into_iter().zip(&before) {
+            let out = f.node.create(spec);
+            out.created();
+            assert_eq!(
+                &out.stdout, stdout,
+                "{config}: the replay returns what the create did"
+            );
+            assert_eq!(&volume_state(&f, spec), state, "{config}: {}", spec.name);
+        }
+    }
+    let pid = f.project_id(&with_params.id);
+    assert_eq!(f.quota(pid).limits.inodes_hard, 100);
+
+    // The new config is for new volumes, and for an explicit update.
+    f.set_config(
+        "default_mode = \"0711\"\ndefault_capacity = \"8MiB\"\nallowed_parameters = [\"mode\"]",
+    );
+    let new = Spec::new("new", 0);
+    f.create(&new);
+    assert_eq!(volume_state(&f, &new), (0o711, 0, 0, 8 * MIB));
+    let msg = f
+        .node
+        .create(&Spec::new("forbidden", 0).param("uid", "1"))
+        .error();
+    assert!(msg.contains("uid"), "{msg}");
+    let updated = sized_by_default.clone().param("mode", "0755");
+    f.create(&updated);
+    assert_eq!(volume_state(&f, &updated), (0o755, 0, 0, 16 * MIB));
 }
 
 fn grow_in_place_lets_writes_continue(fs: &FsCase) {
@@ -268,6 +336,34 @@ fn thirty_two_parallel_creates_get_distinct_enforced_project_ids(fs: &FsCase) {
             });
         }
     });
+}
+
+/// Creates racing in two volumes directories of one filesystem with one
+/// project-ID range get distinct IDs: the ID is chosen and claimed under a
+/// lock the two directories share.
+fn parallel_creates_in_two_volumes_dirs_of_one_filesystem_get_distinct_ids(fs: &FsCase) {
+    let a = fs.fixture("race-a");
+    let b = a.sibling(
+        &(fs.mount)(),
+        &format!("{}-race-b", fs.name),
+        &bin("prjquota"),
+    );
+    let specs: Vec<(&Fixture, Spec)> = (0..16)
+        .map(|i| {
+            let f = if i % 2 == 0 { &a } else { &b };
+            (f, Spec::new(&format!("r{i}"), 4 * MIB as i64))
+        })
+        .collect();
+    std::thread::scope(|s| {
+        for (f, spec) in &specs {
+            s.spawn(move || f.create(spec));
+        }
+    });
+    let ids: BTreeSet<u32> = specs
+        .iter()
+        .map(|(f, spec)| f.project_id(&spec.id))
+        .collect();
+    assert_eq!(ids.len(), specs.len(), "shared project IDs: {ids:?}");
 }
 
 /// Volumes of the restore storm: `PRJQUOTA_STORM_VOLUMES`, which xtask sets
@@ -468,6 +564,87 @@ fn a_volume_with_many_files_is_deleted_completely(fs: &FsCase) {
     );
     assert!(!path.exists());
     assert!(f.quota(pid).is_unused());
+}
+
+/// A workload with CAP_LINUX_IMMUTABLE can mark what it wrote immutable or
+/// append-only; the volume must still be deletable.
+fn delete_clears_immutable_and_append_only_flags(fs: &FsCase) {
+    let f = fs.fixture("chattr");
+    let spec = Spec::new("chattr", 16 * MIB as i64);
+    let (path, _) = f.create(&spec);
+    let pid = f.project_id(&spec.id);
+    for d in ["idir", "adir", "plain"] {
+        std::fs::create_dir(path.join(d)).unwrap();
+        std::fs::write(path.join(d).join("inner"), b"x").unwrap();
+    }
+    std::fs::write(path.join("ifile"), b"x").unwrap();
+    std::fs::write(path.join("afile"), b"x").unwrap();
+    std::fs::write(path.join("plain/ifile"), b"x").unwrap();
+    let p = |n: &str| path.join(n).display().to_string();
+    sh(&format!(
+        "chattr +i {} {} {} && chattr +a {} {} && chattr +i {}",
+        p("ifile"),
+        p("idir/inner"),
+        p("idir"),
+        p("afile"),
+        p("adir"),
+        p("plain/ifile"),
+    ));
+    // The volume root too: its owner may be the workload.
+    sh(&format!("chattr +a {}", path.display()));
+    assert!(
+        std::fs::remove_file(path.join("ifile")).is_err(),
+        "chattr +i took effect"
+    );
+
+    let out = f.node.delete(&spec);
+    out.ok();
+    assert!(!path.exists(), "{}", out.stderr);
+    assert!(f.record(&spec.id).is_none());
+    assert!(f.quota(pid).is_unused());
+}
+
+/// The peak resident memory of the largest child this test process has
+/// waited for, in KiB (nextest runs every test in a process of its own).
+fn children_peak_rss_kib() -> i64 {
+    nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
+        .expect("getrusage")
+        .max_rss()
+}
+
+/// A directory of 100,000 entries is deleted with the memory of a small
+/// one: its listing is streamed in batches, not read whole.
+#[test]
+fn deleting_a_directory_of_100k_entries_streams_its_listing() {
+    let f = XFS.fixture("stream");
+    let small = Spec::new("small", 1 << 30);
+    let (path, _) = f.create(&small);
+    populate(&path, 1, 100);
+    f.node.delete(&small).ok();
+    let baseline = children_peak_rss_kib();
+
+    let big = Spec::new("big", 1 << 30);
+    let (path, _) = f.create(&big);
+    let dir = path.join("d");
+    std::fs::create_dir(&dir).unwrap();
+    // Long names make a whole listing in memory easy to see (~14 MiB).
+    let pad = "n".repeat(100);
+    for i in 0..100_000 {
+        std::fs::File::create(dir.join(format!("{pad}{i}"))).unwrap();
+    }
+    let out = f.node.delete(&big);
+    out.ok();
+    assert!(!path.exists());
+    let peak = children_peak_rss_kib();
+    eprintln!(
+        "MEASURE delete_100k_entries_peak_rss_kib {peak} baseline_kib {baseline} seconds {:.3}",
+        out.elapsed.as_secs_f64()
+    );
+    assert!(
+        peak <= baseline + 4096,
+        "deleting 100,000 entries peaked at {peak} KiB, more than 4 MiB above the {baseline} KiB \
+         of deleting 100: the listing is held in memory"
+    );
 }
 
 fn a_plugin_run_without_any_environment_fails_cleanly(fs: &FsCase) {
