@@ -176,6 +176,30 @@ fn write_config(dir: &Path, text: &str) -> PathBuf {
     p
 }
 
+/// A TLS-only exporter on `dir`, ready: its config is a server
+/// certificate from a new CA, then `more` (further YAML, e.g. `  min_version:
+/// TLS13\n` or a `basic_auth_users` section). Returns the CA, the exporter
+/// and a client that trusts the CA.
+fn tls_exporter(dir: &Path, more: &str) -> (Ca, Exporter, Client) {
+    let ca = Ca::new(dir, "server");
+    let (cert, key) = ca.leaf(dir, "server", true);
+    let cfg = write_config(
+        dir,
+        &format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\n{more}",
+            cert.display(),
+            key.display()
+        ),
+    );
+    let r = start(dir, &cfg);
+    let c = Client {
+        ca: Some(ca.cert.clone()),
+        ..Client::default()
+    };
+    wait_ready(&c, &https(&r, "/healthz"));
+    (ca, r, c)
+}
+
 fn has_volume(body: &str) -> bool {
     body.contains(&format!(
         "nomad_host_volume_info{{namespace=\"default\",node_pool=\"default\",volume_id=\"{A}\""
@@ -185,22 +209,7 @@ fn has_volume(body: &str) -> bool {
 #[test]
 fn tls_serves_https_and_no_plain_http() {
     let dir = volumes_dir("tls");
-    let ca = Ca::new(&dir, "server");
-    let (cert, key) = ca.leaf(&dir, "server", true);
-    let cfg = write_config(
-        &dir,
-        &format!(
-            "tls_server_config:\n  cert_file: {}\n  key_file: {}\n",
-            cert.display(),
-            key.display()
-        ),
-    );
-    let r = start(&dir, &cfg);
-    let c = Client {
-        ca: Some(ca.cert.clone()),
-        ..Client::default()
-    };
-    wait_ready(&c, &https(&r, "/healthz"));
+    let (ca, r, c) = tls_exporter(&dir, "");
     let s = c.get(&https(&r, "/metrics"));
     assert_eq!(s.status, 200, "{s:?}");
     assert!(has_volume(&s.body), "{}", s.body);
@@ -235,22 +244,7 @@ fn tls_serves_https_and_no_plain_http() {
 #[test]
 fn min_version_tls13_refuses_tls12() {
     let dir = volumes_dir("tls13");
-    let ca = Ca::new(&dir, "server");
-    let (cert, key) = ca.leaf(&dir, "server", true);
-    let cfg = write_config(
-        &dir,
-        &format!(
-            "tls_server_config:\n  cert_file: {}\n  key_file: {}\n  min_version: TLS13\n",
-            cert.display(),
-            key.display()
-        ),
-    );
-    let r = start(&dir, &cfg);
-    let c = Client {
-        ca: Some(ca.cert.clone()),
-        ..Client::default()
-    };
-    wait_ready(&c, &https(&r, "/healthz"));
+    let (ca, r, _) = tls_exporter(&dir, "  min_version: TLS13\n");
     let out = Command::new("curl")
         .args([
             "-sS",
@@ -315,24 +309,13 @@ fn mtls_refuses_clients_without_a_certificate_from_the_client_ca() {
 #[test]
 fn basic_auth_answers_401_with_a_challenge_and_200_to_a_user() {
     let dir = volumes_dir("basic");
-    let ca = Ca::new(&dir, "server");
-    let (cert, key) = ca.leaf(&dir, "server", true);
     let hash = bcrypt::hash("s3cret", 10).unwrap();
-    let cfg = write_config(
+    // /healthz needs no credentials (health checkers carry none): the
+    // anonymous client sees it ready.
+    let (_, r, anon) = tls_exporter(
         &dir,
-        &format!(
-            "tls_server_config:\n  cert_file: {}\n  key_file: {}\nbasic_auth_users:\n  prometheus: '{hash}'\n",
-            cert.display(),
-            key.display()
-        ),
+        &format!("basic_auth_users:\n  prometheus: '{hash}'\n"),
     );
-    let r = start(&dir, &cfg);
-    let anon = Client {
-        ca: Some(ca.cert.clone()),
-        ..Client::default()
-    };
-    // /healthz needs no credentials (health checkers carry none).
-    wait_ready(&anon, &https(&r, "/healthz"));
     for (who, user) in [
         ("no credentials", None),
         ("a wrong password", Some("prometheus:wrong")),

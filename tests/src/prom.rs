@@ -462,6 +462,27 @@ impl Exporter {
     /// registered: /metrics answers 503 before). A test writes right after
     /// this returns: that is the moment users meet first.
     fn wait_ready(&mut self, started: Instant) {
+        self.wait_until_ready(started, |e| {
+            match http_get(e.addr, "/healthz", Duration::from_secs(60)) {
+                Ok(r) if r.status == 200 => true,
+                Ok(r) => {
+                    assert_eq!(r.status, 503, "/healthz while starting: {}", r.body);
+                    false
+                }
+                Err(err) => panic!("GET /healthz: {err}\n{}", e.log()),
+            }
+        });
+    }
+
+    /// Waits for the `ready:` log line (eBPF loaded, every volume
+    /// registered), for an exporter whose /healthz needs TLS.
+    fn wait_ready_logged(&mut self, started: Instant) {
+        self.wait_until_ready(started, |e| e.log().contains("msg=\"ready:"));
+    }
+
+    /// Polls `ready` until it says so, for at most 300 s; panics with the
+    /// log if the exporter exits first.
+    fn wait_until_ready(&mut self, started: Instant, mut ready: impl FnMut(&Self) -> bool) {
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
                 self.stopped = Some(Some(status));
@@ -470,32 +491,8 @@ impl Exporter {
                     self.log()
                 );
             }
-            match http_get(self.addr, "/healthz", Duration::from_secs(60)) {
-                Ok(r) if r.status == 200 => break,
-                Ok(r) => assert_eq!(r.status, 503, "/healthz while starting: {}", r.body),
-                Err(e) => panic!("GET /healthz: {e}\n{}", self.log()),
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(300),
-                "the exporter is not ready after 300 s:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        eprintln!(
-            "MEASURE exporter_ready_seconds {:.3}",
-            started.elapsed().as_secs_f64()
-        );
-    }
-
-    /// Waits for the `ready:` log line (eBPF loaded, every volume registered).
-    fn wait_ready_logged(&mut self, started: Instant) {
-        while !self.log().contains("msg=\"ready:") {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "the exporter exited ({status}) before it was ready:\n{}",
-                    self.log()
-                );
+            if ready(self) {
+                break;
             }
             assert!(
                 started.elapsed() < Duration::from_secs(300),
