@@ -648,10 +648,30 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
             ..VmOpts::default()
         };
         let t = Instant::now();
-        let result = crate::vm::run(&vm_opts, &guest_cmd, &root);
+        let mut result = crate::vm::run(&vm_opts, &guest_cmd, &root);
+        let mut name = format!("vm {} ({what})", kernel.name());
+        // The guest kernel has panicked inside BPF trampoline patching
+        // (`generic_perform_write+0x5`: a stale int3 executed after the
+        // patch finished) on 6.12 under the emulated CPU, in 2 of about 6
+        // compatibility passes. That is a fault of the emulation as far as
+        // we can tell, so the pass gets one more boot, and its name says
+        // so in the summary; a second panic fails it.
+        if let Err(e) = &result {
+            if let Some(panic) = e.downcast_ref::<crate::vm::GuestPanic>() {
+                println!(
+                    "xtask test: kernel {}: THE GUEST KERNEL PANICKED; booting the pass once \
+                     more. The panic:\n{panic}",
+                    kernel.name()
+                );
+                name = format!(
+                    "vm {} ({what}; second boot after a guest kernel panic)",
+                    kernel.name()
+                );
+                result = crate::vm::run(&vm_opts, &guest_cmd, &root);
+            }
+        }
         let secs = t.elapsed().as_secs_f64();
         println!("xtask: VM pass on kernel {} took {secs:.0}s", kernel.name());
-        let name = format!("vm {} ({what})", kernel.name());
         match result {
             Ok(run) => passes.push(pass(
                 name,

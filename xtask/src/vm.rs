@@ -197,6 +197,27 @@ impl Drop for ScratchDisk {
 /// Boots the VM, sets up the filesystems, runs `cmd` (a bash command line) in
 /// `cwd` with `opts.env`, streaming the output live. An error when the VM did
 /// not boot or the guest setup failed; otherwise the guest command's status.
+/// The guest kernel panicked before the command finished (its console said
+/// so): the error a caller may retry once, saying so, since under an
+/// emulated CPU a panic can be the emulator's (see the `test` module).
+#[derive(Debug)]
+pub struct GuestPanic(pub String);
+
+impl std::fmt::Display for GuestPanic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for GuestPanic {}
+
+/// Whether the console shows the guest kernel panicking.
+fn guest_panicked(lines: &[String]) -> bool {
+    lines
+        .iter()
+        .any(|l| l.contains("Kernel panic - not syncing"))
+}
+
 pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
     let kernel = crate::kernels::to_boot(opts.kernel)?;
     let vng = vng()?;
@@ -310,12 +331,16 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
         bail!("guest setup failed, the command did not run: {line}");
     }
     let Some(status) = exited else {
-        bail!(
+        let message = format!(
             "the VM ended before the guest command finished (vng {}, {elapsed:.0}s): \
              kernel panic, OOM, or the guest was killed; the kernel's last words:\n{}",
             tee.status,
             last_kernel_lines(&tee.lines, 25)
         );
+        if guest_panicked(&tee.lines) {
+            return Err(anyhow::Error::new(GuestPanic(message)));
+        }
+        bail!(message);
     };
     println!("xtask vm: guest command exited with status {status} ({elapsed:.0}s wall)");
     Ok(VmRun {
@@ -353,6 +378,18 @@ mod tests {
     fn fs_names() {
         assert_eq!(Fs::parse("all").unwrap(), Fs::All);
         assert!(Fs::parse("btrfs").is_err());
+    }
+
+    #[test]
+    fn only_a_console_that_says_kernel_panic_is_a_guest_panic() {
+        let lines = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(guest_panicked(&lines(&[
+            "[  111.97] RIP: 0010:generic_perform_write+0x5/0x290",
+            "[  111.98] Kernel panic - not syncing: Fatal exception in interrupt",
+        ])));
+        assert!(!guest_panicked(&lines(&[
+            "[  203.5] Out of memory: Killed process 1 (bash)"
+        ])));
     }
 
     #[test]
