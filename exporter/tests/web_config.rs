@@ -200,6 +200,20 @@ fn tls_exporter(dir: &Path, more: &str) -> (Ca, Exporter, Client) {
     (ca, r, c)
 }
 
+/// curl's HTTP status for /healthz over TLS with `extra` options (`000`
+/// when no HTTP answer came), and its whole output.
+fn healthz_with(ca: &Ca, r: &Exporter, extra: &[&str]) -> (String, std::process::Output) {
+    let out = Command::new("curl")
+        .args(["-sS", "-o", "/dev/null", "-w", "%{http_code}"])
+        .args(extra)
+        .arg("--cacert")
+        .arg(&ca.cert)
+        .arg(https(r, "/healthz"))
+        .output()
+        .expect("run curl");
+    (String::from_utf8_lossy(&out.stdout).into_owned(), out)
+}
+
 fn has_volume(body: &str) -> bool {
     body.contains(&format!(
         "nomad_host_volume_info{{namespace=\"default\",node_pool=\"default\",volume_id=\"{A}\""
@@ -228,15 +242,8 @@ fn tls_serves_https_and_no_plain_http() {
     assert_eq!(untrusted.status, 0, "{untrusted:?}");
     // TLS 1.2 and 1.3 both work by default.
     for v in ["--tls-max 1.2", "--tlsv1.3"] {
-        let out = Command::new("curl")
-            .args(["-sS", "-o", "/dev/null", "-w", "%{http_code}"])
-            .args(v.split(' '))
-            .arg("--cacert")
-            .arg(&ca.cert)
-            .arg(https(&r, "/healthz"))
-            .output()
-            .unwrap();
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "200", "{v}: {out:?}");
+        let (code, out) = healthz_with(&ca, &r, &v.split(' ').collect::<Vec<_>>());
+        assert_eq!(code, "200", "{v}: {out:?}");
     }
     r.stop();
 }
@@ -245,22 +252,8 @@ fn tls_serves_https_and_no_plain_http() {
 fn min_version_tls13_refuses_tls12() {
     let dir = volumes_dir("tls13");
     let (ca, r, _) = tls_exporter(&dir, "  min_version: TLS13\n");
-    let out = Command::new("curl")
-        .args([
-            "-sS",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "--tls-max",
-            "1.2",
-        ])
-        .arg("--cacert")
-        .arg(&ca.cert)
-        .arg(https(&r, "/healthz"))
-        .output()
-        .unwrap();
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "000", "{out:?}");
+    let (code, out) = healthz_with(&ca, &r, &["--tls-max", "1.2"]);
+    assert_eq!(code, "000", "{out:?}");
     r.stop();
 }
 

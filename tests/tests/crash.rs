@@ -117,15 +117,7 @@ fn assert_clean(f: &Fixture, spec: &Spec, project_id: Option<u32>) {
         "directory leaked"
     );
     assert!(f.record(&spec.id).is_none(), "record leaked");
-    let ids = f.node.volumes_dir.join(".prjquota/ids");
-    let leaked: Vec<_> = std::fs::read_dir(&ids)
-        .map(|d| {
-            d.filter_map(Result::ok)
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.ends_with(&spec.id))
-                .collect()
-        })
-        .unwrap_or_default();
+    let leaked = reservations(f, spec);
     assert!(
         leaked.is_empty(),
         "project ID reservation leaked: {leaked:?}"
