@@ -36,7 +36,11 @@ const APT_PACKAGES: &[(&str, &str)] = &[
     ),
     (
         "libcap2-bin",
-        "capsh, to run the exporter without eBPF capabilities in a test",
+        "capsh, to run the exporter and the guard tests' actors without eBPF or admin capabilities",
+    ),
+    (
+        "curl",
+        "the TLS client of the web config tests (a second TLS stack to test rustls against)",
     ),
     (
         "python3-venv",
