@@ -214,6 +214,21 @@ fn healthz_with(ca: &Ca, r: &Exporter, extra: &[&str]) -> (String, std::process:
     (String::from_utf8_lossy(&out.stdout).into_owned(), out)
 }
 
+/// The certificates of the client-certificate tests, under `dir`: the
+/// server's (`server.pem`, `server.key`) from the server CA, a client CA
+/// (`client-ca.pem`) with the certificate it issued to Prometheus, and a
+/// stranger's from a CA the server does not know. Returns the server CA and
+/// the (certificate, key) of Prometheus and of the stranger.
+fn client_cert_pki(dir: &Path) -> (Ca, (PathBuf, PathBuf), (PathBuf, PathBuf)) {
+    let server_ca = Ca::new(dir, "server");
+    let client_ca = Ca::new(dir, "client");
+    let other_ca = Ca::new(dir, "other");
+    server_ca.leaf(dir, "server", true);
+    let good = client_ca.leaf(dir, "prometheus", false);
+    let stranger = other_ca.leaf(dir, "stranger", false);
+    (server_ca, good, stranger)
+}
+
 fn has_volume(body: &str) -> bool {
     body.contains(&format!(
         "nomad_host_volume_info{{namespace=\"default\",node_pool=\"default\",volume_id=\"{A}\""
@@ -260,12 +275,7 @@ fn min_version_tls13_refuses_tls12() {
 #[test]
 fn mtls_refuses_clients_without_a_certificate_from_the_client_ca() {
     let dir = volumes_dir("mtls");
-    let server_ca = Ca::new(&dir, "server");
-    let client_ca = Ca::new(&dir, "client");
-    let other_ca = Ca::new(&dir, "other");
-    server_ca.leaf(&dir, "server", true);
-    let good = client_ca.leaf(&dir, "prometheus", false);
-    let stranger = other_ca.leaf(&dir, "stranger", false);
+    let (server_ca, good, stranger) = client_cert_pki(&dir);
     // Relative paths are relative to the file, as in exporter-toolkit.
     let cfg = write_config(
         &dir,
@@ -597,12 +607,7 @@ fn sighup_without_a_web_config_is_logged_not_fatal() {
 #[test]
 fn require_any_and_verify_if_given_client_certificates() {
     let dir = volumes_dir("anycert");
-    let server_ca = Ca::new(&dir, "server");
-    let client_ca = Ca::new(&dir, "client");
-    let other_ca = Ca::new(&dir, "other");
-    server_ca.leaf(&dir, "server", true);
-    let good = client_ca.leaf(&dir, "prometheus", false);
-    let stranger = other_ca.leaf(&dir, "stranger", false);
+    let (server_ca, good, stranger) = client_cert_pki(&dir);
     let anon = Client {
         ca: Some(server_ca.cert.clone()),
         ..Client::default()
