@@ -36,7 +36,7 @@ commands:
   vm [--kernel K] [--fs xfs|ext4|all] [--memory 2G] [--cpus 2] -- CMD...
                              boot Debian's kernel in QEMU, mount the quota test filesystems,
                              run CMD (bash -c) in the current directory; exits with CMD's status
-  test [--host-only | --vm-only] [--kernel K|all] [--full] [--filter EXPR] [--vm-threads N]
+  test [--host-only | --vm-only] [--kernel K|all] [--full] [--filter EXPR] [--vm-threads N] [--vm-cpus N] [--vm-lanes N]
        [-- NEXTEST_ARGS...]
                              fmt, clippy, host tests, then the real-kernel tests, one VM boot per
                              kernel: the full suite on 6.1, the compatibility pass on the others
@@ -169,6 +169,12 @@ pub struct Tee {
 /// keeping a copy of every line. After `timeout` the process and all its
 /// descendants are killed.
 pub fn run_tee(cmd: &mut Command, timeout: Option<Duration>) -> Result<Tee> {
+    run_tee_prefixed(cmd, timeout, "")
+}
+
+/// [`run_tee`], each streamed line starting with `prefix` (which the kept
+/// lines do not): two VMs' outputs stay apart in one log.
+pub fn run_tee_prefixed(cmd: &mut Command, timeout: Option<Duration>, prefix: &str) -> Result<Tee> {
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd
         .spawn()
@@ -190,8 +196,18 @@ pub fn run_tee(cmd: &mut Command, timeout: Option<Duration>) -> Result<Tee> {
         })
     });
     let lines = Arc::new(Mutex::new(Vec::new()));
-    let t_out = tee_thread(child.stdout.take().expect("piped"), false, lines.clone());
-    let t_err = tee_thread(child.stderr.take().expect("piped"), true, lines.clone());
+    let t_out = tee_thread(
+        child.stdout.take().expect("piped"),
+        false,
+        prefix.to_string(),
+        lines.clone(),
+    );
+    let t_err = tee_thread(
+        child.stderr.take().expect("piped"),
+        true,
+        prefix.to_string(),
+        lines.clone(),
+    );
     let status = child.wait()?;
     let _ = done_tx.send(());
     let timed_out = watchdog.is_some_and(|w| w.join().unwrap_or(false));
@@ -251,22 +267,29 @@ fn kill_tree(pid: u32) {
 fn tee_thread(
     stream: impl Read + Send + 'static,
     to_stderr: bool,
+    prefix: String,
     lines: Arc<Mutex<Vec<String>>>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut reader = BufReader::new(stream);
         let mut buf = Vec::new();
+        let mut out = Vec::new();
         loop {
             buf.clear();
             match reader.read_until(b'\n', &mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {}
             }
+            // One write per line, prefix included, so that lines of two
+            // streams never mix within a line.
+            out.clear();
+            out.extend_from_slice(prefix.as_bytes());
+            out.extend_from_slice(&buf);
             let _ = if to_stderr {
-                std::io::stderr().write_all(&buf)
+                std::io::stderr().lock().write_all(&out)
             } else {
                 let mut o = std::io::stdout().lock();
-                o.write_all(&buf).and_then(|_| o.flush())
+                o.write_all(&out).and_then(|_| o.flush())
             };
             let line = String::from_utf8_lossy(&buf);
             lines

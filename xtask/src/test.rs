@@ -38,6 +38,11 @@ pub struct Opts {
     pub guest_env: Vec<(String, String)>,
     /// The VM limit per pass, when the pass's default does not fit.
     pub vm_timeout: Option<Duration>,
+    /// Virtual CPUs per VM, when the default (both cores for one VM, one
+    /// each for VMs side by side) does not fit.
+    pub vm_cpus: Option<u32>,
+    /// How many VMs run at once.
+    pub vm_lanes: u32,
 }
 
 /// The compatibility pass: what runs on 6.12 and 7.x besides the full
@@ -84,19 +89,34 @@ pub const CHURN_VOLUMES: &str = "1000";
 pub const STORM_VOLUMES: &str = "100";
 
 /// CI gives a run 90 minutes on 2 cores, and a cold run should stay under
-/// 45. The VM limits follow from the 90: the full pass on 6.1 (CI's whole
-/// run took 28 minutes before the kernel matrix; beside another VM the pass
-/// takes over 30) and
-/// three compatibility passes (about 8 minutes each alone; 7.2's took 13
-/// beside another VM) get their limits, and with the cold build and the
-/// host pass still fit. A pass that hits its limit fails the run.
+/// 45. The VM limits follow from the 90. One VM at a time (`--vm-lanes 1`)
+/// gets both cores as two CPUs: the full pass on 6.1 (CI's whole run took 28
+/// minutes before the kernel matrix) and three compatibility passes (about
+/// 8 minutes each alone) get 35 and 13 minutes, and with the cold build and
+/// the host pass still fit. Two VMs side by side get one CPU each and run
+/// slower: the full pass beside the three compatibility passes, one after
+/// the other. A pass that hits its limit fails the run.
 const CI_BUDGET_SECS: u64 = 90 * 60;
 const BUILD_AND_HOST_SECS: u64 = 15 * 60;
 const FULL_PASS_LIMIT_SECS: u64 = 35 * 60;
 const COMPAT_PASS_LIMIT_SECS: u64 = 13 * 60;
+const FULL_PASS_ONE_CPU_LIMIT_SECS: u64 = 45 * 60;
+const COMPAT_PASS_ONE_CPU_LIMIT_SECS: u64 = 20 * 60;
 const _: () = assert!(
     BUILD_AND_HOST_SECS + FULL_PASS_LIMIT_SECS + 3 * COMPAT_PASS_LIMIT_SECS <= CI_BUDGET_SECS
 );
+const _: () = assert!(BUILD_AND_HOST_SECS + FULL_PASS_ONE_CPU_LIMIT_SECS <= CI_BUDGET_SECS);
+const _: () = assert!(BUILD_AND_HOST_SECS + 3 * COMPAT_PASS_ONE_CPU_LIMIT_SECS <= CI_BUDGET_SECS);
+
+/// A pass's VM limit: what its selection and its CPUs allow (see above).
+fn pass_limit_secs(compat: bool, cpus: u32) -> u64 {
+    match (compat, cpus >= 2) {
+        (true, true) => COMPAT_PASS_LIMIT_SECS,
+        (false, true) => FULL_PASS_LIMIT_SECS,
+        (true, false) => COMPAT_PASS_ONE_CPU_LIMIT_SECS,
+        (false, false) => FULL_PASS_ONE_CPU_LIMIT_SECS,
+    }
+}
 
 /// The committed minimum of tests per test binary (see the file).
 const FLOORS: &str = include_str!("../test-floors.txt");
@@ -131,6 +151,8 @@ pub fn main(args: &[String]) -> Result<u8> {
         full: false,
         guest_env: Vec::new(),
         vm_timeout: None,
+        vm_cpus: None,
+        vm_lanes: 1,
     };
     let mut i = 0;
     while i < args.len() {
@@ -147,6 +169,10 @@ pub fn main(args: &[String]) -> Result<u8> {
                     opts.filter = Some(v);
                 } else if let Some(v) = take_value(args, &mut i, "--vm-threads")? {
                     opts.vm_threads = v.parse().context("--vm-threads")?;
+                } else if let Some(v) = take_value(args, &mut i, "--vm-cpus")? {
+                    opts.vm_cpus = Some(v.parse().context("--vm-cpus")?);
+                } else if let Some(v) = take_value(args, &mut i, "--vm-lanes")? {
+                    opts.vm_lanes = v.parse().context("--vm-lanes")?;
                 } else if let Some(v) = take_value(args, &mut i, "--kernel")? {
                     opts.kernels = if v == "all" {
                         Kernel::ALL.to_vec()
@@ -615,8 +641,55 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
         env.push((k.clone(), v.clone()));
     }
 
-    // One VM boot per kernel, one after the other.
-    for &kernel in &opts.kernels {
+    // One VM boot per kernel; `lanes` of them at once, each kernel taken by
+    // the first lane that is free, in the order given (the full pass first:
+    // it is the longest).
+    let lanes = opts.vm_lanes.clamp(1, opts.kernels.len().max(1) as u32);
+    let cpus = opts.vm_cpus.unwrap_or(if lanes > 1 { 1 } else { 2 });
+    let queue = std::sync::Mutex::new(opts.kernels.iter().copied().enumerate());
+    let results = std::sync::Mutex::new(Vec::new());
+    let job = KernelJob {
+        opts,
+        base: &base,
+        env: &env,
+        root: &root,
+        cpus,
+        side_by_side: lanes > 1,
+    };
+    std::thread::scope(|s| {
+        for _ in 0..lanes {
+            s.spawn(|| loop {
+                let Some((i, kernel)) = queue.lock().unwrap().next() else {
+                    break;
+                };
+                let pass = job.run(kernel);
+                results.lock().unwrap().push((i, pass));
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap();
+    results.sort_by_key(|(i, _)| *i);
+    passes.extend(results.into_iter().map(|(_, p)| p));
+    Ok(())
+}
+
+/// What every kernel's VM pass shares.
+struct KernelJob<'a> {
+    opts: &'a Opts,
+    /// The guest's nextest command up to the selection.
+    base: &'a [String],
+    env: &'a [(String, String)],
+    root: &'a std::path::Path,
+    cpus: u32,
+    /// Another VM runs at the same time: lines are prefixed with the kernel.
+    side_by_side: bool,
+}
+
+impl KernelJob<'_> {
+    /// Boots `kernel` and runs its selection: a pass, failed when the VM did
+    /// not boot, was killed or its guest panicked twice.
+    fn run(&self, kernel: Kernel) -> Pass {
+        let opts = self.opts;
         let (selection, full) = pass_selection(kernel, opts.full || kernel == Kernel::DEFAULT);
         let filter = Some(opts.filter.as_deref().unwrap_or(selection));
         let what = match (&opts.filter, full) {
@@ -624,82 +697,96 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
             (None, true) => "the full suite",
             (None, false) => "the compatibility pass",
         };
-        let mut guest = base.clone();
+        let mut guest = self.base.to_vec();
         guest.extend(nextest_selection(opts, filter));
         let guest_cmd = guest
             .iter()
             .map(|a| shell_quote(a))
             .collect::<Vec<_>>()
             .join(" ");
+        let prefix = if self.side_by_side {
+            format!("[{}] ", kernel.name())
+        } else {
+            String::new()
+        };
 
         header(&format!(
-            "VM tests on kernel {}: {what} of prjquota-vmtests in one VM boot (--fs all)",
-            kernel.name()
+            "VM tests on kernel {}: {what} of prjquota-vmtests in one VM boot (--fs all, \
+             {} CPUs{})",
+            kernel.name(),
+            self.cpus,
+            if self.side_by_side {
+                "; beside another VM, its lines start with its kernel"
+            } else {
+                ""
+            }
         ));
         // A --filter selection may be as long as the full suite.
         let compat = opts.filter.is_none() && !full;
-        let limit = opts.vm_timeout.unwrap_or(Duration::from_secs(if compat {
-            COMPAT_PASS_LIMIT_SECS
-        } else {
-            FULL_PASS_LIMIT_SECS
-        }));
+        let limit = opts
+            .vm_timeout
+            .unwrap_or(Duration::from_secs(pass_limit_secs(compat, self.cpus)));
         let vm_opts = VmOpts {
             fs: Fs::All,
             kernel,
             timeout: limit,
-            env: env.clone(),
+            env: self.env.to_vec(),
+            cpus: self.cpus,
+            prefix: prefix.clone(),
             ..VmOpts::default()
         };
         let t = Instant::now();
-        let mut result = crate::vm::run(&vm_opts, &guest_cmd, &root);
+        let mut result = crate::vm::run(&vm_opts, &guest_cmd, self.root);
         let mut name = format!("vm {} ({what})", kernel.name());
         // The guest kernel has panicked inside BPF trampoline patching
         // (`generic_perform_write+0x5`: a stale int3 executed after the
-        // patch finished) on 6.12 under the emulated CPU, in 2 of about 6
-        // compatibility passes. That is a fault of the emulation as far as
-        // we can tell, so the pass gets one more boot, and its name says
-        // so in the summary; a second panic fails it.
+        // patch finished) on 6.12 and 7.2 with two emulated CPUs. That is a
+        // fault of the emulation as far as we can tell, so the pass gets one
+        // more boot, and its name says so in the summary; a second panic
+        // fails it.
         if let Err(e) = &result {
             if let Some(panic) = e.downcast_ref::<crate::vm::GuestPanic>() {
                 println!(
-                    "xtask test: kernel {}: THE GUEST KERNEL PANICKED; booting the pass once \
-                     more. The panic:\n{panic}",
+                    "{prefix}xtask test: kernel {}: THE GUEST KERNEL PANICKED; booting the pass \
+                     once more. The panic:\n{panic}",
                     kernel.name()
                 );
                 name = format!(
                     "vm {} ({what}; second boot after a guest kernel panic)",
                     kernel.name()
                 );
-                result = crate::vm::run(&vm_opts, &guest_cmd, &root);
+                result = crate::vm::run(&vm_opts, &guest_cmd, self.root);
             }
         }
         let secs = t.elapsed().as_secs_f64();
-        println!("xtask: VM pass on kernel {} took {secs:.0}s", kernel.name());
+        println!(
+            "{prefix}xtask: VM pass on kernel {} took {secs:.0}s",
+            kernel.name()
+        );
         match result {
-            Ok(run) => passes.push(pass(
+            Ok(run) => pass(
                 name,
                 &run.lines,
                 run.status == 0,
                 opts.filter.is_some(),
                 (opts.filter.is_none() && full).then_some(true),
                 secs,
-            )),
-            // A kernel that does not boot fails its pass; the next kernel
-            // still gets its boot.
+            ),
+            // A kernel that does not boot fails its pass; the other kernels
+            // still get their boots.
             Err(e) => {
-                println!("xtask test: kernel {}: {e:#}", kernel.name());
-                passes.push(Pass {
+                println!("{prefix}xtask test: kernel {}: {e:#}", kernel.name());
+                Pass {
                     name,
                     summary: None,
                     counts: Counts::default(),
                     ok: false,
                     secs,
                     problems: vec![format!("VM: {e:#}")],
-                });
+                }
             }
         }
     }
-    Ok(())
 }
 
 /// Runs `cmd` (stderr to ours) and writes its stdout to `path`.

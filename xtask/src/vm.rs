@@ -57,6 +57,9 @@ pub struct VmOpts {
     pub disks: Vec<PathBuf>,
     /// Host directories the guest may write to (the rest is read-only).
     pub rwdirs: Vec<PathBuf>,
+    /// Starts every line of the VM's output as it is streamed (not as kept):
+    /// set when VMs run side by side.
+    pub prefix: String,
 }
 
 impl Default for VmOpts {
@@ -70,6 +73,7 @@ impl Default for VmOpts {
             env: Vec::new(),
             disks: Vec::new(),
             rwdirs: Vec::new(),
+            prefix: String::new(),
         }
     }
 }
@@ -152,8 +156,8 @@ const SCRATCH_LABEL: &str = "prjquota-scratch";
 const SCRATCH_BYTES: u64 = 8 << 30;
 
 impl ScratchDisk {
-    fn create(dir: &Path) -> Result<ScratchDisk> {
-        let path = dir.join(format!("scratch-{}.img", std::process::id()));
+    fn create(dir: &Path, unique: &str) -> Result<ScratchDisk> {
+        let path = dir.join(format!("scratch-{unique}.img"));
         let _ = std::fs::remove_file(&path);
         std::fs::File::create(&path)
             .and_then(|f| f.set_len(SCRATCH_BYTES))
@@ -175,6 +179,14 @@ impl ScratchDisk {
         }
         Ok(disk)
     }
+}
+
+/// A name no other VM of this or another xtask uses at the same time: the
+/// process ID and a count, as VMs may run side by side in one process.
+fn unique_name() -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{}-{n}", std::process::id())
 }
 
 /// `name` from PATH, or from /usr/sbin and /sbin, which a non-login root
@@ -227,7 +239,8 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
     // short (2 KiB): pass it a script on the shared (read-only) filesystem.
     let dir = crate::target_dir().join("xtask");
     std::fs::create_dir_all(&dir)?;
-    let script = dir.join(format!("vm-{}.sh", std::process::id()));
+    let unique = unique_name();
+    let script = dir.join(format!("vm-{unique}.sh"));
     let mut text = String::from("# written by cargo xtask vm; run in the guest\n");
     // The guest's PATH is vng's; give it the host's too (cargo, nextest, vng's pyenv).
     if let Some(path) = std::env::var_os("PATH") {
@@ -244,7 +257,7 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
         shell_quote(cmd)
     );
     std::fs::write(&script, text)?;
-    let scratch = ScratchDisk::create(&dir)?;
+    let scratch = ScratchDisk::create(&dir, &unique)?;
 
     let verbose = std::env::var_os("PRJQUOTA_VM_VERBOSE").is_some_and(|v| v == "1");
     let mut vng_cmd = Command::new(&vng);
@@ -288,16 +301,17 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
         .current_dir(cwd)
         .stdin(Stdio::null());
     println!(
-        "xtask vm: booting kernel {} {} (TCG, {} RAM, {} CPUs, fs {})",
+        "{}xtask vm: booting kernel {} {} (TCG, {} RAM, {} CPUs, fs {})",
+        opts.prefix,
         opts.kernel.name(),
         kernel.display(),
         opts.memory,
         opts.cpus,
         opts.fs.as_str()
     );
-    println!("$ {}", crate::display(&vng_cmd));
+    println!("{}$ {}", opts.prefix, crate::display(&vng_cmd));
     let started = Instant::now();
-    let tee = crate::run_tee(&mut vng_cmd, Some(timeout(opts.timeout)));
+    let tee = crate::run_tee_prefixed(&mut vng_cmd, Some(timeout(opts.timeout)), &opts.prefix);
     let _ = std::fs::remove_file(&script);
     let tee = tee?;
     let elapsed = started.elapsed().as_secs_f64();
@@ -342,7 +356,10 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
         }
         bail!(message);
     };
-    println!("xtask vm: guest command exited with status {status} ({elapsed:.0}s wall)");
+    println!(
+        "{}xtask vm: guest command exited with status {status} ({elapsed:.0}s wall)",
+        opts.prefix
+    );
     Ok(VmRun {
         status,
         lines: tee.lines,
