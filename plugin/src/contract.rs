@@ -14,12 +14,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserializer, Serialize};
 
-use crate::capacity::human;
+use prjquota_core::quoted::shown;
+use prjquota_core::units::{human, human_ceil};
+use prjquota_core::volume_id::EXAMPLE_UUID;
 
 /// Names of the variables Nomad sets, so no other module spells them.
 pub mod var {
@@ -68,8 +69,6 @@ pub const MAX_PARAMETER_VALUE_LEN: usize = 4 * 1024;
 /// Longest parameter name, in bytes.
 pub const MAX_PARAMETER_KEY_LEN: usize = 64;
 
-const EXAMPLE_UUID: &str = "8f3e9d2c-4b1a-4c6e-9a7d-2e5b6c1f0a93";
-
 /// The operation Nomad asks for, from `argv[1]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Operation {
@@ -105,73 +104,10 @@ impl fmt::Display for Operation {
     }
 }
 
-/// A Nomad volume ID: a UUID in its 36-character hyphenated form, lowercase.
-///
-/// The volume's directory is `<volumes dir>/<volume ID>`, so this type is what
-/// keeps a hostile ID (`../..`, `/`, NUL, newline) out of every path. Only the
-/// exact 8-4-4-4-12 hex form is accepted; uppercase is folded to lowercase so
-/// that one volume cannot have two directories or two registry records.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct VolumeId(String);
-
-impl VolumeId {
-    pub fn parse(s: &str) -> Result<Self, InputError> {
-        let well_formed = s.len() == 36
-            && s.bytes().enumerate().all(|(i, b)| match i {
-                8 | 13 | 18 | 23 => b == b'-',
-                _ => b.is_ascii_hexdigit(),
-            });
-        if well_formed {
-            Ok(VolumeId(s.to_ascii_lowercase()))
-        } else {
-            Err(InputError::InvalidVolumeId {
-                value: s.to_owned(),
-            })
-        }
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for VolumeId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl AsRef<str> for VolumeId {
-    fn as_ref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl FromStr for VolumeId {
-    type Err = InputError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        VolumeId::parse(s)
-    }
-}
-
-impl Serialize for VolumeId {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.0)
-    }
-}
-
-impl<'de> Deserialize<'de> for VolumeId {
-    // Records on disk are as untrusted as the environment: a tampered
-    // registry file must not smuggle a path into a volume ID.
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(deserializer)?;
-        VolumeId::parse(&s).map_err(de::Error::custom)
-    }
-}
-
-/// Volume parameters exactly as Nomad sent them; [`crate::params`] gives
-/// them meaning. Sorted, like Nomad's own JSON, so records are stable.
-pub type Parameters = BTreeMap<String, String>;
+// The volume ID and the parameters map are embedded in the registry record,
+// which the exporter reads too, so they are defined in core.
+pub use prjquota_core::params::Parameters;
+pub use prjquota_core::volume_id::VolumeId;
 
 /// A checked `create` request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -258,13 +194,6 @@ pub enum InputError {
         value: String,
         reason: String,
     },
-
-    #[error(
-        "volume ID {} is not a Nomad volume ID: expected a UUID of 8-4-4-4-12 \
-         hexadecimal digits such as {EXAMPLE_UUID}",
-        shown(.value)
-    )]
-    InvalidVolumeId { value: String },
 
     #[error(
         "DHV_CAPACITY_MIN_BYTES={min} ({}) is larger than DHV_CAPACITY_MAX_BYTES={max} \
@@ -365,7 +294,7 @@ pub enum InputError {
         "no whole number of the filesystem's {block}-byte blocks lies between capacity_min \
          ({min} bytes) and capacity_max ({max} bytes), and the kernel limits project usage in \
          blocks: widen the range, e.g. capacity_max = \"{}\"",
-        crate::capacity::human_ceil((*.min).max(1).next_multiple_of(*.block))
+        human_ceil((*.min).max(1).next_multiple_of(*.block))
     )]
     NoBlockFits { min: u64, max: u64, block: u64 },
 
@@ -379,7 +308,7 @@ pub enum InputError {
         "volume {volume_id} holds {} ({used} bytes), more than the requested capacity of \
          {} ({requested} bytes); the plugin never shrinks a volume below its usage: delete \
          data from the volume first, or request at least capacity_max = \"{}\"",
-        human(*.used), human(*.requested), crate::capacity::human_ceil(*.used)
+        human(*.used), human(*.requested), human_ceil(*.used)
     )]
     ShrinkBelowUsage {
         volume_id: String,
@@ -397,17 +326,6 @@ pub enum InputError {
         requested: u64,
         used: u64,
     },
-}
-
-/// Quotes `s` for an error message: escaped with `{:?}` so control and
-/// invisible characters show, and cut to 64 characters so a 1 MB hostile
-/// value cannot flood Nomad's output or the agent's log.
-pub(crate) fn shown(s: &str) -> String {
-    const MAX_CHARS: usize = 64;
-    match s.char_indices().nth(MAX_CHARS) {
-        None => format!("{s:?}"),
-        Some((cut, _)) => format!("{:?}… ({} bytes in all)", &s[..cut], s.len()),
-    }
 }
 
 /// How a parameter name would be written in an HCL parameters block.
@@ -1461,48 +1379,6 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(msg.contains("line 1 column 8"), "{msg}");
-    }
-
-    #[test]
-    fn volume_id_rules() {
-        let id = VolumeId::parse(&ID.to_uppercase()).unwrap();
-        assert_eq!(id.as_str(), ID);
-        assert_eq!(id.to_string(), ID);
-        assert_eq!(id, ID.parse::<VolumeId>().unwrap());
-        for bad in [
-            "",
-            "abc",
-            "../x",
-            &ID[1..],
-            &format!("{ID}0"),
-            &format!(" {}", &ID[1..]),
-            &ID.replace('-', "_"),
-            "8f3e9d2c-4b1a-4c6e-9a7d2-e5b6c1f0a93",
-        ] {
-            assert!(
-                matches!(
-                    VolumeId::parse(bad),
-                    Err(InputError::InvalidVolumeId { .. })
-                ),
-                "{bad:?}"
-            );
-        }
-        let msg = VolumeId::parse("../x").unwrap_err().to_string();
-        assert!(
-            msg.contains("\"../x\"") && msg.contains("8-4-4-4-12"),
-            "{msg}"
-        );
-    }
-
-    #[test]
-    fn volume_id_serde_is_a_validated_string() {
-        let id = VolumeId::parse(ID).unwrap();
-        assert_eq!(serde_json::to_string(&id).unwrap(), format!("\"{ID}\""));
-        let back: VolumeId = serde_json::from_str(&format!("\"{}\"", ID.to_uppercase())).unwrap();
-        assert_eq!(back, id);
-        let err = serde_json::from_str::<VolumeId>("\"../../etc\"").unwrap_err();
-        assert!(err.to_string().contains("not a Nomad volume ID"), "{err}");
-        assert!(serde_json::from_str::<VolumeId>("42").is_err());
     }
 
     #[test]

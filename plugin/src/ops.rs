@@ -25,6 +25,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
+use prjquota_core::units;
 
 use crate::capacity;
 use crate::config::{self, Config};
@@ -805,8 +806,8 @@ fn update(
             id,
             format_args!(
                 "resizing from {} to {}",
-                capacity::human(from),
-                capacity::human(bytes)
+                units::human(from),
+                units::human(bytes)
             ),
         ),
         UpdatePlan::Converge { resize_from: None } => {}

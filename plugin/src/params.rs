@@ -6,31 +6,10 @@
 //! through `allowed_parameters` in the node config, which of them volume
 //! authors may set.
 
-use serde::{Deserialize, Serialize};
+pub use prjquota_core::params::{parse_mode, Parameters, VolumeParams, KNOWN, MAX_MODE};
 
 use crate::config::Config;
-use crate::contract::{InputError, Parameters};
-
-/// Every parameter this plugin understands, in documentation order.
-pub const KNOWN: &[&str] = &["mode", "uid", "gid", "max_inodes"];
-
-/// Largest `mode`: permission bits plus setuid, setgid and sticky.
-pub const MAX_MODE: u32 = 0o7777;
-
-/// What a volume's parameters ask for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VolumeParams {
-    /// Mode of the volume's root directory.
-    pub mode: u32,
-    /// Owner of the volume's root directory; `None` keeps the plugin's own
-    /// (root), as `uid = "-1"` does in Nomad's mkdir plugin.
-    pub uid: Option<u32>,
-    /// Group of the volume's root directory; `None` as for `uid`.
-    pub gid: Option<u32>,
-    /// Hard limit on the number of files and directories in the volume;
-    /// `None` sets no inode limit.
-    pub max_inodes: Option<u64>,
-}
+use crate::contract::InputError;
 
 /// Checks `params` against what this plugin knows and what the node's
 /// configuration allows, and parses their values.
@@ -86,26 +65,6 @@ fn value<T>(
             })
         })
         .transpose()
-}
-
-/// Parses an octal mode as Nomad's mkdir does (`strconv.ParseUint(v, 8, 32)`):
-/// digits 0-7, an optional `0` or `0o` prefix, at most `07777`. The error is
-/// a reason to follow "mode = …: ".
-pub(crate) fn parse_mode(value: &str) -> Result<u32, String> {
-    let digits = value.strip_prefix("0o").unwrap_or(value);
-    if digits.is_empty() {
-        return Err("empty; write an octal mode such as \"0750\"".to_owned());
-    }
-    if !digits.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
-        return Err("not an octal mode: use only the digits 0-7, e.g. \"0750\"".to_owned());
-    }
-    match u32::from_str_radix(digits, 8) {
-        Ok(mode) if mode <= MAX_MODE => Ok(mode),
-        _ => Err(format!(
-            "larger than {MAX_MODE:04o} (permission bits plus setuid, setgid and sticky); \
-             use e.g. \"0750\""
-        )),
-    }
 }
 
 /// The `mode` parameter, with a hint for Nomad's trap: an unquoted HCL
