@@ -7,7 +7,7 @@
 
 use prjquota_core::units::{human, MAX_BYTES};
 
-use crate::contract::InputError;
+use crate::input_error::InputError;
 
 /// The hard limit a create request asks for: `capacity_max` when set, else
 /// `capacity_min`, else the node's `default_capacity`.

@@ -13,6 +13,8 @@ pub mod capacity;
 pub mod contract;
 pub mod fault;
 pub mod fs;
+pub mod input_error;
+pub mod limits;
 pub mod ops;
 pub mod params;
 pub mod registry;

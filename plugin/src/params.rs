@@ -9,7 +9,7 @@
 pub use prjquota_core::params::{parse_mode, Parameters, VolumeParams, KNOWN, MAX_MODE};
 
 use crate::config::Config;
-use crate::contract::InputError;
+use crate::input_error::InputError;
 
 /// Checks `params` against what this plugin knows and what the node's
 /// configuration allows, and parses their values.
