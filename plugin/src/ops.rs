@@ -332,7 +332,8 @@ pub fn create(req: &CreateRequest, plugin_id: &str) -> Result<Created> {
     // What today's config makes of the request. A recorded volume uses it
     // only for the parts of its spec that changed (see `settled`), so a
     // replay is not refused for what the config no longer allows.
-    let params = params::parse(&req.parameters, &cfg).map_err(|e| anyhow!("{e}"));
+    let params =
+        params::parse(&req.parameters, &params::Policy::from(&cfg)).map_err(|e| anyhow!("{e}"));
     let sized = capacity::requested_limit(req.capacity_min, req.capacity_max, cfg.default_capacity)
         .map_err(|e| anyhow!("{e}"));
     // Refuse a request the config rejects before touching the filesystem,

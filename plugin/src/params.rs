@@ -6,14 +6,41 @@
 //! through `allowed_parameters` in the node config, which of them volume
 //! authors may set.
 
+use std::collections::BTreeSet;
+use std::path::Path;
+
 pub use prjquota_core::params::{parse_mode, Parameters, VolumeParams, KNOWN, MAX_MODE};
 
 use crate::config::Config;
 use crate::input_error::InputError;
 
+/// The node settings that decide what a volume spec's parameters may say:
+/// the few fields of [`Config`] this module reads, so checking parameters
+/// does not depend on the whole node configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy<'a> {
+    /// Parameters volume authors may set.
+    pub allowed: &'a BTreeSet<String>,
+    /// Mode of a volume's root when its spec sets none.
+    pub default_mode: u32,
+    /// The file the policy came from, named when a parameter is refused;
+    /// `None` for the built-in defaults.
+    pub source: Option<&'a Path>,
+}
+
+impl<'a> From<&'a Config> for Policy<'a> {
+    fn from(cfg: &'a Config) -> Self {
+        Policy {
+            allowed: &cfg.allowed_parameters,
+            default_mode: cfg.default_mode,
+            source: cfg.source.as_deref(),
+        }
+    }
+}
+
 /// Checks `params` against what this plugin knows and what the node's
 /// configuration allows, and parses their values.
-pub fn parse(params: &Parameters, cfg: &Config) -> Result<VolumeParams, InputError> {
+pub fn parse(params: &Parameters, policy: &Policy<'_>) -> Result<VolumeParams, InputError> {
     for key in params.keys() {
         if !KNOWN.contains(&key.as_str()) {
             return Err(InputError::UnknownParameter {
@@ -21,24 +48,23 @@ pub fn parse(params: &Parameters, cfg: &Config) -> Result<VolumeParams, InputErr
                 accepted: KNOWN.join(", "),
             });
         }
-        if !cfg.allowed_parameters.contains(key) {
+        if !policy.allowed.contains(key) {
             return Err(InputError::ParameterNotAllowed {
                 key: key.clone(),
-                config: match &cfg.source {
+                config: match policy.source {
                     Some(path) => path.display().to_string(),
                     None => "the built-in defaults".to_owned(),
                 },
-                allowed: if cfg.allowed_parameters.is_empty() {
+                allowed: if policy.allowed.is_empty() {
                     "no parameters".to_owned()
                 } else {
-                    let names: Vec<&str> =
-                        cfg.allowed_parameters.iter().map(String::as_str).collect();
+                    let names: Vec<&str> = policy.allowed.iter().map(String::as_str).collect();
                     format!("only {}", names.join(", "))
                 },
             });
         }
     }
-    let mode = value(params, "mode", parse_mode_param)?.unwrap_or(cfg.default_mode);
+    let mode = value(params, "mode", parse_mode_param)?.unwrap_or(policy.default_mode);
     let uid = value(params, "uid", |v| parse_owner(v, "user"))?.flatten();
     let gid = value(params, "gid", |v| parse_owner(v, "group"))?.flatten();
     let max_inodes = value(params, "max_inodes", parse_max_inodes)?;
@@ -139,11 +165,11 @@ mod tests {
     }
 
     fn ok(pairs: &[(&str, &str)]) -> VolumeParams {
-        parse(&params(pairs), &Config::default()).unwrap()
+        parse(&params(pairs), &Policy::from(&Config::default())).unwrap()
     }
 
     fn err(pairs: &[(&str, &str)]) -> InputError {
-        parse(&params(pairs), &Config::default()).unwrap_err()
+        parse(&params(pairs), &Policy::from(&Config::default())).unwrap_err()
     }
 
     fn invalid(pairs: &[(&str, &str)], want_key: &str) -> String {
@@ -159,7 +185,7 @@ mod tests {
             default_mode: 0o750,
             ..Config::default()
         };
-        let got = parse(&Parameters::new(), &cfg).unwrap();
+        let got = parse(&Parameters::new(), &Policy::from(&cfg)).unwrap();
         assert_eq!(
             got,
             VolumeParams {
@@ -298,10 +324,16 @@ mod tests {
             ..Config::default()
         };
         assert_eq!(
-            parse(&params(&[("mode", "0750")]), &cfg).unwrap().mode,
+            parse(&params(&[("mode", "0750")]), &Policy::from(&cfg))
+                .unwrap()
+                .mode,
             0o750
         );
-        let e = parse(&params(&[("mode", "0750"), ("uid", "0")]), &cfg).unwrap_err();
+        let e = parse(
+            &params(&[("mode", "0750"), ("uid", "0")]),
+            &Policy::from(&cfg),
+        )
+        .unwrap_err();
         assert!(matches!(&e, InputError::ParameterNotAllowed { key, .. } if key == "uid"));
         let msg = e.to_string();
         assert!(msg.contains("/opt/nomad/plugins/prjquota.toml"), "{msg}");
@@ -312,7 +344,7 @@ mod tests {
             source: None,
             ..Config::default()
         };
-        let msg = parse(&params(&[("mode", "0750")]), &none)
+        let msg = parse(&params(&[("mode", "0750")]), &Policy::from(&none))
             .unwrap_err()
             .to_string();
         assert!(
@@ -328,7 +360,7 @@ mod tests {
             ..Config::default()
         };
         assert!(matches!(
-            parse(&params(&[("bogus", "1")]), &cfg),
+            parse(&params(&[("bogus", "1")]), &Policy::from(&cfg)),
             Err(InputError::UnknownParameter { .. })
         ));
     }
