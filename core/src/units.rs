@@ -10,6 +10,11 @@ const IEC_UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
 /// The largest size Nomad can record: it keeps sizes as int64.
 pub const MAX_BYTES: u64 = i64::MAX as u64;
 
+/// IEC multiples, for sizes written in code rather than parsed.
+pub const KIB: u64 = 1 << 10;
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+
 /// IEC size for messages: "512 B", "64 MiB", "1.5 GiB". Fractions are cut to
 /// two decimals rounding down, so a usage figure is never overstated; pair it
 /// with the exact byte count wherever precision matters.
@@ -148,10 +153,6 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const KIB: u64 = 1024;
-    const MIB: u64 = 1024 * KIB;
-    const GIB: u64 = 1024 * MIB;
 
     #[test]
     fn human_sizes() {

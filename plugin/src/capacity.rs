@@ -170,10 +170,7 @@ impl std::error::Error for AdmissionError {}
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const KIB: u64 = 1024;
-    const MIB: u64 = 1024 * KIB;
-    const GIB: u64 = 1024 * MIB;
+    use prjquota_core::units::GIB;
 
     #[test]
     fn requested_limit_prefers_max_then_min_then_default() {
