@@ -1,15 +1,23 @@
 //! prjquota-core: the parts the `prjquota` plugin and `prjquota-exporter`
 //! both need, so the exporter depends on this contract and not on the
-//! plugin's admin, ops and config code.
+//! plugin's admin, ops and request-handling code.
 //!
 //! [`sys`] is the only module allowed `unsafe` code (the workspace denies it
 //! everywhere else); [`quota`], [`mountinfo`] and [`announce`] are the safe
-//! layers above it.
+//! layers above it. [`record`] is the registry record and its one reader,
+//! [`config`] the node configuration and its one reader; [`volume_id`],
+//! [`params`], [`units`] and [`quoted`] are what those two are made of.
 
 pub mod announce;
+pub mod config;
 pub mod mountinfo;
+pub mod params;
 pub mod quota;
+pub mod quoted;
+pub mod record;
 // The kernel boundary: raw syscalls and C layouts that libc lacks. Every
 // block states its SAFETY invariant (clippy::undocumented_unsafe_blocks).
 #[allow(unsafe_code)]
 pub mod sys;
+pub mod units;
+pub mod volume_id;

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use prjquota::registry::Record;
+use prjquota_core::record::Record;
 
 /// What the exporter keeps of a registry record: the labels and numbers it
 /// reports, not the volume's parameters or timestamps.
@@ -101,7 +101,7 @@ impl Inventory {
     /// An inventory of one directory from records, as a test would build it;
     /// records that are not `Ready` are counted, not listed.
     pub fn from_records(volumes_dir: &Path, dev: Option<u64>, records: &[Record]) -> Inventory {
-        use prjquota::registry::State;
+        use prjquota_core::record::State;
         let mut dir = Dir {
             path: volumes_dir.to_path_buf(),
             dev,

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use prjquota::registry::State;
 use prjquota_core::announce::{announce, socket_name, Announced};
+use prjquota_core::record::State;
 use prjquota_exporter::Exporter;
 
 fn exporter(dir: &Path) -> Arc<Exporter> {

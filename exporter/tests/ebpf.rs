@@ -13,7 +13,7 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use prjquota::registry::State;
+use prjquota_core::record::State;
 use prjquota_ebpf::WriteTelemetry;
 use prjquota_vmtests::prom::{command_of, run_to_refusal, Exporter};
 

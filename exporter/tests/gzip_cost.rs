@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use prjquota::registry::State;
+use prjquota_core::record::State;
 use prjquota_exporter::Exporter;
 
 async fn measure(n: u32) {

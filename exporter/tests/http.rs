@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use prjquota::registry::State;
+use prjquota_core::record::State;
 use prjquota_exporter::Exporter;
 
 const A: &str = "aaaaaaaa-0000-4000-8000-000000000001";

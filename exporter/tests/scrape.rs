@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-use prjquota::registry::State;
+use prjquota_core::record::State;
 use prjquota_exporter::genetlink::{self, Warning};
 use prjquota_exporter::{Config, Exporter};
 

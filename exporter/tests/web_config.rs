@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
-use prjquota::registry::State;
+use prjquota_core::record::State;
 use prjquota_vmtests::prom::{command_of, run_to_refusal, Exporter};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,

@@ -1,23 +1,25 @@
 //! prjquota: capacity-enforced Nomad host volumes on project quotas.
 //!
-//! The crate is both the `prjquota` plugin executable and the library that
-//! the exporter and the tests share. Pure logic (the Nomad contract, node
-//! configuration, capacity arithmetic, parameters) is free of syscalls and
+//! The crate is both the `prjquota` plugin executable and the library the VM
+//! tests drive it through; what the exporter shares with it (the record, the
+//! node configuration, the quota layer) is in `prjquota-core`. Pure logic
+//! (the Nomad contract, capacity arithmetic, parameters) is free of syscalls and
 //! unit-tested on any host; everything that talks to the kernel goes through
 //! [`sys`] (the only `unsafe` code) and the thin safe layers above it
 //! ([`quota`], [`fs`], [`registry`], [`remove`]).
 
 pub mod admin;
 pub mod capacity;
-pub mod config;
 pub mod contract;
 pub mod fault;
 pub mod fs;
+pub mod input_error;
+pub mod limits;
 pub mod ops;
 pub mod params;
 pub mod registry;
 pub mod remove;
 
 // Moved to prjquota-core (shared with the exporter); re-exported so the
-// plugin's own `crate::sys` paths keep working.
-pub use prjquota_core::{announce, mountinfo, quota, sys};
+// plugin's own `crate::sys` and `crate::config` paths keep working.
+pub use prjquota_core::{announce, config, mountinfo, quota, sys};

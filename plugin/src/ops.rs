@@ -25,6 +25,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
+use prjquota_core::units;
 
 use crate::capacity;
 use crate::config::{self, Config};
@@ -331,7 +332,8 @@ pub fn create(req: &CreateRequest, plugin_id: &str) -> Result<Created> {
     // What today's config makes of the request. A recorded volume uses it
     // only for the parts of its spec that changed (see `settled`), so a
     // replay is not refused for what the config no longer allows.
-    let params = params::parse(&req.parameters, &cfg).map_err(|e| anyhow!("{e}"));
+    let params =
+        params::parse(&req.parameters, &params::Policy::from(&cfg)).map_err(|e| anyhow!("{e}"));
     let sized = capacity::requested_limit(req.capacity_min, req.capacity_max, cfg.default_capacity)
         .map_err(|e| anyhow!("{e}"));
     // Refuse a request the config rejects before touching the filesystem,
@@ -805,8 +807,8 @@ fn update(
             id,
             format_args!(
                 "resizing from {} to {}",
-                capacity::human(from),
-                capacity::human(bytes)
+                units::human(from),
+                units::human(bytes)
             ),
         ),
         UpdatePlan::Converge { resize_from: None } => {}

@@ -6,35 +6,41 @@
 //! through `allowed_parameters` in the node config, which of them volume
 //! authors may set.
 
-use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::path::Path;
+
+pub use prjquota_core::params::{parse_mode, Parameters, VolumeParams, KNOWN, MAX_MODE};
 
 use crate::config::Config;
-use crate::contract::{InputError, Parameters};
+use crate::input_error::InputError;
 
-/// Every parameter this plugin understands, in documentation order.
-pub const KNOWN: &[&str] = &["mode", "uid", "gid", "max_inodes"];
+/// The node settings that decide what a volume spec's parameters may say:
+/// the few fields of [`Config`] this module reads, so checking parameters
+/// does not depend on the whole node configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy<'a> {
+    /// Parameters volume authors may set.
+    pub allowed: &'a BTreeSet<String>,
+    /// Mode of a volume's root when its spec sets none.
+    pub default_mode: u32,
+    /// The file the policy came from, named when a parameter is refused;
+    /// `None` for the built-in defaults.
+    pub source: Option<&'a Path>,
+}
 
-/// Largest `mode`: permission bits plus setuid, setgid and sticky.
-pub const MAX_MODE: u32 = 0o7777;
-
-/// What a volume's parameters ask for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VolumeParams {
-    /// Mode of the volume's root directory.
-    pub mode: u32,
-    /// Owner of the volume's root directory; `None` keeps the plugin's own
-    /// (root), as `uid = "-1"` does in Nomad's mkdir plugin.
-    pub uid: Option<u32>,
-    /// Group of the volume's root directory; `None` as for `uid`.
-    pub gid: Option<u32>,
-    /// Hard limit on the number of files and directories in the volume;
-    /// `None` sets no inode limit.
-    pub max_inodes: Option<u64>,
+impl<'a> From<&'a Config> for Policy<'a> {
+    fn from(cfg: &'a Config) -> Self {
+        Policy {
+            allowed: &cfg.allowed_parameters,
+            default_mode: cfg.default_mode,
+            source: cfg.source.as_deref(),
+        }
+    }
 }
 
 /// Checks `params` against what this plugin knows and what the node's
 /// configuration allows, and parses their values.
-pub fn parse(params: &Parameters, cfg: &Config) -> Result<VolumeParams, InputError> {
+pub fn parse(params: &Parameters, policy: &Policy<'_>) -> Result<VolumeParams, InputError> {
     for key in params.keys() {
         if !KNOWN.contains(&key.as_str()) {
             return Err(InputError::UnknownParameter {
@@ -42,24 +48,23 @@ pub fn parse(params: &Parameters, cfg: &Config) -> Result<VolumeParams, InputErr
                 accepted: KNOWN.join(", "),
             });
         }
-        if !cfg.allowed_parameters.contains(key) {
+        if !policy.allowed.contains(key) {
             return Err(InputError::ParameterNotAllowed {
                 key: key.clone(),
-                config: match &cfg.source {
+                config: match policy.source {
                     Some(path) => path.display().to_string(),
                     None => "the built-in defaults".to_owned(),
                 },
-                allowed: if cfg.allowed_parameters.is_empty() {
+                allowed: if policy.allowed.is_empty() {
                     "no parameters".to_owned()
                 } else {
-                    let names: Vec<&str> =
-                        cfg.allowed_parameters.iter().map(String::as_str).collect();
+                    let names: Vec<&str> = policy.allowed.iter().map(String::as_str).collect();
                     format!("only {}", names.join(", "))
                 },
             });
         }
     }
-    let mode = value(params, "mode", parse_mode_param)?.unwrap_or(cfg.default_mode);
+    let mode = value(params, "mode", parse_mode_param)?.unwrap_or(policy.default_mode);
     let uid = value(params, "uid", |v| parse_owner(v, "user"))?.flatten();
     let gid = value(params, "gid", |v| parse_owner(v, "group"))?.flatten();
     let max_inodes = value(params, "max_inodes", parse_max_inodes)?;
@@ -86,26 +91,6 @@ fn value<T>(
             })
         })
         .transpose()
-}
-
-/// Parses an octal mode as Nomad's mkdir does (`strconv.ParseUint(v, 8, 32)`):
-/// digits 0-7, an optional `0` or `0o` prefix, at most `07777`. The error is
-/// a reason to follow "mode = …: ".
-pub(crate) fn parse_mode(value: &str) -> Result<u32, String> {
-    let digits = value.strip_prefix("0o").unwrap_or(value);
-    if digits.is_empty() {
-        return Err("empty; write an octal mode such as \"0750\"".to_owned());
-    }
-    if !digits.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
-        return Err("not an octal mode: use only the digits 0-7, e.g. \"0750\"".to_owned());
-    }
-    match u32::from_str_radix(digits, 8) {
-        Ok(mode) if mode <= MAX_MODE => Ok(mode),
-        _ => Err(format!(
-            "larger than {MAX_MODE:04o} (permission bits plus setuid, setgid and sticky); \
-             use e.g. \"0750\""
-        )),
-    }
 }
 
 /// The `mode` parameter, with a hint for Nomad's trap: an unquoted HCL
@@ -180,11 +165,11 @@ mod tests {
     }
 
     fn ok(pairs: &[(&str, &str)]) -> VolumeParams {
-        parse(&params(pairs), &Config::default()).unwrap()
+        parse(&params(pairs), &Policy::from(&Config::default())).unwrap()
     }
 
     fn err(pairs: &[(&str, &str)]) -> InputError {
-        parse(&params(pairs), &Config::default()).unwrap_err()
+        parse(&params(pairs), &Policy::from(&Config::default())).unwrap_err()
     }
 
     fn invalid(pairs: &[(&str, &str)], want_key: &str) -> String {
@@ -200,7 +185,7 @@ mod tests {
             default_mode: 0o750,
             ..Config::default()
         };
-        let got = parse(&Parameters::new(), &cfg).unwrap();
+        let got = parse(&Parameters::new(), &Policy::from(&cfg)).unwrap();
         assert_eq!(
             got,
             VolumeParams {
@@ -339,10 +324,16 @@ mod tests {
             ..Config::default()
         };
         assert_eq!(
-            parse(&params(&[("mode", "0750")]), &cfg).unwrap().mode,
+            parse(&params(&[("mode", "0750")]), &Policy::from(&cfg))
+                .unwrap()
+                .mode,
             0o750
         );
-        let e = parse(&params(&[("mode", "0750"), ("uid", "0")]), &cfg).unwrap_err();
+        let e = parse(
+            &params(&[("mode", "0750"), ("uid", "0")]),
+            &Policy::from(&cfg),
+        )
+        .unwrap_err();
         assert!(matches!(&e, InputError::ParameterNotAllowed { key, .. } if key == "uid"));
         let msg = e.to_string();
         assert!(msg.contains("/opt/nomad/plugins/prjquota.toml"), "{msg}");
@@ -353,7 +344,7 @@ mod tests {
             source: None,
             ..Config::default()
         };
-        let msg = parse(&params(&[("mode", "0750")]), &none)
+        let msg = parse(&params(&[("mode", "0750")]), &Policy::from(&none))
             .unwrap_err()
             .to_string();
         assert!(
@@ -369,7 +360,7 @@ mod tests {
             ..Config::default()
         };
         assert!(matches!(
-            parse(&params(&[("bogus", "1")]), &cfg),
+            parse(&params(&[("bogus", "1")]), &Policy::from(&cfg)),
             Err(InputError::UnknownParameter { .. })
         ));
     }

@@ -31,64 +31,21 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, Context, Result};
-use serde::{Deserialize, Serialize};
 
-use crate::contract::{Parameters, VolumeId};
-use crate::params::VolumeParams;
+// The record format and its one reader are core's, shared with the
+// exporter; this module owns the directory around them (locks, IDs, writes).
+use prjquota_core::record::VOLUMES;
+pub use prjquota_core::record::{
+    parse_record_bytes, read_record, records_dir, Record, State, DIR_NAME, MAX_RECORD_BYTES,
+    RECORD_VERSION,
+};
+
+use crate::contract::VolumeId;
 use crate::sys;
 
-pub const DIR_NAME: &str = ".prjquota";
-const VOLUMES: &str = "volumes";
 const LOCKS: &str = "locks";
 const IDS: &str = "ids";
 const ALLOC_LOCK: &str = "alloc.lock";
-pub const RECORD_VERSION: u32 = 1;
-
-/// Where a volume is in its life. A record is written before anything else
-/// of a volume exists and removed after everything else is gone, so a crash
-/// at any point leaves a record that says what the next call must finish.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum State {
-    /// The project ID is reserved; directory, limits or tag may be missing.
-    Creating,
-    /// Fully created and returned to Nomad.
-    Ready,
-    /// Delete has started; the directory may be partly removed.
-    Deleting,
-}
-
-/// One volume as the plugin made it. Carries every label the exporter needs.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Record {
-    pub version: u32,
-    pub state: State,
-    pub volume_id: VolumeId,
-    pub volume_name: String,
-    pub namespace: String,
-    pub node_pool: String,
-    pub node_id: String,
-    /// The plugin's file name in Nomad's plugin dir (Nomad's `plugin_id`).
-    pub plugin_id: String,
-    pub path: PathBuf,
-    pub fstype: String,
-    pub project_id: u32,
-    pub capacity_min_bytes: u64,
-    pub capacity_max_bytes: u64,
-    /// The hard limit in force, as returned to Nomad.
-    pub provisioned_bytes: u64,
-    pub params: VolumeParams,
-    /// The parameters exactly as the volume spec gave them.
-    pub parameters: Parameters,
-    pub created_unix: u64,
-    pub updated_unix: u64,
-}
-
-/// `<volumes dir>/.prjquota/volumes`: where the records live. The one place
-/// that spells the path; the plugin, the exporter and the tests all use it.
-pub fn records_dir(volumes_dir: &Path) -> PathBuf {
-    volumes_dir.join(DIR_NAME).join(VOLUMES)
-}
 
 pub fn now_unix() -> u64 {
     SystemTime::now()
@@ -269,7 +226,7 @@ impl Registry {
                 })
             }
         };
-        let rec = parse_record(std::fs::File::from(fd), id.as_str()).with_context(|| {
+        let rec = read_record(std::fs::File::from(fd), id.as_str()).with_context(|| {
             format!(
                 "the record {}/{VOLUMES}/{name} is unreadable; run `prjquota reconcile` to inspect it",
                 self.path.display()
@@ -416,42 +373,6 @@ pub enum Entry {
     Corrupt { file: String, error: String },
 }
 
-/// Records are a few hundred bytes; a larger file is not a record.
-pub const MAX_RECORD_BYTES: u64 = 1 << 20;
-
-fn parse_record(mut f: std::fs::File, expected_id: &str) -> Result<Record> {
-    use std::io::Read;
-    let mut body = Vec::new();
-    Read::by_ref(&mut f)
-        .take(MAX_RECORD_BYTES + 1)
-        .read_to_end(&mut body)?;
-    if body.len() as u64 > MAX_RECORD_BYTES {
-        anyhow::bail!("larger than {MAX_RECORD_BYTES} bytes: not a record");
-    }
-    parse_record_bytes(&body, expected_id)
-}
-
-/// Parses and checks one record file's content: valid JSON of the supported
-/// version whose `volume_id` matches the file name (`<id>.json`). The
-/// exporter, which caches records per file, uses this directly: it is the
-/// only record reader.
-pub fn parse_record_bytes(body: &[u8], expected_id: &str) -> Result<Record> {
-    let rec: Record = serde_json::from_slice(body).context("invalid JSON record")?;
-    if rec.volume_id.as_str() != expected_id {
-        anyhow::bail!(
-            "the record's volume_id {} does not match its file name",
-            rec.volume_id
-        );
-    }
-    if rec.version != RECORD_VERSION {
-        anyhow::bail!(
-            "record version {} is not supported (this prjquota reads version {RECORD_VERSION})",
-            rec.version
-        );
-    }
-    Ok(rec)
-}
-
 fn load_all_from(dir: BorrowedFd<'_>) -> io::Result<Vec<Entry>> {
     let mut names: Vec<String> = sys::read_dir(dir)?
         .into_iter()
@@ -474,7 +395,7 @@ fn load_all_from(dir: BorrowedFd<'_>) -> io::Result<Vec<Entry>> {
                 continue;
             }
         };
-        match parse_record(std::fs::File::from(fd), id) {
+        match read_record(std::fs::File::from(fd), id) {
             Ok(r) => out.push(Entry::Record(Box::new(r))),
             Err(e) => out.push(Entry::Corrupt {
                 file: name,

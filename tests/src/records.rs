@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
-use prjquota::contract::VolumeId;
-use prjquota::params::VolumeParams;
-use prjquota::registry::{Record, Registry, State, RECORD_VERSION};
+use prjquota::registry::Registry;
+use prjquota_core::params::VolumeParams;
+use prjquota_core::record::{Record, State, RECORD_VERSION};
+use prjquota_core::volume_id::VolumeId;
 
 /// A record of volume `id` (a UUID) of 1 GiB with project ID `project_id`,
 /// named `vol-<project_id>`, on node `node-1` of pool `default`, mode 0755.

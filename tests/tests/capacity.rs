@@ -37,7 +37,7 @@ fn share(mount: &Path, percent: u64) -> u64 {
 /// the fixture's volumes (statfs used minus the volumes' quota usage).
 fn room(f: &Fixture, mount: &Path, ids: &[String]) -> u64 {
     let dir = std::fs::File::open(mount).unwrap();
-    let st = prjquota::sys::fstatfs(dir.as_fd()).unwrap();
+    let st = prjquota_core::sys::fstatfs(dir.as_fd()).unwrap();
     let frsize = st.f_frsize as u64;
     let size = st.f_blocks as u64 * frsize;
     let used = (st.f_blocks as u64 - st.f_bfree as u64) * frsize;

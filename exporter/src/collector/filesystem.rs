@@ -48,7 +48,7 @@ fn ratio(plugin_dir: Option<&Path>) -> anyhow::Result<Option<f64>> {
     let Some(dir) = plugin_dir.filter(|d| d.is_dir()) else {
         return Ok(None);
     };
-    prjquota::config::load(dir)
+    prjquota_core::config::load(dir)
         .map(|c| Some(c.overcommit_ratio))
         .map_err(|e| anyhow!("{e}"))
 }
@@ -149,7 +149,7 @@ mod tests {
     use crate::collector::quota::{ListFn, QuotaReader};
     use crate::inventory::tests::volume;
     use crate::inventory::Inventory;
-    use prjquota::quota::ProjectQuota;
+    use prjquota_core::quota::ProjectQuota;
 
     fn scrape(quota_ok: bool) -> Scrape {
         let mut a = volume("default", "default", 1001);

@@ -19,14 +19,14 @@
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsString;
 use std::fs;
-use std::io::{self, Read};
+use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::anyhow;
-use prjquota::registry::{parse_record_bytes, records_dir, Record, State, MAX_RECORD_BYTES};
+use prjquota_core::record::{self, records_dir, Record, State};
 
 use super::{BoxFuture, Collector, Scrape};
 use crate::blocking::InFlight;
@@ -314,8 +314,8 @@ fn scan(cache: &mut DirCache, index: usize, volumes_dir: &Path) -> io::Result<Sn
 }
 
 /// Reads one record file; `Ok(None)` when it vanished before it was opened.
-/// The open and size checks are the exporter's (it caches per file); the
-/// content checks are the plugin's single reader, `parse_record_bytes`.
+/// The open checks are the exporter's (it caches per file); the size and
+/// content checks are the single record reader's, `prjquota_core::record`.
 fn read_record(path: &Path, stem: &str) -> Result<Option<Record>, String> {
     // O_NONBLOCK: a FIFO swapped in after the lstat must not hang the read.
     let f = match fs::OpenOptions::new()
@@ -330,16 +330,7 @@ fn read_record(path: &Path, stem: &str) -> Result<Option<Record>, String> {
     if !f.metadata().map_err(|e| e.to_string())?.is_file() {
         return Err("not a regular file".into());
     }
-    let mut body = Vec::new();
-    f.take(MAX_RECORD_BYTES + 1)
-        .read_to_end(&mut body)
-        .map_err(|e| e.to_string())?;
-    if body.len() as u64 > MAX_RECORD_BYTES {
-        return Err(format!(
-            "larger than {MAX_RECORD_BYTES} bytes: not a record"
-        ));
-    }
-    let rec = parse_record_bytes(&body, stem).map_err(|e| format!("{e:#}"))?;
+    let rec = record::read_record(f, stem).map_err(|e| format!("{e:#}"))?;
     Ok(Some(rec))
 }
 

@@ -49,7 +49,7 @@ pub fn run(t: &mut WriteTelemetry, volumes_dirs: &[PathBuf]) -> Vec<Outcome> {
         .map(|(p, _)| p)
         .collect();
     for dir in volumes_dirs {
-        let registry = dir.join(prjquota::registry::DIR_NAME);
+        let registry = dir.join(prjquota_core::record::DIR_NAME);
         let Ok(fs) = fs_magic(&registry) else {
             continue; // no registry yet: nothing of ours to write into
         };

@@ -6,10 +6,10 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::Flags;
-use crate::capacity::human;
 use crate::fs::VolumesFs;
 use crate::quota;
 use crate::registry::{self, Entry, State};
+use prjquota_core::units::human;
 
 /// One volume as listed.
 #[derive(Debug, Clone, Serialize, PartialEq)]

@@ -7,7 +7,11 @@
 //! restart needed. The defaults and `allowed_parameters` are applied when a
 //! volume is created (or its spec updated) and kept in its record: Nomad's
 //! replay of an unchanged spec at agent start is answered from the record,
-//! whatever the file says now (see `ops::settled`).
+//! whatever the file says now (see `prjquota::ops::settled`).
+//!
+//! The file is the plugin's, but it lives in core with its one reader: the
+//! exporter reports `overcommit_ratio` from it and must read the file exactly
+//! as the next create will, failing where the plugin would fail.
 //!
 //! ```toml
 //! # /opt/nomad/plugins/prjquota.toml
@@ -48,9 +52,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::capacity::parse_size;
-use crate::contract::shown;
 use crate::params;
+use crate::quoted::shown;
+use crate::units::parse_size;
 
 /// Name of the configuration file, looked up in the plugin's directory.
 pub const FILE_NAME: &str = "prjquota.toml";
