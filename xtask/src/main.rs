@@ -36,12 +36,14 @@ commands:
   vm [--kernel K] [--fs xfs|ext4|all] [--memory 2G] [--cpus 2] -- CMD...
                              boot Debian's kernel in QEMU, mount the quota test filesystems,
                              run CMD (bash -c) in the current directory; exits with CMD's status
-  test [--host-only | --vm-only] [--kernel K|all] [--full] [--filter EXPR] [--vm-threads N] [--vm-cpus N] [--vm-lanes N]
-       [-- NEXTEST_ARGS...]
+  test [--host-only | --vm-only] [--kernel K|all] [--full] [--filter EXPR] [--vm-threads N]
+       [--vm-lanes N] [--vm-cpus N] [-- NEXTEST_ARGS...]
                              fmt, clippy, host tests, then the real-kernel tests, one VM boot per
                              kernel: the full suite on 6.1, the compatibility pass on the others
                              (--full: the full suite everywhere); EXPR is a nextest filterset
-                             (passed as -E), e.g. 'test(smoke)', and replaces either selection
+                             (passed as -E), e.g. 'test(smoke)', and replaces either selection;
+                             several kernels boot two VMs at a time (--vm-lanes), of one CPU each
+                             (--vm-cpus; one VM alone gets two)
   demo                       deps, build, and tell the whole story in the VM (plugin, exporter, eBPF)
   stress [--secs N] [--seed S] [--kernel K]
                              the concurrency stress test for N seconds per filesystem (default 300)

@@ -66,6 +66,6 @@ pub fn main(args: &[String]) -> Result<u8> {
         // boot and the builds' margin.
         vm_timeout: Some(Duration::from_secs(2 * secs + 65 * 60)),
         vm_cpus: None,
-        vm_lanes: 1,
+        vm_lanes: None,
     })
 }
