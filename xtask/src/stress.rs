@@ -65,5 +65,6 @@ pub fn main(args: &[String]) -> Result<u8> {
         // two storms of 1,000 (about 10 minutes each under emulation), the
         // boot and the builds' margin.
         vm_timeout: Some(Duration::from_secs(2 * secs + 65 * 60)),
+        release_deb: false,
     })
 }
