@@ -9,6 +9,9 @@
 //!    those binaries there with nextest, reusing the host build
 //!    (`--binaries-metadata`/`--cargo-metadata`: no archive, nothing to
 //!    extract, the guest reads target/ over the shared read-only root).
+//!    When a pass selects `binary(package)` or `binary(static_plugin)`, it
+//!    also builds the static release plugin as `cargo xtask dist` does and a
+//!    test .deb (see `dist_for_tests`).
 //!
 //! Ends with each pass's nextest summary line and `N passed, M failed`.
 
