@@ -3,17 +3,20 @@
 //! client"), checked, then purged.
 //!
 //! Where it installs: the guest's root is the host's, shared read-only over
-//! 9p (virtme-ng puts tmpfs on a few paths such as /tmp and /var/cache and
-//! nothing on /usr, /etc or /var/lib/dpkg). `dpkg --root`/`--instdir` into
-//! an empty directory would install against an empty package database and
-//! without the system around it (no systemd units to resolve, no /usr/bin
-//! to land in). So the test mounts an overlay whose lower layer is that
-//! root and whose upper layer is a tmpfs of its own, binds /proc, /sys,
-//! /dev and /run into it and runs dpkg, systemctl and systemd-analyze
-//! chrooted there: the install is real (Debian's own package database,
-//! Debian's own systemd), only its writes stay in memory. The upper layer
-//! is also the exact record of what dpkg wrote, so after the purge the
-//! test can say that nothing but dpkg's own bookkeeping is left.
+//! 9p, and virtme-ng lays tmpfs-backed overlays over /etc, /usr, /var and a
+//! few more (`virtme_rw_overlay*=` on the guest's kernel command line), so
+//! a plain `dpkg -i` may well work in the guest (not tried). It would also
+//! change the root
+//! that every other test of the boot runs on, in parallel, and leave no
+//! record to check "the purge left nothing" against; and `dpkg --root` into
+//! an empty directory would install against an empty package database,
+//! with no systemd to verify the unit. So the test mounts an overlay of its
+//! own: the lower layer is the guest's root file system alone (a bind of
+//! `/`), the upper a tmpfs; it binds /proc, /sys, /dev and /run into it and
+//! runs dpkg, systemctl and systemd-analyze chrooted there. The install is
+//! real (Debian's own package database and systemd, the host's), its writes
+//! stay in memory, and the upper layer is the exact record of what dpkg
+//! wrote: after the purge, only dpkg's own bookkeeping may be there.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
