@@ -31,6 +31,10 @@ const APT_PACKAGES: &[(&str, &str)] = &[
     ("prometheus", "promtool, to check the alert rules"),
     ("fio", "write load in tests and benchmarks"),
     (
+        "systemd",
+        "systemd-analyze verify and systemctl --root, run on the .deb's unit in the VM (tests/tests/package.rs)",
+    ),
+    (
         "quota",
         "repquota, the independent witness of ext4 project quotas in the stress test",
     ),

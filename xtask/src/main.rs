@@ -37,20 +37,23 @@ commands:
                              boot Debian's kernel in QEMU, mount the quota test filesystems,
                              run CMD (bash -c) in the current directory; exits with CMD's status
   test [--host-only | --vm-only] [--kernel K|all] [--full] [--filter EXPR] [--vm-threads N]
-       [--vm-lanes N] [--vm-cpus N] [-- NEXTEST_ARGS...]
+       [--vm-lanes N] [--vm-cpus N] [--release-deb] [-- NEXTEST_ARGS...]
                              fmt, clippy, host tests, then the real-kernel tests, one VM boot per
                              kernel: the full suite on 6.1, the compatibility pass on the others
                              (--full: the full suite everywhere); EXPR is a nextest filterset
                              (passed as -E), e.g. 'test(smoke)', and replaces either selection;
-                             several kernels boot two VMs at a time (--vm-lanes), of one CPU each
-                             (--vm-cpus; one VM alone gets two)
+                             several kernels boot two VMs at a time (--vm-lanes): the full pass
+                             with two CPUs beside the others with one (--vm-cpus);
+                             binary(package) installs a test .deb (the static release plugin, the
+                             debug exporter), --release-deb the one of `dist` (minutes to build)
   demo                       deps, build, and tell the whole story in the VM (plugin, exporter, eBPF)
   stress [--secs N] [--seed S] [--kernel K]
                              the concurrency stress test for N seconds per filesystem (default 300)
                              and the exporter's 10,000-volume churn soak
   bench [--quick]            plugin comparisons, exporter scrape cost and eBPF overhead in one VM
                              boot (release builds); writes bench/RESULTS.md
-  dist                       release binaries and target/dist/prjquota-<version>-<arch>-linux.tar.gz
+  dist                       static release binaries, the tarball, the .deb and SHA256SUMS in
+                             target/dist/
 
 kernels (K): 5.10 (bullseye), 6.1 (bookworm, the default), 6.12 (trixie), 7 (sid): Debian's
   generic kernels; `deps` fetches all four.

@@ -67,5 +67,6 @@ pub fn main(args: &[String]) -> Result<u8> {
         vm_timeout: Some(Duration::from_secs(2 * secs + 65 * 60)),
         vm_cpus: None,
         vm_lanes: None,
+        release_deb: false,
     })
 }

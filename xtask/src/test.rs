@@ -9,10 +9,14 @@
 //!    those binaries there with nextest, reusing the host build
 //!    (`--binaries-metadata`/`--cargo-metadata`: no archive, nothing to
 //!    extract, the guest reads target/ over the shared read-only root).
+//!    When a pass selects `binary(package)` or `binary(static_plugin)`, it
+//!    also builds the static release plugin as `cargo xtask dist` does and a
+//!    test .deb (see `dist_for_tests`).
 //!
 //! Ends with each pass's nextest summary line and `N passed, M failed`.
 
 use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -44,6 +48,9 @@ pub struct Opts {
     /// How many VMs run at once; by default two when there are several
     /// kernels (the most the project's 2-core machines run well).
     pub vm_lanes: Option<u32>,
+    /// The package tests install the release .deb of `cargo xtask dist`
+    /// (minutes of release build cold), not the test .deb.
+    pub release_deb: bool,
 }
 
 /// The compatibility pass: what runs on 6.12 and 7.x besides the full
@@ -163,6 +170,7 @@ pub fn main(args: &[String]) -> Result<u8> {
         vm_timeout: None,
         vm_cpus: None,
         vm_lanes: None,
+        release_deb: false,
     };
     let mut i = 0;
     while i < args.len() {
@@ -170,6 +178,7 @@ pub fn main(args: &[String]) -> Result<u8> {
             "--host-only" => opts.vm = false,
             "--vm-only" => opts.host = false,
             "--full" => opts.full = true,
+            "--release-deb" => opts.release_deb = true,
             "--" => {
                 opts.extra = args[i + 1..].to_vec();
                 break;
@@ -584,6 +593,26 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
         },
     )?;
 
+    // The package and static-plugin tests need a .deb and the static
+    // release plugin; built only when a pass selects one of them.
+    let dist = if selects_any(opts, DIST_BINARIES)? {
+        let mut made = None;
+        let title = if opts.release_deb {
+            "build: cargo xtask dist (--release-deb: the .deb and the static binaries, as released)"
+        } else {
+            "build: the static release plugin (as `cargo xtask dist` builds it) and a TEST .deb \
+             (dist's layout, with that plugin and this run's debug exporter)"
+        };
+        step(title, || {
+            made = Some(dist_for_tests(opts, &root, &run_dir.0, &bin_dir)?);
+            Ok(())
+        })?;
+        made
+    } else {
+        None
+    };
+    let plugin_tests = rust_binary_path(&binaries_json, &format!("{VM_PACKAGE}::plugin"))?;
+
     let nextest = crate::which("cargo-nextest")
         .or_else(|| {
             let home = std::env::var_os("CARGO_HOME")
@@ -638,6 +667,21 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
         ("PRJQUOTA_CHURN_VOLUMES".into(), CHURN_VOLUMES.into()),
         ("PRJQUOTA_STORM_VOLUMES".into(), STORM_VOLUMES.into()),
     ];
+    if let Some(d) = &dist {
+        env.push(("PRJQUOTA_DEB".into(), d.deb.to_string_lossy().into_owned()));
+        env.push((
+            "PRJQUOTA_DEB_BINS".into(),
+            d.deb_bins.to_string_lossy().into_owned(),
+        ));
+        env.push((
+            "PRJQUOTA_STATIC_BIN_DIR".into(),
+            d.static_dir.to_string_lossy().into_owned(),
+        ));
+        env.push((
+            "PRJQUOTA_PLUGIN_TESTS".into(),
+            plugin_tests.to_string_lossy().into_owned(),
+        ));
+    }
     if crate::is_executable(&crate::deps::prometheus3_binary()) {
         env.push((
             "PRJQUOTA_PROMETHEUS3".into(),
@@ -804,6 +848,132 @@ impl KernelJob<'_> {
             }
         }
     }
+}
+
+/// The real-kernel test binaries that test what `cargo xtask dist` makes
+/// (the .deb, the static release plugin).
+const DIST_BINARIES: &[&str] = &["package", "static_plugin"];
+
+/// The filter each VM pass of `opts` runs.
+fn pass_filters(opts: &Opts) -> Vec<String> {
+    opts.kernels
+        .iter()
+        .map(|&k| match &opts.filter {
+            Some(f) => f.clone(),
+            None => pass_selection(k, opts.full || k == Kernel::DEFAULT)
+                .0
+                .to_string(),
+        })
+        .collect()
+}
+
+/// Whether any VM pass of `opts` selects a test of one of `binaries`
+/// (asked of nextest, which knows the filter language).
+fn selects_any(opts: &Opts, binaries: &[&str]) -> Result<bool> {
+    let ours = binaries
+        .iter()
+        .map(|b| format!("binary({b})"))
+        .collect::<Vec<_>>()
+        .join(" | ");
+    for f in pass_filters(opts) {
+        let mut cmd = cargo();
+        cmd.args(["nextest", "list", "-p", VM_PACKAGE])
+            .args(["--message-format", "oneline", "-E"])
+            .arg(format!("({f}) & ({ours})"));
+        let out = cmd
+            .stderr(Stdio::inherit())
+            .output()
+            .with_context(|| format!("cannot run {}", crate::display(&cmd)))?;
+        if !out.status.success() {
+            bail!("`{}` failed ({})", crate::display(&cmd), out.status);
+        }
+        if String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l.starts_with(VM_PACKAGE))
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// What the package and static-plugin tests read: this run's copies (a
+/// build beside the run would otherwise replace them under the guest).
+struct TestDist {
+    /// The .deb to install.
+    deb: PathBuf,
+    /// The `prjquota` and `prjquota-exporter` the .deb was built from.
+    deb_bins: PathBuf,
+    /// The static release binaries (`prjquota`; with --release-deb also
+    /// `prjquota-exporter`).
+    static_dir: PathBuf,
+}
+
+/// By default the static release `prjquota` exactly as `cargo xtask dist`
+/// builds it (about a minute cold), and a test .deb staged by dist's own
+/// code from it and this run's debug exporter, uncompressed. The release
+/// exporter is most of a cold `cargo xtask dist` (over 6 minutes on a
+/// loaded 2-core machine), which CI's budget has no room for; its static
+/// linking is checked by `cargo xtask dist` itself. `--release-deb` tests
+/// the release .deb instead.
+fn dist_for_tests(opts: &Opts, root: &Path, run_dir: &Path, bin_dir: &Path) -> Result<TestDist> {
+    let static_dir = run_dir.join("static");
+    std::fs::create_dir_all(&static_dir)?;
+    let copy = |from: &Path, to: &Path| {
+        std::fs::copy(from, to)
+            .with_context(|| format!("cannot copy {} for the VM", from.display()))
+            .map(drop)
+    };
+    if opts.release_deb {
+        let d = crate::dist::build()?;
+        for b in crate::dist::BINS {
+            copy(&d.bin_dir.join(b), &static_dir.join(b))?;
+        }
+        let deb = run_dir.join(crate::dist::deb_name());
+        copy(&d.deb, &deb)?;
+        return Ok(TestDist {
+            deb,
+            deb_bins: static_dir.clone(),
+            static_dir,
+        });
+    }
+    let epoch = crate::dist::source_date_epoch(root)?;
+    let release = crate::dist::build_static(root, &epoch, &["prjquota"])?;
+    crate::dist::assert_static(&release.join("prjquota"))?;
+    copy(&release.join("prjquota"), &static_dir.join("prjquota"))?;
+    let deb_bins = run_dir.join("test-deb-bins");
+    std::fs::create_dir_all(&deb_bins)?;
+    copy(&release.join("prjquota"), &deb_bins.join("prjquota"))?;
+    copy(
+        &bin_dir.join("prjquota-exporter"),
+        &deb_bins.join("prjquota-exporter"),
+    )?;
+    let deb = run_dir.join("test-deb").join(crate::dist::deb_name());
+    std::fs::create_dir_all(deb.parent().unwrap())?;
+    crate::dist::build_deb(
+        root,
+        &deb_bins.join("prjquota"),
+        &deb_bins.join("prjquota-exporter"),
+        &deb,
+        &epoch,
+        "none",
+    )?;
+    Ok(TestDist {
+        deb,
+        deb_bins,
+        static_dir,
+    })
+}
+
+/// A test binary's path from `cargo nextest list --list-type binaries-only
+/// --message-format json` output.
+fn rust_binary_path(binaries_json: &std::path::Path, id: &str) -> Result<std::path::PathBuf> {
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(binaries_json)?)
+        .with_context(|| format!("{} is not JSON", binaries_json.display()))?;
+    v["rust-binaries"][id]["binary-path"]
+        .as_str()
+        .map(std::path::PathBuf::from)
+        .with_context(|| format!("{} lists no test binary {id}", binaries_json.display()))
 }
 
 /// Runs `cmd` (stderr to ours) and writes its stdout to `path`.

@@ -1,0 +1,374 @@
+//! The `.deb` that `cargo xtask dist` makes, installed with `dpkg -i` into
+//! the guest as an operator installs it (README, "Install on a Nomad
+//! client"), checked, then purged.
+//!
+//! Where it installs: the guest's root is the host's, shared read-only over
+//! 9p, and virtme-ng lays tmpfs-backed overlays over /etc, /usr, /var and a
+//! few more (`virtme_rw_overlay*=` on the guest's kernel command line), so
+//! a plain `dpkg -i` may well work in the guest (not tried). It would also
+//! change the root
+//! that every other test of the boot runs on, in parallel, and leave no
+//! record to check "the purge left nothing" against; and `dpkg --root` into
+//! an empty directory would install against an empty package database,
+//! with no systemd to verify the unit. So the test mounts an overlay of its
+//! own: the lower layer is the guest's root file system alone (a bind of
+//! `/`), the upper a tmpfs; it binds /proc, /sys, /dev and /run into it and
+//! runs dpkg, systemctl and systemd-analyze chrooted there. The install is
+//! real (Debian's own package database and systemd, the host's), its writes
+//! stay in memory, and the upper layer is the exact record of what dpkg
+//! wrote: after the purge, only dpkg's own bookkeeping may be there.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use prjquota_vmtests::nomad::run_plugin;
+use prjquota_vmtests::{in_vm, scratch_dir, vm_env, xfs_mount};
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+const UNIT: &str = "usr/lib/systemd/system/prjquota-exporter.service";
+const EXPORTER: &str = "usr/bin/prjquota-exporter";
+const PLUGIN: &str = "usr/lib/prjquota/prjquota";
+const DASHBOARD: &str = "usr/share/prjquota/dashboards/prjquota.json";
+const RULES: &str = "usr/share/prjquota/rules/prjquota-alerts.yaml";
+
+/// The guest's root under an overlay of its own, writable, its writes in a
+/// tmpfs; unmounted on drop.
+struct ScratchRoot {
+    base: PathBuf,
+    /// The guest's root file system alone (a non-recursive bind: no /tmp,
+    /// /proc… submounts), the overlay's lower layer.
+    lower: PathBuf,
+    /// What the overlay wrote.
+    upper: PathBuf,
+    /// The overlay: where the chrooted commands run.
+    root: PathBuf,
+}
+
+impl ScratchRoot {
+    fn new() -> ScratchRoot {
+        let base = PathBuf::from(format!("/tmp/prjquota-pkgroot-{}", std::process::id()));
+        let (lower, rw, root) = (base.join("lower"), base.join("rw"), base.join("root"));
+        for d in [&lower, &rw, &root] {
+            std::fs::create_dir_all(d).unwrap_or_else(|e| panic!("mkdir {}: {e}", d.display()));
+        }
+        let r = ScratchRoot {
+            upper: rw.join("upper"),
+            lower,
+            root,
+            base,
+        };
+        prjquota_vmtests::sh(&format!(
+            "set -e; mount --bind -o ro / {lower}; mount -t tmpfs -o size=512m tmpfs {rw}; \
+             mkdir {rw}/upper {rw}/work; \
+             mount -t overlay overlay -o lowerdir={lower},upperdir={rw}/upper,workdir={rw}/work {root}; \
+             for d in proc sys dev run; do mount --rbind /$d {root}/$d; done",
+            lower = r.lower.display(),
+            rw = rw.display(),
+            root = r.root.display(),
+        ));
+        r
+    }
+
+    /// `path` (relative to /) inside the overlay.
+    fn at(&self, path: &str) -> PathBuf {
+        self.root.join(path.trim_start_matches('/'))
+    }
+
+    /// Runs `argv` chrooted into the overlay.
+    fn chroot(&self, argv: &[&str]) -> Output {
+        Command::new("chroot")
+            .arg(&self.root)
+            .args(argv)
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .output()
+            .unwrap_or_else(|e| panic!("chroot {} {argv:?}: {e}", self.root.display()))
+    }
+
+    /// As [`Self::chroot`], and panics with its output unless it succeeds;
+    /// returns stdout and stderr together.
+    fn chroot_ok(&self, argv: &[&str]) -> String {
+        let out = self.chroot(argv);
+        let text = text(&out);
+        assert!(
+            out.status.success(),
+            "{argv:?} failed ({}):\n{text}",
+            out.status
+        );
+        text
+    }
+
+    /// Files (and symlinks, devices) the overlay's upper layer holds,
+    /// relative to /, and directories it holds that the root did not have.
+    fn written(&self) -> (Vec<String>, Vec<String>) {
+        let (mut files, mut new_dirs) = (Vec::new(), Vec::new());
+        let mut stack = vec![self.upper.clone()];
+        while let Some(dir) = stack.pop() {
+            for e in std::fs::read_dir(&dir)
+                .expect("read the upper layer")
+                .flatten()
+            {
+                let p = e.path();
+                let rel = p
+                    .strip_prefix(&self.upper)
+                    .expect("under the upper layer")
+                    .to_string_lossy()
+                    .into_owned();
+                if e.file_type().expect("file type").is_dir() {
+                    if !self.lower.join(&rel).is_dir() {
+                        new_dirs.push(rel);
+                    }
+                    stack.push(p);
+                } else {
+                    files.push(rel);
+                }
+            }
+        }
+        files.sort();
+        new_dirs.sort();
+        (files, new_dirs)
+    }
+}
+
+impl Drop for ScratchRoot {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-R").arg(&self.root).status();
+        let _ = Command::new("umount").arg(self.base.join("rw")).status();
+        let _ = Command::new("umount").arg(&self.lower).status();
+        let _ = std::fs::remove_dir_all(&self.base);
+    }
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The .deb of this run's `cargo xtask dist`.
+fn deb() -> PathBuf {
+    let deb = PathBuf::from(vm_env("PRJQUOTA_DEB"));
+    assert!(
+        deb.is_file(),
+        "PRJQUOTA_DEB={} is not a file: `cargo xtask test` builds one \
+         when binary(package) is selected",
+        deb.display()
+    );
+    assert_eq!(
+        deb.file_name().unwrap().to_string_lossy(),
+        format!("prjquota_{VERSION}-1_amd64.deb"),
+        "the .deb's name is the one the README tells operators to install"
+    );
+    deb
+}
+
+fn assert_mode(path: &Path, mode: u32) {
+    let m = std::fs::symlink_metadata(path)
+        .unwrap_or_else(|e| panic!("{} is not installed: {e}", path.display()));
+    assert!(
+        m.file_type().is_file(),
+        "{} is not a regular file ({:?}): Nomad 2.0.1+ refuses a symlinked plugin, and an \
+         operator copies these files",
+        path.display(),
+        m.file_type()
+    );
+    assert_eq!(
+        m.permissions().mode() & 0o7777,
+        mode,
+        "{} has mode {:o}, not {mode:o}",
+        path.display(),
+        m.permissions().mode() & 0o7777
+    );
+}
+
+fn assert_static(path: &Path) {
+    let out = Command::new("ldd").arg(path).output().expect("run ldd");
+    let t = text(&out);
+    assert!(
+        t.contains("not a dynamic executable") || t.contains("statically linked"),
+        "{} is dynamically linked (ldd: {}): the release binaries must need no libc of \
+         the client's (`cargo xtask dist` links glibc statically)",
+        path.display(),
+        t.trim()
+    );
+}
+
+#[test]
+fn the_deb_installs_its_unit_verifies_and_a_purge_leaves_nothing() {
+    assert!(
+        in_vm(),
+        "the package test runs in the VM: `cargo xtask test`"
+    );
+    let deb = deb();
+    let t = std::time::Instant::now();
+    let lap = |what: &str| {
+        eprintln!(
+            "MEASURE package_{what}_at_seconds {:.1}",
+            t.elapsed().as_secs_f64()
+        )
+    };
+    let root = ScratchRoot::new();
+
+    // The root the package goes into has none of it yet.
+    let before = root.chroot(&["dpkg-query", "-W", "prjquota"]);
+    assert!(
+        !before.status.success(),
+        "prjquota is already in the guest's package database: {}",
+        text(&before)
+    );
+    for p in [EXPORTER, PLUGIN, UNIT] {
+        assert!(
+            std::fs::symlink_metadata(root.at(p)).is_err(),
+            "/{p} exists before the install (installed on the host by hand?)"
+        );
+    }
+
+    // Install.
+    let deb_in_root = deb.to_string_lossy().into_owned();
+    lap("before_install");
+    let out = root.chroot_ok(&["dpkg", "-i", &deb_in_root]);
+    eprintln!("dpkg -i:\n{out}");
+    lap("installed");
+    let status = root.chroot_ok(&["dpkg-query", "-W", "-f", "${Status} ${Version}", "prjquota"]);
+    assert_eq!(status, format!("install ok installed {VERSION}-1"));
+
+    // The files land where the README says.
+    let readme = include_str!("../../README.md");
+    for p in [EXPORTER, PLUGIN, "usr/share/prjquota/"] {
+        assert!(
+            readme.contains(&format!("/{p}")),
+            "the README does not say that the .deb installs /{p}"
+        );
+    }
+    assert_mode(&root.at(EXPORTER), 0o755);
+    assert_mode(&root.at(PLUGIN), 0o755);
+    assert_mode(&root.at(UNIT), 0o644);
+    assert_mode(&root.at(DASHBOARD), 0o644);
+    assert_mode(&root.at(RULES), 0o644);
+    // dpkg installed exactly the binaries the .deb was built from: by
+    // default (a test .deb, see `cargo xtask test`) the static release
+    // plugin and this run's debug exporter; with --release-deb both static
+    // release binaries, whose static linking `cargo xtask dist` checks.
+    let built_from = PathBuf::from(vm_env("PRJQUOTA_DEB_BINS"));
+    for (installed, name) in [(PLUGIN, "prjquota"), (EXPORTER, "prjquota-exporter")] {
+        assert!(
+            std::fs::read(root.at(installed)).unwrap()
+                == std::fs::read(built_from.join(name)).unwrap(),
+            "/{installed} is not the {name} the .deb was built from ({})",
+            built_from.display()
+        );
+    }
+    assert_static(&root.at(PLUGIN));
+    let dashboard: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.at(DASHBOARD)).unwrap())
+            .expect("the packaged dashboard is JSON");
+    assert!(dashboard["panels"].is_array(), "the dashboard has panels");
+    let rules = std::fs::read_to_string(root.at(RULES)).unwrap();
+    assert!(
+        rules.contains("groups:") && rules.contains("alert: "),
+        "the packaged rules hold alert groups"
+    );
+    let unit = std::fs::read_to_string(root.at(UNIT)).unwrap();
+    assert!(
+        unit.contains("ExecStart=/usr/bin/prjquota-exporter "),
+        "the packaged unit runs the packaged exporter, /usr/bin/prjquota-exporter"
+    );
+
+    // Installed, not enabled: the operator sets --volumes-dir first.
+    let enabled = root.chroot(&["systemctl", "is-enabled", "prjquota-exporter.service"]);
+    assert_eq!(
+        String::from_utf8_lossy(&enabled.stdout).trim(),
+        "disabled",
+        "systemctl is-enabled: {}",
+        text(&enabled)
+    );
+    let wants = Command::new("find")
+        .arg(root.at("etc/systemd/system"))
+        .args(["-name", "*prjquota*"])
+        .output()
+        .expect("find");
+    assert_eq!(text(&wants).trim(), "", "the install enabled the unit");
+
+    // systemd's own check of the installed unit (it also checks that
+    // ExecStart's binary exists and is executable).
+    lap("files_checked");
+    let verify = root.chroot(&["systemd-analyze", "verify", &format!("/{UNIT}")]);
+    lap("verified");
+    let said = text(&verify);
+    eprintln!("systemd-analyze verify /{UNIT}: {}\n{said}", verify.status);
+    assert!(
+        verify.status.success(),
+        "systemd-analyze verify /{UNIT} failed ({}):\n{said}",
+        verify.status
+    );
+    let about_unit: Vec<&str> = said.lines().filter(|l| l.contains("prjquota")).collect();
+    assert!(
+        about_unit.is_empty(),
+        "systemd-analyze verify warns about the packaged unit \
+         (deploy/systemd/prjquota-exporter.service, staged by xtask/src/dist.rs):\n{}",
+        about_unit.join("\n")
+    );
+
+    // The installed binaries run.
+    let v = root.chroot_ok(&["/usr/bin/prjquota-exporter", "--version"]);
+    assert_eq!(v.trim(), format!("prjquota-exporter {VERSION}"));
+    // The plugin, installed into a plugin directory as the README says
+    // (`install -m 0755`), answers Nomad's fingerprint with its version.
+    let plugin_dir = scratch_dir(&xfs_mount(), "pkg-plugins");
+    let installed = plugin_dir.join("prjquota");
+    prjquota_vmtests::sh(&format!(
+        "install -m 0755 {} {}",
+        root.at(PLUGIN).display(),
+        installed.display()
+    ));
+    let fp = run_plugin(
+        &installed,
+        "fingerprint",
+        &[("DHV_OPERATION", "fingerprint".into())],
+        prjquota_vmtests::nomad::TEST_DEADLINE,
+    );
+    fp.ok();
+    assert_eq!(fp.json()["version"], VERSION, "fingerprint: {}", fp.stdout);
+
+    lap("ran");
+    // Remove, then purge: nothing of the package is left.
+    let files = root.chroot_ok(&["dpkg", "-L", "prjquota"]);
+    root.chroot_ok(&["dpkg", "-r", "prjquota"]);
+    for p in [EXPORTER, PLUGIN, UNIT, DASHBOARD, RULES] {
+        assert!(
+            std::fs::symlink_metadata(root.at(p)).is_err(),
+            "/{p} is still there after dpkg -r"
+        );
+    }
+    lap("removed");
+    root.chroot_ok(&["dpkg", "-P", "prjquota"]);
+    lap("purged");
+    let after = root.chroot(&["dpkg-query", "-W", "prjquota"]);
+    assert!(
+        !after.status.success(),
+        "prjquota is still in the package database after the purge: {}",
+        text(&after)
+    );
+    for f in files.lines().filter(|l| l.starts_with('/')) {
+        let p = root.at(f);
+        let left = std::fs::symlink_metadata(&p).is_ok()
+            && !root.lower.join(f.trim_start_matches('/')).exists();
+        assert!(!left, "{f}, a path of the package, is left after the purge");
+    }
+    let (written, new_dirs) = root.written();
+    let stray: Vec<&String> = written
+        .iter()
+        .filter(|f| !f.starts_with("var/lib/dpkg/") && f.as_str() != "var/log/dpkg.log")
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "after the purge the install left files outside dpkg's own records: {stray:?}"
+    );
+    assert!(
+        new_dirs.is_empty(),
+        "after the purge the install left directories it made: {new_dirs:?}"
+    );
+    eprintln!("after the purge the overlay holds only dpkg's records: {written:?}");
+}
