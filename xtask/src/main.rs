@@ -42,8 +42,8 @@ commands:
                              kernel: the full suite on 6.1, the compatibility pass on the others
                              (--full: the full suite everywhere); EXPR is a nextest filterset
                              (passed as -E), e.g. 'test(smoke)', and replaces either selection;
-                             several kernels boot two VMs at a time (--vm-lanes): the full pass
-                             with two CPUs beside the others with one (--vm-cpus);
+                             --vm-lanes 2 boots two kernels at a time (the full pass with two CPUs,
+                             the others with one; --vm-cpus sets it), for more than 2 cores;
                              binary(package) installs a test .deb (the static release plugin, the
                              debug exporter), --release-deb the one of `dist` (minutes to build)
   demo                       deps, build, and tell the whole story in the VM (plugin, exporter, eBPF)
