@@ -189,6 +189,39 @@ fn unique_name() -> String {
     format!("{}-{n}", std::process::id())
 }
 
+/// The xtask process that made `name`, if it is a VM's script or scratch
+/// disk (`vm-PID-N.sh`, `scratch-PID-N.img`).
+fn vm_file_owner(name: &str) -> Option<u32> {
+    let rest = name
+        .strip_prefix("vm-")
+        .and_then(|r| r.strip_suffix(".sh"))
+        .or_else(|| {
+            name.strip_prefix("scratch-")
+                .and_then(|r| r.strip_suffix(".img"))
+        })?;
+    let (pid, n) = rest.split_once('-')?;
+    n.parse::<u32>().ok()?;
+    pid.parse().ok()
+}
+
+/// Removes the scripts and scratch disks of VMs whose xtask is gone: a
+/// killed run cannot remove its own, and a scratch disk holds every block
+/// its tests wrote.
+fn remove_stale_vm_files(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(vm_file_owner) else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// `name` from PATH, or from /usr/sbin and /sbin, which a non-login root
 /// shell's PATH may lack.
 fn sbin(name: &str) -> PathBuf {
@@ -239,6 +272,7 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
     // short (2 KiB): pass it a script on the shared (read-only) filesystem.
     let dir = crate::target_dir().join("xtask");
     std::fs::create_dir_all(&dir)?;
+    remove_stale_vm_files(&dir);
     let unique = unique_name();
     let script = dir.join(format!("vm-{unique}.sh"));
     let mut text = String::from("# written by cargo xtask vm; run in the guest\n");
@@ -389,6 +423,18 @@ fn last_kernel_lines(lines: &[String], n: usize) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_vm_file_names_the_process_that_made_it() {
+        use super::vm_file_owner;
+        assert_eq!(vm_file_owner("vm-26842-0.sh"), Some(26842));
+        assert_eq!(vm_file_owner("scratch-18573-1.img"), Some(18573));
+        // Not ours, or not of this naming: never removed.
+        assert_eq!(vm_file_owner("vmtests-binaries.json"), None);
+        assert_eq!(vm_file_owner("run-26842"), None);
+        assert_eq!(vm_file_owner("scratch-18573.img"), None);
+        assert_eq!(vm_file_owner("vm-x-0.sh"), None);
+    }
+
     use super::*;
 
     #[test]
