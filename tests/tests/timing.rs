@@ -3,6 +3,16 @@
 //! (`mkdir-plugin`, what Nomad's built-in `mkdir` does) measured side by side
 //! in the same boot: an emulated CPU makes absolute times meaningless, but a
 //! regression that makes prjquota slower than a plain mkdir by a factor shows.
+//!
+//! Both contenders are the debug builds the suite runs, and the tests run
+//! beside the pass's other tests. Alone in their guest (tried 2026-11-23)
+//! the restore of 50 volumes measured 2.01 times mkdir on XFS, over its
+//! bound: load adds about the same time to both contenders and pulls the
+//! ratio towards 1 (1.8 beside the other tests), and what separates them is
+//! the debug build's user-space CPU (environment, parameter and record
+//! parsing, some 100 ms a restore under the emulated CPU). `cargo xtask
+//! bench` measures release builds at 1.27 to 1.42. The lasting fix is to
+//! measure these ratios on release builds of both.
 
 use prjquota_vmtests::fixture::{Fixture, FsCase, MIB};
 use prjquota_vmtests::nomad::Spec;
