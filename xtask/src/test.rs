@@ -752,8 +752,8 @@ impl KernelJob<'_> {
     /// not boot, was killed or its guest panicked twice.
     fn run(&self, kernel: Kernel) -> Pass {
         let opts = self.opts;
-        let (selection, full) = pass_selection(kernel, opts.full || kernel == Kernel::DEFAULT);
-        let filter = Some(opts.filter.as_deref().unwrap_or(selection));
+        let (filter, full) = pass_filter(opts, kernel);
+        let filter = Some(filter);
         let what = match (&opts.filter, full) {
             (Some(_), _) => "the --filter selection",
             (None, true) => "the full suite",
@@ -863,16 +863,17 @@ impl KernelJob<'_> {
 const DIST_BINARIES: &[&str] = &["package", "static_plugin"];
 
 /// The filter each VM pass of `opts` runs.
-fn pass_filters(opts: &Opts) -> Vec<String> {
+fn pass_filters(opts: &Opts) -> Vec<&str> {
     opts.kernels
         .iter()
-        .map(|&k| match &opts.filter {
-            Some(f) => f.clone(),
-            None => pass_selection(k, opts.full || k == Kernel::DEFAULT)
-                .0
-                .to_string(),
-        })
+        .map(|&k| pass_filter(opts, k).0)
         .collect()
+}
+
+/// The filter the VM pass on `kernel` runs, and whether it is the full suite.
+fn pass_filter(opts: &Opts, kernel: Kernel) -> (&str, bool) {
+    let (selection, full) = pass_selection(kernel, opts.full || kernel == Kernel::DEFAULT);
+    (opts.filter.as_deref().unwrap_or(selection), full)
 }
 
 /// Whether any VM pass of `opts` selects a test of one of `binaries`
@@ -883,26 +884,26 @@ fn selects_any(opts: &Opts, binaries: &[&str]) -> Result<bool> {
         .map(|b| format!("binary({b})"))
         .collect::<Vec<_>>()
         .join(" | ");
-    for f in pass_filters(opts) {
-        let mut cmd = cargo();
-        cmd.args(["nextest", "list", "-p", VM_PACKAGE])
-            .args(["--message-format", "oneline", "-E"])
-            .arg(format!("({f}) & ({ours})"));
-        let out = cmd
-            .stderr(Stdio::inherit())
-            .output()
-            .with_context(|| format!("cannot run {}", crate::display(&cmd)))?;
-        if !out.status.success() {
-            bail!("`{}` failed ({})", crate::display(&cmd), out.status);
-        }
-        if String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .any(|l| l.starts_with(VM_PACKAGE))
-        {
-            return Ok(true);
-        }
+    // One listing for every pass: each lists by running every test binary.
+    let passes = pass_filters(opts)
+        .iter()
+        .map(|f| format!("({f})"))
+        .collect::<Vec<_>>()
+        .join(" | ");
+    let mut cmd = cargo();
+    cmd.args(["nextest", "list", "-p", VM_PACKAGE])
+        .args(["--message-format", "oneline", "-E"])
+        .arg(format!("({passes}) & ({ours})"));
+    let out = cmd
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("cannot run {}", crate::display(&cmd)))?;
+    if !out.status.success() {
+        bail!("`{}` failed ({})", crate::display(&cmd), out.status);
     }
-    Ok(false)
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| l.starts_with(VM_PACKAGE)))
 }
 
 /// What the package and static-plugin tests read: this run's copies (a
