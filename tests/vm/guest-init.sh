@@ -23,7 +23,7 @@ cwd=${2:?usage: guest-init.sh FS CWD CMD}
 cmd=${3:?usage: guest-init.sh FS CWD CMD}
 
 export PATH="/usr/local/sbin:/usr/sbin:/sbin:$PATH"
-echo "prjquota-vm: guest up, kernel $(uname -r)"
+echo "prjquota-vm: guest up, kernel $(uname -r), root $(awk '$2 == "/" { t = $3 } END { print t }' /proc/mounts)"
 
 fail() {
     echo "prjquota-vm: SETUP FAILED: $*" >&2
