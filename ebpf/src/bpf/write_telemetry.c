@@ -91,8 +91,9 @@ struct {
  * write and complete it before this call's fexit runs (a vCPU stalled by
  * the host makes that window long). Its fentry then overwrote this entry,
  * this fexit took it, and its own fexit found nothing: one write lost
- * without a trace (seen on 6.12 under emulation: one of 5,120 io_uring
- * O_DIRECT writes). A thread runs one call at a time.
+ * without a trace. One of 5,120 io_uring O_DIRECT writes went uncounted
+ * so on 6.12 under emulation, with no skipped run reported; this race is
+ * the only way we found for it. A thread runs one call at a time.
  */
 struct dio_key {
 	__u64 dio;
