@@ -132,7 +132,10 @@ pub fn main(args: &[String]) -> Result<u8> {
     let virtiofsd = venv_dir().join("bin/virtiofsd");
     match version_of(&virtiofsd) {
         Some(v) if v.contains(VIRTIOFSD) => {
-            println!("present     virtiofsd {VIRTIOFSD} ({})", virtiofsd.display())
+            println!(
+                "present     virtiofsd {VIRTIOFSD} ({})",
+                virtiofsd.display()
+            )
         }
         _ => {
             println!(
@@ -141,11 +144,21 @@ pub fn main(args: &[String]) -> Result<u8> {
             );
             let mut cmd = crate::debian::limited(CARGO_INSTALL_SECS, "cargo");
             cmd.current_dir(crate::repo_root())
-                .args(["install", "virtiofsd", "--locked", "--force", "--version", VIRTIOFSD])
+                .args([
+                    "install",
+                    "virtiofsd",
+                    "--locked",
+                    "--force",
+                    "--version",
+                    VIRTIOFSD,
+                ])
                 .arg("--root")
                 .arg(venv_dir());
             match crate::quiet(&mut cmd) {
-                Ok(()) => println!("installed   virtiofsd {VIRTIOFSD} ({})", virtiofsd.display()),
+                Ok(()) => println!(
+                    "installed   virtiofsd {VIRTIOFSD} ({})",
+                    virtiofsd.display()
+                ),
                 Err(e) => {
                     println!("failed      virtiofsd: {e:#}");
                     failed.push("virtiofsd".into());
