@@ -57,6 +57,10 @@ pub fn main(args: &[String]) -> Result<u8> {
         (target.join("release/prjquota"), "prjquota"),
         (target.join("release/mkdir-plugin"), "mkdir-plugin"),
         (root.join("tests/bench/image-plugin.sh"), "image-plugin.sh"),
+        (
+            root.join("tests/bench/guide-mkdir-plugin.sh"),
+            "guide-mkdir-plugin.sh",
+        ),
     ] {
         std::fs::copy(&from, plugins.join(to))
             .with_context(|| format!("copy {}", from.display()))?;

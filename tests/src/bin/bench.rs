@@ -10,7 +10,9 @@
 //! - `prjquota` (release build);
 //! - `mkdir`: what Nomad's built-in plugin does, as an executable;
 //! - `image`: a loopback-image plugin as in Nomad's plugin guide (`dd` a
-//!   zeroed image of the full size, `mkfs.ext4`, loop-mount).
+//!   zeroed image of the full size, `mkfs.ext4`, loop-mount);
+//! - `guide`: the guide's own `custom-mkdir` bash script, what a new user
+//!   starts from (create latency only).
 //!
 //! DEV is a block device of its own (the VM's attached disk): it is made an
 //! XFS mounted with prjquota, so the image plugin's 16 GiB files land on a
@@ -46,8 +48,9 @@ fn args() -> Args {
     }
     Args {
         device: device.expect("--device"),
-        plugin_dir: plugin_dir
-            .expect("--plugin-dir (holds prjquota, mkdir-plugin, image-plugin.sh)"),
+        plugin_dir: plugin_dir.expect(
+            "--plugin-dir (holds prjquota, mkdir-plugin, image-plugin.sh, guide-mkdir-plugin.sh)",
+        ),
         out: out.expect("--out"),
         quick,
     }
@@ -116,8 +119,9 @@ fn main() {
         node(&mount, &a.plugin_dir, "prjquota", "prjquota"),
         node(&mount, &a.plugin_dir, "mkdir", "mkdir-plugin"),
         node(&mount, &a.plugin_dir, "image", "image-plugin.sh"),
+        node(&mount, &a.plugin_dir, "guide", "guide-mkdir-plugin.sh"),
     ];
-    let names = ["prjquota", "mkdir", "image"];
+    let names = ["prjquota", "mkdir", "image", "guide"];
 
     // 1. Create latency against capacity.
     r.lines.push("## Create latency against capacity".into());
@@ -127,10 +131,12 @@ fn main() {
         "prjquota median (p95)".into(),
         "mkdir median (p95)".into(),
         "image median (p95)".into(),
+        "guide's bash median (p95)".into(),
         "prjquota / mkdir".into(),
+        "prjquota / guide's bash".into(),
         "image / prjquota".into(),
     ]);
-    r.row(&vec!["---".to_string(); 6]);
+    r.row(&vec!["---".to_string(); 8]);
     for (cap, label) in [(64 * MIB, "64 MiB"), (GIB, "1 GiB"), (16 * GIB, "16 GiB")] {
         let samples = if a.quick { 3 } else { 15 };
         let image_samples = match cap {
@@ -157,7 +163,7 @@ fn main() {
             }
         };
         let image_fits = (cap as u64) * 2 < free;
-        let mut t: [Vec<f64>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+        let mut t: [Vec<f64>; 4] = Default::default();
         for i in 0..samples {
             for (k, n) in contenders.iter().enumerate() {
                 if k == 2 && (i >= image_samples || !image_fits) {
@@ -180,12 +186,15 @@ fn main() {
         let (c0, m0) = cell(0);
         let (c1, m1) = cell(1);
         let (c2, m2) = cell(2);
+        let (c3, m3) = cell(3);
         r.row(&[
             label.into(),
             c0,
             c1,
             c2,
+            c3,
             format!("{:.2}×", m0 / m1),
+            format!("{:.2}×", m0 / m3),
             format!("{:.0}×", m2 / m0),
         ]);
     }
