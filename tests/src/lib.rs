@@ -66,6 +66,20 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// A static release binary `cargo xtask test` built as `cargo xtask dist`
+/// does (`prjquota`), or like it (`mkdir-plugin`, the timing baseline),
+/// when a pass selects the tests that need them.
+pub fn static_bin(name: &str) -> PathBuf {
+    let path = vm_dir("PRJQUOTA_STATIC_BIN_DIR").join(name);
+    assert!(
+        path.is_file(),
+        "{} does not exist: `cargo xtask test` builds it when a pass selects \
+         binary(static_plugin), binary(package) or binary(timing)",
+        path.display()
+    );
+    path
+}
+
 /// A new, empty directory under `mount`, unique to this process and call, so
 /// that tests running in parallel on one filesystem do not collide.
 pub fn scratch_dir(mount: &Path, tag: &str) -> PathBuf {

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use prjquota_vmtests::nomad::run_plugin;
-use prjquota_vmtests::{in_vm, vm_env};
+use prjquota_vmtests::{in_vm, static_bin, vm_env};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -40,17 +40,6 @@ const SKIPPED: &[&str] = &[
 /// and its 4 others (one of them on ext4), less the skipped (2 + 1). Raise
 /// it with plugin.rs.
 const MIN_CONFORMANCE_TESTS: usize = 21;
-
-fn static_bin(name: &str) -> PathBuf {
-    let p = PathBuf::from(vm_env("PRJQUOTA_STATIC_BIN_DIR")).join(name);
-    assert!(
-        p.is_file(),
-        "{} does not exist: `cargo xtask test` builds it as `cargo xtask dist` does when \
-         binary(static_plugin) is selected",
-        p.display()
-    );
-    p
-}
 
 fn ldd(path: &Path) -> String {
     let out = Command::new("ldd").arg(path).output().expect("run ldd");

@@ -22,7 +22,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::{cargo, header, run};
 
-const TRIPLE: &str = "x86_64-unknown-linux-gnu";
+pub const TRIPLE: &str = "x86_64-unknown-linux-gnu";
 pub const BINS: [&str; 2] = ["prjquota", "prjquota-exporter"];
 
 /// What `build` made, all under `target/dist/` but the binaries.
