@@ -231,7 +231,7 @@ pub fn families(
     );
     let mut used = g(
         "nomad_host_volume_used_bytes",
-        "Number of used bytes in the volume: statfs (f_blocks-f_bfree)*f_frsize of the volume root.",
+        "Number of used bytes in the volume: statfs (f_blocks-f_bfree)*f_frsize of the volume root, which on a project-quota directory is the bytes charged to the project's quota.",
     );
     let mut inodes_total = g(
         "nomad_host_volume_inodes",
