@@ -213,19 +213,7 @@ impl<'a> Encoder<'a> {
 
     /// `# HELP` (unless empty) and `# TYPE` lines.
     pub fn header(&self, f: &Family, out: &mut Vec<u8>) {
-        if !f.help.is_empty() {
-            out.extend_from_slice(b"# HELP ");
-            out.extend_from_slice(f.name.as_bytes());
-            out.push(b' ');
-            escape(out, f.help, false);
-            out.push(b'\n');
-        }
-        out.extend_from_slice(b"# TYPE ");
-        out.extend_from_slice(f.name.as_bytes());
-        out.extend_from_slice(match f.kind {
-            Kind::Gauge => b" gauge\n",
-            Kind::Counter => b" counter\n",
-        });
+        header(f, out);
     }
 
     /// One sample line of metric `name`.
@@ -273,6 +261,23 @@ impl<'a> Encoder<'a> {
         value(out, s.value);
         out.push(b'\n');
     }
+}
+
+/// `# HELP` (unless empty) and `# TYPE` lines of `f`.
+fn header(f: &Family, out: &mut Vec<u8>) {
+    if !f.help.is_empty() {
+        out.extend_from_slice(b"# HELP ");
+        out.extend_from_slice(f.name.as_bytes());
+        out.push(b' ');
+        escape(out, f.help, false);
+        out.push(b'\n');
+    }
+    out.extend_from_slice(b"# TYPE ");
+    out.extend_from_slice(f.name.as_bytes());
+    out.extend_from_slice(match f.kind {
+        Kind::Gauge => b" gauge\n",
+        Kind::Counter => b" counter\n",
+    });
 }
 
 /// `name="escaped value"`.
@@ -411,7 +416,10 @@ impl Renderer {
         inventory: &std::sync::Arc<Inventory>,
         families: impl IntoIterator<Item = &'f Family>,
     ) -> Vec<bytes::Bytes> {
-        let enc = Encoder::new(inventory);
+        // Escaping every volume's labels is needed only when a line is
+        // written afresh: not at all in a scrape where nothing changed.
+        let encoder = std::cell::OnceCell::new();
+        let enc = || encoder.get_or_init(|| Encoder::new(inventory));
         let mut pieces = Vec::new();
         // Headers and uncached samples, up to the next cached piece.
         let mut loose: Vec<u8> = Vec::new();
@@ -420,7 +428,7 @@ impl Renderer {
             if f.samples.is_empty() {
                 continue;
             }
-            enc.header(f, &mut loose);
+            header(f, &mut loose);
             let keys: Option<Vec<SampleKey>> = f
                 .samples
                 .iter()
@@ -429,7 +437,7 @@ impl Renderer {
             // Not cacheable (self metrics), or a name met twice in a scrape.
             let Some(keys) = keys.filter(|_| seen.insert(f.name)) else {
                 for s in &f.samples {
-                    enc.sample(f.name, s, &mut loose);
+                    enc().sample(f.name, s, &mut loose);
                 }
                 continue;
             };
@@ -442,7 +450,7 @@ impl Renderer {
                         let start = if i == 0 { 0 } else { old.ends[i - 1] };
                         text.extend_from_slice(&old.text[start..old.ends[i]]);
                     } else {
-                        enc.sample(f.name, s, &mut text);
+                        enc().sample(f.name, s, &mut text);
                     }
                     ends.push(text.len());
                 }
