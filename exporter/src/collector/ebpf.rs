@@ -11,8 +11,9 @@
 //!
 //! Each scrape syncs the programs' map of volume roots with the inventory:
 //! the root `<volumes dir>/<volume ID>` is `lstat`ed (on the blocking pool,
-//! one call per volumes directory at a time, with the statfs timeout) for
-//! its `(st_dev, st_ino)`, and each volume ID keeps one index, assigned at
+//! one call per volumes directory at a time, with the statfs timeout; a
+//! pass over unchanged volumes is reused for up to a minute, see
+//! [`super::roots`]) for its `(st_dev, st_ino)`, and each volume ID keeps one index, assigned at
 //! first sight and never reused, for as long as it is in the inventory. A
 //! volumes directory whose registry read failed keeps its roots as they
 //! were (its inventory is the last good read, or nothing), and a root whose
