@@ -551,6 +551,12 @@ pub async fn serve_with(
             },
             () = &mut shutdown => break,
         };
+        // A response goes out whole as soon as it is written: with Nagle's
+        // algorithm its last, partial segment can wait for the client's
+        // delayed ACK of the one before (up to 40 ms on Linux), which is
+        // most of a small scrape. Go's net/http, and so node_exporter, sets
+        // it too.
+        let _ = stream.set_nodelay(true);
         let Some(ip_slot) = PerIp::take(&per_ip, peer.ip()) else {
             crate::debug!(
                 "connection refused: its address holds the most connections allowed",
