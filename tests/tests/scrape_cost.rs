@@ -30,6 +30,11 @@ fn floor_pass(roots: &[CString], volumes_dir: &Path, ids: (u32, u32)) -> Duratio
     start.elapsed()
 }
 
+/// Warm scrapes, and floor passes, whose medians are reported: under the
+/// VM's emulated CPU, on a host that may run another VM, single runs jump
+/// by tens of milliseconds.
+const SAMPLES: usize = 9;
+
 /// The first volumes of the scale test go through `prjquota::ops::create`,
 /// the plugin's own code path without a process per volume.
 const VIA_OPS: usize = 100;
@@ -159,7 +164,7 @@ fn scale(counts: &[usize]) {
         let mut warm = Vec::new();
         let mut text_len = 0;
         let mut series = 0;
-        for _ in 0..5 {
+        for _ in 0..SAMPLES {
             let (t, d) = exp.scrape_text();
             text_len = t.len();
             series = t.lines().filter(|l| !l.starts_with('#')).count();
@@ -180,7 +185,7 @@ fn scale(counts: &[usize]) {
         drop(exp);
 
         let floor = median(
-            (0..5)
+            (0..SAMPLES)
                 .map(|_| floor_pass(&roots, &volumes_dir, ids))
                 .collect(),
         );
