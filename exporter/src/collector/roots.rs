@@ -42,9 +42,16 @@ pub const REUSE_FOR: Duration = Duration::from_secs(60);
 pub struct RootStat {
     timeout: Duration,
     inflight: InFlight,
-    /// The last complete pass: its inventory (held, so the volumes'
-    /// addresses stay unique), answers and time.
-    last: std::sync::Mutex<Option<(std::sync::Arc<Inventory>, Vec<RootId>, std::time::Instant)>>,
+    last: std::sync::Mutex<Option<Pass>>,
+}
+
+/// The last complete pass: its inventory (held, so the volumes' addresses
+/// stay unique), answers and time.
+#[derive(Debug)]
+struct Pass {
+    inventory: std::sync::Arc<Inventory>,
+    ids: Vec<RootId>,
+    at: std::time::Instant,
 }
 
 impl RootStat {
@@ -62,7 +69,12 @@ impl RootStat {
     pub async fn stat_all_or_reuse(&self, inv: &std::sync::Arc<Inventory>) -> RootIds {
         {
             let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((old, ids, at)) = last.as_ref() {
+            if let Some(Pass {
+                inventory: old,
+                ids,
+                at,
+            }) = last.as_ref()
+            {
                 let same = old.volumes.len() == inv.volumes.len()
                     && old
                         .volumes
@@ -80,8 +92,11 @@ impl RootStat {
         let at = std::time::Instant::now();
         let got = self.stat_all(inv).await;
         let complete = got.errors.is_empty() && got.ids.iter().all(Option::is_some);
-        *self.last.lock().unwrap_or_else(|e| e.into_inner()) =
-            complete.then(|| (inv.clone(), got.ids.clone(), at));
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = complete.then(|| Pass {
+            inventory: inv.clone(),
+            ids: got.ids.clone(),
+            at,
+        });
         got
     }
 
