@@ -44,7 +44,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::collector::{Exporter, BUILD_VERSION};
-use crate::metrics::{Encoder, TEXT_FORMAT};
+use crate::metrics::{Renderer, TEXT_FORMAT};
 use crate::web_config::{Verdict, Web};
 
 /// Time a client has to send a request's headers (and an idle keep-alive
@@ -93,7 +93,10 @@ struct App {
     /// sending.
     scrape: Semaphore,
     /// When the last rendered scrape began, and its body.
-    last: Mutex<Option<(Instant, Bytes)>>,
+    last: Mutex<Option<(Instant, Pieces)>>,
+    /// Renders scrapes, reusing the unchanged text of the previous one; used
+    /// under the scrape permit only.
+    renderer: Mutex<Renderer>,
     started: Instant,
 }
 
@@ -162,22 +165,35 @@ fn empty_or(body: impl Into<Bytes>) -> Body {
         .boxed()
 }
 
-/// A rendered scrape sent in [`CHUNK`]-sized frames. While it exists, its
-/// connection has a response in flight: `in_flight` holds the send deadline
-/// (milliseconds after the server started) and the connection's watchdog
-/// closes a connection whose reader is past it. Sending holds nothing
-/// shared: a client that does not read pins only its own connection.
+/// A scrape's body: the pieces [`Renderer`] made (the unchanged families'
+/// text shared with its cache), sent one after the other.
+type Pieces = Arc<[Bytes]>;
+
+/// A rendered scrape sent in frames of at most [`CHUNK`] bytes. While it
+/// exists, its connection has a response in flight: `in_flight` holds the
+/// send deadline (milliseconds after the server started) and the
+/// connection's watchdog closes a connection whose reader is past it.
+/// Sending holds nothing shared: a client that does not read pins only its
+/// own connection.
 struct RenderedBody {
-    data: Bytes,
+    pieces: Pieces,
+    /// The piece being sent, and what of it is left.
+    next: usize,
+    rest: Bytes,
+    left: u64,
     in_flight: Arc<AtomicU64>,
     deadline_ms: u64,
 }
 
 impl RenderedBody {
-    fn new(data: Bytes, in_flight: Arc<AtomicU64>, deadline_ms: u64) -> Self {
+    fn new(pieces: Pieces, in_flight: Arc<AtomicU64>, deadline_ms: u64) -> Self {
         in_flight.store(deadline_ms, Ordering::Release);
+        let left = pieces.iter().map(|p| p.len() as u64).sum();
         Self {
-            data,
+            pieces,
+            next: 0,
+            rest: Bytes::new(),
+            left,
             in_flight,
             deadline_ms,
         }
@@ -209,23 +225,28 @@ impl hyper::body::Body for RenderedBody {
         mut self: Pin<&mut Self>,
         _cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if self.data.is_empty() {
-            return Poll::Ready(None);
+        while self.rest.is_empty() {
+            let Some(p) = self.pieces.get(self.next).cloned() else {
+                return Poll::Ready(None);
+            };
+            self.next += 1;
+            self.rest = p;
         }
-        let n = self.data.len().min(CHUNK);
-        let chunk = self.data.split_to(n);
-        if self.data.is_empty() {
+        let n = self.rest.len().min(CHUNK);
+        let chunk = self.rest.split_to(n);
+        self.left -= n as u64;
+        if self.left == 0 {
             self.done();
         }
         Poll::Ready(Some(Ok(Frame::data(chunk))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.data.is_empty()
+        self.left == 0
     }
 
     fn size_hint(&self) -> hyper::body::SizeHint {
-        hyper::body::SizeHint::with_exact(self.data.len() as u64)
+        hyper::body::SizeHint::with_exact(self.left)
     }
 }
 
@@ -238,7 +259,7 @@ fn metrics_content_type() -> HeaderValue {
 /// rendered one if its scrape began after `arrived` (as fresh as a scrape of
 /// our own, so scrapers that arrive together share one body), else a new
 /// one. `None` when the permit did not come within [`SCRAPE_WAIT`].
-async fn render(app: &App, arrived: Instant) -> Option<Bytes> {
+async fn render(app: &App, arrived: Instant) -> Option<Pieces> {
     let permit = match tokio::time::timeout(SCRAPE_WAIT, app.scrape.acquire()).await {
         Ok(p) => p.expect("the scrape semaphore is never closed"),
         Err(_) => return None,
@@ -250,25 +271,20 @@ async fn render(app: &App, arrived: Instant) -> Option<Bytes> {
     }
     let began = Instant::now();
     let scraped = app.exporter.scrape().await;
-    let enc = Encoder::new(&scraped.inventory);
-    let mut buf = Vec::with_capacity(CHUNK * 2);
     let web = app
         .options
         .web
         .as_ref()
         .map(|w| w.families())
         .unwrap_or_default();
-    for f in scraped
-        .families
-        .iter()
-        .chain(&crate::process::families())
-        .chain(&web)
-    {
-        for b in 0..f.batches() {
-            f.encode_batch(&enc, b, &mut buf);
-        }
-    }
-    let body = Bytes::from(buf);
+    let process = crate::process::families();
+    let families = scraped.families.iter().chain(&process).chain(&web);
+    let body: Pieces = app
+        .renderer
+        .lock()
+        .expect("never poisoned")
+        .render(&scraped.inventory, families)
+        .into();
     *app.last.lock().expect("never poisoned") = Some((began, body.clone()));
     drop(permit);
     Some(body)
@@ -296,12 +312,19 @@ fn accepts_gzip(headers: &hyper::HeaderMap) -> bool {
 /// gzip at the fastest level: Prometheus asks for it on every scrape, and
 /// the text format compresses well even so (README, "Compression").
 pub fn gzip(body: &[u8]) -> Vec<u8> {
+    gzip_pieces(&[body])
+}
+
+/// [`gzip`] of the pieces one after the other.
+fn gzip_pieces<P: AsRef<[u8]>>(pieces: &[P]) -> Vec<u8> {
     use std::io::Write;
-    let mut enc = flate2::write::GzEncoder::new(
-        Vec::with_capacity(body.len() / 8),
-        flate2::Compression::fast(),
-    );
-    enc.write_all(body).expect("writing to a Vec cannot fail");
+    let len: usize = pieces.iter().map(|p| p.as_ref().len()).sum();
+    let mut enc =
+        flate2::write::GzEncoder::new(Vec::with_capacity(len / 8), flate2::Compression::fast());
+    for p in pieces {
+        enc.write_all(p.as_ref())
+            .expect("writing to a Vec cannot fail");
+    }
     enc.finish().expect("writing to a Vec cannot fail")
 }
 
@@ -323,7 +346,7 @@ async fn metrics(app: &App, conn: &Conn, head_only: bool, gzipped: bool) -> Resp
         // Compressed per request, after the permit: a slow client costs
         // only its own CPU time, never another scraper's wait.
         let body = if gzipped {
-            tokio::task::spawn_blocking(move || Bytes::from(gzip(&body)))
+            tokio::task::spawn_blocking(move || Pieces::from([Bytes::from(gzip_pieces(&body))]))
                 .await
                 .expect("gzip does not panic")
         } else {
@@ -499,6 +522,7 @@ pub async fn serve_with(
         exporter,
         scrape: Semaphore::new(1),
         last: Mutex::new(None),
+        renderer: Mutex::new(Renderer::new()),
         started: Instant::now(),
     });
     let per_ip = Arc::new(PerIp::default());
@@ -527,6 +551,12 @@ pub async fn serve_with(
             },
             () = &mut shutdown => break,
         };
+        // A response goes out whole as soon as it is written: with Nagle's
+        // algorithm its last, partial segment can wait for the client's
+        // delayed ACK of the one before (up to 40 ms on Linux), which is
+        // most of a small scrape. Go's net/http, and so node_exporter, sets
+        // it too.
+        let _ = stream.set_nodelay(true);
         let Some(ip_slot) = PerIp::take(&per_ip, peer.ip()) else {
             crate::debug!(
                 "connection refused: its address holds the most connections allowed",

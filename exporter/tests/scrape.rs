@@ -47,7 +47,7 @@ async fn tmpfs_volumes_dir_degrades_quota_and_keeps_the_rest() {
     assert!(value(&text, &format!("nomad_host_volume_capacity_bytes{labels}")).unwrap() > 0.0);
     assert!(value(&text, &format!("nomad_host_volume_inodes_used{labels}")).is_some());
     assert!(
-        !text.contains("nomad_host_volume_quota_used_bytes{"),
+        !text.contains("nomad_host_volume_quota_hard_limit_inodes{"),
         "{text}"
     );
     assert!(

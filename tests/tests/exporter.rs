@@ -258,16 +258,17 @@ fn metrics_match_what_was_written(mount: &Path) {
             Some(m.project_id.to_string().as_str())
         );
 
-        // Limits, from quotactl and statfs.
+        // Limits: statfs of the project directory reports the quota's hard
+        // limit (so no quota_* series repeats it); the inode limit, which
+        // statfs cannot tell from the filesystem's inodes, is quotactl's and
+        // has a series only where there is one.
         assert_eq!(v("nomad_host_volume_capacity_bytes"), m.limit as f64);
+        assert_eq!(q.limits.bytes_hard, m.limit, "{}", m.spec.name);
         assert_eq!(
-            v("nomad_host_volume_quota_hard_limit_bytes"),
-            m.limit as f64
-        );
-        assert_eq!(v("nomad_host_volume_quota_soft_limit_bytes"), 0.0);
-        assert_eq!(
-            v("nomad_host_volume_quota_hard_limit_inodes"),
-            m.max_inodes.unwrap_or(0) as f64
+            e.get("nomad_host_volume_quota_hard_limit_inodes", &l),
+            m.max_inodes.map(|n| n as f64),
+            "{}",
+            m.spec.name
         );
 
         // Usage. The data occupies exactly `data_bytes` (every file is
@@ -276,23 +277,23 @@ fn metrics_match_what_was_written(mount: &Path) {
         // add `dir_block` each. One block of slack above that, for metadata
         // a filesystem may charge to the project (an extent block), and
         // nothing below: used bytes can never be less than the data.
-        let used = v("nomad_host_volume_quota_used_bytes");
+        let used = v("nomad_host_volume_used_bytes");
         let floor = m.data_bytes + m.dirs * dir_block(fstype);
         eprintln!(
-            "{fstype} {}: quota_used_bytes {used} data {} dirs {} (kernel says {})",
+            "{fstype} {}: used_bytes {used} data {} dirs {} (the quota says {})",
             m.spec.name, m.data_bytes, m.dirs, q.used_bytes
         );
         assert!(
             used >= floor as f64 && used <= (floor + BLOCK) as f64,
-            "{fstype} {}: quota_used_bytes {used} outside [{floor}, {}]",
+            "{fstype} {}: used_bytes {used} outside [{floor}, {}]",
             m.spec.name,
             floor + BLOCK
         );
-        // Nothing is written meanwhile: the exporter read what the kernel holds.
+        // Nothing is written meanwhile. statfs on a project directory
+        // reports the project's usage in whole blocks; usage here is whole
+        // blocks, so statfs and the kernel's quota agree exactly: the reason
+        // the exporter has no quota_used_bytes of its own.
         assert_eq!(used, q.used_bytes as f64, "{}", m.spec.name);
-        // statfs on a project directory reports the project's usage in whole
-        // blocks; usage here is whole blocks, so the two agree exactly.
-        assert_eq!(v("nomad_host_volume_used_bytes"), used, "{}", m.spec.name);
         assert_eq!(
             v("nomad_host_volume_available_bytes"),
             m.limit as f64 - used,
@@ -300,13 +301,8 @@ fn metrics_match_what_was_written(mount: &Path) {
             m.spec.name
         );
 
-        // Inodes: the project's own count, exact.
-        assert_eq!(
-            v("nomad_host_volume_quota_used_inodes"),
-            m.inodes as f64,
-            "{}",
-            m.spec.name
-        );
+        // Inodes: the project's own count (quotactl's), exact.
+        assert_eq!(q.used_inodes, m.inodes, "{}", m.spec.name);
         assert_eq!(v("nomad_host_volume_inodes_used"), m.inodes as f64);
         match m.max_inodes {
             Some(max) => {
@@ -441,7 +437,7 @@ fn quota_hits_are_counted_for_the_full_volume_only(mount: &Path, uid: Option<u32
     assert!(e.value("prjquota_exporter_quota_events_total", &[]) >= 1.0);
     // The full volume is reported full.
     let l = made[0].labels("default");
-    let used = e.value("nomad_host_volume_quota_used_bytes", &l);
+    let used = e.value("nomad_host_volume_used_bytes", &l);
     assert!(
         used <= made[0].limit as f64 && used >= (made[0].limit - MIB) as f64,
         "{used}"
@@ -495,7 +491,7 @@ fn a_deleted_volumes_series_vanish_at_the_next_scrape() {
             e.value("nomad_host_volume_capacity_bytes", &l),
             m.limit as f64
         );
-        assert!(e.value("nomad_host_volume_quota_used_bytes", &l) >= m.data_bytes as f64);
+        assert!(e.value("nomad_host_volume_used_bytes", &l) >= m.data_bytes as f64);
     }
     for (c, ok) in e.collector_successes() {
         assert_eq!(ok, 1.0, "collector {c} failed:\n{}", exp.log());
@@ -564,7 +560,8 @@ fn without_quota_or_without_a_directory_the_scrape_still_answers() {
                 e.value("nomad_host_volume_capacity_bytes", &l),
                 statvfs(&noquota).0 as f64
             );
-            assert_eq!(e.get("nomad_host_volume_quota_used_bytes", &l), None);
+            // No quota read: no quotactl series.
+            assert_eq!(e.get("nomad_host_volume_quota_hard_limit_inodes", &l), None);
         }
         assert!(
             exp.log().contains("collector=quota"),
@@ -605,18 +602,18 @@ fn without_quota_or_without_a_directory_the_scrape_still_answers() {
         assert_eq!(e.collector_successes()["quota"], 0.0);
         assert_eq!(e.value("prjquota_exporter_volumes", &[]), 3.0);
         let l = good[0].labels("default");
+        // The project's own inode count: its quota was read.
         assert_eq!(
-            e.value("nomad_host_volume_quota_hard_limit_bytes", &l),
-            good[0].limit as f64
+            e.value("nomad_host_volume_inodes_used", &l),
+            good[0].inodes as f64
         );
-        assert!(e.value("nomad_host_volume_quota_used_bytes", &l) >= good[0].data_bytes as f64);
+        assert!(e.value("nomad_host_volume_used_bytes", &l) >= good[0].data_bytes as f64);
         assert_eq!(
             e.value("nomad_host_volume_capacity_bytes", &l),
             good[0].limit as f64
         );
         for id in &nq {
             let l = [("volume_id", id.as_str())];
-            assert_eq!(e.get("nomad_host_volume_quota_used_bytes", &l), None);
             assert!(e.get("nomad_host_volume_capacity_bytes", &l).is_some());
         }
     }
@@ -670,7 +667,7 @@ fn prometheus_scrapes_every_volume_with_its_labels_and_values() {
 
     // The join the design promises: names come from the info metric.
     let joined = prom::vector(&prom.query(
-        "nomad_host_volume_quota_used_bytes * on(namespace, node_pool, volume_id) group_left(volume_name, fstype) nomad_host_volume_info",
+        "nomad_host_volume_used_bytes * on(namespace, node_pool, volume_id) group_left(volume_name, fstype) nomad_host_volume_info",
     ));
     assert_eq!(joined.len(), made.len(), "{joined:?}");
     for m in &made {

@@ -67,11 +67,12 @@ fn defaults_serve_the_quota_metrics_and_say_why_ebpf_and_the_guard_are_off() {
         Some(1.0)
     );
     // Degraded, not failed: every collector succeeds and the volume's
-    // quota metrics are there.
+    // quota (its hard limit, as statfs of the project directory reports
+    // it) is there.
     m.assert_collectors_succeeded(&exp.log());
     assert_eq!(
         m.get(
-            "nomad_host_volume_quota_hard_limit_bytes",
+            "nomad_host_volume_capacity_bytes",
             &[("volume_id", &spec.id)]
         ),
         Some((8 << 20) as f64),

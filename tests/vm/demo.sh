@@ -54,7 +54,7 @@ EOF
 
 series=(nomad_host_volume_provisioned_bytes nomad_host_volume_capacity_bytes
     nomad_host_volume_used_bytes nomad_host_volume_available_bytes
-    nomad_host_volume_quota_used_bytes nomad_host_volume_quota_limit_hits_total
+    nomad_host_volume_inodes_used nomad_host_volume_quota_limit_hits_total
     nomad_host_volume_written_bytes_total nomad_host_volume_write_errors_total)
 
 step "A Nomad client's filesystem: XFS on a loop device, mounted with prjquota"

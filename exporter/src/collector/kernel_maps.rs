@@ -46,6 +46,40 @@ pub(super) struct Roots<R> {
     applied: Option<Vec<R>>,
     /// A slot with a root as the program's `set_roots` takes it.
     entry: fn(&Slot, (u64, u64)) -> R,
+    /// What the last [`sync_roots`] saw and answered.
+    last: Option<Synced>,
+}
+
+/// The inputs and the answer of one sync: the inventory (whose volumes'
+/// `Arc`s the registry reuses while their records are unchanged; held, so
+/// their addresses cannot be reused), each root's stat, each directory's
+/// staleness, and each volume's index.
+#[derive(Debug)]
+struct Synced {
+    inventory: Arc<crate::inventory::Inventory>,
+    stats: Vec<super::roots::RootId>,
+    index_of: Vec<Option<u32>>,
+}
+
+impl Synced {
+    /// Whether a sync of `scrape` with `stats` would find what this one
+    /// found: the same volumes, roots and stale directories.
+    fn same_inputs(&self, scrape: &Scrape, stats: &[super::roots::RootId]) -> bool {
+        let (old, new) = (&self.inventory, &scrape.inventory);
+        old.volumes.len() == new.volumes.len()
+            && old
+                .volumes
+                .iter()
+                .zip(&new.volumes)
+                .all(|(a, b)| Arc::ptr_eq(a, b))
+            && old.dirs.len() == new.dirs.len()
+            && old
+                .dirs
+                .iter()
+                .zip(&new.dirs)
+                .all(|(a, b)| a.stale == b.stale)
+            && self.stats == stats
+    }
 }
 
 impl<R: Ord + Clone> Roots<R> {
@@ -55,6 +89,7 @@ impl<R: Ord + Clone> Roots<R> {
             next: 0,
             applied: None,
             entry,
+            last: None,
         }
     }
 
@@ -124,6 +159,14 @@ where
     let (stats, mut errors) = (&ids.ids, ids.errors.clone());
     let (apply, index_of) = {
         let mut r = state.lock().unwrap_or_else(|e| e.into_inner());
+        // Nothing changed since a sync whose roots are in the map: the same
+        // answer, without hashing every volume ID again (two programs, each
+        // several lookups per volume, at every scrape).
+        if r.applied.is_some() {
+            if let Some(last) = r.last.as_ref().filter(|l| l.same_inputs(scrape, stats)) {
+                return (last.index_of.clone(), errors);
+            }
+        }
         let roots = r.update(scrape, stats);
         let apply = (r.applied.as_ref() != Some(&roots)).then_some(roots);
         let index_of: Vec<Option<u32>> = scrape
@@ -132,6 +175,11 @@ where
             .iter()
             .map(|v| r.by_id.get(&v.volume_id).map(|s| s.index))
             .collect();
+        r.last = Some(Synced {
+            inventory: scrape.inventory.clone(),
+            stats: stats.to_vec(),
+            index_of: index_of.clone(),
+        });
         (apply, index_of)
     };
     let Some(roots) = apply else {
@@ -175,4 +223,72 @@ where
         )),
     }
     (index_of, errors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::Inventory;
+
+    /// A program that counts the times its roots are set.
+    #[derive(Default)]
+    struct Program {
+        sets: Vec<Vec<(u64, u64, u32)>>,
+    }
+
+    fn set(p: &mut Program, roots: &[(u64, u64, u32)]) -> Result<RootsUpdate, TelemetryError> {
+        p.sets.push(roots.to_vec());
+        Ok(RootsUpdate::default())
+    }
+
+    #[tokio::test]
+    async fn an_unchanged_inventory_is_answered_without_a_new_sync() {
+        let base = std::env::temp_dir().join(format!("prjq-kmaps-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let vols: Vec<Arc<crate::inventory::Volume>> = (1..=3)
+            .map(|id| {
+                let mut v = crate::inventory::tests::volume("a", "p", id);
+                v.root = base.join(format!("root-{id}"));
+                std::fs::create_dir_all(&v.root).unwrap();
+                Arc::new(v)
+            })
+            .collect();
+        let inventory = |vols: &[Arc<crate::inventory::Volume>]| {
+            let mut inv = Inventory::for_tests(Vec::new());
+            inv.volumes = vols.to_vec();
+            Scrape::new(inv)
+        };
+        let state = Arc::new(Mutex::new(Roots::new(|s, (dev, ino)| (dev, ino, s.index))));
+        let program = Arc::new(Mutex::new(Program::default()));
+        let sync = |scrape: Scrape| {
+            let (state, program) = (state.clone(), program.clone());
+            async move { sync_roots(&state, &scrape, &program, "test", set).await }
+        };
+
+        let (first, errors) = sync(inventory(&vols)).await;
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(first, vec![Some(0), Some(1), Some(2)]);
+        assert_eq!(program.lock().unwrap().sets.len(), 1);
+        // The same volumes (the registry's Arcs) in a new scrape: the same
+        // answer, nothing set again.
+        let (again, _) = sync(inventory(&vols)).await;
+        assert_eq!(again, first);
+        assert_eq!(program.lock().unwrap().sets.len(), 1);
+        // A changed record (a new Arc) of the same volume: synced again; its
+        // root is the same, so the map is not rewritten and it keeps its
+        // index.
+        let mut changed = vols.clone();
+        changed[1] = Arc::new((*vols[1]).clone());
+        let (same, _) = sync(inventory(&changed)).await;
+        assert_eq!(same, first);
+        assert_eq!(program.lock().unwrap().sets.len(), 1);
+        // A root gone: synced, and the map rewritten without it.
+        std::fs::remove_dir(&vols[2].root).unwrap();
+        let (gone, _) = sync(inventory(&changed)).await;
+        assert_eq!(gone, first, "the volume keeps its index while listed");
+        let sets = &program.lock().unwrap().sets;
+        assert_eq!(sets.len(), 2);
+        assert_eq!(sets[1].len(), 2);
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 }

@@ -93,10 +93,12 @@ impl Scrape {
     }
 
     /// Every volume root's identity, stat'ed by the first collector that
-    /// asks in this scrape and shared with the others.
+    /// asks in this scrape (or reused from a recent pass over the same
+    /// volumes: [`roots::RootStat::stat_all_or_reuse`]) and shared with the
+    /// others.
     pub async fn root_ids(&self) -> &roots::RootIds {
         self.root_ids
-            .get_or_init(|| self.root_stat.stat_all(&self.inventory))
+            .get_or_init(|| self.root_stat.stat_all_or_reuse(&self.inventory))
             .await
     }
 }

@@ -4,8 +4,10 @@
 //!
 //! A project missing from the pass has zero usage: XFS drops dquots with no
 //! usage and no limits. The reading is [`Scrape::quota`]'s, shared with the
-//! statfs collector's inode numbers. A filesystem without project quota
-//! (this development host, a tmpfs) fails the collector and nothing else.
+//! statfs collector's inode numbers and the filesystem collector's sum of
+//! usage; of its own series only the inode limit is left (see
+//! [`families`]). A filesystem without project quota (this development
+//! host, a tmpfs) fails the collector and nothing else.
 
 use std::io;
 use std::ops::RangeInclusive;
@@ -161,38 +163,26 @@ impl Collector for Quota {
     }
 }
 
+/// What quotactl adds to statfs: the inode limit, for the volumes that have
+/// one. The rest of a project's quota is on the statfs families already: on
+/// a project-quota directory statfs reports the project's block limit and
+/// usage (`nomad_host_volume_capacity_bytes`, `…_used_bytes`, equal to the
+/// quota's on XFS and ext4; the VM tests compare them), and
+/// `nomad_host_volume_inodes_used` is the project's inode count from this
+/// reading. The plugin sets no soft limits. So one series per volume with an
+/// inode limit, none for a volume without one.
 pub fn families(per_volume: &[Option<ProjectQuota>]) -> Vec<Family> {
-    let n = per_volume.iter().filter(|q| q.is_some()).count();
-    let g = |name, help| Family::gauge(name, help).with_capacity(n);
-    let mut used = g(
-        "nomad_host_volume_quota_used_bytes",
-        "Bytes charged to the volume's project quota (quotactl).",
-    );
-    let mut hard = g(
-        "nomad_host_volume_quota_hard_limit_bytes",
-        "Hard block limit of the volume's project quota in bytes; writes past it fail (ENOSPC on XFS, EDQUOT on ext4). 0 = no limit.",
-    );
-    let mut soft = g(
-        "nomad_host_volume_quota_soft_limit_bytes",
-        "Soft block limit of the volume's project quota in bytes. 0 = no limit.",
-    );
-    let mut inodes = g(
-        "nomad_host_volume_quota_used_inodes",
-        "Inodes (files, directories, links) charged to the volume's project quota (quotactl).",
-    );
-    let mut inodes_hard = g(
+    let mut inodes_hard = Family::gauge(
         "nomad_host_volume_quota_hard_limit_inodes",
-        "Hard inode limit of the volume's project quota. 0 = no limit.",
+        "Hard inode limit of the volume's project quota (quotactl; the max_inodes volume parameter). No series for a volume without an inode limit.",
     );
     for (i, q) in per_volume.iter().enumerate() {
         let Some(q) = q else { continue };
-        used.volume(i, q.used_bytes as f64);
-        hard.volume(i, q.limits.bytes_hard as f64);
-        soft.volume(i, q.limits.bytes_soft as f64);
-        inodes.volume(i, q.used_inodes as f64);
-        inodes_hard.volume(i, q.limits.inodes_hard as f64);
+        if q.limits.inodes_hard > 0 {
+            inodes_hard.volume(i, q.limits.inodes_hard as f64);
+        }
     }
-    vec![used, hard, soft, inodes, inodes_hard]
+    vec![inodes_hard]
 }
 
 #[cfg(test)]
@@ -244,14 +234,17 @@ mod tests {
         let q = &scrape.quota().await.per_volume;
         assert_eq!(q[0].unwrap().used_bytes, 0, "1005 has no dquot: zero usage");
         assert_eq!(q[1].unwrap().limits.inodes_hard, 100);
+        // Only the project with an inode limit has the limit's series.
         let text = crate::metrics::encode_all(&out, &scrape.inventory);
         let id = &scrape.inventory.volumes[1].volume_id;
-        assert!(text.contains(&format!(
-            "nomad_host_volume_quota_hard_limit_bytes{{namespace=\"default\",node_pool=\"default\",volume_id=\"{id}\"}} 1073741824\n"
-        )), "{text}");
         assert_eq!(
-            text.matches("nomad_host_volume_quota_used_inodes{").count(),
-            3
+            text.lines()
+                .filter(|l| !l.starts_with('#'))
+                .collect::<Vec<_>>(),
+            vec![format!(
+                "nomad_host_volume_quota_hard_limit_inodes{{namespace=\"default\",node_pool=\"default\",volume_id=\"{id}\"}} 100"
+            )],
+            "{text}"
         );
     }
 
