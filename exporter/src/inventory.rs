@@ -78,6 +78,18 @@ pub struct Inventory {
 }
 
 impl Inventory {
+    /// Whether `other` holds the very same volumes, in the same order: the
+    /// registry reuses an unchanged record's `Arc`, and a holder of the old
+    /// inventory keeps its addresses from being reused.
+    pub fn same_volumes(&self, other: &Inventory) -> bool {
+        self.volumes.len() == other.volumes.len()
+            && self
+                .volumes
+                .iter()
+                .zip(&other.volumes)
+                .all(|(a, b)| Arc::ptr_eq(a, b))
+    }
+
     /// Assembles an inventory; a volume ID seen in an earlier directory is
     /// dropped (the same directory configured twice, or a bind mount of it),
     /// since two series with one label set would make the scrape invalid.
@@ -144,6 +156,20 @@ impl Inventory {
 #[cfg(test)]
 pub mod tests {
     use super::*;
+
+    /// Volumes 1..=n whose roots are real directories under `base` (made
+    /// afresh).
+    pub fn volumes_with_roots(base: &Path, n: u32) -> Vec<Arc<Volume>> {
+        let _ = std::fs::remove_dir_all(base);
+        (1..=n)
+            .map(|id| {
+                let mut v = volume("a", "p", id);
+                v.root = base.join(format!("root-{id}"));
+                std::fs::create_dir_all(&v.root).unwrap();
+                Arc::new(v)
+            })
+            .collect()
+    }
 
     /// A volume in directory 0 whose ID ends in `project_id`.
     pub fn volume(namespace: &str, node_pool: &str, project_id: u32) -> Volume {

@@ -278,10 +278,7 @@ fn venv_vng() -> Option<PathBuf> {
 
 fn vng_version_ok(vng: &std::path::Path) -> bool {
     let want = VIRTME_NG.rsplit("==").next().unwrap_or_default();
-    Command::new(vng)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(want))
+    version_of(vng).is_some_and(|v| v.contains(want))
 }
 
 /// The `vng` executable: $PRJQUOTA_VNG, else the project's venv

@@ -66,12 +66,7 @@ impl Synced {
     /// found: the same volumes, roots and stale directories.
     fn same_inputs(&self, scrape: &Scrape, stats: &[super::roots::RootId]) -> bool {
         let (old, new) = (&self.inventory, &scrape.inventory);
-        old.volumes.len() == new.volumes.len()
-            && old
-                .volumes
-                .iter()
-                .zip(&new.volumes)
-                .all(|(a, b)| Arc::ptr_eq(a, b))
+        old.same_volumes(new)
             && old.dirs.len() == new.dirs.len()
             && old
                 .dirs
@@ -244,15 +239,7 @@ mod tests {
     #[tokio::test]
     async fn an_unchanged_inventory_is_answered_without_a_new_sync() {
         let base = std::env::temp_dir().join(format!("prjq-kmaps-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&base);
-        let vols: Vec<Arc<crate::inventory::Volume>> = (1..=3)
-            .map(|id| {
-                let mut v = crate::inventory::tests::volume("a", "p", id);
-                v.root = base.join(format!("root-{id}"));
-                std::fs::create_dir_all(&v.root).unwrap();
-                Arc::new(v)
-            })
-            .collect();
+        let vols = crate::inventory::tests::volumes_with_roots(&base, 3);
         let inventory = |vols: &[Arc<crate::inventory::Volume>]| {
             let mut inv = Inventory::for_tests(Vec::new());
             inv.volumes = vols.to_vec();

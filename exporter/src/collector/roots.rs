@@ -75,13 +75,7 @@ impl RootStat {
                 at,
             }) = last.as_ref()
             {
-                let same = old.volumes.len() == inv.volumes.len()
-                    && old
-                        .volumes
-                        .iter()
-                        .zip(&inv.volumes)
-                        .all(|(a, b)| std::sync::Arc::ptr_eq(a, b));
-                if same && at.elapsed() < REUSE_FOR {
+                if old.same_volumes(inv) && at.elapsed() < REUSE_FOR {
                     return RootIds {
                         ids: ids.clone(),
                         errors: Vec::new(),
@@ -180,15 +174,7 @@ mod tests {
     async fn a_pass_is_reused_only_for_the_same_volumes() {
         use std::sync::Arc;
         let base = std::env::temp_dir().join(format!("prjq-roots-reuse-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&base);
-        let vols: Vec<Arc<crate::inventory::Volume>> = (1..=2)
-            .map(|id| {
-                let mut v = crate::inventory::tests::volume("a", "p", id);
-                v.root = base.join(format!("root-{id}"));
-                std::fs::create_dir_all(&v.root).unwrap();
-                Arc::new(v)
-            })
-            .collect();
+        let vols = crate::inventory::tests::volumes_with_roots(&base, 2);
         let inv = |vols: &[Arc<crate::inventory::Volume>]| {
             let mut inv = Inventory::for_tests(Vec::new());
             inv.volumes = vols.to_vec();
