@@ -256,6 +256,23 @@ impl VolumesFs {
         }
     }
 
+    /// Whether this filesystem's journal commits metadata changes in the
+    /// order they were made, so that one fsync makes every earlier change
+    /// durable too: XFS always (one log, forced up to the fsynced inode's
+    /// sequence), ext4 when it has a journal and no fast commits (jbd2
+    /// commits whole transactions in order; a fast commit holds only the
+    /// fsynced inode's own changes). The registry then fsyncs only where a
+    /// promise leaves the process. Anything unknown answers `false`, which
+    /// costs fsyncs, never safety.
+    pub fn journal_orders_metadata(&self) -> bool {
+        match self.fstype {
+            FsType::Xfs => true,
+            FsType::Ext4 => read_ext4_superblock(self.dev)
+                .is_some_and(|sb| ext4_superblock_orders_metadata(&sb)),
+            FsType::Other(_) => false,
+        }
+    }
+
     fn source(&self) -> &str {
         self.mount
             .as_ref()
@@ -315,6 +332,34 @@ impl VolumesFs {
             (FsType::Other(_), _) => unreachable!("refused above"),
         }
     }
+}
+
+/// The primary superblock of the ext4 filesystem on block device `dev`
+/// (1024 bytes at offset 1024), found through sysfs (`DEVNAME=` of
+/// `/sys/dev/block/MAJ:MIN/uevent`), as `/dev/<name>`.
+fn read_ext4_superblock(dev: u64) -> Option<[u8; 1024]> {
+    use std::os::unix::fs::FileExt;
+    let uevent = std::fs::read_to_string(format!(
+        "/sys/dev/block/{}:{}/uevent",
+        libc::major(dev),
+        libc::minor(dev)
+    ))
+    .ok()?;
+    let name = uevent.lines().find_map(|l| l.strip_prefix("DEVNAME="))?;
+    let dev_file = std::fs::File::open(Path::new("/dev").join(name)).ok()?;
+    let mut sb = [0u8; 1024];
+    dev_file.read_exact_at(&mut sb, 1024).ok()?;
+    Some(sb)
+}
+
+/// See [`VolumesFs::journal_orders_metadata`]; `sb` is ext4's superblock.
+fn ext4_superblock_orders_metadata(sb: &[u8; 1024]) -> bool {
+    const MAGIC: u16 = 0xEF53;
+    const COMPAT_HAS_JOURNAL: u32 = 0x0004;
+    const COMPAT_FAST_COMMIT: u32 = 0x0400;
+    let magic = u16::from_le_bytes([sb[0x38], sb[0x39]]);
+    let compat = u32::from_le_bytes([sb[0x5C], sb[0x5D], sb[0x5E], sb[0x5F]]);
+    magic == MAGIC && compat & COMPAT_HAS_JOURNAL != 0 && compat & COMPAT_FAST_COMMIT == 0
 }
 
 #[cfg(test)]
@@ -384,5 +429,21 @@ mod tests {
         let vfs = VolumesFs::open(Path::new("/dev/shm"), false).unwrap();
         let err = vfs.require_enforced_quota().unwrap_err().to_string();
         assert!(err.contains("prjquota needs XFS"), "{err}");
+    }
+
+    fn superblock(magic: u16, compat: u32) -> [u8; 1024] {
+        let mut sb = [0u8; 1024];
+        sb[0x38..0x3A].copy_from_slice(&magic.to_le_bytes());
+        sb[0x5C..0x60].copy_from_slice(&compat.to_le_bytes());
+        sb
+    }
+
+    #[test]
+    fn only_a_journaled_ext4_without_fast_commits_orders_metadata() {
+        // mke2fs's defaults: has_journal, ext_attr, resize_inode, dir_index.
+        assert!(ext4_superblock_orders_metadata(&superblock(0xEF53, 0x3C)));
+        assert!(!ext4_superblock_orders_metadata(&superblock(0xEF53, 0x38)));
+        assert!(!ext4_superblock_orders_metadata(&superblock(0xEF53, 0x43C)));
+        assert!(!ext4_superblock_orders_metadata(&superblock(0x5846, 0x3C)));
     }
 }

@@ -34,7 +34,7 @@ use crate::fault;
 use crate::fs::{FsType, VolumesFs};
 use crate::params::{self, VolumeParams};
 use crate::quota::{self, Limits, Support};
-use crate::registry::{self, Record, Registry, State};
+use crate::registry::{self, Durable, Record, Registry, State};
 use crate::remove;
 use crate::sys;
 
@@ -594,6 +594,7 @@ fn create_new(vfs: &VolumesFs, reg: &Registry, cfg: &Config, want: &Desired) -> 
         Err(e) => return Err(e).with_context(|| format!("cannot inspect {}", path.display())),
     }
 
+    reg.set_journal_ordered(vfs.fd(), vfs.journal_orders_metadata());
     let mut claimed = false;
     let project_id = {
         let _alloc = reg.lock_allocation()?;
@@ -631,12 +632,14 @@ fn create_new(vfs: &VolumesFs, reg: &Registry, cfg: &Config, want: &Desired) -> 
             unclaim();
             return Err(e);
         }
-        if let Err(e) = reg.reserve_id(pid, id) {
+        // Both made durable by the `ready` record's write at the end, or by
+        // the `creating` record's own temp file fsync (the reservation).
+        if let Err(e) = reg.reserve_id(pid, id, Durable::ByNextSync) {
             unclaim();
             return Err(e);
         }
         fault::point("create:reserved");
-        if let Err(e) = reg.store(&want.record(vfs, pid)) {
+        if let Err(e) = reg.store(&want.record(vfs, pid), Durable::ByNextSync) {
             let _ = reg.release_id(pid, id);
             unclaim();
             return Err(e);
@@ -653,7 +656,7 @@ fn create_new(vfs: &VolumesFs, reg: &Registry, cfg: &Config, want: &Desired) -> 
     let result = converge(vfs, id, project_id, params, bytes, &mut undo).and_then(|()| {
         let mut rec = want.record(vfs, project_id);
         rec.state = State::Ready;
-        reg.store(&rec)
+        reg.store(&rec, Durable::Now)
     });
     match result {
         Ok(()) => Ok(Created { path, bytes }),
@@ -824,10 +827,11 @@ fn update(
             .map_err(|e| anyhow!("{e}"))?;
     }
     // Volumes recorded before reservations existed, or after a repair.
-    reg.reserve_id(pid, id)?;
+    reg.set_journal_ordered(vfs.fd(), vfs.journal_orders_metadata());
+    reg.reserve_id(pid, id, Durable::ByNextSync)?;
     converge(vfs, id, pid, params, bytes, &mut undo)?;
     want.apply_to(&mut rec, path.clone(), vfs.fstype.name());
-    reg.store(&rec)?;
+    reg.store(&rec, Durable::Now)?;
     Ok(Created { path, bytes })
 }
 
@@ -938,7 +942,10 @@ pub fn delete(req: &DeleteRequest) -> Result<()> {
     if rec.state != State::Deleting {
         rec.state = State::Deleting;
         rec.updated_unix = registry::now_unix();
-        reg.store(&rec)?;
+        // The mark goes to the journal before the first unlink of the tree;
+        // the record's removal at the end syncs both.
+        reg.set_journal_ordered(vfs.fd(), vfs.journal_orders_metadata());
+        reg.store(&rec, Durable::ByNextSync)?;
     }
     fault::point("delete:marked");
 

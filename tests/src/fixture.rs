@@ -180,16 +180,31 @@ pub struct SmallFs {
 
 impl SmallFs {
     pub fn new(case: &FsCase, tag: &str, size: u64) -> SmallFs {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let name = format!("smallfs-{}-{tag}-{}-{n}", case.name, std::process::id());
-        let img = std::env::temp_dir().join(format!("{name}.img"));
-        let mount = std::env::temp_dir().join(name);
-        std::fs::create_dir_all(&mount).expect("mount point");
         let mkfs = match case.name {
             "xfs" => "mkfs.xfs -q -f",
             _ => "mkfs.ext4 -q -F -O quota,project -I 256",
         };
+        Self::made_by(mkfs, case.name, tag, size)
+    }
+
+    /// ext4 without a journal (`mkfs.ext4 -O ^has_journal`), which mke2fs
+    /// makes when asked and some small-device setups ask for.
+    pub fn ext4_without_journal(tag: &str, size: u64) -> SmallFs {
+        Self::made_by(
+            "mkfs.ext4 -q -F -O quota,project,^has_journal -I 256",
+            "ext4-nojournal",
+            tag,
+            size,
+        )
+    }
+
+    fn made_by(mkfs: &str, fs_name: &str, tag: &str, size: u64) -> SmallFs {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("smallfs-{fs_name}-{tag}-{}-{n}", std::process::id());
+        let img = std::env::temp_dir().join(format!("{name}.img"));
+        let mount = std::env::temp_dir().join(name);
+        std::fs::create_dir_all(&mount).expect("mount point");
         crate::sh(&format!(
             "set -e; truncate -s {size} {img}; {mkfs} {img} >/dev/null; \
              mount -o loop,prjquota {img} {mnt}",

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
-use prjquota::registry::Registry;
+use prjquota::registry::{Durable, Registry};
 use prjquota_core::params::VolumeParams;
 use prjquota_core::record::{Record, State, RECORD_VERSION};
 use prjquota_core::volume_id::VolumeId;
@@ -59,7 +59,7 @@ pub fn add_volume(volumes_dir: &Path, mut rec: Record) -> PathBuf {
     let reg = Registry::open(dir.as_fd(), volumes_dir, true)
         .unwrap_or_else(|e| panic!("registry of {}: {e}", volumes_dir.display()))
         .expect("a registry, made when missing");
-    reg.store(&rec)
+    reg.store(&rec, Durable::Now)
         .unwrap_or_else(|e| panic!("store {}: {e}", rec.volume_id.as_str()));
     rec.path
 }

@@ -31,6 +31,10 @@ const APT_PACKAGES: &[(&str, &str)] = &[
     ("prometheus", "promtool, to check the alert rules"),
     ("fio", "write load in tests and benchmarks"),
     (
+        "strace",
+        "counts the plugin's fsyncs in tests/tests/plugin.rs",
+    ),
+    (
         "systemd",
         "systemd-analyze verify and systemctl --root, run on the .deb's unit in the VM (tests/tests/package.rs)",
     ),

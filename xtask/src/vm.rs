@@ -181,6 +181,29 @@ impl ScratchDisk {
     }
 }
 
+impl ScratchDisk {
+    /// The disk as QEMU options of its own rather than vng's `--disk`, which
+    /// leaves QEMU's default cache mode: every flush the guest sends (each
+    /// fsync in a test) became an fdatasync of the image on the host, so a
+    /// test's fsync cost whatever the host's disk takes, and CI's disk is
+    /// not ours. The image is thrown away when the VM ends, so what a host
+    /// crash would lose does not matter: `cache=unsafe` ignores flushes.
+    fn qemu_opts(&self) -> Result<String> {
+        let path = self.path.to_string_lossy();
+        if path.contains(|c: char| c == ',' || c.is_whitespace()) {
+            bail!(
+                "the VM's scratch disk path {path} has a comma or a space, which QEMU's \
+                 option syntax cannot carry: build in a directory without them"
+            );
+        }
+        Ok(format!(
+            "--qemu-opts=-device virtio-scsi-pci,id=pqscsi \
+             -drive if=none,id=pqscratch,file={path},format=raw,cache=unsafe \
+             -device scsi-hd,bus=pqscsi.0,drive=pqscratch,serial=pqscratch"
+        ))
+    }
+}
+
 /// A name no other VM of this or another xtask uses at the same time: the
 /// process ID and a count, as VMs may run side by side in one process.
 fn unique_name() -> String {
@@ -341,9 +364,9 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
         .args(
             opts.disks
                 .iter()
-                .chain(std::iter::once(&scratch.path))
                 .flat_map(|d| [OsStr::new("--disk"), d.as_os_str()]),
         )
+        .arg(scratch.qemu_opts()?)
         .args(
             opts.rwdirs
                 .iter()

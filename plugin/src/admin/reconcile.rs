@@ -19,7 +19,7 @@ use crate::contract::VolumeId;
 use crate::fs::VolumesFs;
 use crate::ops::{self, load_config, Undo};
 use crate::quota::{self, Limits};
-use crate::registry::{Entry, Record, Registry, State, DIR_NAME};
+use crate::registry::{Durable, Entry, Record, Registry, State, DIR_NAME};
 use crate::sys;
 
 /// One disagreement, and what `--fix` did about it.
@@ -188,7 +188,7 @@ pub fn run(flags: &Flags) -> Result<Vec<Finding>> {
                     format!("project {} is recorded but not reserved", rec.project_id),
                 );
                 out.push(repairable(f, "reserve the project ID", fix, || {
-                    reg.reserve_id(rec.project_id, &rec.volume_id)
+                    reg.reserve_id(rec.project_id, &rec.volume_id, Durable::Now)
                 }));
             }
         }
