@@ -69,11 +69,53 @@ impl Probe {
         self.t.read().expect("read").volume(index)
     }
 
+    /// Runs of the write hooks the kernel skipped since the load.
+    fn skipped(&self) -> u64 {
+        self.t.missed_runs().iter().filter_map(|(_, n)| *n).sum()
+    }
+
     /// What `f` did to volume `index`.
-    fn delta(&self, index: u32, f: impl FnOnce()) -> VolumeCounters {
-        let before = self.vol(index);
+    fn delta(&self, index: u32, f: impl FnOnce()) -> Delta {
+        let (before, skipped) = (self.vol(index), self.skipped());
         f();
-        self.vol(index).since(&before)
+        Delta {
+            got: self.vol(index).since(&before),
+            skipped: self.skipped() - skipped,
+        }
+    }
+}
+
+/// A volume's counters moved by some writes, and the hook runs the kernel
+/// skipped meanwhile.
+struct Delta {
+    got: VolumeCounters,
+    skipped: u64,
+}
+
+impl Delta {
+    /// The writes `want` counted exactly; or, where the kernel skipped runs
+    /// of the hooks meanwhile, short by whole writes and by no more of them
+    /// than it skipped. A tracing program is not re-entered on a CPU where it
+    /// already runs: on a preemptible kernel (Debian's 7.x) a task preempted
+    /// inside one makes the next call of that hook on its CPU go uncounted,
+    /// and the kernel counts it (recursion_misses), which the exporter
+    /// publishes and alerts on. 7.2 under emulation skipped 3 of 12,800
+    /// io_uring O_DIRECT writes per filesystem so. Never over, never short in
+    /// silence, never an error.
+    fn assert_writes(&self, want: VolumeCounters, what: &str) {
+        let Delta { got, skipped } = self;
+        eprintln!("{what}: {got:?} (want {want:?}), skipped runs {skipped}");
+        if *got == want {
+            return;
+        }
+        let short = want.write_ops.saturating_sub(got.write_ops);
+        assert!(
+            short >= 1
+                && short <= *skipped
+                && got.written_bytes < want.written_bytes
+                && got.errors == want.errors,
+            "{what}: counted {got:?}, want {want:?}; the kernel skipped {skipped} hook runs meanwhile"
+        );
     }
 }
 
@@ -203,16 +245,14 @@ fn every_write_path_counts_exact_bytes_and_calls_at_every_depth(fs: &FsCase) {
         let dir = nested(&root, depth);
         for (name, run) in PATHS {
             let mut expect = (0, 0);
-            let got = probe.delta(1, || expect = run(&dir.join(name)));
+            let d = probe.delta(1, || expect = run(&dir.join(name)));
             report.push(format!(
-                "{} depth {depth:2} {name:18} bytes {:7} ops {:3}",
-                fs.name, got.written_bytes, got.write_ops
+                "{} depth {depth:2} {name:18} bytes {:7} ops {:3} skipped {}",
+                fs.name, d.got.written_bytes, d.got.write_ops, d.skipped
             ));
-            assert_eq!(
-                got,
+            d.assert_writes(
                 writes(expect.0, expect.1),
-                "{} {name} at depth {depth}: expected {expect:?} (bytes, ops)",
-                fs.name
+                &format!("{} {name} at depth {depth}", fs.name),
             );
         }
     }
@@ -302,12 +342,16 @@ fn writes_through_a_bind_mount_count(fs: &FsCase) {
     let _guard = Mounted(bind.clone());
     let mut probe = Probe::new();
     probe.add_root(&root, 1);
-    let got = probe.delta(1, || {
-        path_write(&bind.join("f"));
-        path_o_direct(&bind.join("sub/g"));
-        path_io_uring_direct(&bind.join("sub/h"));
-    });
-    assert_eq!(got, writes(100_000 + 4 * 65536 + 256 * 1024, 1 + 4 + 64));
+    probe
+        .delta(1, || {
+            path_write(&bind.join("f"));
+            path_o_direct(&bind.join("sub/g"));
+            path_io_uring_direct(&bind.join("sub/h"));
+        })
+        .assert_writes(
+            writes(100_000 + 4 * 65536 + 256 * 1024, 1 + 4 + 64),
+            "through the bind mount",
+        );
 }
 
 fn past_the_depth_limit_is_unattributed_never_another_volume(fs: &FsCase) {
@@ -359,9 +403,11 @@ fn quota_refusals_count_one_error_per_refused_write(fs: &FsCase) {
 
     // Buffered, as a writer without CAP_SYS_RESOURCE (ext4 lets root past).
     let mut filled = None;
-    let got = probe.delta(1, || {
-        filled = Some(fill(&root.join("blob"), 16 * MIB, Some(WRITER)))
-    });
+    let got = probe
+        .delta(1, || {
+            filled = Some(fill(&root.join("blob"), 16 * MIB, Some(WRITER)))
+        })
+        .got;
     let filled = filled.unwrap();
     eprintln!("{}: buffered fill {filled:?}, counters {got:?}", fs.name);
     assert_eq!(filled.errno, Some(fs.full_errno), "{filled:?}");
@@ -388,17 +434,19 @@ fn quota_refusals_count_one_error_per_refused_write(fs: &FsCase) {
     let chunk = aligned(&mut buf, MIB as usize);
     let mut written = 0u64;
     let mut errno = None;
-    let got = probe.delta(2, || {
-        for _ in 0..8 {
-            match f.write_at(chunk, written) {
-                Ok(n) => written += n as u64,
-                Err(e) => {
-                    errno = e.raw_os_error();
-                    break;
+    let got = probe
+        .delta(2, || {
+            for _ in 0..8 {
+                match f.write_at(chunk, written) {
+                    Ok(n) => written += n as u64,
+                    Err(e) => {
+                        errno = e.raw_os_error();
+                        break;
+                    }
                 }
             }
-        }
-    });
+        })
+        .got;
     eprintln!("xfs: O_DIRECT wrote {written}, errno {errno:?}, counters {got:?}");
     assert_eq!(errno, Some(libc::ENOSPC));
     assert_eq!(got.written_bytes, written);
@@ -514,11 +562,12 @@ fn a_root_on_a_device_with_minor_above_255_at_its_mount_root() {
 
     let mut probe = Probe::new();
     probe.add_root(&mnt, 9);
-    let got = probe.delta(9, || {
-        path_write(&mnt.join("f"));
-        path_o_direct(&nested(&mnt, 3).join("g"));
-    });
-    assert_eq!(got, writes(100_000 + 4 * 65536, 5));
+    probe
+        .delta(9, || {
+            path_write(&mnt.join("f"));
+            path_o_direct(&nested(&mnt, 3).join("g"));
+        })
+        .assert_writes(writes(100_000 + 4 * 65536, 5), "on the 20-bit minor");
 }
 
 // ---- measurement
