@@ -12,7 +12,7 @@
 use std::ffi::CStr;
 use std::io;
 use std::mem::{size_of, MaybeUninit};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
 // ---------------------------------------------------------------------------
@@ -573,50 +573,26 @@ pub struct DirEntry {
 }
 
 /// Lists a directory through its descriptor (`.` and `..` left out). The
-/// descriptor is duplicated, so `dir` stays open and usable afterwards.
+/// directory is opened afresh (`.` relative to `dir`), so the listing has
+/// its own position and `dir` stays untouched: four system calls for a small
+/// directory, where `fdopendir` on a duplicate took nine (a create lists
+/// three registry directories).
 pub fn read_dir(dir: BorrowedFd<'_>) -> io::Result<Vec<DirEntry>> {
-    let dup = dir.try_clone_to_owned()?;
-    // SAFETY: fdopendir takes ownership of the duplicated descriptor on
-    // success; on failure we still own it and OwnedFd closes it.
-    let dirp = unsafe { libc::fdopendir(dup.as_raw_fd()) };
-    if dirp.is_null() {
-        return Err(io::Error::last_os_error());
-    }
-    std::mem::forget(dup);
-    // The DIR shares the file offset with `dir`; rewind so a second listing
-    // of the same descriptor starts at the beginning.
-    // SAFETY: dirp is a valid, open DIR stream.
-    unsafe { libc::rewinddir(dirp) };
+    let fd = openat(
+        dir,
+        c".",
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        0,
+    )?;
+    let mut buf = vec![0u8; 32 * 1024];
     let mut out = Vec::new();
-    let result = loop {
-        // readdir returns NULL both at the end and on error; errno tells which.
-        // SAFETY: errno is thread-local; dirp is valid until closedir below.
-        unsafe { *libc::__errno_location() = 0 };
-        // SAFETY: dirp is a valid, open DIR stream until closedir below; the
-        // entry it returns is read before the next readdir call.
-        let ent = unsafe { libc::readdir64(dirp) };
-        if ent.is_null() {
-            let err = io::Error::last_os_error();
-            break if err.raw_os_error() == Some(0) {
-                Ok(())
-            } else {
-                Err(err)
-            };
+    loop {
+        let batch = read_dir_batch(fd.as_fd(), &mut buf)?;
+        if batch.is_empty() {
+            return Ok(out);
         }
-        // SAFETY: a non-null entry is valid until the next readdir on dirp,
-        // and d_name is NUL-terminated.
-        let (name, d_type) = unsafe { (CStr::from_ptr((*ent).d_name.as_ptr()), (*ent).d_type) };
-        let bytes = name.to_bytes();
-        if bytes != b"." && bytes != b".." {
-            out.push(DirEntry {
-                name: name.to_owned(),
-                d_type,
-            });
-        }
-    };
-    // SAFETY: dirp is valid and closed exactly once (this closes the dup).
-    unsafe { libc::closedir(dirp) };
-    result.map(|()| out)
+        out.extend(batch);
+    }
 }
 
 /// Reads the next entries of a directory from its descriptor's position:

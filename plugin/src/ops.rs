@@ -159,10 +159,13 @@ fn quota_error(e: io::Error, what: &str, id: u32, vfs: &VolumesFs) -> anyhow::Er
 /// no usage, inodes or limits for. Called under the allocation lock; costs one
 /// listing of the reservations and one pass over the kernel's quotas,
 /// however many volumes exist.
-fn allocate_project_id(vfs: &VolumesFs, reg: &Registry, cfg: &Config) -> Result<u32> {
+fn allocate_project_id(
+    vfs: &VolumesFs,
+    reservations: &[(u32, VolumeId)],
+    cfg: &Config,
+) -> Result<u32> {
     let range = cfg.project_id_min..=cfg.project_id_max;
-    let mut taken: std::collections::BTreeSet<u32> =
-        reg.reservations()?.into_iter().map(|(p, _)| p).collect();
+    let mut taken: std::collections::BTreeSet<u32> = reservations.iter().map(|(p, _)| *p).collect();
     let kernel = quota::list(vfs.fd(), range.clone())
         .map_err(|e| quota_error(e, "list", cfg.project_id_min, vfs))?;
     taken.extend(kernel.iter().filter(|q| !q.is_unused()).map(|q| q.id));
@@ -208,7 +211,7 @@ fn allocate_project_id(vfs: &VolumesFs, reg: &Registry, cfg: &Config) -> Result<
 /// another directory may take.
 fn allocate_and_claim(
     vfs: &VolumesFs,
-    reg: &Registry,
+    reservations: &[(u32, VolumeId)],
     cfg: &Config,
     id: &VolumeId,
     limits: &Limits,
@@ -229,7 +232,7 @@ fn allocate_and_claim(
             None
         }
     };
-    let pid = allocate_project_id(vfs, reg, cfg)?;
+    let pid = allocate_project_id(vfs, reservations, cfg)?;
     quota::set_limits(vfs.fd(), pid, limits)
         .map_err(|e| quota_error(e, "set the limits of", pid, vfs))?;
     Ok(pid)
@@ -598,13 +601,15 @@ fn create_new(vfs: &VolumesFs, reg: &Registry, cfg: &Config, want: &Desired) -> 
     let mut claimed = false;
     let project_id = {
         let _alloc = reg.lock_allocation()?;
+        // Listed once: reservations are only made under the allocation lock,
+        // and one released meanwhile only keeps its ID out of this choice.
+        let reservations = reg.reservations()?;
         // A create killed after reserving, before recording, left its
         // reservation: take it back rather than leak the ID.
-        let own = reg
-            .reservations()?
-            .into_iter()
+        let own = reservations
+            .iter()
             .find(|(_, owner)| owner == id)
-            .map(|(p, _)| p);
+            .map(|(p, _)| *p);
         // An adopted directory is a volume that already held its promise
         // before the registry was lost: like a restore, never refused.
         if adopt.is_none() {
@@ -615,7 +620,8 @@ fn create_new(vfs: &VolumesFs, reg: &Registry, cfg: &Config, want: &Desired) -> 
         let pid = match (adopt, own) {
             (Some(p), _) | (None, Some(p)) => p,
             (None, None) => {
-                let p = allocate_and_claim(vfs, reg, cfg, id, &limits_for(bytes, params))?;
+                let p =
+                    allocate_and_claim(vfs, &reservations, cfg, id, &limits_for(bytes, params))?;
                 claimed = true;
                 p
             }
@@ -628,7 +634,7 @@ fn create_new(vfs: &VolumesFs, reg: &Registry, cfg: &Config, want: &Desired) -> 
         // An adopted directory brings its own ID: a reservation an earlier,
         // crashed create made for this volume is another one, which nothing
         // would ever release.
-        if let Err(e) = release_other_reservations(vfs, reg, id, Some(pid)) {
+        if let Err(e) = release_other_reservations(vfs, reg, &reservations, id, Some(pid)) {
             unclaim();
             return Err(e);
         }
@@ -862,11 +868,12 @@ fn settled_usage(vfs: &VolumesFs, pid: u32) -> Result<quota::ProjectQuota> {
 fn release_other_reservations(
     vfs: &VolumesFs,
     reg: &Registry,
+    reservations: &[(u32, VolumeId)],
     id: &VolumeId,
     keep: Option<u32>,
 ) -> Result<()> {
-    for (pid, owner) in reg.reservations()? {
-        if &owner != id || Some(pid) == keep {
+    for &(pid, ref owner) in reservations {
+        if owner != id || Some(pid) == keep {
             continue;
         }
         // Best effort: a limit left on an unused ID only keeps that ID out
@@ -925,7 +932,7 @@ pub fn delete(req: &DeleteRequest) -> Result<()> {
     let path = vfs.path.join(id.as_str());
     let Some(mut rec) = reg.load(id)? else {
         let _alloc = reg.lock_allocation()?;
-        release_other_reservations(&vfs, &reg, id, None)?;
+        release_other_reservations(&vfs, &reg, &reg.reservations()?, id, None)?;
         if sys::fstatat_nofollow(vfs.fd(), &cname(id)).is_ok() {
             log(id, format_args!("{} exists but prjquota has no record of it: left in place (see `prjquota reconcile`)", path.display()));
         } else {
@@ -977,7 +984,7 @@ pub fn delete(req: &DeleteRequest) -> Result<()> {
     fault::point("delete:unrecorded");
     reg.release_id(pid, id)?;
     // Reservations a crashed create left beside the recorded ID.
-    release_other_reservations(&vfs, &reg, id, None)?;
+    release_other_reservations(&vfs, &reg, &reg.reservations()?, id, None)?;
     reg.forget_lock(id)?;
     log(
         id,
