@@ -84,6 +84,23 @@ pub fn find_mount(mountinfo: &str, major: u32, minor: u32, path: &Path) -> Optio
         .max_by_key(|m| m.mount_point.components().count())
 }
 
+/// This process's `/proc/self/mountinfo`. Read into a buffer sized for a
+/// typical table: procfs reports no size, and from an empty String
+/// `read_to_string` probes with 32 bytes and doubles (nine system calls).
+pub fn read_own() -> io::Result<String> {
+    use std::io::Read;
+    let mut text = String::with_capacity(16 * 1024);
+    std::fs::File::open("/proc/self/mountinfo")?.read_to_string(&mut text)?;
+    Ok(text)
+}
+
+/// The `/dev/<name>` of block device `major:minor`, from sysfs (`DEVNAME=`
+/// of `/sys/dev/block/MAJ:MIN/uevent`).
+pub fn dev_node(major: u32, minor: u32) -> Option<String> {
+    let uevent = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/uevent")).ok()?;
+    uevent_devname(&uevent).map(|n| format!("/dev/{n}"))
+}
+
 /// `DEVNAME=` of a `/sys/dev/block/MAJ:MIN/uevent` text.
 pub fn uevent_devname(uevent: &str) -> Option<&str> {
     uevent
@@ -102,11 +119,9 @@ fn is_block_device(path: &Path, rdev: u64) -> bool {
 /// and the places searched.
 pub fn block_device(path: &Path, dev: u64) -> io::Result<CString> {
     let (major, minor) = (libc::major(dev), libc::minor(dev));
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let mountinfo = read_own()?;
     let from_mount = find_mount(&mountinfo, major, minor, path).map(|m| m.source);
-    let from_sys = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/uevent"))
-        .ok()
-        .and_then(|u| uevent_devname(&u).map(|n| format!("/dev/{n}")));
+    let from_sys = dev_node(major, minor);
     let candidates = from_mount
         .iter()
         .filter(|s| s.starts_with('/'))

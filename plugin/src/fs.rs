@@ -224,7 +224,7 @@ impl VolumesFs {
         })?;
         let st = sys::fstat(dir.as_fd()).context("fstat of the volumes directory")?;
         let sfs = sys::fstatfs(dir.as_fd()).context("statfs of the volumes directory")?;
-        let mount = std::fs::read_to_string("/proc/self/mountinfo")
+        let mount = prjquota_core::mountinfo::read_own()
             .ok()
             .and_then(|mi| find_mount(&mi, path, st.st_dev));
         let block_size = (sfs.f_bsize as u64).max(512);
@@ -335,18 +335,11 @@ impl VolumesFs {
 }
 
 /// The primary superblock of the ext4 filesystem on block device `dev`
-/// (1024 bytes at offset 1024), found through sysfs (`DEVNAME=` of
-/// `/sys/dev/block/MAJ:MIN/uevent`), as `/dev/<name>`.
+/// (1024 bytes at offset 1024).
 fn read_ext4_superblock(dev: u64) -> Option<[u8; 1024]> {
     use std::os::unix::fs::FileExt;
-    let uevent = std::fs::read_to_string(format!(
-        "/sys/dev/block/{}:{}/uevent",
-        libc::major(dev),
-        libc::minor(dev)
-    ))
-    .ok()?;
-    let name = uevent.lines().find_map(|l| l.strip_prefix("DEVNAME="))?;
-    let dev_file = std::fs::File::open(Path::new("/dev").join(name)).ok()?;
+    let node = prjquota_core::mountinfo::dev_node(libc::major(dev), libc::minor(dev))?;
+    let dev_file = std::fs::File::open(node).ok()?;
     let mut sb = [0u8; 1024];
     dev_file.read_exact_at(&mut sb, 1024).ok()?;
     Some(sb)

@@ -73,19 +73,25 @@ fn record_name(id: &VolumeId) -> String {
 /// registry.
 fn open_subdir(parent: BorrowedFd<'_>, name: &str, create: bool) -> io::Result<OwnedFd> {
     let n = c(name);
-    if create {
-        match sys::mkdirat(parent, &n, 0o700) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
-        }
+    let open = || {
+        sys::openat(
+            parent,
+            &n,
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+            0,
+        )
+    };
+    // Opened first: the directories exist for every call but the first.
+    match open() {
+        Err(e) if create && e.kind() == io::ErrorKind::NotFound => {}
+        done => return done,
     }
-    sys::openat(
-        parent,
-        &n,
-        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
-        0,
-    )
+    match sys::mkdirat(parent, &n, 0o700) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    open()
 }
 
 /// An exclusive `flock` held until dropped.
