@@ -348,56 +348,83 @@ fn decimal(out: &mut Vec<u8>, mut n: u64) {
 /// its inputs did not change: the HTTP layer keeps one and renders every
 /// scrape through it.
 ///
-/// Per family (by name) it keeps the sample lines of the previous scrape,
-/// each with what it was made from: the volume (the registry's `Arc`, which
-/// it reuses for an unchanged record, so the same pointer means the same
-/// labels), the extra labels (`&'static`, compared by address) and the
-/// value's bits. A family whose samples all match is reused whole, without
-/// a copy (the body is a list of shared pieces); a sample that matches the
-/// one at its position is copied line by line; the rest is written afresh.
-/// Samples with owned labels (the exporter's self metrics, a handful) are
-/// always written afresh. The previous inventory is held until the next
-/// render, so no volume it names can be freed and its address reused.
+/// Per family (by name) it keeps the previous scrape's text in runs of
+/// [`RUN`] sample lines, each with what its lines were made from: the volume
+/// (the registry's `Arc`, which it reuses for an unchanged record, so the
+/// same pointer means the same labels), the extra labels (`&'static`,
+/// compared by address) and the value's bits. A run whose samples all match
+/// is reused whole, without a copy (the body is a list of shared pieces); in
+/// a run that changed, a line that matches the one at its position is copied
+/// and the rest is written afresh. Samples with owned labels (the exporter's
+/// self metrics, a handful) are always written afresh. The previous
+/// inventory is held until the next render, so no volume it names can be
+/// freed and its address reused.
 ///
-/// At 1,000 volumes of which few change between two scrapes, the per-volume
-/// text is mostly reused, not formatted, and the cached text is the body's
-/// own (no second copy).
+/// The cache is the body's own text, held once: runs rather than whole
+/// families, so a changed value rewrites and reallocates some tens of
+/// kilobytes rather than a family's megabyte while the old one is still
+/// held, and each run's text is allocated at its exact length. What it keeps
+/// beside the text is 16 bytes per sample (line ends are found again from
+/// the newlines, which escaping keeps out of label values).
 #[derive(Default)]
 pub struct Renderer {
     previous: Option<std::sync::Arc<Inventory>>,
-    families: std::collections::HashMap<&'static str, Rendered>,
+    families: std::collections::HashMap<&'static str, Vec<Run>>,
+    /// The extra label sets met so far, by address and length, numbered
+    /// from 1 so a key holds 4 bytes rather than a fat pointer's 16.
+    extras: std::collections::HashMap<(usize, usize), u32>,
 }
 
-/// One family's sample lines as last rendered.
-#[derive(Default)]
-struct Rendered {
-    keys: Vec<SampleKey>,
+/// Sample lines per cached run: some 30 KB of text (the info family's
+/// lines are longer), small enough for a changed value to be cheap to
+/// rewrite and for malloc to serve from its heap, large enough that a body
+/// is a few hundred pieces at 10,000 volumes.
+const RUN: usize = 256;
+
+/// Distinct extra label sets past which the cache starts over: they are
+/// `&'static` and few (errno, reason, limit kinds), so reaching it means
+/// something builds them per scrape, and the table must not grow forever.
+const MAX_EXTRAS: usize = 1024;
+
+/// Up to [`RUN`] consecutive sample lines of one family as last rendered.
+struct Run {
+    keys: Box<[SampleKey]>,
     text: bytes::Bytes,
-    /// Where line `i` ends in `text`.
-    ends: Vec<usize>,
 }
 
-/// What a sample line is made of, comparable across scrapes while the
-/// previous inventory is alive.
+/// What a sample line is made of: the volume by its index in the inventory
+/// the line was rendered for, the extra labels by their number in
+/// [`Renderer::extras`] (0 none, `u32::MAX` the info labels), the value's
+/// bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct SampleKey {
-    volume: usize,
-    extra: (usize, usize),
+    volume: u32,
+    extra: u32,
     value: u64,
 }
 
 impl SampleKey {
     /// `None` for a sample that is not cached (no volume labels).
-    fn of(inventory: &Inventory, s: &Sample) -> Option<SampleKey> {
+    fn of(
+        inventory: &Inventory,
+        extras: &mut std::collections::HashMap<(usize, usize), u32>,
+        s: &Sample,
+    ) -> Option<SampleKey> {
         let (index, extra) = match &s.labels {
-            Labels::Volume { index, extra } => (*index, (extra.as_ptr() as usize, extra.len())),
-            // Not a possible slice length: the info labels.
-            Labels::VolumeInfo { index } => (*index, (0, usize::MAX)),
+            Labels::Volume { index, extra: [] } => (*index, 0),
+            Labels::Volume { index, extra } => {
+                let next = extras.len() as u32 + 1;
+                let id = *extras
+                    .entry((extra.as_ptr() as usize, extra.len()))
+                    .or_insert(next);
+                (*index, id)
+            }
+            Labels::VolumeInfo { index } => (*index, u32::MAX),
             Labels::None | Labels::Owned(_) => return None,
         };
-        let volume = std::sync::Arc::as_ptr(inventory.volumes.get(index as usize)?) as usize;
+        inventory.volumes.get(index as usize)?;
         Some(SampleKey {
-            volume,
+            volume: index,
             extra,
             value: s.value.to_bits(),
         })
@@ -416,6 +443,29 @@ impl Renderer {
         inventory: &std::sync::Arc<Inventory>,
         families: impl IntoIterator<Item = &'f Family>,
     ) -> Vec<bytes::Bytes> {
+        use std::sync::Arc;
+        if self.extras.len() > MAX_EXTRAS {
+            self.families.clear();
+            self.extras.clear();
+        }
+        let Renderer {
+            previous,
+            families: cache,
+            extras,
+        } = self;
+        // Kept to the end of this render: the cached keys name its volumes.
+        let prev = previous.take().unwrap_or_default();
+        let same = |old: &SampleKey, new: &SampleKey| {
+            old.value == new.value
+                && old.extra == new.extra
+                && match (
+                    prev.volumes.get(old.volume as usize),
+                    inventory.volumes.get(new.volume as usize),
+                ) {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    _ => false,
+                }
+        };
         // Escaping every volume's labels is needed only when a line is
         // written afresh: not at all in a scrape where nothing changed.
         let encoder = std::cell::OnceCell::new();
@@ -424,53 +474,79 @@ impl Renderer {
         // Headers and uncached samples, up to the next cached piece.
         let mut loose: Vec<u8> = Vec::new();
         let mut seen = std::collections::HashSet::new();
+        let mut keys: Vec<SampleKey> = Vec::with_capacity(RUN);
+        // A changed run is written here, then copied to its exact length.
+        let mut text: Vec<u8> = Vec::new();
         for f in families {
             if f.samples.is_empty() {
                 continue;
             }
             header(f, &mut loose);
-            let keys: Option<Vec<SampleKey>> = f
-                .samples
-                .iter()
-                .map(|s| SampleKey::of(inventory, s))
-                .collect();
             // Not cacheable (self metrics), or a name met twice in a scrape.
-            let Some(keys) = keys.filter(|_| seen.insert(f.name)) else {
+            let cacheable = f.samples.iter().all(|s| match &s.labels {
+                Labels::Volume { index, .. } | Labels::VolumeInfo { index } => {
+                    (*index as usize) < inventory.volumes.len()
+                }
+                Labels::None | Labels::Owned(_) => false,
+            });
+            if !(cacheable && seen.insert(f.name)) {
                 for s in &f.samples {
                     enc().sample(f.name, s, &mut loose);
                 }
                 continue;
-            };
-            let old = self.families.entry(f.name).or_default();
-            if old.keys != keys {
-                let mut text = Vec::with_capacity(old.text.len().max(keys.len() * 64));
-                let mut ends = Vec::with_capacity(keys.len());
-                for (i, (s, k)) in f.samples.iter().zip(&keys).enumerate() {
-                    if old.keys.get(i) == Some(k) {
-                        let start = if i == 0 { 0 } else { old.ends[i - 1] };
-                        text.extend_from_slice(&old.text[start..old.ends[i]]);
-                    } else {
-                        enc().sample(f.name, s, &mut text);
+            }
+            let runs = cache.entry(f.name).or_default();
+            runs.truncate(f.samples.len().div_ceil(RUN));
+            for (r, chunk) in f.samples.chunks(RUN).enumerate() {
+                keys.clear();
+                keys.extend(chunk.iter().map(|s| {
+                    SampleKey::of(inventory, extras, s).expect("checked cacheable above")
+                }));
+                let old = runs.get_mut(r);
+                match old {
+                    Some(old)
+                        if old.keys.len() == keys.len()
+                            && old.keys.iter().zip(&keys).all(|(a, b)| same(a, b)) =>
+                    {
+                        // The same lines, but the volumes' indices may have
+                        // moved in the new inventory.
+                        old.keys.copy_from_slice(&keys);
                     }
-                    ends.push(text.len());
+                    old => {
+                        text.clear();
+                        let (old_keys, old_text): (&[SampleKey], &[u8]) = match &old {
+                            Some(o) => (&o.keys, &o.text),
+                            None => (&[], &[]),
+                        };
+                        let mut old_lines = old_text.split_inclusive(|&b| b == b'\n');
+                        for (i, (s, k)) in chunk.iter().zip(&keys).enumerate() {
+                            match (old_lines.next(), old_keys.get(i)) {
+                                (Some(line), Some(o)) if same(o, k) => text.extend_from_slice(line),
+                                _ => enc().sample(f.name, s, &mut text),
+                            }
+                        }
+                        let run = Run {
+                            keys: keys.as_slice().into(),
+                            text: bytes::Bytes::copy_from_slice(&text),
+                        };
+                        match old {
+                            Some(o) => *o = run,
+                            None => runs.push(run),
+                        }
+                    }
                 }
-                *old = Rendered {
-                    keys,
-                    text: text.into(),
-                    ends,
-                };
+                if !loose.is_empty() {
+                    pieces.push(std::mem::take(&mut loose).into());
+                }
+                pieces.push(runs[r].text.clone());
             }
-            if !loose.is_empty() {
-                pieces.push(std::mem::take(&mut loose).into());
-            }
-            pieces.push(old.text.clone());
         }
         if !loose.is_empty() {
             pieces.push(loose.into());
         }
         // Families gone from this scrape free their text.
-        self.families.retain(|name, _| seen.contains(name));
-        self.previous = Some(inventory.clone());
+        cache.retain(|name, _| seen.contains(name));
+        *previous = Some(inventory.clone());
         pieces
     }
 }
@@ -599,9 +675,13 @@ mod tests {
         }
         let mut errors = Family::counter("nomad_host_volume_write_errors_total", "Errors.");
         let mut hits = Family::counter("nomad_host_volume_quota_limit_hits_total", "Hits.");
+        // One set per errno, as the collectors' `&'static` sets are.
+        let errnos: Vec<Extra> = ["ENOSPC", "EDQUOT", "EIO", "EROFS", "other"]
+            .into_iter()
+            .map(|e| -> Extra { Box::leak(Box::new([("errno", e)])) })
+            .collect();
         for i in 0..n {
-            for e in ["ENOSPC", "EDQUOT", "EIO", "EROFS", "other"] {
-                let extra: Extra = Box::leak(Box::new([("errno", e)]));
+            for &extra in &errnos {
                 errors.volume_with(i, extra, (i % 3) as f64);
             }
             hits.volume_with(i, &[("resource", "bytes"), ("limit", "hard")], 0.0);
@@ -789,12 +869,86 @@ mod tests {
         let shared = (0..a.len()).filter(|&i| same(i)).count();
         // Every per-volume family but the changed one is the same memory;
         // headers and self metrics are written afresh.
+        let mut extras = std::collections::HashMap::new();
         let per_volume = fams
             .iter()
-            .filter(|f| SampleKey::of(&inv, &f.samples[0]).is_some())
+            .filter(|f| SampleKey::of(&inv, &mut extras, &f.samples[0]).is_some())
             .count();
         assert_eq!(shared, per_volume - 1, "{} pieces", a.len());
         assert_eq!(joined(&b), encode_all(&changed, &inv));
+    }
+
+    #[test]
+    fn a_changed_value_rewrites_only_its_run() {
+        use std::sync::Arc;
+        let inv = Arc::new(inventory(2100)); // nine runs per family
+        let mut r = Renderer::new();
+        let fams = scrape_like(&inv);
+        let a = r.render(&inv, &fams);
+        let mut changed = fams.clone();
+        changed[2].samples[1000].value = -1.0;
+        let b = r.render(&inv, &changed);
+        assert_eq!(joined(&b), encode_all(&changed, &inv));
+        assert_eq!(a.len(), b.len());
+        // Headers and self metrics (the pieces that start with `#`) are
+        // written afresh; of the runs, only the changed one.
+        let fresh: Vec<&bytes::Bytes> = a
+            .iter()
+            .zip(&b)
+            .filter(|(x, y)| !y.starts_with(b"#") && (x.as_ptr(), x.len()) != (y.as_ptr(), y.len()))
+            .map(|(_, y)| y)
+            .collect();
+        assert_eq!(fresh.len(), 1);
+        assert_eq!(fresh[0].split(|&c| c == b'\n').count() - 1, RUN);
+        assert!(String::from_utf8_lossy(fresh[0]).contains("} -1\n"));
+    }
+
+    #[test]
+    fn a_run_stays_cached_when_its_volumes_move_in_the_inventory() {
+        use std::sync::Arc;
+        let first = Arc::new(inventory(30));
+        let sparse = |inv: &Inventory| {
+            let mut f = Family::counter("nomad_host_volume_sparse_total", "S.");
+            for (i, v) in inv.volumes.iter().enumerate() {
+                if v.project_id % 10 == 5 {
+                    f.volume(i, 7.0);
+                }
+            }
+            vec![f]
+        };
+        let mut r = Renderer::new();
+        let a = r.render(&first, &sparse(&first));
+        // Volume 0 gone: the others' indices drop by one, their lines not.
+        let second = Arc::new(Inventory {
+            dirs: first.dirs.clone(),
+            volumes: first.volumes[1..].to_vec(),
+        });
+        let fams = sparse(&second);
+        let b = r.render(&second, &fams);
+        let c = r.render(&second, &fams);
+        assert_eq!(joined(&c), encode_all(&fams, &second));
+        assert_eq!(a[1].as_ptr(), b[1].as_ptr());
+        assert_eq!(b[1].as_ptr(), c[1].as_ptr());
+    }
+
+    #[test]
+    fn extra_labels_made_per_scrape_reset_the_cache_and_stay_right() {
+        use std::sync::Arc;
+        let inv = Arc::new(inventory(MAX_EXTRAS as u32 + 10));
+        let leaky = || {
+            let mut f = Family::counter("nomad_host_volume_leaky_total", "L.");
+            for i in 0..inv.volumes.len() {
+                let extra: Extra = Box::leak(Box::new([("errno", "EIO")]));
+                f.volume_with(i, extra, 1.0);
+            }
+            vec![f]
+        };
+        let mut r = Renderer::new();
+        for _ in 0..3 {
+            let fams = leaky();
+            assert_eq!(joined(&r.render(&inv, &fams)), encode_all(&fams, &inv));
+            assert!(r.extras.len() <= 2 * (MAX_EXTRAS + 10));
+        }
     }
 
     /// Time to encode a 10,000-volume scrape with the `prometheus` crate's
