@@ -165,8 +165,8 @@ fn empty_or(body: impl Into<Bytes>) -> Body {
         .boxed()
 }
 
-/// A scrape's body: the pieces [`Renderer`] made (the unchanged families'
-/// text shared with its cache), sent one after the other.
+/// A scrape's body: the pieces [`Renderer`] made (its cached runs of lines
+/// themselves, not copies), sent one after the other.
 type Pieces = Arc<[Bytes]>;
 
 /// A rendered scrape sent in frames of at most [`CHUNK`] bytes. While it
@@ -264,10 +264,18 @@ async fn render(app: &App, arrived: Instant) -> Option<Pieces> {
         Ok(p) => p.expect("the scrape semaphore is never closed"),
         Err(_) => return None,
     };
-    if let Some((began, body)) = &*app.last.lock().expect("never poisoned") {
-        if *began >= arrived {
-            return Some(body.clone());
+    {
+        let mut last = app.last.lock().expect("never poisoned");
+        if let Some((began, body)) = &*last {
+            if *began >= arrived {
+                return Some(body.clone());
+            }
         }
+        // No use to anyone from now on: the semaphore is fair, so whoever
+        // waits behind us arrived after us, after it began. Dropped before
+        // rendering, the runs the renderer replaces are freed as it goes
+        // rather than held beside their replacements to the end.
+        *last = None;
     }
     let began = Instant::now();
     let scraped = app.exporter.scrape().await;
