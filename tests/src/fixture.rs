@@ -202,8 +202,15 @@ impl SmallFs {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = format!("smallfs-{fs_name}-{tag}-{}-{n}", std::process::id());
-        let img = std::env::temp_dir().join(format!("{name}.img"));
-        let mount = std::env::temp_dir().join(name);
+        // On the VM's scratch disk, beside the shared test filesystems (the
+        // guest's /tmp is its memory, and a loop device there would sync
+        // for free: not the cost a filesystem has on a disk).
+        let base = crate::xfs_noquota_mount()
+            .parent()
+            .expect("the test mounts sit in a directory of the scratch disk")
+            .to_path_buf();
+        let img = base.join(format!("{name}.img"));
+        let mount = base.join(name);
         std::fs::create_dir_all(&mount).expect("mount point");
         crate::sh(&format!(
             "set -e; truncate -s {size} {img}; {mkfs} {img} >/dev/null; \
