@@ -597,7 +597,7 @@ fn create_new(vfs: &VolumesFs, reg: &Registry, cfg: &Config, want: &Desired) -> 
         Err(e) => return Err(e).with_context(|| format!("cannot inspect {}", path.display())),
     }
 
-    reg.set_journal_ordered(vfs.fd(), vfs.journal_orders_metadata());
+    reg.follow_journal_of(vfs);
     let mut claimed = false;
     let project_id = {
         let _alloc = reg.lock_allocation()?;
@@ -833,7 +833,7 @@ fn update(
             .map_err(|e| anyhow!("{e}"))?;
     }
     // Volumes recorded before reservations existed, or after a repair.
-    reg.set_journal_ordered(vfs.fd(), vfs.journal_orders_metadata());
+    reg.follow_journal_of(vfs);
     reg.reserve_id(pid, id, Durable::ByNextSync)?;
     converge(vfs, id, pid, params, bytes, &mut undo)?;
     want.apply_to(&mut rec, path.clone(), vfs.fstype.name());
@@ -951,7 +951,7 @@ pub fn delete(req: &DeleteRequest) -> Result<()> {
         rec.updated_unix = registry::now_unix();
         // The mark goes to the journal before the first unlink of the tree;
         // the record's removal at the end syncs both.
-        reg.set_journal_ordered(vfs.fd(), vfs.journal_orders_metadata());
+        reg.follow_journal_of(&vfs);
         reg.store(&rec, Durable::ByNextSync)?;
     }
     fault::point("delete:marked");

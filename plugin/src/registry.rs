@@ -48,6 +48,7 @@ pub use prjquota_core::record::{
 };
 
 use crate::contract::VolumeId;
+use crate::fs::VolumesFs;
 use crate::sys;
 
 const LOCKS: &str = "locks";
@@ -158,7 +159,7 @@ pub enum Durable {
     Now,
     /// No later than the next fsync on this filesystem (any later write of
     /// the same operation, or its final [`Durable::Now`]), when the journal
-    /// orders metadata ([`Registry::set_journal_ordered`]); otherwise `Now`.
+    /// orders metadata ([`Registry::follow_journal_of`]); otherwise `Now`.
     /// For writes that only a later step of the same operation depends on.
     ByNextSync,
 }
@@ -211,16 +212,15 @@ impl Registry {
         }))
     }
 
-    /// Declares that the volumes filesystem's journal commits metadata in
-    /// order (`VolumesFs::journal_orders_metadata`). Ignored unless the
-    /// registry is on that filesystem (a mount placed on it would have its
-    /// own journal, and one fsync would not order the two).
-    pub fn set_journal_ordered(&self, volumes_dir: BorrowedFd<'_>, ordered: bool) {
-        let same_fs = match (sys::fstat(volumes_dir), sys::fstat(self.volumes.as_fd())) {
-            (Ok(a), Ok(b)) => a.st_dev == b.st_dev,
-            _ => false,
-        };
-        self.journal_ordered.set(ordered && same_fs);
+    /// Lets [`Durable::ByNextSync`] writes skip their fsync where the
+    /// volumes filesystem's journal commits metadata in order
+    /// ([`VolumesFs::journal_orders_metadata`]), and the registry is on that
+    /// filesystem (a mount placed on it would have its own journal, and one
+    /// fsync would not order the two). Called by operations that write.
+    pub fn follow_journal_of(&self, vfs: &VolumesFs) {
+        let same_fs = sys::fstat(self.volumes.as_fd()).is_ok_and(|st| st.st_dev == vfs.dev);
+        self.journal_ordered
+            .set(same_fs && vfs.journal_orders_metadata());
     }
 
     fn sync_dir(&self, dir: BorrowedFd<'_>, when: Durable) -> io::Result<()> {

@@ -719,6 +719,12 @@ impl SyncCounter {
     }
 }
 
+/// What `SyncCounter::last_run` shows for a run that called fsync `n` times
+/// and no other syncing call.
+fn fsyncs(n: u64) -> std::collections::BTreeMap<String, u64> {
+    [("fsync".to_string(), n)].into()
+}
+
 /// Each fsync waits for a journal commit, behind whatever else the
 /// filesystem is writing (CI measured a create at 3.4 times a plain mkdir
 /// beside other tests). Where the journal commits metadata in order (XFS,
@@ -732,12 +738,7 @@ fn create_and_delete_sync_only_where_the_journal_needs_it(fs: &FsCase) {
     let f = Fixture::with_plugin(&(fs.mount)(), &format!("{}-syncs", fs.name), &syncs.wrapper);
     let spec = Spec::new("synced", 8 * MIB as i64);
     f.node.create(&spec).created();
-    assert_eq!(
-        syncs.last_run(),
-        [("fsync".to_string(), 3)].into(),
-        "create on {}",
-        fs.name
-    );
+    assert_eq!(syncs.last_run(), fsyncs(3), "create on {}", fs.name);
     f.node.create(&spec).created();
     assert_eq!(
         syncs.last_run(),
@@ -745,12 +746,7 @@ fn create_and_delete_sync_only_where_the_journal_needs_it(fs: &FsCase) {
         "a restore writes nothing"
     );
     f.node.delete(&spec).ok();
-    assert_eq!(
-        syncs.last_run(),
-        [("fsync".to_string(), 2)].into(),
-        "delete on {}",
-        fs.name
-    );
+    assert_eq!(syncs.last_run(), fsyncs(2), "delete on {}", fs.name);
 }
 
 /// Without a journal nothing orders one change before the next on disk, so
@@ -762,15 +758,7 @@ fn without_a_journal_every_registry_write_is_synced() {
     let f = Fixture::with_plugin(&small.mount, "syncs", &syncs.wrapper);
     let spec = Spec::new("synced", 8 * MIB as i64);
     f.node.create(&spec).created();
-    assert_eq!(
-        syncs.last_run(),
-        [("fsync".to_string(), 5)].into(),
-        "create"
-    );
+    assert_eq!(syncs.last_run(), fsyncs(5), "create");
     f.node.delete(&spec).ok();
-    assert_eq!(
-        syncs.last_run(),
-        [("fsync".to_string(), 3)].into(),
-        "delete"
-    );
+    assert_eq!(syncs.last_run(), fsyncs(3), "delete");
 }
