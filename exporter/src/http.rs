@@ -44,7 +44,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::collector::{Exporter, BUILD_VERSION};
-use crate::metrics::{Renderer, TEXT_FORMAT};
+use crate::metrics::{Rendered, Renderer, Wire, TEXT_FORMAT};
 use crate::web_config::{Verdict, Web};
 
 /// Time a client has to send a request's headers (and an idle keep-alive
@@ -165,9 +165,9 @@ fn empty_or(body: impl Into<Bytes>) -> Body {
         .boxed()
 }
 
-/// A scrape's body: the pieces [`Renderer`] made (its cached runs of lines
-/// themselves, not copies), sent one after the other.
-type Pieces = Arc<[Bytes]>;
+/// A scrape's body: the pieces [`Renderer`] made (its cached runs
+/// themselves, not copies), shared by the scrapers that asked for it.
+type Pieces = Arc<Rendered>;
 
 /// A rendered scrape sent in frames of at most [`CHUNK`] bytes. While it
 /// exists, its connection has a response in flight: `in_flight` holds the
@@ -176,8 +176,8 @@ type Pieces = Arc<[Bytes]>;
 /// Sending holds nothing shared: a client that does not read pins only its
 /// own connection.
 struct RenderedBody {
-    pieces: Pieces,
-    /// The piece being sent, and what of it is left.
+    parts: Wire,
+    /// The part being sent, and what of it is left.
     next: usize,
     rest: Bytes,
     left: u64,
@@ -186,11 +186,11 @@ struct RenderedBody {
 }
 
 impl RenderedBody {
-    fn new(pieces: Pieces, in_flight: Arc<AtomicU64>, deadline_ms: u64) -> Self {
+    fn new(parts: Wire, in_flight: Arc<AtomicU64>, deadline_ms: u64) -> Self {
         in_flight.store(deadline_ms, Ordering::Release);
-        let left = pieces.iter().map(|p| p.len() as u64).sum();
+        let left = parts.iter().map(|p| p.len() as u64).sum();
         Self {
-            pieces,
+            parts,
             next: 0,
             rest: Bytes::new(),
             left,
@@ -226,7 +226,7 @@ impl hyper::body::Body for RenderedBody {
         _cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         while self.rest.is_empty() {
-            let Some(p) = self.pieces.get(self.next).cloned() else {
+            let Some(p) = self.parts.get(self.next).cloned() else {
                 return Poll::Ready(None);
             };
             self.next += 1;
@@ -287,12 +287,12 @@ async fn render(app: &App, arrived: Instant) -> Option<Pieces> {
         .unwrap_or_default();
     let process = crate::process::families();
     let families = scraped.families.iter().chain(&process).chain(&web);
-    let body: Pieces = app
-        .renderer
-        .lock()
-        .expect("never poisoned")
-        .render(&scraped.inventory, families)
-        .into();
+    let body: Pieces = Arc::new(
+        app.renderer
+            .lock()
+            .expect("never poisoned")
+            .render(&scraped.inventory, families),
+    );
     *app.last.lock().expect("never poisoned") = Some((began, body.clone()));
     drop(permit);
     Some(body)
@@ -317,26 +317,7 @@ fn accepts_gzip(headers: &hyper::HeaderMap) -> bool {
         })
 }
 
-/// gzip at the fastest level: Prometheus asks for it on every scrape, and
-/// the text format compresses well even so (README, "Compression").
-pub fn gzip(body: &[u8]) -> Vec<u8> {
-    gzip_pieces(&[body])
-}
-
-/// [`gzip`] of the pieces one after the other.
-fn gzip_pieces<P: AsRef<[u8]>>(pieces: &[P]) -> Vec<u8> {
-    use std::io::Write;
-    let len: usize = pieces.iter().map(|p| p.as_ref().len()).sum();
-    let mut enc =
-        flate2::write::GzEncoder::new(Vec::with_capacity(len / 8), flate2::Compression::fast());
-    for p in pieces {
-        enc.write_all(p.as_ref())
-            .expect("writing to a Vec cannot fail");
-    }
-    enc.finish().expect("writing to a Vec cannot fail")
-}
-
-async fn metrics(app: &App, conn: &Conn, head_only: bool, gzipped: bool) -> Response<Body> {
+async fn metrics(app: &App, conn: &Conn, head_only: bool, mut gzipped: bool) -> Response<Body> {
     let mut resp = if head_only {
         Response::new(empty_or(Bytes::new()))
     } else {
@@ -351,17 +332,35 @@ async fn metrics(app: &App, conn: &Conn, head_only: bool, gzipped: bool) -> Resp
                 "another scrape is in progress; try again\n",
             );
         };
-        // Compressed per request, after the permit: a slow client costs
-        // only its own CPU time, never another scraper's wait.
-        let body = if gzipped {
-            tokio::task::spawn_blocking(move || Pieces::from([Bytes::from(gzip_pieces(&body))]))
-                .await
-                .expect("gzip does not panic")
-        } else {
-            body
+        // Made once per body, however many scrapers share it; gzip only
+        // where the text is kept compressed (`--web.disable-compression`
+        // keeps it as text).
+        let parts = match body.gzip().filter(|_| gzipped) {
+            Some(parts) => Ok(parts),
+            None if body.compressed => {
+                gzipped = false;
+                tokio::task::spawn_blocking(move || body.text())
+                    .await
+                    .expect("inflating does not panic")
+            }
+            None => {
+                gzipped = false;
+                body.text()
+            }
+        };
+        let parts = match parts {
+            Ok(parts) => parts,
+            Err(e) => {
+                crate::warn!("a scrape could not be sent; answered 500", error = e);
+                return full(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "text/plain; charset=utf-8",
+                    "the scrape could not be sent (a bug: see the exporter's log)\n",
+                );
+            }
         };
         let deadline = app.clock_ms() + SEND_DEADLINE.as_millis() as u64;
-        Response::new(RenderedBody::new(body, conn.in_flight.clone(), deadline).boxed())
+        Response::new(RenderedBody::new(parts, conn.in_flight.clone(), deadline).boxed())
     };
     let h = resp.headers_mut();
     h.insert(CONTENT_TYPE, metrics_content_type());
@@ -525,12 +524,19 @@ pub async fn serve_with(
     options: Options,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    // Kept compressed when most scrapes will want it so (Prometheus asks
+    // for gzip): see crate::deflate.
+    let renderer = if options.compression {
+        Renderer::compressed()
+    } else {
+        Renderer::new()
+    };
     let app = Arc::new(App {
         options,
         exporter,
         scrape: Semaphore::new(1),
         last: Mutex::new(None),
-        renderer: Mutex::new(Renderer::new()),
+        renderer: Mutex::new(renderer),
         started: Instant::now(),
     });
     let per_ip = Arc::new(PerIp::default());
@@ -617,17 +623,56 @@ pub async fn serve_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::deflate::Piece;
 
-    #[test]
-    fn gzip_decodes_byte_for_byte() {
-        let body: Vec<u8> = (0..50_000)
-            .flat_map(|i| format!("m{{volume_id=\"{i:08x}\"}} {i}\n").into_bytes())
+    /// What a client receives for `parts`, and the length announced.
+    async fn received(parts: Option<Wire>) -> (Vec<u8>, u64) {
+        use hyper::body::Body as _;
+        let b = RenderedBody::new(parts.expect("a body"), Arc::default(), 1);
+        let announced = b.size_hint().exact().expect("an exact length");
+        let got = b.collect().await.unwrap().to_bytes().to_vec();
+        (got, announced)
+    }
+
+    #[tokio::test]
+    async fn kept_pieces_go_out_as_one_gzip_member_or_as_text() {
+        let texts: Vec<Vec<u8>> = (0..7)
+            .map(|p| {
+                (0..(p * 3000))
+                    .flat_map(|i| format!("m{{volume_id=\"{p}-{i:08x}\"}} {i}\n").into_bytes())
+                    .collect()
+            })
             .collect();
-        let z = gzip(&body);
+        let whole = texts.concat();
+        let mut d = crate::deflate::Deflater::default();
+        let compressed = Rendered::new(texts.iter().map(|t| d.piece(t)).collect(), true);
+        let (z, announced) = received(compressed.gzip()).await;
+        assert_eq!(z.len() as u64, announced);
         let mut back = Vec::new();
         std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&z[..]), &mut back).unwrap();
-        assert_eq!(back, body);
-        assert!(z.len() * 4 < body.len());
+        assert_eq!(back, whole);
+        assert!(z.len() * 4 < whole.len());
+        // A client without gzip, served from the compressed pieces; the
+        // text is inflated once for every such client.
+        let text = compressed.text().unwrap();
+        assert_eq!(
+            received(Some(text.clone())).await,
+            (whole.clone(), whole.len() as u64)
+        );
+        assert!(Arc::ptr_eq(&text, &compressed.text().unwrap()));
+        // Text kept as text goes out as it is, and never as gzip.
+        let plain = Rendered::new(
+            texts
+                .iter()
+                .map(|t| Piece::plain(t.clone().into()))
+                .collect(),
+            false,
+        );
+        assert!(plain.gzip().is_none());
+        assert_eq!(
+            received(plain.text().ok()).await,
+            (whole.clone(), whole.len() as u64)
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod log;
 pub mod announce;
 pub mod blocking;
 pub mod collector;
+pub mod deflate;
 pub mod genetlink;
 pub mod http;
 pub mod inventory;

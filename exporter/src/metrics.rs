@@ -18,6 +18,7 @@
 //! a 10,000-volume scrape costs ~0.45 s even at level 1 (zlib, same host),
 //! some 30 times the encoding.
 
+use crate::deflate::{Deflater, Piece};
 use crate::inventory::Inventory;
 
 /// The content type of the text exposition format this module writes.
@@ -349,23 +350,24 @@ fn decimal(out: &mut Vec<u8>, mut n: u64) {
 /// scrape through it.
 ///
 /// Per family (by name) it keeps the previous scrape's text in runs of
-/// [`RUN`] sample lines, each with what its lines were made from: the volume
-/// (the registry's `Arc`, which it reuses for an unchanged record, so the
-/// same pointer means the same labels), the extra labels (`&'static`,
-/// compared by address) and the value's bits. A run whose samples all match
-/// is reused whole, without a copy (the body is a list of shared pieces); in
-/// a run that changed, a line that matches the one at its position is copied
-/// and the rest is written afresh. Samples with owned labels (the exporter's
-/// self metrics, a handful) are always written afresh. The previous
-/// inventory is held until the next render, so no volume it names can be
-/// freed and its address reused.
+/// [`RUN`] sample lines (the first with the family's header), each with
+/// what its lines were made from: the volume (the registry's `Arc`, which it
+/// reuses for an unchanged record, so the same pointer means the same
+/// labels), the extra labels (`&'static`, compared by address) and the
+/// value's bits. A run whose samples all match is reused whole, without a
+/// copy (the body is a list of shared pieces); a run that changed is written
+/// afresh. Samples with owned labels (the exporter's self metrics, a
+/// handful) are always written afresh. The previous inventory is held until
+/// the next render, so no volume it names can be freed and its address
+/// reused.
 ///
-/// The cache is the body's own text, held once: runs rather than whole
-/// families, so a changed value rewrites and reallocates some tens of
-/// kilobytes rather than a family's megabyte while the old one is still
-/// held, and each run's text is allocated at its exact length. What it keeps
-/// beside the text is 16 bytes per sample (line ends are found again from
-/// the newlines, which escaping keeps out of label values).
+/// With [`Renderer::compressed`] the runs are kept compressed
+/// ([`crate::deflate`]): a gzip scrape then compresses only what changed,
+/// and the text held between scrapes is a tenth of its size. The cache is
+/// the body's own text, held once: runs rather than whole families, so a
+/// changed value rewrites some tens of kilobytes rather than a family's
+/// megabyte, and each run is allocated at its exact length. What it keeps
+/// beside the text is 16 bytes per sample.
 #[derive(Default)]
 pub struct Renderer {
     previous: Option<std::sync::Arc<Inventory>>,
@@ -373,6 +375,81 @@ pub struct Renderer {
     /// The extra label sets met so far, by address and length, numbered
     /// from 1 so a key holds 4 bytes rather than a fat pointer's 16.
     extras: std::collections::HashMap<(usize, usize), u32>,
+    /// `Some` to keep the text compressed.
+    deflater: Option<Deflater>,
+}
+
+/// One scrape's exposition: pieces to send one after the other, and what
+/// goes on the wire for them, made once however many scrapers share it.
+#[derive(Debug, Default)]
+pub struct Rendered {
+    pub pieces: Vec<Piece>,
+    /// The pieces are compressed ([`crate::deflate`]), not text.
+    pub compressed: bool,
+    gzip: std::sync::OnceLock<Wire>,
+    /// The inflated text while some scraper is sending it: freed after the
+    /// last one, so that text is not held between scrapes.
+    text: std::sync::Mutex<Option<std::sync::Weak<[bytes::Bytes]>>>,
+}
+
+/// A body as sent: its parts one after the other.
+pub type Wire = std::sync::Arc<[bytes::Bytes]>;
+
+impl Rendered {
+    pub fn new(pieces: Vec<Piece>, compressed: bool) -> Rendered {
+        Rendered {
+            pieces,
+            compressed,
+            ..Rendered::default()
+        }
+    }
+
+    /// The text's length.
+    pub fn text_len(&self) -> u64 {
+        self.pieces.iter().map(|p| u64::from(p.text_len)).sum()
+    }
+
+    /// One gzip member of the compressed pieces as they are: no work but
+    /// the trailer's CRC-32, combined from theirs. `None` for text.
+    pub fn gzip(&self) -> Option<Wire> {
+        if !self.compressed {
+            return None;
+        }
+        Some(
+            self.gzip
+                .get_or_init(|| {
+                    let mut parts = Vec::with_capacity(self.pieces.len() + 2);
+                    parts.push(bytes::Bytes::from_static(&crate::deflate::GZIP_HEADER));
+                    parts.extend(self.pieces.iter().map(|p| p.bytes.clone()));
+                    let trailer = crate::deflate::gzip_trailer(&self.pieces);
+                    parts.push(bytes::Bytes::copy_from_slice(&trailer));
+                    parts.into()
+                })
+                .clone(),
+        )
+    }
+
+    /// The text: the pieces as they are, or inflated once for the scrapers
+    /// without gzip that share this body while any of them is sending it.
+    /// Inflating takes CPU time: call it where blocking is fine. An error
+    /// means a piece is not what [`Deflater`] made, a bug.
+    pub fn text(&self) -> Result<Wire, String> {
+        if !self.compressed {
+            return Ok(self.pieces.iter().map(|p| p.bytes.clone()).collect());
+        }
+        let mut held = self.text.lock().expect("never poisoned");
+        if let Some(text) = held.as_ref().and_then(std::sync::Weak::upgrade) {
+            return Ok(text);
+        }
+        let mut inflater = crate::deflate::Inflater::default();
+        let text: Wire = self
+            .pieces
+            .iter()
+            .map(|p| inflater.text(p))
+            .collect::<Result<_, _>>()?;
+        *held = Some(std::sync::Arc::downgrade(&text));
+        Ok(text)
+    }
 }
 
 /// Sample lines per cached run: some 30 KB of text (the info family's
@@ -389,7 +466,7 @@ const MAX_EXTRAS: usize = 1024;
 /// Up to [`RUN`] consecutive sample lines of one family as last rendered.
 struct Run {
     keys: Box<[SampleKey]>,
-    text: bytes::Bytes,
+    piece: Piece,
 }
 
 /// What a sample line is made of: the volume by its index in the inventory
@@ -432,17 +509,26 @@ impl SampleKey {
 }
 
 impl Renderer {
+    /// A renderer that keeps the text as it is: for a server that never
+    /// compresses (`--web.disable-compression`).
     pub fn new() -> Renderer {
         Renderer::default()
     }
 
-    /// The exposition of `families` (all of one scrape of `inventory`), as
-    /// pieces to send one after the other.
+    /// A renderer that keeps the text compressed.
+    pub fn compressed() -> Renderer {
+        Renderer {
+            deflater: Some(Deflater::default()),
+            ..Renderer::default()
+        }
+    }
+
+    /// The exposition of `families` (all of one scrape of `inventory`).
     pub fn render<'f>(
         &mut self,
         inventory: &std::sync::Arc<Inventory>,
         families: impl IntoIterator<Item = &'f Family>,
-    ) -> Vec<bytes::Bytes> {
+    ) -> Rendered {
         use std::sync::Arc;
         if self.extras.len() > MAX_EXTRAS {
             self.families.clear();
@@ -452,7 +538,13 @@ impl Renderer {
             previous,
             families: cache,
             extras,
+            deflater,
         } = self;
+        let compressed = deflater.is_some();
+        let mut keep = |text: &[u8]| match deflater {
+            Some(d) => d.piece(text),
+            None => Piece::plain(bytes::Bytes::copy_from_slice(text)),
+        };
         // Kept to the end of this render: the cached keys name its volumes.
         let prev = previous.take().unwrap_or_default();
         let same = |old: &SampleKey, new: &SampleKey| {
@@ -471,17 +563,16 @@ impl Renderer {
         let encoder = std::cell::OnceCell::new();
         let enc = || encoder.get_or_init(|| Encoder::new(inventory));
         let mut pieces = Vec::new();
-        // Headers and uncached samples, up to the next cached piece.
+        // Headers and samples of families not cached, up to the next run.
         let mut loose: Vec<u8> = Vec::new();
         let mut seen = std::collections::HashSet::new();
         let mut keys: Vec<SampleKey> = Vec::with_capacity(RUN);
-        // A changed run is written here, then copied to its exact length.
+        // A changed run is written here, then kept at its exact length.
         let mut text: Vec<u8> = Vec::new();
         for f in families {
             if f.samples.is_empty() {
                 continue;
             }
-            header(f, &mut loose);
             // Not cacheable (self metrics), or a name met twice in a scrape.
             let cacheable = f.samples.iter().all(|s| match &s.labels {
                 Labels::Volume { index, .. } | Labels::VolumeInfo { index } => {
@@ -490,10 +581,15 @@ impl Renderer {
                 Labels::None | Labels::Owned(_) => false,
             });
             if !(cacheable && seen.insert(f.name)) {
+                header(f, &mut loose);
                 for s in &f.samples {
                     enc().sample(f.name, s, &mut loose);
                 }
                 continue;
+            }
+            if !loose.is_empty() {
+                pieces.push(keep(&loose));
+                loose.clear();
             }
             let runs = cache.entry(f.name).or_default();
             runs.truncate(f.samples.len().div_ceil(RUN));
@@ -502,8 +598,7 @@ impl Renderer {
                 keys.extend(chunk.iter().map(|s| {
                     SampleKey::of(inventory, extras, s).expect("checked cacheable above")
                 }));
-                let old = runs.get_mut(r);
-                match old {
+                match runs.get_mut(r) {
                     Some(old)
                         if old.keys.len() == keys.len()
                             && old.keys.iter().zip(&keys).all(|(a, b)| same(a, b)) =>
@@ -514,20 +609,17 @@ impl Renderer {
                     }
                     old => {
                         text.clear();
-                        let (old_keys, old_text): (&[SampleKey], &[u8]) = match &old {
-                            Some(o) => (&o.keys, &o.text),
-                            None => (&[], &[]),
-                        };
-                        let mut old_lines = old_text.split_inclusive(|&b| b == b'\n');
-                        for (i, (s, k)) in chunk.iter().zip(&keys).enumerate() {
-                            match (old_lines.next(), old_keys.get(i)) {
-                                (Some(line), Some(o)) if same(o, k) => text.extend_from_slice(line),
-                                _ => enc().sample(f.name, s, &mut text),
-                            }
+                        // The header goes with the first run: it depends on
+                        // the family's name alone, the cache's key.
+                        if r == 0 {
+                            header(f, &mut text);
+                        }
+                        for s in chunk {
+                            enc().sample(f.name, s, &mut text);
                         }
                         let run = Run {
                             keys: keys.as_slice().into(),
-                            text: bytes::Bytes::copy_from_slice(&text),
+                            piece: keep(&text),
                         };
                         match old {
                             Some(o) => *o = run,
@@ -535,19 +627,16 @@ impl Renderer {
                         }
                     }
                 }
-                if !loose.is_empty() {
-                    pieces.push(std::mem::take(&mut loose).into());
-                }
-                pieces.push(runs[r].text.clone());
+                pieces.push(runs[r].piece.clone());
             }
         }
         if !loose.is_empty() {
-            pieces.push(loose.into());
+            pieces.push(keep(&loose));
         }
         // Families gone from this scrape free their text.
         cache.retain(|name, _| seen.contains(name));
         *previous = Some(inventory.clone());
-        pieces
+        Rendered::new(pieces, compressed)
     }
 }
 
@@ -818,117 +907,150 @@ mod tests {
         assert_eq!(ours, theirs);
     }
 
-    fn joined(pieces: &[bytes::Bytes]) -> String {
-        String::from_utf8(pieces.concat()).unwrap()
+    /// The text of a render, inflated if it was kept compressed.
+    fn joined(r: &Rendered) -> String {
+        String::from_utf8(r.text().unwrap().concat()).unwrap()
+    }
+
+    /// Whether two renders' pieces are the same memory, piece by piece.
+    fn shared(a: &Rendered, b: &Rendered) -> Vec<bool> {
+        a.pieces
+            .iter()
+            .zip(&b.pieces)
+            .map(|(x, y)| (x.bytes.as_ptr(), x.bytes.len()) == (y.bytes.as_ptr(), y.bytes.len()))
+            .collect()
+    }
+
+    /// Both ways of keeping the text.
+    fn renderers() -> [Renderer; 2] {
+        [Renderer::new(), Renderer::compressed()]
     }
 
     #[test]
     fn the_renderer_writes_what_encode_all_writes_scrape_after_scrape() {
         use std::sync::Arc;
-        let first = Arc::new(inventory(2100));
-        let mut r = Renderer::new();
-        let fams = scrape_like(&first);
-        assert_eq!(joined(&r.render(&first, &fams)), encode_all(&fams, &first));
+        for mut r in renderers() {
+            let first = Arc::new(inventory(2100));
+            let fams = scrape_like(&first);
+            assert_eq!(joined(&r.render(&first, &fams)), encode_all(&fams, &first));
 
-        // The same volumes (the registry's Arcs), one value changed, one
-        // volume gone, one new, a changed record (a new Arc) for another.
-        let mut vols = first.volumes.clone();
-        vols.remove(5);
-        let mut changed = (*vols[7]).clone();
-        changed.namespace = "moved".into();
-        vols[7] = Arc::new(changed);
-        vols.push(Arc::new(crate::inventory::tests::volume("new", "p", 9999)));
-        let second = Arc::new(Inventory {
-            dirs: first.dirs.clone(),
-            volumes: vols,
-        });
-        let mut fams = scrape_like(&second);
-        fams[3].samples[11].value = 123.0;
-        let text = joined(&r.render(&second, &fams));
-        assert_eq!(text, encode_all(&fams, &second));
-        assert!(text.contains("namespace=\"moved\""));
-        // And once more unchanged.
-        assert_eq!(
-            joined(&r.render(&second, &fams)),
-            encode_all(&fams, &second)
-        );
+            // The same volumes (the registry's Arcs), one value changed, one
+            // volume gone, one new, a changed record (a new Arc) for another.
+            let mut vols = first.volumes.clone();
+            vols.remove(5);
+            let mut changed = (*vols[7]).clone();
+            changed.namespace = "moved".into();
+            vols[7] = Arc::new(changed);
+            vols.push(Arc::new(crate::inventory::tests::volume("new", "p", 9999)));
+            let second = Arc::new(Inventory {
+                dirs: first.dirs.clone(),
+                volumes: vols,
+            });
+            let mut fams = scrape_like(&second);
+            fams[3].samples[11].value = 123.0;
+            let text = joined(&r.render(&second, &fams));
+            assert_eq!(text, encode_all(&fams, &second));
+            assert!(text.contains("namespace=\"moved\""));
+            // And once more unchanged.
+            assert_eq!(
+                joined(&r.render(&second, &fams)),
+                encode_all(&fams, &second)
+            );
+        }
+    }
+
+    #[test]
+    fn compressed_runs_hold_a_fraction_of_the_text() {
+        use std::sync::Arc;
+        let inv = Arc::new(inventory(2100));
+        let fams = scrape_like(&inv);
+        let r = Renderer::compressed().render(&inv, &fams);
+        let kept: usize = r.pieces.iter().map(|p| p.bytes.len()).sum();
+        let text = r.text_len() as usize;
+        assert_eq!(text, encode_all(&fams, &inv).len());
+        assert!(kept * 5 < text, "{text} bytes of text kept in {kept}");
     }
 
     #[test]
     fn an_unchanged_family_is_reused_without_a_copy() {
         use std::sync::Arc;
-        let inv = Arc::new(inventory(50));
-        let mut r = Renderer::new();
-        let fams = scrape_like(&inv);
-        let a = r.render(&inv, &fams);
-        let mut changed = fams.clone();
-        changed[2].samples[0].value = -1.0;
-        let b = r.render(&inv, &changed);
-        assert_eq!(a.len(), b.len());
-        let same = |i: usize| a[i].as_ptr() == b[i].as_ptr() && a[i].len() == b[i].len();
-        let shared = (0..a.len()).filter(|&i| same(i)).count();
-        // Every per-volume family but the changed one is the same memory;
-        // headers and self metrics are written afresh.
-        let mut extras = std::collections::HashMap::new();
-        let per_volume = fams
-            .iter()
-            .filter(|f| SampleKey::of(&inv, &mut extras, &f.samples[0]).is_some())
-            .count();
-        assert_eq!(shared, per_volume - 1, "{} pieces", a.len());
-        assert_eq!(joined(&b), encode_all(&changed, &inv));
+        for mut r in renderers() {
+            let inv = Arc::new(inventory(50));
+            let fams = scrape_like(&inv);
+            let a = r.render(&inv, &fams);
+            let mut changed = fams.clone();
+            changed[2].samples[0].value = -1.0;
+            let b = r.render(&inv, &changed);
+            assert_eq!(a.pieces.len(), b.pieces.len());
+            // Every per-volume family but the changed one is the same memory;
+            // self metrics are written afresh.
+            let mut extras = std::collections::HashMap::new();
+            let per_volume = fams
+                .iter()
+                .filter(|f| SampleKey::of(&inv, &mut extras, &f.samples[0]).is_some())
+                .count();
+            let same = shared(&a, &b).into_iter().filter(|&s| s).count();
+            assert_eq!(same, per_volume - 1, "{} pieces", a.pieces.len());
+            assert_eq!(joined(&b), encode_all(&changed, &inv));
+        }
     }
 
     #[test]
     fn a_changed_value_rewrites_only_its_run() {
         use std::sync::Arc;
-        let inv = Arc::new(inventory(2100)); // nine runs per family
-        let mut r = Renderer::new();
-        let fams = scrape_like(&inv);
-        let a = r.render(&inv, &fams);
-        let mut changed = fams.clone();
-        changed[2].samples[1000].value = -1.0;
-        let b = r.render(&inv, &changed);
-        assert_eq!(joined(&b), encode_all(&changed, &inv));
-        assert_eq!(a.len(), b.len());
-        // Headers and self metrics (the pieces that start with `#`) are
-        // written afresh; of the runs, only the changed one.
-        let fresh: Vec<&bytes::Bytes> = a
-            .iter()
-            .zip(&b)
-            .filter(|(x, y)| !y.starts_with(b"#") && (x.as_ptr(), x.len()) != (y.as_ptr(), y.len()))
-            .map(|(_, y)| y)
-            .collect();
-        assert_eq!(fresh.len(), 1);
-        assert_eq!(fresh[0].split(|&c| c == b'\n').count() - 1, RUN);
-        assert!(String::from_utf8_lossy(fresh[0]).contains("} -1\n"));
+        for mut r in renderers() {
+            let inv = Arc::new(inventory(2100)); // nine runs per family
+            let fams = scrape_like(&inv);
+            let a = r.render(&inv, &fams);
+            let mut changed = fams.clone();
+            changed[2].samples[1000].value = -1.0;
+            let b = r.render(&inv, &changed);
+            assert_eq!(joined(&b), encode_all(&changed, &inv));
+            assert_eq!(a.pieces.len(), b.pieces.len());
+            // Of the runs, only the changed one is new; the loose pieces
+            // (self metrics) are written afresh every time.
+            let text = |p: &Piece| joined(&Rendered::new(vec![p.clone()], b.compressed));
+            let fresh: Vec<String> = shared(&a, &b)
+                .into_iter()
+                .zip(&b.pieces)
+                .filter(|(same, _)| !same)
+                .map(|(_, p)| text(p))
+                .filter(|t| t.contains("volume_id="))
+                .collect();
+            assert_eq!(fresh.len(), 1);
+            let run = &fresh[0];
+            assert_eq!(run.lines().count(), RUN);
+            assert!(run.contains("} -1\n"));
+        }
     }
 
     #[test]
     fn a_run_stays_cached_when_its_volumes_move_in_the_inventory() {
         use std::sync::Arc;
-        let first = Arc::new(inventory(30));
-        let sparse = |inv: &Inventory| {
-            let mut f = Family::counter("nomad_host_volume_sparse_total", "S.");
-            for (i, v) in inv.volumes.iter().enumerate() {
-                if v.project_id % 10 == 5 {
-                    f.volume(i, 7.0);
+        for mut r in renderers() {
+            let first = Arc::new(inventory(30));
+            let sparse = |inv: &Inventory| {
+                let mut f = Family::counter("nomad_host_volume_sparse_total", "S.");
+                for (i, v) in inv.volumes.iter().enumerate() {
+                    if v.project_id % 10 == 5 {
+                        f.volume(i, 7.0);
+                    }
                 }
-            }
-            vec![f]
-        };
-        let mut r = Renderer::new();
-        let a = r.render(&first, &sparse(&first));
-        // Volume 0 gone: the others' indices drop by one, their lines not.
-        let second = Arc::new(Inventory {
-            dirs: first.dirs.clone(),
-            volumes: first.volumes[1..].to_vec(),
-        });
-        let fams = sparse(&second);
-        let b = r.render(&second, &fams);
-        let c = r.render(&second, &fams);
-        assert_eq!(joined(&c), encode_all(&fams, &second));
-        assert_eq!(a[1].as_ptr(), b[1].as_ptr());
-        assert_eq!(b[1].as_ptr(), c[1].as_ptr());
+                vec![f]
+            };
+            let a = r.render(&first, &sparse(&first));
+            // Volume 0 gone: the others' indices drop by one, their lines not.
+            let second = Arc::new(Inventory {
+                dirs: first.dirs.clone(),
+                volumes: first.volumes[1..].to_vec(),
+            });
+            let fams = sparse(&second);
+            let b = r.render(&second, &fams);
+            let c = r.render(&second, &fams);
+            assert_eq!(joined(&c), encode_all(&fams, &second));
+            assert_eq!(shared(&a, &b), [true]);
+            assert_eq!(shared(&b, &c), [true]);
+        }
     }
 
     #[test]
@@ -943,11 +1065,12 @@ mod tests {
             }
             vec![f]
         };
-        let mut r = Renderer::new();
-        for _ in 0..3 {
-            let fams = leaky();
-            assert_eq!(joined(&r.render(&inv, &fams)), encode_all(&fams, &inv));
-            assert!(r.extras.len() <= 2 * (MAX_EXTRAS + 10));
+        for mut r in renderers() {
+            for _ in 0..3 {
+                let fams = leaky();
+                assert_eq!(joined(&r.render(&inv, &fams)), encode_all(&fams, &inv));
+                assert!(r.extras.len() <= 2 * (MAX_EXTRAS + 10));
+            }
         }
     }
 
