@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::http::{http_get, url_encode};
+use crate::http::{get_head, http_get, request, url_encode};
 
 pub const PROMETHEUS: &str = "/usr/bin/prometheus";
 pub const PROMTOOL: &str = "/usr/bin/promtool";
@@ -521,6 +521,24 @@ impl Exporter {
             "content-type {ct:?}"
         );
         (r.body, took)
+    }
+
+    /// GET /metrics as Prometheus asks for it (`Accept-Encoding: gzip`):
+    /// asserts a 200 in gzip, returns the body decoded (which checks the
+    /// gzip trailer's CRC and length), the bytes sent and the time taken.
+    pub fn scrape_gzip(&self) -> (String, usize, Duration) {
+        let head = get_head(self.addr, "/metrics")
+            .replace("\r\n\r\n", "\r\nAccept-Encoding: gzip\r\n\r\n");
+        let start = Instant::now();
+        let r = request(self.addr, &head, Duration::from_secs(300))
+            .unwrap_or_else(|e| panic!("GET /metrics with gzip: {e}\n{}", self.log()));
+        let took = start.elapsed();
+        assert_eq!(r.status, 200, "GET /metrics with gzip\n{}", self.log());
+        assert_eq!(r.header("content-encoding"), Some("gzip"));
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&r.body[..]), &mut text)
+            .expect("a whole gzip member of UTF-8 text");
+        (text, r.body.len(), took)
     }
 
     pub fn scrape(&self) -> Exposition {

@@ -170,6 +170,19 @@ fn scale(counts: &[usize]) {
             series = t.lines().filter(|l| !l.starts_with('#')).count();
             warm.push(d);
         }
+        // As Prometheus scrapes: gzip.
+        let mut gzipped = Vec::new();
+        let mut gzip_bytes = 0;
+        for _ in 0..SAMPLES {
+            let (t, bytes, d) = exp.scrape_gzip();
+            assert_eq!(
+                t.lines().filter(|l| !l.starts_with('#')).count(),
+                series,
+                "the gzip scrape has the plain one's series"
+            );
+            gzip_bytes = bytes;
+            gzipped.push(d);
+        }
         // The exporter's own account of where a scrape's time goes.
         let last = Exposition::parse(&exp.scrape_text().0);
         let mut collectors = 0.0;
@@ -190,6 +203,7 @@ fn scale(counts: &[usize]) {
                 .collect(),
         );
         let warm = median(warm);
+        let gzipped = median(gzipped);
         eprintln!(
             "MEASURE exporter_scrape_cold_seconds{{volumes={n}}} {:.4}",
             cold.as_secs_f64()
@@ -197,6 +211,10 @@ fn scale(counts: &[usize]) {
         eprintln!(
             "MEASURE exporter_scrape_seconds{{volumes={n}}} {:.4}",
             warm.as_secs_f64()
+        );
+        eprintln!(
+            "MEASURE exporter_scrape_gzip_seconds{{volumes={n}}} {:.4}",
+            gzipped.as_secs_f64()
         );
         eprintln!("MEASURE exporter_collectors_seconds{{volumes={n}}} {collectors:.4}");
         eprintln!(
@@ -207,9 +225,14 @@ fn scale(counts: &[usize]) {
             "MEASURE exporter_scrape_floor_ratio{{volumes={n}}} {:.2}",
             warm.as_secs_f64() / floor.as_secs_f64()
         );
+        eprintln!(
+            "MEASURE exporter_scrape_gzip_floor_ratio{{volumes={n}}} {:.2}",
+            gzipped.as_secs_f64() / floor.as_secs_f64()
+        );
         eprintln!("MEASURE exporter_vmhwm_kib{{volumes={n}}} {hwm}");
         eprintln!("MEASURE exporter_vmrss_kib{{volumes={n}}} {rss}");
         eprintln!("MEASURE exposition_bytes{{volumes={n}}} {text_len}");
+        eprintln!("MEASURE exposition_gzip_bytes{{volumes={n}}} {gzip_bytes}");
         eprintln!("MEASURE exposition_series{{volumes={n}}} {series}");
     }
 }

@@ -199,9 +199,10 @@ fn exporter_tables(measures: &[&str]) -> String {
          The floor is a bare loop of what a scrape must do at least: statfs of every volume \
          root and one quotactl pass over the project IDs. *Collectors* is the exporter's own \
          time in its collectors (the syscalls plus building the samples); *scrape* is one \
-         `GET /metrics` to the last byte, so it adds writing and sending the text.\n\n\
-         | volumes | scrape | collectors | floor | scrape / floor | collectors / floor | exposition | RSS after scrapes |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+         `GET /metrics` to the last byte, so it adds writing and sending the text; *gzip* \
+         is the same asked as Prometheus asks, with `Accept-Encoding: gzip`.\n\n\
+         | volumes | scrape | gzip | collectors | floor | scrape / floor | gzip / floor | collectors / floor | exposition (gzip) | RSS after scrapes |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for n in [100, 1000, 10_000] {
         let (Some(scrape), Some(coll), Some(floor), Some(bytes), Some(rss)) = (
@@ -213,14 +214,22 @@ fn exporter_tables(measures: &[&str]) -> String {
         ) else {
             continue;
         };
+        let gzip = get(format!("exporter_scrape_gzip_seconds{{volumes={n}}}"));
+        let or_dash = |v: Option<String>| v.unwrap_or_else(|| "–".into());
         s += &format!(
-            "| {n} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1}× | {:.1}× | {:.1} MB | {:.1} MiB |\n",
+            "| {n} | {:.1} ms | {} | {:.1} ms | {:.1} ms | {:.1}× | {} | {:.1}× | {:.1} MB ({}) | {:.1} MiB |\n",
             scrape * 1e3,
+            or_dash(gzip.map(|g| format!("{:.1} ms", g * 1e3))),
             coll * 1e3,
             floor * 1e3,
             scrape / floor,
+            or_dash(gzip.map(|g| format!("{:.1}×", g / floor))),
             coll / floor,
             bytes / 1e6,
+            or_dash(
+                get(format!("exposition_gzip_bytes{{volumes={n}}}"))
+                    .map(|z| format!("{:.0} KB", z / 1e3))
+            ),
             rss / 1024.0,
         );
     }
@@ -296,6 +305,8 @@ mod tests {
             "floor_statfs_quota_seconds{volumes=1000} 0.0250",
             "exposition_bytes{volumes=1000} 3449869",
             "exporter_vmrss_kib{volumes=1000} 8192",
+            "exporter_scrape_gzip_seconds{volumes=1000} 0.1000",
+            "exposition_gzip_bytes{volumes=1000} 120000",
             "exporter_scrape_seconds{volumes=100} 0.0200",
             "ebpf_buffered_4k_detached_mb_per_s 200.00",
             "ebpf_buffered_4k_attached_mb_per_s 190.00",
@@ -304,7 +315,9 @@ mod tests {
         ];
         let t = exporter_tables(&measures);
         assert!(
-            t.contains("| 1000 | 200.0 ms | 50.0 ms | 25.0 ms | 8.0× | 2.0× | 3.4 MB | 8.0 MiB |"),
+            t.contains(
+                "| 1000 | 200.0 ms | 100.0 ms | 50.0 ms | 25.0 ms | 8.0× | 4.0× | 2.0× | 3.4 MB (120 KB) | 8.0 MiB |"
+            ),
             "{t}"
         );
         assert!(!t.contains("| 100 |"), "{t}");
