@@ -107,6 +107,7 @@ impl Report {
 
 fn main() {
     let a = args();
+    prjquota_vmtests::nomad::raise_open_files_limit();
     let mount = PathBuf::from("/tmp/bench-xfs");
     sh(&format!(
         "mkfs.xfs -q -f {d} && mkdir -p {m} && mount -o prjquota {d} {m}",
