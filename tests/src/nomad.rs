@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -271,6 +271,39 @@ pub fn raise_open_files_limit() {
     }
 }
 
+/// Waits for the plugin, and kills it once `deadline` has passed since
+/// `start`. It blocks in the kernel, as Nomad's agent does: a poll every few
+/// milliseconds, with a storm's hundreds of runs in flight, took the emulated
+/// CPU from the plugins under test in proportion to how long each ran.
+fn wait_or_kill(child: &mut Child, start: Instant, deadline: Duration) -> (ExitStatus, bool) {
+    use nix::errno::Errno;
+    use nix::sys::wait::{waitid, Id, WaitPidFlag};
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // WNOWAIT leaves the exited child unreaped: its pid stays this
+        // process's own until `child.wait()` below, so the kill cannot reach
+        // a reused pid.
+        let exited = loop {
+            match waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
+                Err(Errno::EINTR) => continue,
+                other => break other.map(|_| ()),
+            }
+        };
+        let _ = tx.send(exited);
+    });
+    let left = deadline.saturating_sub(start.elapsed());
+    let killed = match rx.recv_timeout(left) {
+        Ok(Ok(())) => false,
+        Ok(Err(e)) => panic!("waitid for the plugin (pid {pid}): {e}"),
+        Err(_) => {
+            let _ = child.kill();
+            true
+        }
+    };
+    (child.wait().expect("wait for the plugin"), killed)
+}
+
 /// As [`run_plugin`], with extra variables appended after Nomad's (the
 /// crash tests use `PRJQUOTA_FAULT`).
 pub fn run_plugin_with(
@@ -306,18 +339,7 @@ pub fn run_plugin_with(
         let _ = err.read_to_string(&mut s);
         s
     });
-    let mut killed = false;
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait for the plugin") {
-            break st;
-        }
-        if start.elapsed() > deadline {
-            let _ = child.kill();
-            killed = true;
-            break child.wait().expect("wait after kill");
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    };
+    let (status, killed) = wait_or_kill(&mut child, start, deadline);
     let elapsed = start.elapsed();
     let outcome = Outcome {
         status,
@@ -359,7 +381,10 @@ pub fn assert_nomad_accepts(vars: &[(&str, String)], bytes: u64) {
 
 #[cfg(test)]
 mod tests {
-    use super::assert_nomad_accepts;
+    use std::path::Path;
+    use std::time::Duration;
+
+    use super::{assert_nomad_accepts, run_plugin};
 
     fn vars(min: u64, max: u64) -> Vec<(&'static str, String)> {
         vec![
@@ -385,5 +410,24 @@ mod tests {
     #[should_panic(expected = "outside [capacity_min 5000")]
     fn a_size_below_capacity_min_fails() {
         assert_nomad_accepts(&vars(5000, 0), 4096);
+    }
+
+    #[test]
+    fn a_plugin_past_its_deadline_is_killed_and_a_quick_one_is_not() {
+        let quick = run_plugin(Path::new("/bin/echo"), "done", &[], Duration::from_secs(30));
+        assert!(quick.status.success() && !quick.killed, "{quick:?}");
+        assert_eq!(quick.stdout, "done\n");
+        // Returned as soon as it exited, not at the deadline.
+        assert!(quick.elapsed < Duration::from_secs(10), "{quick:?}");
+
+        let slow = run_plugin(
+            Path::new("/bin/sleep"),
+            "30",
+            &[],
+            Duration::from_millis(300),
+        );
+        assert!(slow.killed && !slow.status.success(), "{slow:?}");
+        assert!(slow.elapsed >= Duration::from_millis(300), "{slow:?}");
+        assert!(slow.elapsed < Duration::from_secs(10), "{slow:?}");
     }
 }
