@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -271,39 +271,6 @@ pub fn raise_open_files_limit() {
     }
 }
 
-/// Waits for the plugin, and kills it once `deadline` has passed since
-/// `start`. It blocks in the kernel, as Nomad's agent does: a poll every few
-/// milliseconds, with a storm's hundreds of runs in flight, took the emulated
-/// CPU from the plugins under test in proportion to how long each ran.
-fn wait_or_kill(child: &mut Child, start: Instant, deadline: Duration) -> (ExitStatus, bool) {
-    use nix::errno::Errno;
-    use nix::sys::wait::{waitid, Id, WaitPidFlag};
-    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        // WNOWAIT leaves the exited child unreaped: its pid stays this
-        // process's own until `child.wait()` below, so the kill cannot reach
-        // a reused pid.
-        let exited = loop {
-            match waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
-                Err(Errno::EINTR) => continue,
-                other => break other.map(|_| ()),
-            }
-        };
-        let _ = tx.send(exited);
-    });
-    let left = deadline.saturating_sub(start.elapsed());
-    let killed = match rx.recv_timeout(left) {
-        Ok(Ok(())) => false,
-        Ok(Err(e)) => panic!("waitid for the plugin (pid {pid}): {e}"),
-        Err(_) => {
-            let _ = child.kill();
-            true
-        }
-    };
-    (child.wait().expect("wait for the plugin"), killed)
-}
-
 /// As [`run_plugin`], with extra variables appended after Nomad's (the
 /// crash tests use `PRJQUOTA_FAULT`).
 pub fn run_plugin_with(
@@ -339,7 +306,8 @@ pub fn run_plugin_with(
         let _ = err.read_to_string(&mut s);
         s
     });
-    let (status, killed) = wait_or_kill(&mut child, start, deadline);
+    let (status, killed) =
+        crate::child::wait_or_kill(&mut child, deadline.saturating_sub(start.elapsed()));
     let elapsed = start.elapsed();
     let outcome = Outcome {
         status,

@@ -293,20 +293,11 @@ pub fn run_to_refusal(mut cmd: Command, what: &str) -> (std::process::ExitStatus
         .stderr(Stdio::piped())
         .spawn()
         .expect("start prjquota-exporter");
-    let start = std::time::Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait for the exporter") {
-            break st;
-        }
-        if start.elapsed() > Duration::from_secs(120) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "the exporter with {what} is still running after 120 s: it did not refuse to start"
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let (status, killed) = crate::child::wait_or_kill(&mut child, Duration::from_secs(120));
+    assert!(
+        !killed,
+        "the exporter with {what} is still running after 120 s: it did not refuse to start"
+    );
     let mut err = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr piped"), &mut err)
         .expect("read the exporter's stderr");
@@ -584,25 +575,7 @@ impl Exporter {
         if let Some(outcome) = self.stopped {
             return outcome;
         }
-        // Our own child, not reaped yet: the pid cannot have been reused.
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            match self.child.try_wait() {
-                Ok(Some(st)) => break Some(st),
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(50))
-                }
-                _ => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    break None;
-                }
-            }
-        };
+        let status = crate::child::terminate(&mut self.child, Duration::from_secs(30));
         // The exporter has exited: its stderr is closed and the reader ends.
         if let Some(reader) = self.reader.take() {
             let _ = reader.join();
@@ -935,25 +908,7 @@ pub fn vector(result: &Value) -> Vec<(BTreeMap<String, String>, f64)> {
 
 impl Drop for Prometheus {
     fn drop(&mut self) {
-        // Our own child, not reaped yet: the pid cannot have been reused.
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(_)) => break,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(100))
-                }
-                _ => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    break;
-                }
-            }
-        }
+        let _ = crate::child::terminate(&mut self.child, Duration::from_secs(30));
         if std::thread::panicking() {
             eprintln!("--- prometheus log ---\n{}", self.log());
         }

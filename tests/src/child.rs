@@ -1,0 +1,97 @@
+//! Waiting for the processes the tests start (plugins, exporters,
+//! Prometheus), with deadlines and without polling.
+
+use std::process::{Child, ExitStatus};
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitid, Id, WaitPidFlag};
+use nix::unistd::Pid;
+
+/// Waits for `child` for at most `within`, and kills it then: its status,
+/// and whether it was killed. It blocks in the kernel, as Nomad's agent
+/// does: a poll every few milliseconds, with a storm's hundreds of plugin
+/// runs in flight, took the emulated CPU from the plugins under test in
+/// proportion to how long each ran.
+pub fn wait_or_kill(child: &mut Child, within: Duration) -> (ExitStatus, bool) {
+    // Already reaped (std keeps the status): its pid may be reused.
+    if let Ok(Some(st)) = child.try_wait() {
+        return (st, false);
+    }
+    let pid = Pid::from_raw(child.id() as i32);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // WNOWAIT leaves the exited child unreaped: its pid stays this
+        // process's own until `child.wait()` below, so the kill cannot reach
+        // a reused pid.
+        let exited = loop {
+            match waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
+                Err(Errno::EINTR) => continue,
+                other => break other.map(|_| ()),
+            }
+        };
+        let _ = tx.send(exited);
+    });
+    let killed = match rx.recv_timeout(within) {
+        Ok(Ok(())) => false,
+        Ok(Err(e)) => panic!("waitid for pid {pid}: {e}"),
+        Err(_) => {
+            let _ = child.kill();
+            true
+        }
+    };
+    (child.wait().expect("wait for the child"), killed)
+}
+
+/// SIGTERM, then [`wait_or_kill`] within `grace`: the status, or `None`
+/// when it had to be killed.
+pub fn terminate(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
+    if let Ok(Some(st)) = child.try_wait() {
+        return Some(st);
+    }
+    // Our own child, not reaped yet: the pid cannot have been reused.
+    let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+    match wait_or_kill(child, grace) {
+        (st, false) => Some(st),
+        (_, true) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    use super::{terminate, wait_or_kill};
+
+    #[test]
+    fn a_child_past_its_time_is_killed_and_a_quick_one_is_not() {
+        let mut quick = Command::new("true").spawn().unwrap();
+        let start = Instant::now();
+        let (st, killed) = wait_or_kill(&mut quick, Duration::from_secs(30));
+        assert!(st.success() && !killed);
+        assert!(start.elapsed() < Duration::from_secs(10));
+
+        let mut slow = Command::new("sleep").arg("30").spawn().unwrap();
+        let (st, killed) = wait_or_kill(&mut slow, Duration::from_millis(300));
+        assert!(killed && st.signal() == Some(9), "{st:?}");
+    }
+
+    #[test]
+    fn terminate_kills_only_what_ignores_sigterm() {
+        let mut polite = Command::new("sleep").arg("30").spawn().unwrap();
+        let st = terminate(&mut polite, Duration::from_secs(30)).expect("exits on SIGTERM");
+        assert_eq!(st.signal(), Some(15));
+
+        let mut deaf = Command::new("sh")
+            .args(["-c", "trap '' TERM; while :; do sleep 0.1; done"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(terminate(&mut deaf, Duration::from_millis(300)), None);
+    }
+}
