@@ -102,6 +102,13 @@ pub fn main(args: &[String]) -> Result<u8> {
             opts.memory = v;
         } else if let Some(v) = take_value(args, &mut i, "--cpus")? {
             opts.cpus = v.parse().context("--cpus")?;
+        } else if let Some(v) = take_value(args, &mut i, "--disk")? {
+            // A file the guest sees as a block device (/dev/vda), as the
+            // bench's disk: for probes of what the bench measures.
+            opts.disks.push(PathBuf::from(v));
+        } else if let Some(v) = take_value(args, &mut i, "--rwdir")? {
+            // A host directory the guest may write (vng mounts it over 9p).
+            opts.rwdirs.push(PathBuf::from(v));
         } else if args[i].starts_with('-') {
             bail!("vm: unknown option `{}`", args[i]);
         } else {
@@ -113,7 +120,7 @@ pub fn main(args: &[String]) -> Result<u8> {
     if cmd.is_empty() {
         bail!(
             "vm: no command: cargo xtask vm [--kernel 5.10|6.1|6.12|7] [--fs xfs|ext4|all] \
-             [--memory 2G] -- CMD..."
+             [--memory 2G] [--cpus 2] [--disk FILE]... [--rwdir DIR]... -- CMD..."
         );
     }
     // One argument is a bash command line; several are joined like ssh does.
