@@ -984,7 +984,7 @@ fn dist_for_tests(opts: &Opts, root: &Path, run_dir: &Path, bin_dir: &Path) -> R
 /// release plugin it is compared with: optimised, `crt-static`. A single
 /// rustc call of a few seconds, where a release build of its crate would
 /// build the test crate's dependencies too.
-fn static_mkdir_plugin(root: &Path, out: &Path) -> Result<()> {
+pub fn static_mkdir_plugin(root: &Path, out: &Path) -> Result<()> {
     let src = root.join("tests/src/bin/mkdir-plugin.rs");
     let mut cmd = Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()));
     cmd.args([
