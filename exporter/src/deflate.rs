@@ -95,6 +95,37 @@ impl Deflater {
     }
 }
 
+/// Longest stored DEFLATE block: its LEN field has 16 bits (RFC 1951,
+/// 3.2.4).
+const STORED_MAX: usize = u16::MAX as usize;
+
+/// `text` as stored (uncompressed) DEFLATE blocks: a piece that joins the
+/// others as [`Deflater::piece`]'s do, made without a compressor. For text
+/// written afresh at every scrape and a few kilobytes long (the exporter's
+/// own metrics): a compressor's reset clears some 200 KB of tables first,
+/// more work than compressing those kilobytes saves on the wire.
+pub fn stored(text: &[u8]) -> Piece {
+    assert!(
+        text.len() <= u32::MAX as usize,
+        "a piece is a run of lines, never 4 GiB"
+    );
+    let mut out = Vec::with_capacity(text.len() + 5 * text.len().div_ceil(STORED_MAX));
+    for chunk in text.chunks(STORED_MAX) {
+        let len = chunk.len() as u16;
+        // BFINAL 0, BTYPE 00, the rest of the byte padding: every piece
+        // starts and ends on a byte boundary.
+        out.push(0);
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(&(!len).to_le_bytes());
+        out.extend_from_slice(chunk);
+    }
+    Piece {
+        bytes: out.into(),
+        text_len: text.len() as u32,
+        crc: crc32fast::hash(text),
+    }
+}
+
 /// The gzip trailer for `pieces` sent in order between [`GZIP_HEADER`]
 /// and it: the final block, the CRC-32 and the length modulo 2³².
 pub fn gzip_trailer(pieces: &[Piece]) -> [u8; 10] {
@@ -194,13 +225,18 @@ mod tests {
     fn pieces_compressed_apart_join_into_one_gzip_member_in_any_choice() {
         let mut d = Deflater::default();
         let texts: Vec<Vec<u8>> = (0..5).map(|i| text(i, 50 * i)).collect();
-        let pieces: Vec<Piece> = texts.iter().map(|t| d.piece(t)).collect();
+        let mut pieces: Vec<Piece> = texts.iter().map(|t| d.piece(t)).collect();
+        // Stored pieces of the same texts, numbered 5 to 9, mix with them.
+        pieces.extend(texts.iter().map(|t| stored(t)));
+        let texts: Vec<Vec<u8>> = texts.iter().chain(&texts).cloned().collect();
         for choice in [
             vec![0, 1, 2, 3, 4],
             vec![4, 2],
             vec![3, 3, 1],
             vec![0],
             vec![],
+            vec![9, 4, 5, 0, 8],
+            vec![7],
         ] {
             let chosen: Vec<Piece> = choice.iter().map(|&i| pieces[i].clone()).collect();
             let mut body = GZIP_HEADER.to_vec();
@@ -223,10 +259,13 @@ mod tests {
         let noise: Vec<u8> = (0..200_000u32)
             .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
             .collect();
+        // The noise is three stored blocks, the last one short.
         for t in [text(1, 300), Vec::new(), noise, text(2, 1)] {
-            let p = d.piece(&t);
-            assert_eq!(p.text_len as usize, t.len());
-            assert_eq!(&inf.text(&p).unwrap()[..], &t[..]);
+            for p in [d.piece(&t), stored(&t)] {
+                assert_eq!(p.text_len as usize, t.len());
+                assert_eq!(p.crc, crc32fast::hash(&t));
+                assert_eq!(&inf.text(&p).unwrap()[..], &t[..]);
+            }
         }
     }
 

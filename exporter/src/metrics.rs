@@ -541,9 +541,18 @@ impl Renderer {
             deflater,
         } = self;
         let compressed = deflater.is_some();
+        // A run is kept from scrape to scrape: compressed once, sent many
+        // times. Text written afresh at every scrape is stored as it is.
         let mut keep = |text: &[u8]| match deflater {
             Some(d) => d.piece(text),
             None => Piece::plain(bytes::Bytes::copy_from_slice(text)),
+        };
+        let fresh = |text: &[u8]| {
+            if compressed {
+                crate::deflate::stored(text)
+            } else {
+                Piece::plain(bytes::Bytes::copy_from_slice(text))
+            }
         };
         // Kept to the end of this render: the cached keys name its volumes.
         let prev = previous.take().unwrap_or_default();
@@ -588,7 +597,7 @@ impl Renderer {
                 continue;
             }
             if !loose.is_empty() {
-                pieces.push(keep(&loose));
+                pieces.push(fresh(&loose));
                 loose.clear();
             }
             let runs = cache.entry(f.name).or_default();
@@ -631,7 +640,7 @@ impl Renderer {
             }
         }
         if !loose.is_empty() {
-            pieces.push(keep(&loose));
+            pieces.push(fresh(&loose));
         }
         // Families gone from this scrape free their text.
         cache.retain(|name, _| seen.contains(name));
