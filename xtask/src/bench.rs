@@ -170,7 +170,7 @@ fn render(plugins_md: &str, measures: &[&str], quick: bool) -> Result<String> {
          absolute times are many times slower than on hardware; compare the ratios, measured \
          side by side in one boot.\n\
          - Host CPU: {cpu}, {} cores.\n\
-         - prjquota and the exporter: release builds.\n\n",
+         - prjquota and the mkdir plugin: static release builds, run from the guest's disk; the exporter: release build.\n\n",
         if quick { " --quick" } else { "" },
         kernel.display(),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
