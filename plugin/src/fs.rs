@@ -145,7 +145,12 @@ pub struct VolumesFs {
     pub dev: u64,
     /// Size of the whole filesystem in bytes.
     pub fs_bytes: u64,
-    pub mount: Option<Mount>,
+    /// The mount holding the directory, read from /proc/self/mountinfo the
+    /// first time a message or a check asks ([`VolumesFs::mount`]). A create
+    /// or restore that succeeds never needs it, and reading it costs a pass
+    /// over every mount of the host: hundreds on a Nomad client whose
+    /// allocations each bind-mount their directories.
+    mount: std::sync::OnceLock<Option<Mount>>,
 }
 
 pub fn cstr(path: &Path) -> Result<CString> {
@@ -224,9 +229,6 @@ impl VolumesFs {
         })?;
         let st = sys::fstat(dir.as_fd()).context("fstat of the volumes directory")?;
         let sfs = sys::fstatfs(dir.as_fd()).context("statfs of the volumes directory")?;
-        let mount = prjquota_core::mountinfo::read_own()
-            .ok()
-            .and_then(|mi| find_mount(&mi, path, st.st_dev));
         let block_size = (sfs.f_bsize as u64).max(512);
         Ok(VolumesFs {
             path: path.to_path_buf(),
@@ -235,8 +237,19 @@ impl VolumesFs {
             block_size,
             dev: st.st_dev,
             fs_bytes: (sfs.f_blocks as u64).saturating_mul(sfs.f_frsize as u64),
-            mount,
+            mount: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The mount holding the directory, if /proc/self/mountinfo names it.
+    pub fn mount(&self) -> Option<&Mount> {
+        self.mount
+            .get_or_init(|| {
+                prjquota_core::mountinfo::read_own()
+                    .ok()
+                    .and_then(|mi| find_mount(&mi, &self.path, self.dev))
+            })
+            .as_ref()
     }
 
     pub fn fd(&self) -> BorrowedFd<'_> {
@@ -245,7 +258,7 @@ impl VolumesFs {
 
     /// "XFS on /dev/sdb1 mounted at /srv" for error messages.
     pub fn describe(&self) -> String {
-        match &self.mount {
+        match self.mount() {
             Some(m) => format!(
                 "{} on {} mounted at {}",
                 self.fstype,
@@ -274,13 +287,11 @@ impl VolumesFs {
     }
 
     fn source(&self) -> &str {
-        self.mount
-            .as_ref()
-            .map_or("<device>", |m| m.source.as_str())
+        self.mount().map_or("<device>", |m| m.source.as_str())
     }
 
     fn mount_point(&self) -> String {
-        self.mount.as_ref().map_or_else(
+        self.mount().map_or_else(
             || "<mount point>".into(),
             |m| m.mount_point.display().to_string(),
         )
@@ -290,22 +301,26 @@ impl VolumesFs {
     /// says exactly what to change.
     pub fn require_enforced_quota(&self) -> Result<()> {
         let p = self.path.display();
-        let d = self.describe();
-        match self.fstype {
-            FsType::Xfs | FsType::Ext4 => {}
-            FsType::Other(_) => bail!(
-                "{p} is on {d}: prjquota needs XFS (mounted with -o prjquota) or ext4 (with the project and quota features, mounted with -o prjquota); point host_volumes_dir at such a filesystem"
-            ),
+        if let FsType::Other(_) = self.fstype {
+            bail!(
+                "{p} is on {}: prjquota needs XFS (mounted with -o prjquota) or ext4 (with the project and quota features, mounted with -o prjquota); point host_volumes_dir at such a filesystem",
+                self.describe()
+            );
         }
         let support = quota::support(self.fd())
-            .with_context(|| format!("cannot read the quota state of {p} ({d})"))?;
+            .with_context(|| format!("cannot read the quota state of {p} ({})", self.describe()))?;
+        if support == Support::Enforced {
+            return Ok(());
+        }
+        // Only a failure describes the filesystem: that reads mountinfo.
+        let d = self.describe();
         let root_hint = if self.mount_point() == "/" {
             " (this is the root filesystem: add rootflags=prjquota to the kernel command line and reboot; quota accounting cannot be switched on by remount)"
         } else {
             ""
         };
         match (self.fstype, support) {
-            (_, Support::Enforced) => Ok(()),
+            (_, Support::Enforced) => unreachable!("returned above"),
             (FsType::Xfs, Support::Off) if !Path::new("/proc/fs/xfs/xqm").exists() => bail!(
                 "{p} is on {d}, but this kernel has no XFS quota support (CONFIG_XFS_QUOTA is off): boot a kernel built with it, such as Debian's linux-image-amd64"
             ),

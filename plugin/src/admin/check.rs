@@ -171,11 +171,7 @@ pub fn run(flags: &Flags) -> Vec<Item> {
         ),
     });
 
-    let opts = vfs
-        .mount
-        .as_ref()
-        .map(|m| m.options.clone())
-        .unwrap_or_default();
+    let opts = vfs.mount().map(|m| m.options.clone()).unwrap_or_default();
     let support = quota::support(vfs.fd());
     let enforced = matches!(support, Ok(Support::Enforced));
     items.push(match vfs.require_enforced_quota() {
