@@ -39,6 +39,16 @@ pub struct Piece {
 }
 
 impl Piece {
+    /// `text` as DEFLATE `bytes` (compressed or stored), with the length
+    /// and CRC-32 the gzip trailer is combined from.
+    fn deflated(bytes: Bytes, text: &[u8]) -> Piece {
+        Piece {
+            bytes,
+            text_len: u32::try_from(text.len()).expect("a piece is a run of lines, never 4 GiB"),
+            crc: crc32fast::hash(text),
+        }
+    }
+
     pub fn plain(text: Bytes) -> Piece {
         Piece {
             text_len: text.len() as u32,
@@ -66,10 +76,6 @@ impl Default for Deflater {
 
 impl Deflater {
     pub fn piece(&mut self, text: &[u8]) -> Piece {
-        assert!(
-            text.len() <= u32::MAX as usize,
-            "a piece is a run of lines, never 4 GiB"
-        );
         self.compress.reset();
         self.out.clear();
         self.out.reserve(text.len() / 4 + 64);
@@ -87,11 +93,7 @@ impl Deflater {
             }
             self.out.reserve(self.out.capacity().max(1024));
         }
-        Piece {
-            bytes: Bytes::copy_from_slice(&self.out),
-            text_len: text.len() as u32,
-            crc: crc32fast::hash(text),
-        }
+        Piece::deflated(Bytes::copy_from_slice(&self.out), text)
     }
 }
 
@@ -105,10 +107,6 @@ const STORED_MAX: usize = u16::MAX as usize;
 /// own metrics): a compressor's reset clears some 200 KB of tables first,
 /// more work than compressing those kilobytes saves on the wire.
 pub fn stored(text: &[u8]) -> Piece {
-    assert!(
-        text.len() <= u32::MAX as usize,
-        "a piece is a run of lines, never 4 GiB"
-    );
     let mut out = Vec::with_capacity(text.len() + 5 * text.len().div_ceil(STORED_MAX));
     for chunk in text.chunks(STORED_MAX) {
         let len = chunk.len() as u16;
@@ -119,11 +117,7 @@ pub fn stored(text: &[u8]) -> Piece {
         out.extend_from_slice(&(!len).to_le_bytes());
         out.extend_from_slice(chunk);
     }
-    Piece {
-        bytes: out.into(),
-        text_len: text.len() as u32,
-        crc: crc32fast::hash(text),
-    }
+    Piece::deflated(out.into(), text)
 }
 
 /// The gzip trailer for `pieces` sent in order between [`GZIP_HEADER`]

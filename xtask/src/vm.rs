@@ -107,7 +107,9 @@ pub fn main(args: &[String]) -> Result<u8> {
             // bench's disk: for probes of what the bench measures.
             opts.disks.push(PathBuf::from(v));
         } else if let Some(v) = take_value(args, &mut i, "--rwdir")? {
-            // A host directory the guest may write (vng mounts it over 9p).
+            // A host directory the guest may write (vng shares it over
+            // virtiofs; an executable run from it is read through the share
+            // again at each exec, so the bench copies its plugins out).
             opts.rwdirs.push(PathBuf::from(v));
         } else if args[i].starts_with('-') {
             bail!("vm: unknown option `{}`", args[i]);
