@@ -52,7 +52,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use aya::maps::{Map, MapData, PerCpuArray, PerCpuHashMap};
+use aya::maps::{Array, Map, MapData, PerCpuArray, PerCpuHashMap};
 use aya::programs::{FEntry, FExit, ProgramError};
 use aya::util::KernelVersion;
 use aya::{Btf, BtfError, Ebpf, EbpfError, EbpfLoader};
@@ -340,6 +340,18 @@ struct Hook {
 // bpf_get_func_ret (used by every program) arrived in 5.17;
 // generic_perform_write takes a kiocb since 5.19.
 const HOOKS: &[Hook] = &[
+    // First: the attribution cache is turned on once this is attached (see
+    // `attr_cache` in write_telemetry.c). Without it the write hooks count
+    // exactly as well, walking every time.
+    Hook {
+        name: HOOK_RENAME,
+        min_kernel: (5, 17),
+        parts: &[Part {
+            prog: "vfs_rename_exit",
+            func: "vfs_rename",
+            kind: Kind::FExit,
+        }],
+    },
     Hook {
         name: "iomap_file_buffered_write",
         min_kernel: (5, 17),
@@ -379,6 +391,8 @@ const HOOKS: &[Hook] = &[
 ];
 
 const COMPONENT: &str = "write telemetry";
+const HOOK_RENAME: &str = "vfs_rename";
+const MAP_GEN: &str = "attr_gen";
 const MAP_ROOTS: &str = "roots";
 const MAP_ROOT_DEVS: &str = "root_devs";
 const MAP_COUNTERS: &str = "volume_counters";
@@ -393,6 +407,11 @@ pub struct WriteTelemetry {
     /// Volume indexes currently in `roots`.
     indexes: BTreeSet<u32>,
     max_roots: u32,
+    /// What `attr_gen[GEN_ROOTS]` holds: bumped after every roots change.
+    roots_generation: u64,
+    /// Runs of the vfs_rename hook the kernel skipped, as last seen by
+    /// [`Self::revalidate_cache`].
+    rename_misses: u64,
     /// Held while kernel BPF run-time statistics are wanted.
     stats: Option<OwnedFd>,
 }
@@ -436,7 +455,19 @@ impl WriteTelemetry {
         let mut t = Self::open(&btf, opts)?;
         let kernel = KernelVersion::current().ok();
         for hook in HOOKS {
-            match attach_hook(&mut t.ebpf, &btf, hook, kernel) {
+            let attached = attach_hook(&mut t.ebpf, &btf, hook, kernel).and_then(|()| {
+                if hook.name != HOOK_RENAME {
+                    return Ok(());
+                }
+                t.set_generation(raw::GEN_CACHE_ON, 1)
+                    .map_err(|e| ProgramFailure {
+                        program: hook.name,
+                        part: "attr_gen[GEN_CACHE_ON]".to_string(),
+                        reason: FailureReason::Other,
+                        detail: format!("cannot turn the attribution cache on: {e}"),
+                    })
+            });
+            match attached {
                 Ok(()) => t.hooks.push((hook.name, true)),
                 Err(f) => {
                     t.hooks.push((hook.name, false));
@@ -473,6 +504,8 @@ impl WriteTelemetry {
             failures: Vec::new(),
             indexes: BTreeSet::new(),
             max_roots: opts.max_roots,
+            roots_generation: 0,
+            rename_misses: 0,
             stats: None,
         })
     }
@@ -572,10 +605,48 @@ impl WriteTelemetry {
             roots.iter().copied(),
             |index| *index,
         )?;
+        if update.added + update.changed + update.removed > 0 {
+            // After the roots: a program that reads the new generation walks
+            // the new roots; one that read the old one caches under it.
+            self.roots_generation += 1;
+            self.set_generation(raw::GEN_ROOTS, self.roots_generation)?;
+        }
         update.pruned_counters +=
             prune_counters::<RawCounters>(MAP_COUNTERS, self.map_mut(MAP_COUNTERS)?, &indexes)?;
         self.indexes = indexes;
         Ok(update)
+    }
+
+    /// Drops every cached attribution if the kernel skipped a run of the
+    /// vfs_rename hook since the last call; returns whether it did.
+    ///
+    /// A skipped run (a task preempted inside the hook on a preemptible
+    /// kernel makes the kernel skip the next rename's run on that CPU) is a
+    /// rename the cache did not see: a directory moved to another volume
+    /// would keep counting for the old one on CPUs that cached it. The
+    /// exporter calls this at every scrape, so that lasts until the next
+    /// scrape at most, and the skip is published with the other hooks'
+    /// (`prjquota_exporter_ebpf_program_missed_runs_total`).
+    pub fn revalidate_cache(&mut self) -> Result<bool, TelemetryError> {
+        let misses = self
+            .missed_runs()
+            .into_iter()
+            .find(|(hook, _)| *hook == HOOK_RENAME)
+            .and_then(|(_, n)| n)
+            .unwrap_or(0);
+        if misses <= self.rename_misses {
+            return Ok(false);
+        }
+        self.roots_generation += 1;
+        self.set_generation(raw::GEN_ROOTS, self.roots_generation)?;
+        self.rename_misses = misses;
+        Ok(true)
+    }
+
+    fn set_generation(&mut self, slot: u32, value: u64) -> Result<(), TelemetryError> {
+        let mut gen: Array<&mut MapData, u64> =
+            map_err(MAP_GEN, Array::try_from(self.map_mut(MAP_GEN)?))?;
+        map_err(MAP_GEN, gen.set(slot, value, 0))
     }
 
     /// All counters, summed over CPUs: one entry per volume index in the

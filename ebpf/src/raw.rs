@@ -24,6 +24,14 @@ pub(crate) const UNATTR_WALK_LIMIT: u32 = 2;
 pub(crate) const UNATTR_MAP_FULL: u32 = 3;
 pub(crate) const N_UNATTR: u32 = 4;
 
+/// Bumped by the C side only; here for the header test.
+#[cfg(test)]
+pub(crate) const GEN_RENAMES: u32 = 0;
+pub(crate) const GEN_ROOTS: u32 = 1;
+pub(crate) const GEN_CACHE_ON: u32 = 2;
+#[cfg(test)]
+pub(crate) const N_GEN: u32 = 3;
+
 pub(crate) const MAX_DEPTH: u32 = 32;
 pub(crate) const MAX_ROOTS: u32 = 16384;
 pub(crate) const MAX_VOLUMES: u32 = 16384;

@@ -124,3 +124,28 @@ pub fn sh(cmd: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Runs `f` on each CPU this thread may run on, pinned to one CPU at a
+/// time, then restores the thread's affinity. Returns how many CPUs ran it.
+/// For the kernel's per-CPU state (an eBPF program's per-CPU cache): a write
+/// from each CPU reaches each CPU's copy.
+pub fn on_every_cpu(mut f: impl FnMut()) -> u64 {
+    use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+    use nix::unistd::Pid;
+    let this_thread = Pid::from_raw(0);
+    let allowed = sched_getaffinity(this_thread).expect("sched_getaffinity");
+    let mut ran = 0;
+    for cpu in 0..CpuSet::count() {
+        if !allowed.is_set(cpu).unwrap_or(false) {
+            continue;
+        }
+        let mut one = CpuSet::new();
+        one.set(cpu).expect("a CPU number below CpuSet::count");
+        sched_setaffinity(this_thread, &one).unwrap_or_else(|e| panic!("pin to CPU {cpu}: {e}"));
+        f();
+        ran += 1;
+    }
+    sched_setaffinity(this_thread, &allowed).expect("restore the affinity");
+    assert!(ran > 0, "no CPU in this thread's affinity mask");
+    ran
+}

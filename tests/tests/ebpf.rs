@@ -20,7 +20,7 @@ use prjquota_ebpf::{
     kernel_dev, root_of, ErrnoBucket, LoadOptions, VolumeCounters, WriteTelemetry, MAX_DEPTH,
 };
 use prjquota_vmtests::fixture::{fill, FsCase, MIB, WRITER, XFS};
-use prjquota_vmtests::{median, on_every_fs, scratch_dir, sh, xfs_mount};
+use prjquota_vmtests::{median, on_every_cpu, on_every_fs, scratch_dir, sh, xfs_mount};
 
 on_every_fs!(
     every_write_path_counts_exact_bytes_and_calls_at_every_depth,
@@ -30,6 +30,7 @@ on_every_fs!(
     past_the_depth_limit_is_unattributed_never_another_volume,
     quota_refusals_count_one_error_per_refused_write,
     set_roots_replaces_and_drops_stale_counters,
+    renames_and_root_changes_count_from_the_next_write_on_every_cpu,
     a_full_counters_map_counts_writes_as_map_full,
 );
 
@@ -502,6 +503,68 @@ fn set_roots_replaces_and_drops_stale_counters(fs: &FsCase) {
     assert_eq!(probe.vol(1), writes(100_000, 1));
 }
 
+/// The programs remember, per CPU, which volume a directory belongs to.
+/// That memory must never outlive what it was made of: each step below
+/// changes one thing (a rename of an ancestor, of the file's own directory,
+/// a root added inside, re-indexed, removed, the directory moved out of
+/// every root) while the file stays open, and the next write on every CPU
+/// counts for the new owner. Before each change the file is written on
+/// every CPU, so every CPU holds the old answer.
+fn renames_and_root_changes_count_from_the_next_write_on_every_cpu(fs: &FsCase) {
+    let mount = (fs.mount)();
+    let a = scratch_dir(&mount, &format!("{}-ebpf-moves-a", fs.name));
+    let b = scratch_dir(&mount, &format!("{}-ebpf-moves-b", fs.name));
+    let out = scratch_dir(&mount, &format!("{}-ebpf-moves-out", fs.name));
+    fs::create_dir_all(a.join("d1/d2")).unwrap();
+    let mut file = File::create(a.join("d1/d2/f")).unwrap();
+    let (ra, rb) = (root_of(&a).unwrap(), root_of(&b).unwrap());
+    let mut probe = Probe::new();
+    let set = |t: &mut WriteTelemetry, roots: &[(u64, u64, u32)]| {
+        t.set_roots(roots).expect("set_roots");
+    };
+    set(&mut probe.t, &[(ra.0, ra.1, 1), (rb.0, rb.1, 2)]);
+    let block = pattern(4096);
+    let mut step = |what: &str, owner: Option<u32>, t: &WriteTelemetry| {
+        let skipped =
+            |t: &WriteTelemetry| -> u64 { t.missed_runs().iter().filter_map(|(_, n)| *n).sum() };
+        let (before, skipped_before) = (t.read().expect("read"), skipped(t));
+        let n = on_every_cpu(|| file.write_all(&block).unwrap());
+        let after = t.read().expect("read");
+        let skipped = skipped(t) - skipped_before;
+        for index in 1..=4 {
+            let got = Delta {
+                got: after.volume(index).since(&before.volume(index)),
+                skipped,
+            };
+            if owner == Some(index) {
+                got.assert_writes(writes(4096 * n, n), &format!("{what}: volume {index}"));
+            } else {
+                got.assert_writes(zero(), &format!("{what}: volume {index}"));
+            }
+        }
+    };
+    step("written first", Some(1), &probe.t);
+    fs::rename(a.join("d1"), b.join("d1")).unwrap();
+    step("an ancestor moved to b", Some(2), &probe.t);
+    fs::rename(b.join("d1/d2"), a.join("d2")).unwrap();
+    step("its own directory moved back to a", Some(1), &probe.t);
+    let inner = root_of(&a.join("d2")).unwrap();
+    set(
+        &mut probe.t,
+        &[(ra.0, ra.1, 1), (rb.0, rb.1, 2), (inner.0, inner.1, 3)],
+    );
+    step("its directory made a root", Some(3), &probe.t);
+    set(
+        &mut probe.t,
+        &[(ra.0, ra.1, 1), (rb.0, rb.1, 2), (inner.0, inner.1, 4)],
+    );
+    step("that root re-indexed", Some(4), &probe.t);
+    set(&mut probe.t, &[(ra.0, ra.1, 1), (rb.0, rb.1, 2)]);
+    step("that root removed", Some(1), &probe.t);
+    fs::rename(a.join("d2"), out.join("d2")).unwrap();
+    step("moved out of every root", None, &probe.t);
+}
+
 // ---- single tests
 
 #[test]
@@ -512,6 +575,7 @@ fn all_programs_attach_and_say_so() {
     assert_eq!(
         programs,
         [
+            ("vfs_rename", true),
             ("iomap_file_buffered_write", true),
             ("generic_perform_write", true),
             ("iomap_dio_complete", true),

@@ -24,6 +24,7 @@ struct super_block {
 
 struct inode {
 	unsigned long i_ino;
+	__u32 i_generation;
 } __core;
 
 struct dentry {

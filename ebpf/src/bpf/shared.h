@@ -30,6 +30,12 @@
 #define MAX_VOLUMES 16384
 #define MAX_DEVS 64
 
+/* Slots of the `attr_gen` array: what a cached attribution was made under. */
+#define GEN_RENAMES 0  /* bumped by the vfs_rename hook after every rename */
+#define GEN_ROOTS 1    /* bumped by the loader after every change to `roots` */
+#define GEN_CACHE_ON 2 /* 1 once the vfs_rename hook is attached */
+#define N_GEN 3
+
 /* Key of the `roots` map: a directory as the kernel names it. */
 struct root_key {
 	__u64 dev; /* super_block->s_dev, kernel dev_t encoding: major << 20 | minor */

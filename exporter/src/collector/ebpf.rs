@@ -36,7 +36,8 @@ use crate::metrics::{Extra, Family};
 /// was loaded to list them: `--ebpf=off`, or a failure before any program
 /// was tried (no BTF, no bpf(2), no permission to create maps). Checked
 /// against a loaded telemetry's list in the VM tests.
-pub const PROGRAMS: [&str; 3] = [
+pub const PROGRAMS: [&str; 4] = [
+    "vfs_rename",
     "iomap_file_buffered_write",
     "generic_perform_write",
     "iomap_dio_complete",
@@ -325,7 +326,17 @@ impl Ebpf {
         let (index_of, mut errors) = self.sync_roots(scrape, telemetry).await;
         let t = telemetry.clone();
         let read = tokio::task::spawn_blocking(move || {
-            let t = t.lock().unwrap_or_else(|e| e.into_inner());
+            let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
+            match t.revalidate_cache() {
+                Ok(false) => {}
+                Ok(true) => crate::warn!(
+                    "the kernel skipped a run of the eBPF vfs_rename hook: cached write attributions dropped (writes into a directory renamed meanwhile may have counted for its old volume until now)"
+                ),
+                Err(e) => crate::warn!(
+                    "cannot drop the cached write attributions after a skipped vfs_rename run",
+                    err = e
+                ),
+            }
             (t.read(), t.missed_runs())
         })
         .await;
@@ -593,7 +604,7 @@ mod tests {
         assert_eq!(
             t.matches("prjquota_exporter_ebpf_program_attached{")
                 .count(),
-            3
+            PROGRAMS.len()
         );
     }
 
