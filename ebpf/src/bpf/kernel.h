@@ -41,6 +41,11 @@ struct file {
 	struct path f_path;
 } __core;
 
+/* include/linux/fs.h, vfs_rename()'s argument since 5.12. */
+struct renamedata {
+	struct dentry *old_dentry;
+} __core;
+
 struct kiocb {
 	struct file *ki_filp;
 	long long ki_pos;

@@ -31,7 +31,7 @@
 #define MAX_DEVS 64
 
 /* Slots of the `attr_gen` array: what a cached attribution was made under. */
-#define GEN_RENAMES 0  /* bumped by the vfs_rename hook after every rename */
+#define GEN_RENAMES 0  /* bumped by the vfs_rename hook after a rename on a root's device */
 #define GEN_ROOTS 1    /* bumped by the loader after every change to `roots` */
 #define GEN_CACHE_ON 2 /* 1 once the vfs_rename hook is attached */
 #define N_GEN 3

@@ -145,7 +145,8 @@ struct {
  *  - the chain changes only by a rename (of the directory or an ancestor;
  *    directories have no hard links, bind mounts share dentries). fexit
  *    vfs_rename bumps attr_gen[GEN_RENAMES] after the kernel moved the
- *    dentry, and a program reads the generations before it walks: a walk
+ *    dentry (on a device with a root: see vfs_rename_exit), and a program
+ *    reads the generations before it walks: a walk
  *    that saw the old chain is stored under the old generation. (Reconnecting
  *    a disconnected dentry also moves one, but a walk through a disconnected
  *    dentry ends there unattributed, and only attributions are cached.)
@@ -426,14 +427,23 @@ int BPF_PROG(iomap_dio_complete_exit, struct iomap_dio *dio)
 	return 0;
 }
 
-/* Invalidates every cached attribution: the kernel has moved a dentry by
- * now, so a program that reads the new generation walks the new chain. */
+/*
+ * Invalidates every cached attribution: the kernel has moved the dentry by
+ * now, so a program that reads the new generation walks the new chain.
+ * Renames on a filesystem without a root are skipped (a busy node renames
+ * all the time, mostly elsewhere): no attribution there can be cached, and
+ * a device that gains its first root bumps GEN_ROOTS after root_devs.
+ */
 SEC("fexit/vfs_rename")
-int BPF_PROG(vfs_rename_exit)
+int BPF_PROG(vfs_rename_exit, struct renamedata *rd)
 {
 	__u32 which = GEN_RENAMES;
-	__u64 *g = bpf_map_lookup_elem(&attr_gen, &which);
+	__u64 dev = rd->old_dentry->d_sb->s_dev;
+	__u64 *g;
 
+	if (!bpf_map_lookup_elem(&root_devs, &dev))
+		return 0;
+	g = bpf_map_lookup_elem(&attr_gen, &which);
 	if (g)
 		__sync_fetch_and_add(g, 1);
 	return 0;
