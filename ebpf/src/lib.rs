@@ -598,19 +598,24 @@ impl WriteTelemetry {
             roots: MAP_ROOTS,
             devs: MAP_ROOT_DEVS,
         };
-        let (mut update, indexes) = roots::sync_roots(
+        let synced = roots::sync_roots(
             &mut self.ebpf,
             &maps,
             self.max_roots,
             roots.iter().copied(),
             |index| *index,
-        )?;
-        if update.added + update.changed + update.removed > 0 {
-            // After the roots: a program that reads the new generation walks
-            // the new roots; one that read the old one caches under it.
+        );
+        // After the roots: a program that reads the new generation walks the
+        // new roots; one that read the old one cached under it. Also after a
+        // failure, which may have written some of them.
+        let unchanged = synced
+            .as_ref()
+            .is_ok_and(|(u, _)| u.added + u.changed + u.removed == 0);
+        if !unchanged {
             self.roots_generation += 1;
             self.set_generation(raw::GEN_ROOTS, self.roots_generation)?;
         }
+        let (mut update, indexes) = synced?;
         update.pruned_counters +=
             prune_counters::<RawCounters>(MAP_COUNTERS, self.map_mut(MAP_COUNTERS)?, &indexes)?;
         self.indexes = indexes;
