@@ -494,6 +494,9 @@ impl WriteTelemetry {
     fn open(btf: &Btf, opts: &LoadOptions) -> Result<WriteTelemetry, LoadError> {
         let ebpf = EbpfLoader::new()
             .btf(Some(btf))
+            // dio_task, task-local storage: aya creates it but has no
+            // userspace type for it, and userspace never reads it.
+            .allow_unsupported_maps()
             .map_max_entries(MAP_COUNTERS, opts.max_volumes)
             .map_max_entries(MAP_ROOTS, opts.max_roots)
             .load(raw::object())

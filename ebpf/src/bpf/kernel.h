@@ -17,6 +17,9 @@
 
 #define __core __attribute__((preserve_access_index))
 
+/* Only ever a pointer here (bpf_get_current_task_btf). */
+struct task_struct;
+
 struct super_block {
 	__u32 s_dev; /* dev_t: MKDEV(major, minor) = major << 20 | minor */
 	unsigned long s_magic;

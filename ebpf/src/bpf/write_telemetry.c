@@ -118,6 +118,27 @@ struct {
 	__type(value, struct dio_start);
 } dio_inflight SEC(".maps");
 
+/*
+ * The common case of that hand-off without the hash: the thread's own slot
+ * (task-local storage), free when dio is 0. A completion that finds the
+ * slot taken (one run in interrupt context on a thread inside its own call,
+ * or a slot left by a skipped fexit) or the storage busy uses dio_inflight
+ * as before. A slot holding this very dio address is stale (a thread never
+ * completes one dio twice at once) and is overwritten, so a skipped fexit
+ * cannot hand an old call's data to a new dio at a reused address.
+ */
+struct dio_slot {
+	__u64 dio;
+	struct dio_start s;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct dio_slot);
+} dio_task SEC(".maps");
+
 /* A buffered XFS write that failed with ENOSPC/EDQUOT, awaiting its retry. */
 struct retry_mark {
 	__u64 iocb;
@@ -388,6 +409,7 @@ int BPF_PROG(iomap_dio_complete_entry, struct iomap_dio *dio)
 	struct dio_start s = {};
 	struct kiocb *iocb;
 	struct dio_key key = {};
+	struct dio_slot *slot;
 
 	if (!(dio->flags & IOMAP_DIO_WRITE))
 		return 0;
@@ -396,6 +418,16 @@ int BPF_PROG(iomap_dio_complete_entry, struct iomap_dio *dio)
 	s.nowait = (iocb->ki_flags & IOCB_NOWAIT) ? 1 : 0;
 	if (bpf_core_field_exists(dio->done_before))
 		s.done_before = dio->done_before;
+	slot = bpf_task_storage_get(&dio_task, bpf_get_current_task_btf(), 0,
+				    BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (slot && (slot->dio == 0 || slot->dio == (__u64)dio)) {
+		/* Claimed before it is filled: a completion in an interrupt on
+		 * this thread meanwhile finds it taken. */
+		slot->dio = (__u64)dio;
+		asm volatile("" ::: "memory");
+		slot->s = s;
+		return 0;
+	}
 	key.dio = (__u64)dio;
 	key.pid_tgid = bpf_get_current_pid_tgid();
 	bpf_map_update_elem(&dio_inflight, &key, &s, BPF_ANY);
@@ -407,15 +439,22 @@ int BPF_PROG(iomap_dio_complete_exit, struct iomap_dio *dio)
 {
 	/* dio is freed by now: only its address is used. */
 	struct dio_key key = { .dio = (__u64)dio, .pid_tgid = bpf_get_current_pid_tgid() };
-	struct dio_start *p = bpf_map_lookup_elem(&dio_inflight, &key);
+	struct dio_slot *slot = bpf_task_storage_get(&dio_task, bpf_get_current_task_btf(), 0, 0);
+	struct dio_start *p;
 	struct dio_start s;
 	__s64 ret = 0;
 	__u64 bytes = 0;
 
-	if (!p)
-		return 0;
-	s = *p;
-	bpf_map_delete_elem(&dio_inflight, &key);
+	if (slot && slot->dio == (__u64)dio) {
+		s = slot->s;
+		slot->dio = 0;
+	} else {
+		p = bpf_map_lookup_elem(&dio_inflight, &key);
+		if (!p)
+			return 0;
+		s = *p;
+		bpf_map_delete_elem(&dio_inflight, &key);
+	}
 	bpf_get_func_ret(ctx, (__u64 *)&ret);
 	if (ret == 0 || (ret == -EAGAIN && s.nowait))
 		return 0;
