@@ -451,9 +451,26 @@ impl WriteTelemetry {
     }
 
     fn load_attach(opts: &LoadOptions) -> Result<WriteTelemetry, LoadError> {
-        let btf = kernel_btf()?;
-        let mut t = Self::open(&btf, opts)?;
         let kernel = KernelVersion::current().ok();
+        let btf = kernel_btf()?;
+        let mut t = match Self::open(&btf, opts) {
+            Ok(t) => t,
+            // Some maps (task-local storage, 5.11) do not exist on a kernel
+            // too old for every hook: say that, not the map it refused. A
+            // refusal for want of privileges is still told as such.
+            Err(e) if e.reason() != "permission" => {
+                let too_old: Vec<ProgramFailure> =
+                    HOOKS.iter().filter_map(|h| too_old(h, kernel)).collect();
+                if too_old.len() < HOOKS.len() {
+                    return Err(e);
+                }
+                return Err(LoadError::NoProgram {
+                    component: COMPONENT,
+                    failures: too_old,
+                });
+            }
+            Err(e) => return Err(e),
+        };
         for hook in HOOKS {
             let attached = attach_hook(&mut t.ebpf, &btf, hook, kernel).and_then(|()| {
                 if hook.name != HOOK_RENAME {
@@ -805,13 +822,8 @@ pub(crate) fn object_error(component: &'static str, e: EbpfError) -> LoadError {
     }
 }
 
-fn attach_hook(
-    ebpf: &mut Ebpf,
-    btf: &Btf,
-    hook: &Hook,
-    kernel: Option<KernelVersion>,
-) -> Result<(), ProgramFailure> {
-    let fail = |part: &Part, reason, detail: String| ProgramFailure {
+fn failure(hook: &Hook, part: &Part, reason: FailureReason, detail: String) -> ProgramFailure {
+    ProgramFailure {
         program: hook.name,
         part: format!(
             "{}/{} as {}",
@@ -824,16 +836,31 @@ fn attach_hook(
         ),
         reason,
         detail,
-    };
+    }
+}
+
+/// The hook's failure on a kernel older than it needs.
+fn too_old(hook: &Hook, kernel: Option<KernelVersion>) -> Option<ProgramFailure> {
     let (maj, min) = hook.min_kernel;
-    if let Some(k) = kernel {
-        if k < KernelVersion::new(maj, min, 0) {
-            return Err(fail(
-                &hook.parts[0],
-                FailureReason::KernelTooOld,
-                format!("running {k}, the program needs {maj}.{min} or later"),
-            ));
-        }
+    let k = kernel?;
+    (k < KernelVersion::new(maj, min, 0)).then(|| {
+        failure(
+            hook,
+            &hook.parts[0],
+            FailureReason::KernelTooOld,
+            format!("running {k}, the program needs {maj}.{min} or later"),
+        )
+    })
+}
+
+fn attach_hook(
+    ebpf: &mut Ebpf,
+    btf: &Btf,
+    hook: &Hook,
+    kernel: Option<KernelVersion>,
+) -> Result<(), ProgramFailure> {
+    if let Some(f) = too_old(hook, kernel) {
+        return Err(f);
     }
     for (i, part) in hook.parts.iter().enumerate() {
         if let Err(e) = load_part(ebpf, btf, part) {
@@ -842,7 +869,7 @@ fn attach_hook(
                 unload_part(ebpf, done);
             }
             let (reason, detail) = classify(&e);
-            return Err(fail(part, reason, detail));
+            return Err(failure(hook, part, reason, detail));
         }
     }
     Ok(())
