@@ -167,10 +167,10 @@ struct {
  *    directories have no hard links, bind mounts share dentries). fexit
  *    vfs_rename bumps attr_gen[GEN_RENAMES] after the kernel moved the
  *    dentry (on a device with a root: see vfs_rename_exit), and a program
- *    reads the generations before it walks: a walk
- *    that saw the old chain is stored under the old generation. (Reconnecting
- *    a disconnected dentry also moves one, but a walk through a disconnected
- *    dentry ends there unattributed, and only attributions are cached.)
+ *    reads the generations before it walks: a walk that saw the old chain
+ *    is stored under the old generation. (Reconnecting a disconnected
+ *    dentry also moves one, but a walk through a disconnected dentry ends
+ *    there unattributed, and only attributions are cached.)
  *  - the loader bumps attr_gen[GEN_ROOTS] after each change to roots, in the
  *    same order: a root added, removed or re-indexed takes effect at the
  *    next write, as without the cache.
@@ -447,6 +447,8 @@ int BPF_PROG(iomap_dio_complete_exit, struct iomap_dio *dio)
 
 	if (slot && slot->dio == (__u64)dio) {
 		s = slot->s;
+		/* Released only once read. */
+		asm volatile("" ::: "memory");
 		slot->dio = 0;
 	} else {
 		p = bpf_map_lookup_elem(&dio_inflight, &key);
