@@ -632,8 +632,7 @@ impl WriteTelemetry {
             .as_ref()
             .is_ok_and(|(u, _)| u.added + u.changed + u.removed == 0);
         if !unchanged {
-            self.roots_generation += 1;
-            self.set_generation(raw::GEN_ROOTS, self.roots_generation)?;
+            self.drop_cached_attributions()?;
         }
         let (mut update, indexes) = synced?;
         update.pruned_counters +=
@@ -643,7 +642,8 @@ impl WriteTelemetry {
     }
 
     /// Drops every cached attribution if the kernel skipped a run of the
-    /// vfs_rename hook since the last call; returns whether it did.
+    /// vfs_rename hook since the last call; returns whether it did. `missed`
+    /// is [`Self::missed_runs`], which the caller publishes too.
     ///
     /// A skipped run (a task preempted inside the hook on a preemptible
     /// kernel makes the kernel skip the next rename's run on that CPU) is a
@@ -652,20 +652,27 @@ impl WriteTelemetry {
     /// exporter calls this at every scrape, so that lasts until the next
     /// scrape at most, and the skip is published with the other hooks'
     /// (`prjquota_exporter_ebpf_program_missed_runs_total`).
-    pub fn revalidate_cache(&mut self) -> Result<bool, TelemetryError> {
-        let misses = self
-            .missed_runs()
-            .into_iter()
+    pub fn revalidate_cache(
+        &mut self,
+        missed: &[(&'static str, Option<u64>)],
+    ) -> Result<bool, TelemetryError> {
+        let misses = missed
+            .iter()
             .find(|(hook, _)| *hook == HOOK_RENAME)
-            .and_then(|(_, n)| n)
+            .and_then(|(_, n)| *n)
             .unwrap_or(0);
         if misses <= self.rename_misses {
             return Ok(false);
         }
-        self.roots_generation += 1;
-        self.set_generation(raw::GEN_ROOTS, self.roots_generation)?;
+        self.drop_cached_attributions()?;
         self.rename_misses = misses;
         Ok(true)
+    }
+
+    /// A new `attr_gen[GEN_ROOTS]`: no cached attribution matches it.
+    fn drop_cached_attributions(&mut self) -> Result<(), TelemetryError> {
+        self.roots_generation += 1;
+        self.set_generation(raw::GEN_ROOTS, self.roots_generation)
     }
 
     fn set_generation(&mut self, slot: u32, value: u64) -> Result<(), TelemetryError> {

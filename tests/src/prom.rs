@@ -843,22 +843,39 @@ impl Prometheus {
         done: impl Fn(&Value) -> bool,
     ) -> Value {
         let start = Instant::now();
-        loop {
-            let r = self.query(promql);
-            if done(&r) {
+        match self.query_within(promql, timeout, done) {
+            Ok(r) => {
                 eprintln!(
                     "MEASURE prometheus_query_wait_seconds{{query={promql:?}}} {:.2}",
                     start.elapsed().as_secs_f64()
                 );
-                return r;
+                r
+            }
+            Err(r) => panic!(
+                "{promql}: no acceptable result within {}s; last: {r}\ntargets: {}\n{}",
+                timeout.as_secs(),
+                self.api("/api/v1/targets"),
+                self.log()
+            ),
+        }
+    }
+
+    /// Repeats [`Prometheus::query`] every 500 ms until `done` accepts the
+    /// result (`Ok`) or `timeout` has passed (`Err` with the last result).
+    pub fn query_within(
+        &self,
+        promql: &str,
+        timeout: Duration,
+        done: impl Fn(&Value) -> bool,
+    ) -> Result<Value, Value> {
+        let start = Instant::now();
+        loop {
+            let r = self.query(promql);
+            if done(&r) {
+                return Ok(r);
             }
             if start.elapsed() > timeout {
-                panic!(
-                    "{promql}: no acceptable result within {}s; last: {r}\ntargets: {}\n{}",
-                    timeout.as_secs(),
-                    self.api("/api/v1/targets"),
-                    self.log()
-                );
+                return Err(r);
             }
             std::thread::sleep(Duration::from_millis(500));
         }

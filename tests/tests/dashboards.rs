@@ -282,16 +282,16 @@ fn a_volume_filling_past_its_limit_shows_on_every_panel_and_fires_its_alerts() {
     let mut label_sets: BTreeMap<String, BTreeSet<Vec<String>>> = BTreeMap::new();
     for (title, ref_id, expr, kind) in &targets {
         let q = substitute(expr, &vars);
-        let mut result = prom.query(&q);
         // One scrape that failed (1 s timeout; a loaded host, a second VM)
         // marks every series stale until the next: an empty panel is asked
         // again over a few scrapes before it counts as empty.
         let may_be_empty = reads_ebpf(expr) && !ebpf_attached;
-        let asked = Instant::now();
-        while !may_be_empty && vector(&result).is_empty() && asked.elapsed() < EMPTY_PANEL_RETRY {
-            std::thread::sleep(Duration::from_millis(500));
-            result = prom.query(&q);
-        }
+        let result = if may_be_empty {
+            prom.query(&q)
+        } else {
+            prom.query_within(&q, EMPTY_PANEL_RETRY, |r| !vector(r).is_empty())
+                .unwrap_or_else(|last| last)
+        };
         let series = vector(&result);
         let place = format!("panel {title:?} target {ref_id}");
         if series.is_empty() {

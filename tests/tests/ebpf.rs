@@ -524,13 +524,11 @@ fn renames_and_root_changes_count_from_the_next_write_on_every_cpu(fs: &FsCase) 
     };
     set(&mut probe.t, &[(ra.0, ra.1, 1), (rb.0, rb.1, 2)]);
     let block = pattern(4096);
-    let mut step = |what: &str, owner: Option<u32>, t: &WriteTelemetry| {
-        let skipped =
-            |t: &WriteTelemetry| -> u64 { t.missed_runs().iter().filter_map(|(_, n)| *n).sum() };
-        let (before, skipped_before) = (t.read().expect("read"), skipped(t));
+    let mut step = |what: &str, owner: Option<u32>, p: &Probe| {
+        let (before, skipped_before) = (p.t.read().expect("read"), p.skipped());
         let n = on_every_cpu(|| file.write_all(&block).unwrap());
-        let after = t.read().expect("read");
-        let skipped = skipped(t) - skipped_before;
+        let after = p.t.read().expect("read");
+        let skipped = p.skipped() - skipped_before;
         for index in 1..=4 {
             let got = Delta {
                 got: after.volume(index).since(&before.volume(index)),
@@ -543,26 +541,26 @@ fn renames_and_root_changes_count_from_the_next_write_on_every_cpu(fs: &FsCase) 
             }
         }
     };
-    step("written first", Some(1), &probe.t);
+    step("written first", Some(1), &probe);
     fs::rename(a.join("d1"), b.join("d1")).unwrap();
-    step("an ancestor moved to b", Some(2), &probe.t);
+    step("an ancestor moved to b", Some(2), &probe);
     fs::rename(b.join("d1/d2"), a.join("d2")).unwrap();
-    step("its own directory moved back to a", Some(1), &probe.t);
+    step("its own directory moved back to a", Some(1), &probe);
     let inner = root_of(&a.join("d2")).unwrap();
     set(
         &mut probe.t,
         &[(ra.0, ra.1, 1), (rb.0, rb.1, 2), (inner.0, inner.1, 3)],
     );
-    step("its directory made a root", Some(3), &probe.t);
+    step("its directory made a root", Some(3), &probe);
     set(
         &mut probe.t,
         &[(ra.0, ra.1, 1), (rb.0, rb.1, 2), (inner.0, inner.1, 4)],
     );
-    step("that root re-indexed", Some(4), &probe.t);
+    step("that root re-indexed", Some(4), &probe);
     set(&mut probe.t, &[(ra.0, ra.1, 1), (rb.0, rb.1, 2)]);
-    step("that root removed", Some(1), &probe.t);
+    step("that root removed", Some(1), &probe);
     fs::rename(a.join("d2"), out.join("d2")).unwrap();
-    step("moved out of every root", None, &probe.t);
+    step("moved out of every root", None, &probe);
 }
 
 // ---- single tests

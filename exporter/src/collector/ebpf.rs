@@ -327,7 +327,8 @@ impl Ebpf {
         let t = telemetry.clone();
         let read = tokio::task::spawn_blocking(move || {
             let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
-            match t.revalidate_cache() {
+            let missed = t.missed_runs();
+            match t.revalidate_cache(&missed) {
                 Ok(false) => {}
                 Ok(true) => crate::warn!(
                     "the kernel skipped a run of the eBPF vfs_rename hook: cached write attributions dropped (writes into a directory renamed meanwhile may have counted for its old volume until now)"
@@ -337,7 +338,7 @@ impl Ebpf {
                     err = e
                 ),
             }
-            (t.read(), t.missed_runs())
+            (t.read(), missed)
         })
         .await;
         let (read, missed) = match read {
