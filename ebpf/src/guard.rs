@@ -534,8 +534,8 @@ impl Guard {
                 detail: "the quota-escape guard is off (--guard=off): nothing to load".into(),
             });
         }
-        let btf = kernel_btf()?;
-        let mut g = Guard::open(&btf, opts, mode)?;
+        let (loader, btf) = kernel_btf()?;
+        let mut g = Guard::open(loader, &btf, opts, mode)?;
         if let Some(f) = too_old(
             DETECT_PROG,
             &format!("fexit/{DETECT_FUNC} as {DETECT_PROG}"),
@@ -567,8 +567,13 @@ impl Guard {
     }
 
     /// Parses the object and creates its maps, attaching nothing.
-    fn open(btf: &Btf, opts: &LoadOptions, requested: GuardMode) -> Result<Guard, LoadError> {
-        let mut ebpf = EbpfLoader::new()
+    fn open<'a>(
+        mut loader: EbpfLoader<'a>,
+        btf: &'a Btf,
+        opts: &LoadOptions,
+        requested: GuardMode,
+    ) -> Result<Guard, LoadError> {
+        let mut ebpf = loader
             .btf(Some(btf))
             .map_max_entries(MAP_COUNTERS, opts.max_volumes)
             .map_max_entries(MAP_ROOTS, opts.max_roots)
@@ -997,11 +1002,11 @@ mod tests {
     /// project IDs, devices, counters, stats and an empty ring buffer.
     #[test]
     fn roots_counters_and_events_through_real_maps() {
-        let btf = match kernel_btf() {
+        let (loader, btf) = match kernel_btf() {
             Ok(b) => b,
             Err(e) => return eprintln!("skipping: {e}"),
         };
-        let mut g = match Guard::open(&btf, &LoadOptions::default(), GuardMode::Detect) {
+        let mut g = match Guard::open(loader, &btf, &LoadOptions::default(), GuardMode::Detect) {
             Ok(g) => g,
             Err(e) => return eprintln!("skipping: BPF maps not available here: {e}"),
         };

@@ -102,3 +102,51 @@ pub(crate) fn trim_heap() {
         libc::malloc_trim(0);
     }
 }
+
+/// A `bpf_prog_info` of zeros: what the kernel wants in the fields it does
+/// not fill (a zero length asks for no array).
+pub(crate) fn zeroed_prog_info() -> aya_obj::generated::bpf_prog_info {
+    // SAFETY: `bpf_prog_info` holds only integers and integer arrays, so all
+    // zeros is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// `union bpf_attr` as `BPF_OBJ_GET_INFO_BY_FD` reads it.
+#[repr(C)]
+struct InfoByFdAttr {
+    bpf_fd: u32,
+    info_len: u32,
+    info: u64,
+}
+
+/// `bpf_prog_info` of the program behind `fd`, and how many of its bytes the
+/// running kernel filled (an older kernel knows fewer fields: the rest stay
+/// zero). One `bpf(2)` call, where `/proc/self/fdinfo` costs an open, a read,
+/// a close and a parse: the exporter asks at every scrape.
+pub(crate) fn prog_info(
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> std::io::Result<(aya_obj::generated::bpf_prog_info, usize)> {
+    use std::os::fd::AsRawFd;
+    let mut info = zeroed_prog_info();
+    let mut attr = InfoByFdAttr {
+        bpf_fd: fd.as_raw_fd() as u32,
+        info_len: std::mem::size_of_val(&info) as u32,
+        info: &mut info as *mut _ as u64,
+    };
+    // SAFETY: `attr` is a valid `bpf_attr` prefix for this command, and the
+    // size passed is its own; `attr.info` points to `info`, writable for the
+    // `info_len` bytes announced, and both outlive the call. The kernel writes
+    // at most `info_len` bytes there and the filled length back into `attr`.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            aya_obj::generated::bpf_cmd::BPF_OBJ_GET_INFO_BY_FD as libc::c_long,
+            &mut attr as *mut InfoByFdAttr,
+            std::mem::size_of::<InfoByFdAttr>() as libc::c_long,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((info, attr.info_len as usize))
+}

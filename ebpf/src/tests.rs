@@ -221,11 +221,11 @@ fn load_outcome_names_the_reason() {
 /// their counters.
 #[test]
 fn roots_and_counters_through_real_maps() {
-    let btf = match kernel_btf() {
+    let (loader, btf) = match kernel_btf() {
         Ok(b) => b,
         Err(e) => return eprintln!("skipping: {e}"),
     };
-    let mut t = match WriteTelemetry::open(&btf, &LoadOptions::default()) {
+    let mut t = match WriteTelemetry::open(loader, &btf, &LoadOptions::default()) {
         Ok(t) => t,
         Err(e) => return eprintln!("skipping: BPF maps not available here: {e}"),
     };
@@ -360,13 +360,13 @@ fn kernel_map_devs(t: &WriteTelemetry) -> Vec<(u64, u32)> {
 }
 
 #[test]
-fn fdinfo_fields_are_read_by_name() {
-    let text = "pos:\t0\nflags:\t02000002\nprog_type:\t26\nrun_time_ns:\t0\nrun_cnt:\t0\nrecursion_misses:\t7\nverified_insns:\t312\n";
-    assert_eq!(super::fdinfo_field(text, "recursion_misses"), Some(7));
-    assert_eq!(super::fdinfo_field(text, "run_cnt"), Some(0));
-    // Linux 5.10 has no such line: unknown, not zero.
-    assert_eq!(
-        super::fdinfo_field("pos:\t0\nrun_cnt:\t3\n", "recursion_misses"),
-        None
-    );
+fn skipped_runs_are_unknown_where_the_kernel_did_not_fill_them() {
+    use aya_obj::generated::bpf_prog_info;
+    let mut info = super::raw::zeroed_prog_info();
+    info.recursion_misses = 7;
+    let whole = std::mem::size_of::<bpf_prog_info>();
+    assert_eq!(super::recursion_misses(&info, whole), Some(7));
+    // Linux 5.10 fills the struct up to run_cnt: unknown, not zero.
+    let up_to_run_cnt = std::mem::offset_of!(bpf_prog_info, run_cnt) + 8;
+    assert_eq!(super::recursion_misses(&info, up_to_run_cnt), None);
 }

@@ -580,6 +580,33 @@ fn all_programs_attach_and_say_so() {
         ]
     );
     assert!(t.failures().is_empty());
+    // Every hook's skipped runs are reported (the kernels of the eBPF
+    // matrix all count them), and they are the kernel's own count: the sum
+    // its fdinfo gives for every program this process holds.
+    let missed = t.missed_runs();
+    assert_eq!(missed.len(), programs.len(), "{missed:?}");
+    assert!(missed.iter().all(|(_, n)| n.is_some()), "{missed:?}");
+    let mut from_fdinfo = 0;
+    for entry in std::fs::read_dir("/proc/self/fdinfo").unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap_or_default();
+        let field = |name: &str| {
+            text.lines().find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(':')?
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+        };
+        if field("prog_type").is_some() {
+            from_fdinfo +=
+                field("recursion_misses").expect("a BPF program's fdinfo has recursion_misses");
+        }
+    }
+    assert_eq!(
+        missed.iter().filter_map(|(_, n)| *n).sum::<u64>(),
+        from_fdinfo
+    );
 }
 
 /// `st_dev` of a device whose minor is above 255 encodes differently in
