@@ -324,9 +324,14 @@ impl Ebpf {
         out: &mut Vec<Family>,
     ) -> anyhow::Result<()> {
         let (index_of, mut errors) = self.sync_roots(scrape, telemetry).await;
-        let t = telemetry.clone();
-        let read = tokio::task::spawn_blocking(move || {
-            let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
+        // On this task, not the blocking pool: bpf(2) reads of the maps never
+        // wait on a disk (unlike the filesystem calls the pool is for), and
+        // at 100 volumes the hand-off to a pool thread and back cost more
+        // than the reads (measured under the VM's emulated CPU: the
+        // collector took 0.5 ms, from 1.3-1.6 ms with the hand-off and the
+        // fdinfo reads `missed_runs` replaced).
+        let (read, missed) = {
+            let mut t = telemetry.lock().unwrap_or_else(|e| e.into_inner());
             let missed = t.missed_runs();
             match t.revalidate_cache(&missed) {
                 Ok(false) => {}
@@ -339,20 +344,14 @@ impl Ebpf {
                 ),
             }
             (t.read(), missed)
-        })
-        .await;
-        let (read, missed) = match read {
-            Ok((r, m)) => (Ok(r), m),
-            Err(e) => (Err(e), Vec::new()),
         };
         out.push(missed_family(&missed));
         let counters = match read {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => {
+            Ok(c) => c,
+            Err(e) => {
                 errors.push(format!("cannot read the eBPF counters: {e}"));
                 return Err(anyhow!(errors.join("; ")));
             }
-            Err(e) => return Err(anyhow!("reading the eBPF counters panicked: {e}")),
         };
         out.extend(counter_families(&counters, &index_of));
         if errors.is_empty() {

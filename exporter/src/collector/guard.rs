@@ -133,16 +133,11 @@ impl GuardCollector {
         out: &mut Vec<Family>,
     ) -> anyhow::Result<()> {
         let (index_of, mut errors) = self.sync_roots(scrape, guard).await;
-        let g = guard.clone();
-        let read = tokio::task::spawn_blocking(move || {
-            let mut g = g.lock().unwrap_or_else(|e| e.into_inner());
+        // On this task, as the write telemetry's reads (`super::ebpf`).
+        let (counters, events) = {
+            let mut g = guard.lock().unwrap_or_else(|e| e.into_inner());
             let events = g.drain_events();
             (g.read(), events)
-        })
-        .await;
-        let (counters, events) = match read {
-            Ok(r) => r,
-            Err(e) => return Err(anyhow!("reading the guard's maps panicked: {e}")),
         };
         log_events(scrape, &index_of, &events);
         match counters {
