@@ -353,6 +353,47 @@ async fn gzip_only_when_asked_and_decodes_to_the_plain_scrape() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Prometheus keeps its scrape connection open: scrapes in a row on one
+/// connection each get a whole, fresh gzip body (and a plain one between).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scrapes_on_a_kept_connection_are_each_whole() {
+    let dir = fresh_dir(&std::env::temp_dir(), "keepalive");
+    for i in 0..50u32 {
+        let id = format!("{i:08x}-0000-4000-8000-000000000000");
+        add_volume(&dir, record(&id, "default", 20_000 + i, State::Ready));
+    }
+    let srv = start(&dir).await;
+    let addr = srv.addr;
+    let bodies = client(move || {
+        let mut conn = prjquota_vmtests::http::KeepAlive::connect(addr, Duration::from_secs(30))
+            .expect("connect");
+        let head = prjquota_vmtests::http::get_head_keep_alive(addr, "/metrics");
+        let gzip = head.replace("\r\n\r\n", "\r\nAccept-Encoding: gzip\r\n\r\n");
+        [&gzip, &head, &gzip].map(|h| conn.request(h).unwrap_or_else(|e| panic!("{h:?}: {e}")))
+    })
+    .await;
+    for (r, zipped) in bodies.iter().zip([true, false, true]) {
+        assert_eq!(r.status, 200);
+        let text = if zipped {
+            assert_eq!(r.header("content-encoding"), Some("gzip"));
+            gunzip(&r.body)
+        } else {
+            assert_eq!(r.header("content-encoding"), None);
+            String::from_utf8(r.body.clone()).unwrap()
+        };
+        assert!(text.contains("prjquota_exporter_volumes 50"), "{text}");
+        assert_eq!(
+            text.lines()
+                .filter(|l| l.starts_with("nomad_host_volume_capacity_bytes{"))
+                .count(),
+            50
+        );
+    }
+    srv.stop.send(()).unwrap();
+    let _ = srv.done.await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn process_metrics_are_present_and_sane() {
     let dir = fresh_dir(&std::env::temp_dir(), "process");

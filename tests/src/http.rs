@@ -92,10 +92,16 @@ pub fn request(addr: SocketAddr, head: &str, timeout: Duration) -> std::io::Resu
 
 /// The request head of a plain `GET` that asks the server to close.
 pub fn get_head(addr: SocketAddr, path: &str) -> String {
-    format!(
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: prjquota-tests\r\nAccept: */*\r\n\
-         Connection: close\r\n\r\n"
-    )
+    format!("{}Connection: close\r\n\r\n", head_lines(addr, path))
+}
+
+/// The request head of a plain `GET` on a connection kept open.
+pub fn get_head_keep_alive(addr: SocketAddr, path: &str) -> String {
+    format!("{}\r\n", head_lines(addr, path))
+}
+
+fn head_lines(addr: SocketAddr, path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: prjquota-tests\r\nAccept: */*\r\n")
 }
 
 fn exchange(
@@ -109,29 +115,9 @@ fn exchange(
     s.write_all(head.as_bytes())?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf)?;
-    let target = head.split(' ').nth(1).unwrap_or_default();
-    let bad = |what: &str| {
-        Error::new(
-            ErrorKind::InvalidData,
-            format!("{what} from {addr}{target}"),
-        )
-    };
-    let split = buf
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| bad("no reply head"))?;
-    let text = std::str::from_utf8(&buf[..split]).map_err(|_| bad("a non-UTF-8 head"))?;
-    let mut lines = text.split("\r\n");
-    let status = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| bad("no status line"))?;
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
-        .collect();
-    let raw_body = &buf[split + 4..];
+    let bad = bad_reply(addr, head);
+    let (status, headers, split) = parse_head(&buf)?.ok_or_else(|| bad("no reply head"))?;
+    let raw_body = &buf[split..];
     let chunked =
         header(&headers, "transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
     let body = if chunked {
@@ -144,6 +130,92 @@ fn exchange(
         headers,
         body,
     })
+}
+
+/// An error naming the request it answers.
+fn bad_reply(addr: SocketAddr, head: &str) -> impl Fn(&str) -> Error + '_ {
+    let target = head.split(' ').nth(1).unwrap_or_default();
+    move |what: &str| {
+        Error::new(
+            ErrorKind::InvalidData,
+            format!("{what} from {addr}{target}"),
+        )
+    }
+}
+
+/// A reply's status and headers, and where its body starts.
+type Head = (u16, Vec<(String, String)>, usize);
+
+/// The reply head, once `buf` holds a whole one (`Ok(None)` before).
+fn parse_head(buf: &[u8]) -> std::io::Result<Option<Head>> {
+    let Some(split) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return Ok(None);
+    };
+    let invalid = |what: &str| Error::new(ErrorKind::InvalidData, what.to_string());
+    let text = std::str::from_utf8(&buf[..split]).map_err(|_| invalid("a non-UTF-8 head"))?;
+    let mut lines = text.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| invalid("no status line"))?;
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
+        .collect();
+    Ok(Some((status, headers, split + 4)))
+}
+
+/// One connection kept open across requests, as Prometheus keeps its
+/// scrape connections: what a scrape costs a server that does not accept
+/// and tear down a connection each time. Replies must carry a
+/// `Content-Length` (the exporter's always do).
+pub struct KeepAlive {
+    s: TcpStream,
+    addr: SocketAddr,
+}
+
+impl KeepAlive {
+    pub fn connect(addr: SocketAddr, timeout: Duration) -> std::io::Result<KeepAlive> {
+        let s = TcpStream::connect_timeout(&addr, timeout)?;
+        s.set_read_timeout(Some(timeout))?;
+        s.set_write_timeout(Some(timeout))?;
+        Ok(KeepAlive { s, addr })
+    }
+
+    /// Sends `head` (a request head without `Connection: close`) and reads
+    /// one reply, leaving the connection open for the next.
+    pub fn request(&mut self, head: &str) -> std::io::Result<RawReply> {
+        let bad = bad_reply(self.addr, head);
+        self.s.write_all(head.as_bytes())?;
+        let mut buf = Vec::new();
+        let mut chunk = vec![0u8; 64 * 1024];
+        let (status, headers, split) = loop {
+            if let Some(h) = parse_head(&buf)? {
+                break h;
+            }
+            let n = self.s.read(&mut chunk)?;
+            if n == 0 {
+                return Err(bad("the connection closed before the reply head"));
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let len: usize = header(&headers, "content-length")
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| bad("a reply without Content-Length on a kept connection"))?;
+        let mut body = buf.split_off(split);
+        if body.len() > len {
+            return Err(bad("more bytes than Content-Length"));
+        }
+        let have = body.len();
+        body.resize(len, 0);
+        self.s.read_exact(&mut body[have..])?;
+        Ok(RawReply {
+            status,
+            headers,
+            body,
+        })
+    }
 }
 
 /// Decodes a chunked body; `None` unless it ends with the last (empty) chunk.

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::http::{get_head, http_get, request, url_encode};
+use crate::http::{get_head_keep_alive, http_get, url_encode, KeepAlive};
 
 pub const PROMETHEUS: &str = "/usr/bin/prometheus";
 pub const PROMTOOL: &str = "/usr/bin/promtool";
@@ -514,14 +514,23 @@ impl Exporter {
         (r.body, took)
     }
 
-    /// GET /metrics as Prometheus asks for it (`Accept-Encoding: gzip`):
-    /// asserts a 200 in gzip, returns the body decoded (which checks the
-    /// gzip trailer's CRC and length), the bytes sent and the time taken.
-    pub fn scrape_gzip(&self) -> (String, usize, Duration) {
-        let head = get_head(self.addr, "/metrics")
+    /// A connection to the exporter kept open between requests, as
+    /// Prometheus keeps its scrape connections.
+    pub fn keep_alive(&self) -> KeepAlive {
+        KeepAlive::connect(self.addr, Duration::from_secs(300))
+            .unwrap_or_else(|e| panic!("connect to {}: {e}\n{}", self.addr, self.log()))
+    }
+
+    /// GET /metrics as Prometheus asks for it (`Accept-Encoding: gzip`, on
+    /// a connection it keeps open): asserts a 200 in gzip, returns the body
+    /// decoded (which checks the gzip trailer's CRC and length), the bytes
+    /// sent and the time taken.
+    pub fn scrape_gzip(&self, conn: &mut KeepAlive) -> (String, usize, Duration) {
+        let head = get_head_keep_alive(self.addr, "/metrics")
             .replace("\r\n\r\n", "\r\nAccept-Encoding: gzip\r\n\r\n");
         let start = Instant::now();
-        let r = request(self.addr, &head, Duration::from_secs(300))
+        let r = conn
+            .request(&head)
             .unwrap_or_else(|e| panic!("GET /metrics with gzip: {e}\n{}", self.log()));
         let took = start.elapsed();
         assert_eq!(r.status, 200, "GET /metrics with gzip\n{}", self.log());

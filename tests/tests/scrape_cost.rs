@@ -164,14 +164,15 @@ fn scale(counts: &[usize]) {
         let (mut warm, mut gzipped, mut floor) = (Vec::new(), Vec::new(), Vec::new());
         let (mut text_len, mut series, mut gzip_bytes) = (0, 0, 0);
         // Side by side: each round a plain scrape, a gzip one (as Prometheus
-        // asks) and a floor pass, so drift in the host or the emulator
+        // asks, on the connection it keeps open) and a floor pass, so drift in the host or the emulator
         // weighs on all three alike. The first round is a warm-up, not
         // recorded: the first scale test of a boot measured 2x slower in it.
+        let mut conn = exp.keep_alive();
         for round in 0..=SAMPLES {
             let (t, d) = exp.scrape_text();
             text_len = t.len();
             series = t.lines().filter(|l| !l.starts_with('#')).count();
-            let (tz, bytes, dz) = exp.scrape_gzip();
+            let (tz, bytes, dz) = exp.scrape_gzip(&mut conn);
             assert_eq!(
                 tz.lines().filter(|l| !l.starts_with('#')).count(),
                 series,

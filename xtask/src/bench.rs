@@ -207,8 +207,9 @@ fn exporter_tables(measures: &[&str]) -> String {
          The floor is a bare loop of what a scrape must do at least: statfs of every volume \
          root and one quotactl pass over the project IDs. *Collectors* is the exporter's own \
          time in its collectors (the syscalls plus building the samples); *scrape* is one \
-         `GET /metrics` to the last byte, so it adds writing and sending the text; *gzip* \
-         is the same asked as Prometheus asks, with `Accept-Encoding: gzip`. Scrape, gzip \
+         `GET /metrics` on a new connection to the last byte, so it adds writing and sending \
+         the text; *gzip* is the same asked as Prometheus asks, with `Accept-Encoding: gzip` \
+         on a connection kept open between scrapes. Scrape, gzip \
          scrape and floor run in turn in each of 9 rounds, after one warm-up round; medians; \
          collectors from the last scrape.\n\n\
          | volumes | scrape | gzip | collectors | floor | scrape / floor | gzip / floor | collectors / floor | exposition (gzip) | RSS after scrapes |\n\
