@@ -165,7 +165,7 @@ fn main() {
     log::set_level(flags.log_level);
     // A daemon that builds and frees megabytes per scrape: keep its RSS to
     // what it uses, not to its busiest scrape so far.
-    prjquota_core::sys::cap_retained_heap(128 * 1024);
+    prjquota_core::sys::cap_retained_heap(2 << 20, 128 << 10);
     // Two workers are plenty for one scrape at a time; filesystem calls run
     // on the blocking pool, bounded so stuck filesystems cannot pile up
     // threads.
