@@ -687,9 +687,10 @@ pub fn rewind_dir(dir: BorrowedFd<'_>) -> io::Result<()> {
 /// host, 43 MB of heaps held 11 MB in use. With one heap, measured in the
 /// VM side by side in one boot, RSS after scrapes fell from 31.6-31.8 to
 /// 26.5-26.7 MiB at 10,000 volumes and from 13.0 to 9.5 MiB at 1,000. With
-/// a 128 KiB `keep_free` as well, the 100-volume scrape was 4 % slower
-/// (freed pages faulted in again at every scrape); 2 MiB kept it as fast as
-/// with many heaps, for 1 MiB more at 1,000 volumes. A no-op outside glibc.
+/// a 128 KiB `keep_free` as well, the 100-volume scrape was 4 % slower in
+/// every pair (pages given back after a scrape are faulted in again by the
+/// next, we think); 2 MiB kept it as fast as with many heaps, for 1 MiB more
+/// at 1,000 volumes. A no-op outside glibc.
 pub fn cap_retained_heap(keep_free: i32, own_mapping_from: i32) {
     #[cfg(target_env = "gnu")]
     // SAFETY: `mallopt` takes two integers and no pointers; glibc validates

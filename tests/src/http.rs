@@ -116,7 +116,9 @@ fn exchange(
     let mut buf = Vec::new();
     s.read_to_end(&mut buf)?;
     let bad = bad_reply(addr, head);
-    let (status, headers, split) = parse_head(&buf)?.ok_or_else(|| bad("no reply head"))?;
+    let (status, headers, split) = parse_head(&buf)
+        .map_err(&bad)?
+        .ok_or_else(|| bad("no reply head"))?;
     let raw_body = &buf[split..];
     let chunked =
         header(&headers, "transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
@@ -146,19 +148,19 @@ fn bad_reply(addr: SocketAddr, head: &str) -> impl Fn(&str) -> Error + '_ {
 /// A reply's status and headers, and where its body starts.
 type Head = (u16, Vec<(String, String)>, usize);
 
-/// The reply head, once `buf` holds a whole one (`Ok(None)` before).
-fn parse_head(buf: &[u8]) -> std::io::Result<Option<Head>> {
+/// The reply head, once `buf` holds a whole one (`Ok(None)` before); `Err`
+/// says what is wrong with it.
+fn parse_head(buf: &[u8]) -> Result<Option<Head>, &'static str> {
     let Some(split) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
         return Ok(None);
     };
-    let invalid = |what: &str| Error::new(ErrorKind::InvalidData, what.to_string());
-    let text = std::str::from_utf8(&buf[..split]).map_err(|_| invalid("a non-UTF-8 head"))?;
+    let text = std::str::from_utf8(&buf[..split]).map_err(|_| "a non-UTF-8 head")?;
     let mut lines = text.split("\r\n");
     let status = lines
         .next()
         .and_then(|l| l.split(' ').nth(1))
         .and_then(|s| s.parse().ok())
-        .ok_or_else(|| invalid("no status line"))?;
+        .ok_or("no status line")?;
     let headers = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
@@ -191,7 +193,7 @@ impl KeepAlive {
         let mut buf = Vec::new();
         let mut chunk = vec![0u8; 64 * 1024];
         let (status, headers, split) = loop {
-            if let Some(h) = parse_head(&buf)? {
+            if let Some(h) = parse_head(&buf).map_err(&bad)? {
                 break h;
             }
             let n = self.s.read(&mut chunk)?;
