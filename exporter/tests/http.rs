@@ -43,6 +43,17 @@ async fn start_with(
     Server { addr, stop, done }
 }
 
+/// `n` Ready volumes in `dir`, with project IDs from `first_project_id`.
+fn ready_volumes(dir: &std::path::Path, n: u32, first_project_id: u32) {
+    for i in 0..n {
+        let id = format!("{i:08x}-0000-4000-8000-000000000000");
+        add_volume(
+            dir,
+            record(&id, "default", first_project_id + i, State::Ready),
+        );
+    }
+}
+
 /// Runs a blocking client off the runtime the server is on.
 async fn client<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     tokio::task::spawn_blocking(f).await.unwrap()
@@ -195,10 +206,7 @@ async fn a_client_that_never_sends_its_headers_is_dropped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_that_do_not_read_cannot_lock_out_a_scraper() {
     let dir = fresh_dir(&std::env::temp_dir(), "lockout");
-    for i in 0..2000u32 {
-        let id = format!("{i:08x}-0000-4000-8000-000000000000");
-        add_volume(&dir, record(&id, "default", 10_000 + i, State::Ready));
-    }
+    ready_volumes(&dir, 2000, 10_000);
     let srv = start(&dir).await;
     let addr = srv.addr;
 
@@ -275,10 +283,7 @@ fn stable(text: &str) -> Vec<&str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gzip_only_when_asked_and_decodes_to_the_plain_scrape() {
     let dir = fresh_dir(&std::env::temp_dir(), "gzip");
-    for i in 0..200u32 {
-        let id = format!("{i:08x}-0000-4000-8000-000000000000");
-        add_volume(&dir, record(&id, "default", 10_000 + i, State::Ready));
-    }
+    ready_volumes(&dir, 200, 10_000);
     let srv = start(&dir).await;
     let addr = srv.addr;
     let ask = |enc: &'static str| {
@@ -358,17 +363,14 @@ async fn gzip_only_when_asked_and_decodes_to_the_plain_scrape() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scrapes_on_a_kept_connection_are_each_whole() {
     let dir = fresh_dir(&std::env::temp_dir(), "keepalive");
-    for i in 0..50u32 {
-        let id = format!("{i:08x}-0000-4000-8000-000000000000");
-        add_volume(&dir, record(&id, "default", 20_000 + i, State::Ready));
-    }
+    ready_volumes(&dir, 50, 20_000);
     let srv = start(&dir).await;
     let addr = srv.addr;
     let bodies = client(move || {
         let mut conn = prjquota_vmtests::http::KeepAlive::connect(addr, Duration::from_secs(30))
             .expect("connect");
         let head = prjquota_vmtests::http::get_head_keep_alive(addr, "/metrics");
-        let gzip = head.replace("\r\n\r\n", "\r\nAccept-Encoding: gzip\r\n\r\n");
+        let gzip = prjquota_vmtests::http::asking_gzip(&head);
         [&gzip, &head, &gzip].map(|h| conn.request(h).unwrap_or_else(|e| panic!("{h:?}: {e}")))
     })
     .await;

@@ -100,6 +100,11 @@ pub fn get_head_keep_alive(addr: SocketAddr, path: &str) -> String {
     format!("{}\r\n", head_lines(addr, path))
 }
 
+/// `head` asking for gzip, as Prometheus does (`Accept-Encoding: gzip`).
+pub fn asking_gzip(head: &str) -> String {
+    head.replace("\r\n\r\n", "\r\nAccept-Encoding: gzip\r\n\r\n")
+}
+
 fn head_lines(addr: SocketAddr, path: &str) -> String {
     format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: prjquota-tests\r\nAccept: */*\r\n")
 }

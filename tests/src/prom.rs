@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::http::{get_head_keep_alive, http_get, url_encode, KeepAlive};
+use crate::http::{asking_gzip, get_head_keep_alive, http_get, url_encode, KeepAlive};
 
 pub const PROMETHEUS: &str = "/usr/bin/prometheus";
 pub const PROMTOOL: &str = "/usr/bin/promtool";
@@ -526,8 +526,7 @@ impl Exporter {
     /// decoded (which checks the gzip trailer's CRC and length), the bytes
     /// sent and the time taken.
     pub fn scrape_gzip(&self, conn: &mut KeepAlive) -> (String, usize, Duration) {
-        let head = get_head_keep_alive(self.addr, "/metrics")
-            .replace("\r\n\r\n", "\r\nAccept-Encoding: gzip\r\n\r\n");
+        let head = asking_gzip(&get_head_keep_alive(self.addr, "/metrics"));
         let start = Instant::now();
         let r = conn
             .request(&head)
