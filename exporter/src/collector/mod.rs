@@ -5,10 +5,11 @@
 //!
 //! 1. `registry` reads the prjquota registries into the [`Inventory`] (the
 //!    Ready volumes), shared by everything after it;
-//! 2. `quota`, `statfs`, `quota_events`, `ebpf`, `guard`, in any order:
-//!    what several of them read (each project's quota, each root's
-//!    identity) is computed once per scrape by the first that asks
-//!    ([`Scrape::quota`], [`Scrape::root_ids`]).
+//! 2. `quota`, `statfs`, `filesystem`, `quota_events`, `ebpf`, `guard`,
+//!    all at once, their output joined in that order: what several of them
+//!    read (each project's quota, each root's identity) is computed once
+//!    per scrape by the first that asks ([`Scrape::quota`],
+//!    [`Scrape::root_ids`]).
 //!
 //! The driver times every collector and turns a failure into
 //! `prjquota_exporter_scrape_collector_success{collector} 0` plus one log line
@@ -359,28 +360,46 @@ impl Exporter {
 
         let start = Instant::now();
         let (inventory, loaded) = self.registry.load().await;
+        let load_time = start.elapsed();
         let scrape =
             Scrape::with_sources(inventory, self.quota_reader.clone(), self.root_stat.clone());
-        let collected = self.registry.collect(&scrape, &mut families).await;
-        let ok = self.note(self.registry.name(), loaded.and(collected));
-        outcomes.push((self.registry.name(), start.elapsed().as_secs_f64(), ok));
 
-        for c in &self.collectors {
-            let start = Instant::now();
-            let result = match tokio::time::timeout(
-                self.deadline,
-                c.collect(&scrape, &mut families),
-            )
-            .await
-            {
-                Ok(r) => r,
-                Err(_) => Err(anyhow::anyhow!(
-                    "gave up after {:.0}s (a bug: collectors time their own calls out)",
-                    self.deadline.as_secs_f64()
-                )),
-            };
+        // Every collector at once, as node_exporter runs them: a scrape takes
+        // as long as its slowest collector, not the sum of all, and their
+        // filesystem calls (statfs, quotactl, the roots' stat: each on the
+        // blocking pool) overlap. Each pushes to a list of its own; the lists
+        // join in the collectors' order, so the text's order is fixed.
+        let all: Vec<&dyn Collector> = std::iter::once(&self.registry as &dyn Collector)
+            .chain(self.collectors.iter().map(|c| c.as_ref()))
+            .collect();
+        let runs = all.iter().map(|c| {
+            let scrape = &scrape;
+            async move {
+                let start = Instant::now();
+                let mut out = Vec::new();
+                let result =
+                    match tokio::time::timeout(self.deadline, c.collect(scrape, &mut out)).await {
+                        Ok(r) => r,
+                        Err(_) => Err(anyhow::anyhow!(
+                            "gave up after {:.0}s (a bug: collectors time their own calls out)",
+                            self.deadline.as_secs_f64()
+                        )),
+                    };
+                (out, result, start.elapsed())
+            }
+        });
+        let mut loaded = Some(loaded);
+        for (i, (out, mut result, mut took)) in join_all(runs).await.into_iter().enumerate() {
+            families.extend(out);
+            let c = all[i];
+            if i == 0 {
+                // The registry: its account includes the read the others
+                // waited for.
+                result = loaded.take().expect("once").and(result);
+                took += load_time;
+            }
             let ok = self.note(c.name(), result);
-            outcomes.push((c.name(), start.elapsed().as_secs_f64(), ok));
+            outcomes.push((c.name(), took.as_secs_f64(), ok));
         }
 
         families.extend(self_metrics(&scrape.inventory, &outcomes));
@@ -414,6 +433,35 @@ impl Exporter {
             }
         }
     }
+}
+
+/// Drives every future of `futures` on the calling task until all are done;
+/// their outputs in order. (A handful of collectors: polling each on every
+/// wake-up costs nothing worth a dependency.)
+async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut pending: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut all_done = true;
+        for (f, out) in pending.iter_mut().zip(outputs.iter_mut()) {
+            if out.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *out = Some(v),
+                    std::task::Poll::Pending => all_done = false,
+                }
+            }
+        }
+        if all_done {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    outputs
+        .into_iter()
+        .map(|o| o.expect("every future was polled to completion"))
+        .collect()
 }
 
 fn self_metrics(inventory: &Inventory, outcomes: &[(&'static str, f64, bool)]) -> Vec<Family> {
@@ -467,6 +515,55 @@ mod tests {
                 anyhow::bail!("broken on purpose")
             })
         }
+    }
+
+    /// Waits `secs` (a filesystem call taking its time), then pushes one
+    /// family named after itself.
+    struct Slow(&'static str, u64);
+
+    impl Collector for Slow {
+        fn name(&self) -> &'static str {
+            self.0
+        }
+        fn collect<'a>(
+            &'a self,
+            _: &'a Scrape,
+            out: &'a mut Vec<Family>,
+        ) -> BoxFuture<'a, anyhow::Result<()>> {
+            Box::pin(async move {
+                tokio::time::sleep(Duration::from_secs(self.1)).await;
+                let mut f = Family::gauge(self.0, "A slow collector's metric.");
+                f.plain(self.1 as f64);
+                out.push(f);
+                Ok(())
+            })
+        }
+    }
+
+    /// Two collectors each waiting up to their timeout (a stuck statfs, a
+    /// stuck quotactl) make a scrape as long as the longer, not the sum:
+    /// 5 s + 5 s would be past Prometheus' default scrape timeout of 10 s.
+    /// Their series still come in the collectors' order.
+    #[tokio::test(start_paused = true)]
+    async fn collectors_run_at_once_and_their_output_keeps_their_order() {
+        let dir = std::env::temp_dir().join(format!("prjq-exp-slow-{}", std::process::id()));
+        let config = Config {
+            volumes_dirs: vec![dir],
+            ..Config::default()
+        };
+        let exporter = Exporter::with_collectors(
+            &config,
+            vec![Box::new(Slow("slow_a", 5)), Box::new(Slow("slow_b", 4))],
+        );
+        let start = tokio::time::Instant::now();
+        let text = exporter.scrape().await.to_text();
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_secs(5) && took < Duration::from_secs(6),
+            "a scrape took {took:?}"
+        );
+        let (a, b) = (text.find("\nslow_a 5\n"), text.find("\nslow_b 4\n"));
+        assert!(a.is_some() && b.is_some() && a < b, "{text}");
     }
 
     #[tokio::test]
