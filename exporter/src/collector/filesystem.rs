@@ -4,13 +4,13 @@
 //! used, and the `overcommit_ratio` the plugin admits creates with.
 //!
 //! The ratio comes from the plugin's own `prjquota.toml` in `--plugin-dir`,
-//! read at every scrape with the plugin's parser, so the series is what the
-//! next create is decided with. When that directory does not exist the ratio
+//! read with the plugin's parser whenever the file changed (one `lstat` per
+//! scrape otherwise), so the series is what the next create is decided with. When that directory does not exist the ratio
 //! is unknown and its series is absent (never a made-up 1); when the file is
 //! malformed the collector fails naming it, as every create then does.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::anyhow;
@@ -25,7 +25,18 @@ pub struct Filesystem {
     inflight: InFlight,
     stat: StatFn,
     plugin_dir: Option<PathBuf>,
+    /// The ratio as last read, and the file it was read from.
+    ratio: Mutex<Option<KeptRatio>>,
 }
+
+/// What a file is taken to be unchanged by: the same inode and ctime (which
+/// every write moves, and every `chmod` or `chown` that can make the file
+/// untrusted). `None` stands for "no file".
+type FileKey = (u64, u64, i64, i64);
+
+/// A read of the ratio ([`ratio`]'s answer, its error as text) and the
+/// identity of the file it came from.
+type KeptRatio = (Option<FileKey>, Result<Option<f64>, String>);
 
 impl Filesystem {
     pub fn new(timeout: Duration, plugin_dir: Option<PathBuf>) -> Filesystem {
@@ -38,6 +49,7 @@ impl Filesystem {
             inflight: InFlight::new("statfs of a volumes directory"),
             stat,
             plugin_dir,
+            ratio: Mutex::default(),
         }
     }
 }
@@ -53,6 +65,47 @@ fn ratio(plugin_dir: Option<&Path>) -> anyhow::Result<Option<f64>> {
         .map_err(|e| anyhow!("{e}"))
 }
 
+/// The identity of `dir`'s prjquota.toml: `Some(None)` when there is no
+/// file, `None` when it cannot be trusted to tell a change: it cannot be
+/// stat'ed (the read then says why), or it changed within the last second,
+/// where a second write in the same clock tick would keep its ctime (the
+/// registry's rule for its records; a race no test can stage at will).
+fn file_key(dir: &Path) -> Option<Option<FileKey>> {
+    use std::os::unix::fs::MetadataExt;
+    let m = match std::fs::symlink_metadata(dir.join(prjquota_core::config::FILE_NAME)) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(None),
+        Err(_) => return None,
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_secs() as i64;
+    if m.ctime() >= now - 1 {
+        return None;
+    }
+    Some(Some((m.dev(), m.ino(), m.ctime(), m.ctime_nsec())))
+}
+
+impl Filesystem {
+    /// [`ratio`], parsed again only when the file changed.
+    fn cached_ratio(&self) -> anyhow::Result<Option<f64>> {
+        let Some(dir) = self.plugin_dir.as_deref().filter(|d| d.is_dir()) else {
+            return Ok(None);
+        };
+        let Some(key) = file_key(dir) else {
+            return ratio(Some(dir));
+        };
+        let mut cache = self.ratio.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, r)) = cache.as_ref().filter(|(k, _)| *k == key) {
+            return r.clone().map_err(|e| anyhow!(e));
+        }
+        let r = ratio(Some(dir)).map_err(|e| e.to_string());
+        *cache = Some((key, r.clone()));
+        r.map_err(|e| anyhow!(e))
+    }
+}
+
 impl Collector for Filesystem {
     fn name(&self) -> &'static str {
         "filesystem"
@@ -66,7 +119,7 @@ impl Collector for Filesystem {
         Box::pin(async move {
             let inv = &scrape.inventory;
             let mut errors = Vec::new();
-            let ratio = ratio(self.plugin_dir.as_deref()).unwrap_or_else(|e| {
+            let ratio = self.cached_ratio().unwrap_or_else(|e| {
                 errors.push(e.to_string());
                 None
             });
@@ -224,6 +277,51 @@ mod tests {
             t.contains("nomad_host_volumes_overcommit_ratio{volumes_dir=\"/srv/volumes\"} 1\n"),
             "{t}"
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The parsed ratio is kept while the file is unchanged: a change of any
+    /// kind is seen at the next scrape, right after it (the one-second rule)
+    /// and later (the file's identity).
+    #[tokio::test]
+    async fn a_kept_ratio_follows_every_change_of_the_file() {
+        let dir = scratch("kept", Some("overcommit_ratio = 2.5\n"));
+        let file = dir.join("prjquota.toml");
+        let c = Filesystem::with_stat(Duration::from_secs(5), Some(dir.clone()), stat());
+        let settle = || std::thread::sleep(Duration::from_millis(2100));
+        let ratio = || async {
+            let (t, r) = text(&c, &scrape(true)).await;
+            let line = t
+                .lines()
+                .find(|l| l.starts_with("nomad_host_volumes_overcommit_ratio{"))
+                .map(|l| l.rsplit(' ').next().unwrap().to_string());
+            (line, r.map_err(|e| e.to_string()))
+        };
+        let kept = || c.ratio.lock().unwrap().as_ref().map(|(k, _)| *k);
+        settle();
+        assert_eq!(ratio().await, (Some("2.5".into()), Ok(())));
+        let first = kept().expect("an older file's ratio is kept");
+        assert_eq!(ratio().await, (Some("2.5".into()), Ok(())));
+
+        // Rewritten in place, same size: seen at once and after it settled.
+        std::fs::write(&file, "overcommit_ratio = 3.5\n").unwrap();
+        assert_eq!(ratio().await, (Some("3.5".into()), Ok(())));
+        settle();
+        assert_eq!(ratio().await, (Some("3.5".into()), Ok(())));
+        assert_ne!(kept(), Some(first));
+
+        // Made writable by others (content and mtime unchanged): untrusted,
+        // so the collector fails, at once and after it settled.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
+        for wait in [false, true] {
+            if wait {
+                settle();
+            }
+            let (line, r) = ratio().await;
+            assert_eq!(line, None);
+            assert!(r.unwrap_err().contains("prjquota.toml"));
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
