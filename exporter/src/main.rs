@@ -166,11 +166,12 @@ fn main() {
     // A daemon that builds and frees megabytes per scrape: keep its RSS to
     // what it uses, not to its busiest scrape so far.
     prjquota_core::sys::cap_retained_heap(2 << 20, 128 << 10);
-    // Two workers are plenty for one scrape at a time; filesystem calls run
-    // on the blocking pool, bounded so stuck filesystems cannot pile up
-    // threads.
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One async thread: scrapes run one at a time and every filesystem call
+    // is on the blocking pool (bounded, so stuck filesystems cannot pile up
+    // threads). A second worker only added wake-ups between the two for
+    // each of a scrape's hand-offs (0-17 % slower at 100 volumes, three
+    // pairs side by side in one boot).
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .max_blocking_threads(16)
         .thread_name("prjquota-exporter")
         .enable_all()
