@@ -95,16 +95,22 @@ impl Inventory {
     /// since two series with one label set would make the scrape invalid.
     /// Returns the dropped IDs too.
     pub fn assemble(dirs: Vec<Dir>, per_dir: Vec<Vec<Arc<Volume>>>) -> (Inventory, Vec<String>) {
-        let mut seen = HashSet::new();
+        let all: Vec<Arc<Volume>> = per_dir.into_iter().flatten().collect();
+        // Borrowed IDs: every scrape runs this over every volume, and a
+        // copied ID is an allocation per volume per scrape.
+        let first: Vec<bool> = {
+            let mut seen = HashSet::with_capacity(all.len());
+            all.iter()
+                .map(|v| seen.insert(v.volume_id.as_str()))
+                .collect()
+        };
         let mut dropped = Vec::new();
-        let mut volumes = Vec::with_capacity(per_dir.iter().map(Vec::len).sum());
-        for vols in per_dir {
-            for v in vols {
-                if seen.insert(v.volume_id.clone()) {
-                    volumes.push(v);
-                } else {
-                    dropped.push(v.volume_id.clone());
-                }
+        let mut volumes = Vec::with_capacity(all.len());
+        for (v, first) in all.into_iter().zip(first) {
+            if first {
+                volumes.push(v);
+            } else {
+                dropped.push(v.volume_id.clone());
             }
         }
         (Inventory { dirs, volumes }, dropped)

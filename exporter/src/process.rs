@@ -18,11 +18,23 @@ pub fn families() -> Vec<Family> {
     }
 }
 
+/// The boot time, read once: it is the `btime` line of `/proc/stat`, whose
+/// per-CPU and interrupt lines are most of the text a scrape would parse
+/// for it.
+fn boot_time() -> procfs::ProcResult<f64> {
+    static BOOT: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    if let Some(b) = BOOT.get() {
+        return Ok(*b);
+    }
+    let b = procfs::boot_time_secs()? as f64;
+    Ok(*BOOT.get_or_init(|| b))
+}
+
 fn read() -> procfs::ProcResult<Vec<Family>> {
     let me = procfs::process::Process::myself()?;
     let stat = me.stat()?;
     let ticks = procfs::ticks_per_second() as f64;
-    let boot = procfs::boot_time_secs()? as f64;
+    let boot = boot_time()?;
     let mut out = Vec::with_capacity(6);
     let mut f = Family::counter(
         "process_cpu_seconds_total",
