@@ -548,6 +548,27 @@ impl Exporter {
         self.log.lock().unwrap().clone()
     }
 
+    /// CPU time the exporter's threads have used so far (the kernel's
+    /// schedstat, in nanoseconds, summed over `/proc/PID/task`): threads
+    /// that ended are not in it, so compare readings taken close together.
+    pub fn cpu_time(&self) -> Duration {
+        let tasks = format!("/proc/{}/task", self.pid());
+        let mut ns = 0u64;
+        for t in std::fs::read_dir(&tasks).unwrap_or_else(|e| panic!("read {tasks}: {e}")) {
+            let path = t.expect("a task entry").path().join("schedstat");
+            // A thread that ended between the listing and the read.
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            ns += text
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("no run time in {}: {text:?}", path.display()));
+        }
+        Duration::from_nanos(ns)
+    }
+
     /// (VmHWM, VmRSS) in KiB.
     pub fn memory_kib(&self) -> (u64, u64) {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))

@@ -16,9 +16,18 @@ use prjquota_vmtests::prom::{Exporter, Exposition};
 use prjquota_vmtests::records::{add_volume, ready_record};
 use prjquota_vmtests::{median, scratch_dir, xfs_mount};
 
+/// This thread's CPU time so far.
+fn thread_cpu() -> Duration {
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .expect("clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    Duration::new(ts.tv_sec() as u64, ts.tv_nsec() as u32)
+}
+
 /// A bare loop doing what a scrape must do at least: statfs of every volume
-/// root and one quota pass over the project-ID range. Returns its time.
-fn floor_pass(roots: &[CString], volumes_dir: &Path, ids: (u32, u32)) -> Duration {
+/// root and one quota pass over the project-ID range. Returns its time and
+/// the CPU time it used.
+fn floor_pass(roots: &[CString], volumes_dir: &Path, ids: (u32, u32)) -> (Duration, Duration) {
+    let cpu = thread_cpu();
     let start = Instant::now();
     for r in roots {
         let st = nix::sys::statvfs::statvfs(r.as_c_str()).expect("statvfs");
@@ -27,7 +36,7 @@ fn floor_pass(roots: &[CString], volumes_dir: &Path, ids: (u32, u32)) -> Duratio
     let dir = std::fs::File::open(volumes_dir).unwrap();
     let q = prjquota_core::quota::list(dir.as_fd(), ids.0..=ids.1).unwrap();
     std::hint::black_box(q.len());
-    start.elapsed()
+    (start.elapsed(), thread_cpu() - cpu)
 }
 
 /// Warm scrapes, and floor passes, whose medians are reported: under the
@@ -162,6 +171,7 @@ fn scale(counts: &[usize]) {
         // began a second after their last change.
         std::thread::sleep(Duration::from_millis(1100));
         let (mut warm, mut gzipped, mut floor) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut gzip_cpu, mut floor_cpu) = (Vec::new(), Vec::new());
         let (mut text_len, mut series, mut gzip_bytes) = (0, 0, 0);
         // Side by side: each round a plain scrape, a gzip one (as Prometheus
         // asks, on the connection it keeps open) and a floor pass, so drift in the host or the emulator
@@ -172,6 +182,11 @@ fn scale(counts: &[usize]) {
             let (t, d) = exp.scrape_text();
             text_len = t.len();
             series = t.lines().filter(|l| !l.starts_with('#')).count();
+            // The exporter's CPU from its gzip scrape to the end of the
+            // floor pass: what the scrape costs in all, whichever of the
+            // exporter's threads ran it, and whatever it finished after the
+            // reply was sent.
+            let cpu = exp.cpu_time();
             let (tz, bytes, dz) = exp.scrape_gzip(&mut conn);
             assert_eq!(
                 tz.lines().filter(|l| !l.starts_with('#')).count(),
@@ -179,11 +194,14 @@ fn scale(counts: &[usize]) {
                 "the gzip scrape has the plain one's series"
             );
             gzip_bytes = bytes;
-            let f = floor_pass(&roots, &volumes_dir, ids);
+            let (f, fc) = floor_pass(&roots, &volumes_dir, ids);
+            let cpu = exp.cpu_time() - cpu;
             if round > 0 {
                 warm.push(d);
                 gzipped.push(dz);
                 floor.push(f);
+                gzip_cpu.push(cpu);
+                floor_cpu.push(fc);
             }
         }
         // The exporter's own account of where a scrape's time goes.
@@ -203,6 +221,7 @@ fn scale(counts: &[usize]) {
         let floor = median(floor);
         let warm = median(warm);
         let gzipped = median(gzipped);
+        let (gzip_cpu, floor_cpu) = (median(gzip_cpu), median(floor_cpu));
         eprintln!(
             "MEASURE exporter_scrape_cold_seconds{{volumes={n}}} {:.4}",
             cold.as_secs_f64()
@@ -227,6 +246,18 @@ fn scale(counts: &[usize]) {
         eprintln!(
             "MEASURE exporter_scrape_gzip_floor_ratio{{volumes={n}}} {:.2}",
             gzipped.as_secs_f64() / floor.as_secs_f64()
+        );
+        eprintln!(
+            "MEASURE exporter_scrape_gzip_cpu_seconds{{volumes={n}}} {:.4}",
+            gzip_cpu.as_secs_f64()
+        );
+        eprintln!(
+            "MEASURE floor_cpu_seconds{{volumes={n}}} {:.4}",
+            floor_cpu.as_secs_f64()
+        );
+        eprintln!(
+            "MEASURE exporter_scrape_gzip_cpu_floor_ratio{{volumes={n}}} {:.2}",
+            gzip_cpu.as_secs_f64() / floor_cpu.as_secs_f64()
         );
         eprintln!("MEASURE exporter_vmhwm_kib{{volumes={n}}} {hwm}");
         eprintln!("MEASURE exporter_vmrss_kib{{volumes={n}}} {rss}");
