@@ -10,8 +10,10 @@
 //! `inodes`/`inodes_free` come from the project's inode hard limit when one is
 //! set, from statfs otherwise.
 //!
-//! statfs runs on the blocking pool, one thread per volumes directory at a
-//! time, never on the async runtime. If no statfs on a directory completes
+//! statfs runs on the blocking pool, never on the async runtime: one pass
+//! per volumes directory at a time, on two threads from [`SPLIT_FROM`]
+//! volumes (node_exporter's filesystem collector stats on several workers
+//! too). If no statfs on a directory completes
 //! within `--statfs-timeout`, the directory is stuck: the volumes not yet
 //! answered report `nomad_host_volume_stats_error{reason="timeout"}`, and the
 //! directory is not queried again until the blocked call returns
@@ -44,6 +46,9 @@ pub struct FsStat {
 }
 
 pub type StatFn = Arc<dyn Fn(&Path) -> io::Result<FsStat> + Send + Sync>;
+
+/// One root's statfs: its numbers or errno, `None` while unanswered.
+type Answer = Option<Result<FsStat, i32>>;
 
 /// `statvfs(2)` of `path`.
 pub fn statvfs(path: &Path) -> io::Result<FsStat> {
@@ -128,14 +133,16 @@ impl Statfs {
         }
     }
 
-    /// statfs of the roots of `volumes` in order on one blocking thread.
-    /// Entries left `None` got no answer in time.
+    /// statfs of the roots of `volumes`, on one blocking thread or, from
+    /// [`SPLIT_FROM`] volumes, two (each every other volume). Entries left
+    /// `None` got no answer in time.
     ///
-    /// The thread records its progress in atomics and wakes this task only
-    /// when it is done: a wake-up per statfs (a watch channel, as before)
-    /// cost more than the statfs itself at 1,000 volumes. The task sleeps
-    /// until `timeout` after the latest answer, so "stuck" still means no
-    /// statfs finished within the timeout.
+    /// The threads record their progress in atomics and wake this task only
+    /// when the last is done: a wake-up per statfs (a watch channel, as
+    /// before) cost more than the statfs itself at 1,000 volumes. The task
+    /// sleeps until `timeout` after the latest answer, so "stuck" still means
+    /// no statfs finished within the timeout; the directory stays claimed
+    /// until both threads returned.
     async fn stat_all(
         &self,
         key: &str,
@@ -147,34 +154,58 @@ impl Statfs {
             Err(blocked) => return (vec![None; n], Some(format!("statfs in {key}: {blocked}"))),
         };
         let stuck = ticket.stuck_flag();
-        let results = Arc::new(Mutex::new(vec![None; n]));
+        let ticket = Arc::new(ticket);
+        let threads = if n >= SPLIT_FROM { 2 } else { 1 };
+        // One list per thread (every `threads`-th volume from its first):
+        // the threads never wait for each other's lock.
+        let results: Arc<Vec<Mutex<Vec<Answer>>>> = Arc::new(
+            (0..threads)
+                .map(|t| Mutex::new(vec![None; (n + threads - 1 - t) / threads]))
+                .collect(),
+        );
+        let volumes = Arc::new(volumes);
         let progress = Arc::new(Progress::default());
+        let running = Arc::new(AtomicUsize::new(threads));
         let began = std::time::Instant::now();
         let (finished, mut done) = tokio::sync::oneshot::channel::<()>();
-        let (stat, shared, abort, answered) = (
-            self.stat.clone(),
-            results.clone(),
-            stuck.clone(),
-            progress.clone(),
-        );
-        tokio::task::spawn_blocking(move || {
-            let _ticket = ticket;
-            for (i, v) in volumes.iter().enumerate() {
-                if abort.load(Ordering::Relaxed) {
-                    break;
+        let finished = Arc::new(Mutex::new(Some(finished)));
+        for t in 0..threads {
+            let (stat, shared, abort, answered) = (
+                self.stat.clone(),
+                results.clone(),
+                stuck.clone(),
+                progress.clone(),
+            );
+            let (ticket, volumes, running, finished) = (
+                ticket.clone(),
+                volumes.clone(),
+                running.clone(),
+                finished.clone(),
+            );
+            tokio::task::spawn_blocking(move || {
+                let _ticket = ticket;
+                for (j, v) in volumes.iter().skip(t).step_by(threads).enumerate() {
+                    if abort.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let r = stat(&v.root).map_err(|e| e.raw_os_error().unwrap_or(0));
+                    shared[t].lock().unwrap_or_else(|e| e.into_inner())[j] = Some(r);
+                    answered.note(began);
                 }
-                let r = stat(&v.root).map_err(|e| e.raw_os_error().unwrap_or(0));
-                shared.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(r);
-                answered.note(began);
-            }
-            let _ = finished.send(());
-        });
+                if running.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    if let Some(f) = finished.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                        let _ = f.send(());
+                    }
+                }
+            });
+        }
+        drop(ticket);
         let mut error = None;
         loop {
             let (count, last) = progress.get();
             let deadline = tokio::time::Instant::from_std(began + last + self.timeout);
             match tokio::time::timeout_at(deadline, &mut done).await {
-                Ok(_) => break,                                  // all answered, or the thread ended
+                Ok(_) => break,                                  // all answered, or the threads ended
                 Err(_) if progress.get().0 != count => continue, // answers meanwhile
                 Err(_) => {
                     stuck.store(true, Ordering::Relaxed);
@@ -186,10 +217,18 @@ impl Statfs {
                 }
             }
         }
-        let got = results.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let lists: Vec<Vec<Answer>> = results
+            .iter()
+            .map(|l| l.lock().unwrap_or_else(|e| e.into_inner()).clone())
+            .collect();
+        let got = (0..n).map(|i| lists[i % threads][i / threads]).collect();
         (got, error)
     }
 }
+
+/// Volumes from which one directory's statfs pass runs on two threads:
+/// below it the second thread's hand-off costs about what it saves.
+pub const SPLIT_FROM: usize = 64;
 
 /// How far a statfs thread got: answers so far, and when the latest came
 /// (nanoseconds after the pass began).
@@ -429,5 +468,73 @@ mod tests {
         let t = text(&out);
         assert!(!t.contains("nomad_host_volume_stats_error{"), "{t}");
         assert_eq!(t.matches("nomad_host_volume_capacity_bytes{").count(), 3);
+    }
+
+    /// From [`SPLIT_FROM`] volumes two threads share a directory's pass:
+    /// every answer lands at its own volume, a volume stuck on one thread
+    /// leaves the other's answers served, and the directory stays claimed
+    /// until the stuck call returns.
+    #[tokio::test]
+    async fn a_split_pass_keeps_each_answer_with_its_volume() {
+        let n = SPLIT_FROM + 36;
+        let vols: Vec<_> = (0..n as u32)
+            .map(|i| Arc::new(volume("default", "default", 1000 + i)))
+            .collect();
+        let index: std::collections::HashMap<_, _> = vols
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (v.root.clone(), i))
+            .collect();
+        let stuck = 10; // on the first thread, which takes the even ones
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let release_rx = Mutex::new(release_rx);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let calls2 = calls.clone();
+        let stat: StatFn = Arc::new(move |p: &Path| {
+            calls2.fetch_add(1, Ordering::SeqCst);
+            let i = index[p];
+            if i == stuck {
+                let _ = release_rx.lock().unwrap().recv();
+            }
+            Ok(FsStat {
+                blocks: 10_000 + i as u64,
+                ..ST
+            })
+        });
+        let answer = |i: usize| {
+            Some(Ok(FsStat {
+                blocks: 10_000 + i as u64,
+                ..ST
+            }))
+        };
+        let c = Statfs::with_stat(Duration::from_millis(200), stat);
+
+        let (got, error) = c.stat_all("/srv/volumes", vols.clone()).await;
+        assert!(error.is_some());
+        for (i, r) in got.iter().enumerate() {
+            let answered = i % 2 == 1 || i < stuck;
+            assert_eq!(*r, if answered { answer(i) } else { None }, "volume {i}");
+        }
+        let made = calls.load(Ordering::SeqCst);
+        assert_eq!(made, n / 2 + stuck / 2 + 1);
+
+        // The other thread is done, the stuck one is not: no new call.
+        let (got, _) = c.stat_all("/srv/volumes", vols.clone()).await;
+        assert!(got.iter().all(Option::is_none));
+        assert_eq!(calls.load(Ordering::SeqCst), made);
+
+        release_tx.send(()).unwrap();
+        for _ in 0..400 {
+            if !c.inflight.is_stuck("/srv/volumes") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        release_tx.send(()).unwrap(); // the next call on that path returns at once
+        let (got, error) = c.stat_all("/srv/volumes", vols).await;
+        assert_eq!(error, None);
+        for (i, r) in got.iter().enumerate() {
+            assert_eq!(*r, answer(i), "volume {i}");
+        }
     }
 }
