@@ -200,6 +200,8 @@ pub enum TelemetryError {
     MissingMap { map: &'static str },
     #[error("cannot enable BPF run-time statistics: {0}")]
     Stats(String),
+    #[error("cannot size a per-CPU value for the possible CPUs: {0}")]
+    Cpus(String),
     #[error("too many volume roots: {given} given, the map holds {max}")]
     TooManyRoots { given: usize, max: u32 },
     #[error("volume roots span {given} devices, the map holds {max}")]

@@ -89,8 +89,8 @@ use crate::error::{chain, errno_of};
 use crate::raw::{GuardRawCounters as RawCounters, GuardRawRoot as RawRoot};
 use crate::roots::{sync_roots, RootMaps};
 use crate::{
-    classify, kernel_btf, map_err, object_error, prune_counters, FailureReason, LoadError,
-    LoadOptions, ProgramFailure, RootsUpdate, TelemetryError,
+    classify, kernel_btf, map_err, object_error, prune_counters, remove_counters, FailureReason,
+    LoadError, LoadOptions, ProgramFailure, RootsUpdate, TelemetryError,
 };
 
 /// Dentries the guard looks at: the changed inode's own, then its
@@ -636,12 +636,21 @@ impl Guard {
     /// Replaces the volume roots: `(st_dev, st_ino, volume index, project
     /// ID)` of each root directory, as from `stat` ([`crate::root_of`]) and
     /// the registry. Adds, updates (index or project ID), deletes, and drops
-    /// the counters of indexes left without a root. Nested roots: a file
-    /// belongs to its innermost root.
+    /// the counters of indexes left without a root, and of indexes new to
+    /// the roots (a reused index starts from zero, even after a late count
+    /// for its old volume). Nested roots: a file belongs to its innermost
+    /// root.
     pub fn set_roots(
         &mut self,
         roots: &[(u64, u64, u32, u32)],
     ) -> Result<RootsUpdate, TelemetryError> {
+        let entering: BTreeSet<u32> = roots
+            .iter()
+            .map(|r| r.2)
+            .filter(|i| !self.indexes.contains(i))
+            .collect();
+        let cleared =
+            remove_counters::<RawCounters>(MAP_COUNTERS, self.map_mut(MAP_COUNTERS)?, &entering)?;
         let maps = RootMaps {
             roots: MAP_ROOTS,
             devs: MAP_ROOT_DEVS,
@@ -655,8 +664,8 @@ impl Guard {
                 .map(|&(dev, ino, index, projid)| (dev, ino, RawRoot { index, projid })),
             |r| r.index,
         )?;
-        update.pruned_counters +=
-            prune_counters::<RawCounters>(MAP_COUNTERS, self.map_mut(MAP_COUNTERS)?, &indexes)?;
+        update.pruned_counters += cleared
+            + prune_counters::<RawCounters>(MAP_COUNTERS, self.map_mut(MAP_COUNTERS)?, &indexes)?;
         self.indexes = indexes;
         Ok(update)
     }

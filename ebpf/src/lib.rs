@@ -407,6 +407,8 @@ pub struct WriteTelemetry {
     /// Volume indexes currently in `roots`.
     indexes: BTreeSet<u32>,
     max_roots: u32,
+    /// Slots of the counters array: indexes from here have none.
+    max_volumes: u32,
     /// What `attr_gen[GEN_ROOTS]` holds: bumped after every roots change.
     roots_generation: u64,
     /// Runs of the vfs_rename hook the kernel skipped, as last seen by
@@ -528,6 +530,7 @@ impl WriteTelemetry {
             failures: Vec::new(),
             indexes: BTreeSet::new(),
             max_roots: opts.max_roots,
+            max_volumes: opts.max_volumes,
             roots_generation: 0,
             rename_misses: 0,
             stats: None,
@@ -611,10 +614,21 @@ impl WriteTelemetry {
 
     /// Replaces the volume roots: `(st_dev, st_ino, volume index)` of each
     /// root directory, as from `stat` ([`root_of`]). Adds new roots, updates
-    /// changed indexes, deletes stale roots, and drops the counters of
-    /// indexes left without a root. Nested roots are fine: a file counts for
-    /// its innermost root. Cheap when nothing changed (one map walk).
+    /// changed indexes and deletes stale roots; an index new to the roots
+    /// has its counters zeroed first, so a reused index starts from zero.
+    /// Nested roots are fine: a file counts for its innermost root. Cheap
+    /// when nothing changed (one map walk).
+    ///
+    /// The caller reuses an index only long after its volume left: a write
+    /// attributed before the old root went, and counted after the zeroing,
+    /// would count for the new volume.
     pub fn set_roots(&mut self, roots: &[(u64, u64, u32)]) -> Result<RootsUpdate, TelemetryError> {
+        let entering: BTreeSet<u32> = roots
+            .iter()
+            .map(|r| r.2)
+            .filter(|i| !self.indexes.contains(i) && *i < self.max_volumes)
+            .collect();
+        let zeroed = self.zero_counters(&entering)?;
         let maps = RootMaps {
             roots: MAP_ROOTS,
             devs: MAP_ROOT_DEVS,
@@ -636,10 +650,28 @@ impl WriteTelemetry {
             self.drop_cached_attributions()?;
         }
         let (mut update, indexes) = synced?;
-        update.pruned_counters +=
-            prune_counters::<RawCounters>(MAP_COUNTERS, self.map_mut(MAP_COUNTERS)?, &indexes)?;
+        update.pruned_counters += zeroed;
         self.indexes = indexes;
         Ok(update)
+    }
+
+    /// Zeroes the counters of `indexes` on every CPU.
+    fn zero_counters(&mut self, indexes: &BTreeSet<u32>) -> Result<usize, TelemetryError> {
+        if indexes.is_empty() {
+            return Ok(0);
+        }
+        let ncpu = aya::util::nr_cpus()
+            .map_err(|(path, e)| TelemetryError::Cpus(format!("{path}: {e}")))?;
+        let mut counters: PerCpuArray<&mut MapData, RawCounters> = map_err(
+            MAP_COUNTERS,
+            PerCpuArray::try_from(self.map_mut(MAP_COUNTERS)?),
+        )?;
+        for &index in indexes {
+            let zero = aya::maps::PerCpuValues::try_from(vec![RawCounters::default(); ncpu])
+                .map_err(|e| TelemetryError::Cpus(e.to_string()))?;
+            map_err(MAP_COUNTERS, counters.set(index, zero, 0))?;
+        }
+        Ok(indexes.len())
     }
 
     /// Drops every cached attribution if the kernel skipped a run of the
@@ -689,13 +721,15 @@ impl WriteTelemetry {
         for index in &self.indexes {
             out.volumes.insert(*index, VolumeCounters::default());
         }
-        let counters: PerCpuHashMap<&MapData, u32, RawCounters> = map_err(
-            MAP_COUNTERS,
-            PerCpuHashMap::try_from(self.map(MAP_COUNTERS)?),
-        )?;
-        for item in counters.iter() {
-            let (index, per_cpu) = map_err(MAP_COUNTERS, item)?;
-            let sum = out.volumes.entry(index).or_default();
+        let counters: PerCpuArray<&MapData, RawCounters> =
+            map_err(MAP_COUNTERS, PerCpuArray::try_from(self.map(MAP_COUNTERS)?))?;
+        // One lookup per volume in the roots; an index past the array's end
+        // has no slot (its writes are `map_full`) and stays at zero.
+        for (index, sum) in out.volumes.iter_mut() {
+            if *index >= self.max_volumes {
+                continue;
+            }
+            let per_cpu = map_err(MAP_COUNTERS, counters.get(index, 0))?;
             for c in per_cpu.iter() {
                 sum.add(c);
             }
@@ -756,6 +790,28 @@ fn prune_counters<V: aya::Pod>(
         pruned += 1;
     }
     Ok(pruned)
+}
+
+/// Removes the counters of `indexes` from a per-CPU counters map (those
+/// that have none are fine); returns how many had some.
+fn remove_counters<V: aya::Pod>(
+    name: &'static str,
+    map: &mut Map,
+    indexes: &BTreeSet<u32>,
+) -> Result<usize, TelemetryError> {
+    if indexes.is_empty() {
+        return Ok(0);
+    }
+    let mut counters: PerCpuHashMap<&mut MapData, u32, V> =
+        map_err(name, PerCpuHashMap::try_from(map))?;
+    let mut removed = 0;
+    for index in indexes {
+        match counters.remove(index) {
+            Ok(()) => removed += 1,
+            other => map_err(name, remove_ok(other))?,
+        }
+    }
+    Ok(removed)
 }
 
 /// A key that vanished meanwhile is as good as removed.

@@ -234,9 +234,10 @@ fn roots_and_counters_through_real_maps() {
     let u = t
         .set_roots(&[(loop0, 128, 1), (loop0, 129, 2), (nvme, 128, 3)])
         .unwrap();
+    // Each index is new: its counters are zeroed before its root goes in.
     assert_eq!(
         (u.added, u.changed, u.removed, u.pruned_counters),
-        (3, 0, 0, 0)
+        (3, 0, 0, 3)
     );
     assert_eq!(
         kernel_map_roots(&t),
@@ -269,8 +270,8 @@ fn roots_and_counters_through_real_maps() {
     // Fake per-CPU counters for indexes 1 and 2, as the programs would.
     let ncpu = aya::util::nr_cpus().unwrap();
     {
-        let mut m: PerCpuHashMap<&mut MapData, u32, RawCounters> =
-            PerCpuHashMap::try_from(t.ebpf.map_mut(MAP_COUNTERS).unwrap()).unwrap();
+        let mut m: PerCpuArray<&mut MapData, RawCounters> =
+            PerCpuArray::try_from(t.ebpf.map_mut(MAP_COUNTERS).unwrap()).unwrap();
         for index in [1u32, 2] {
             let per_cpu: Vec<RawCounters> = (0..ncpu)
                 .map(|cpu| RawCounters {
@@ -279,7 +280,7 @@ fn roots_and_counters_through_real_maps() {
                     errors: [index as u64, 0, 0, 0, 1],
                 })
                 .collect();
-            m.insert(
+            m.set(
                 index,
                 aya::maps::PerCpuValues::try_from(per_cpu).unwrap(),
                 0,
@@ -300,12 +301,13 @@ fn roots_and_counters_through_real_maps() {
     assert_eq!(c.unattributed, Unattributed::default());
 
     // Replace: index 2's root goes, root 129 now belongs to 1, nvme stays.
+    // No index is new, so no counters are zeroed.
     let u = t
         .set_roots(&[(loop0, 128, 1), (loop0, 129, 1), (nvme, 128, 3)])
         .unwrap();
     assert_eq!(
         (u.added, u.changed, u.removed, u.pruned_counters),
-        (0, 1, 0, 1)
+        (0, 1, 0, 0)
     );
     let c = t.read().unwrap();
     assert_eq!(c.volumes.keys().copied().collect::<Vec<_>>(), [1, 3]);
@@ -321,6 +323,14 @@ fn roots_and_counters_through_real_maps() {
         .unwrap();
     assert_eq!(u, RootsUpdate::default());
 
+    // Index 2 back, for another root: it starts from zero.
+    let u = t
+        .set_roots(&[(loop0, 128, 1), (loop0, 129, 2), (nvme, 128, 3)])
+        .unwrap();
+    assert_eq!((u.changed, u.pruned_counters), (1, 1));
+    assert_eq!(t.read().unwrap().volume(2), VolumeCounters::default());
+    assert_eq!(t.read().unwrap().volume(1).written_bytes, 100 * n + cpu_sum);
+
     // The nvme device's only root goes: the device leaves root_devs.
     let u = t.set_roots(&[(loop0, 128, 1)]).unwrap();
     assert_eq!((u.removed, u.pruned_counters), (2, 0));
@@ -328,7 +338,7 @@ fn roots_and_counters_through_real_maps() {
 
     // Empty: everything goes.
     let u = t.set_roots(&[]).unwrap();
-    assert_eq!((u.removed, u.pruned_counters), (1, 1));
+    assert_eq!((u.removed, u.pruned_counters), (1, 0));
     assert!(kernel_map_roots(&t).is_empty());
     assert!(kernel_map_devs(&t).is_empty());
     assert!(t.read().unwrap().volumes.is_empty());

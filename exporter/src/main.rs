@@ -106,7 +106,9 @@ struct Flags {
 
     /// How many volumes the eBPF counters maps hold (write telemetry and
     /// guard alike; per-CPU entries, about 64 bytes per volume per CPU).
-    /// Writes into volumes beyond it are counted in
+    /// A deleted volume's slot is given to a new one after ten minutes, so
+    /// what counts is the live volumes plus those deleted in the last ten
+    /// minutes. Writes into volumes beyond it are counted in
     /// prjquota_exporter_ebpf_unattributed_writes_total{reason="map_full"},
     /// never lost.
     #[arg(long = "ebpf.max-volumes", value_name = "N", default_value = "16384", value_parser = clap::value_parser!(u32).range(1..=1_048_576))]

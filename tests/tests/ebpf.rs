@@ -474,15 +474,15 @@ fn set_roots_replaces_and_drops_stale_counters(fs: &FsCase) {
         (writes(100_000, 1), writes(100_000, 1))
     );
 
-    // b now belongs to volume 1; volume 2 is gone with its counters, and
-    // volume 1 keeps its own.
+    // b now belongs to volume 1; volume 2 is gone (its slot is zeroed when
+    // its index is given out again), and volume 1 keeps its own.
     let u = probe
         .t
         .set_roots(&[(ra.0, ra.1, 1), (rb.0, rb.1, 1)])
         .unwrap();
     assert_eq!(
         (u.added, u.changed, u.removed, u.pruned_counters),
-        (0, 1, 0, 1),
+        (0, 1, 0, 0),
         "{u:?}"
     );
     path_write(&b.join("f2"));
@@ -500,6 +500,17 @@ fn set_roots_replaces_and_drops_stale_counters(fs: &FsCase) {
     probe.t.set_roots(&[(ra.0, ra.1, 1)]).unwrap();
     assert_eq!(probe.vol(1), zero());
     path_write(&a.join("f4"));
+    assert_eq!(probe.vol(1), writes(100_000, 1));
+
+    // Index 2, whose slot still holds b's first write, given out again:
+    // the new volume starts from zero and counts its own writes only.
+    probe
+        .t
+        .set_roots(&[(ra.0, ra.1, 1), (rb.0, rb.1, 2)])
+        .unwrap();
+    assert_eq!(probe.vol(2), zero());
+    path_write(&b.join("f5"));
+    assert_eq!(probe.vol(2), writes(100_000, 1));
     assert_eq!(probe.vol(1), writes(100_000, 1));
 }
 
@@ -841,9 +852,10 @@ fn overhead_of_the_attached_programs() {
     );
 }
 
-/// Counters for two volumes only (`--ebpf.max-volumes 2`): writes into a
-/// third registered volume are counted as `map_full`, byte for byte, and
-/// the two that fit stay exact.
+/// Counters for two volumes only (`--ebpf.max-volumes 2`: slots for
+/// indexes 0 and 1, the exporter's first two): writes into a third
+/// registered volume, index 2, are counted as `map_full`, byte for byte,
+/// and the two that fit stay exact.
 fn a_full_counters_map_counts_writes_as_map_full(fs: &FsCase) {
     let mount = (fs.mount)();
     let dirs: Vec<PathBuf> = (0..3)
@@ -854,7 +866,7 @@ fn a_full_counters_map_counts_writes_as_map_full(fs: &FsCase) {
         ..LoadOptions::default()
     });
     for (i, d) in dirs.iter().enumerate() {
-        probe.add_root(d, i as u32 + 1);
+        probe.add_root(d, i as u32);
     }
     let before = probe.t.read().unwrap();
     let mut wrote = Vec::new();
@@ -863,7 +875,7 @@ fn a_full_counters_map_counts_writes_as_map_full(fs: &FsCase) {
     }
     let after = probe.t.read().unwrap();
     assert_eq!(
-        after.volume(3).since(&before.volume(3)),
+        after.volume(2).since(&before.volume(2)),
         zero(),
         "no room for the third volume's own counters: {after:?}"
     );
@@ -874,7 +886,7 @@ fn a_full_counters_map_counts_writes_as_map_full(fs: &FsCase) {
     let (bytes, ops) = wrote[2];
     assert_eq!(full, writes(bytes, ops), "the third volume's writes");
     for (i, (bytes, ops)) in wrote.iter().take(2).enumerate() {
-        let index = i as u32 + 1;
+        let index = i as u32;
         assert_eq!(
             after.volume(index).since(&before.volume(index)),
             writes(*bytes, *ops),

@@ -71,8 +71,16 @@ struct {
 	__type(value, __u32);
 } root_devs SEC(".maps");
 
+/*
+ * Per volume index, below --ebpf.max-volumes (the loader sets max_entries):
+ * an array, so a write's counters are one inlined lookup rather than a hash
+ * helper call (4 KiB buffered writes: 491-497 ns of program run time per
+ * write with a per-CPU hash, 328-341 ns with this, side by side on 6.1).
+ * Userspace hands out low indexes, reuses one only long after its volume
+ * left, and zeroes a slot before it gives the index out again.
+ */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, MAX_VOLUMES);
 	__type(key, __u32);
 	__type(value, struct counters);
@@ -317,12 +325,7 @@ static __always_inline struct counters *slot(__u32 kind, __u32 volume)
 	c = bpf_map_lookup_elem(&volume_counters, &volume);
 	if (c)
 		return c;
-	struct counters zero = {};
-	bpf_map_update_elem(&volume_counters, &volume, &zero, BPF_NOEXIST);
-	c = bpf_map_lookup_elem(&volume_counters, &volume);
-	if (c)
-		return c;
-	/* No room for one more volume (--ebpf.max-volumes): counted, never lost. */
+	/* An index beyond --ebpf.max-volumes: counted, never lost. */
 	kind = UNATTR_MAP_FULL;
 	return bpf_map_lookup_elem(&unattributed, &kind);
 }

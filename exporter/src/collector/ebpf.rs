@@ -14,7 +14,8 @@
 //! one call per volumes directory at a time, with the statfs timeout; a
 //! pass over unchanged volumes is reused for up to a minute, see
 //! [`super::roots`]) for its `(st_dev, st_ino)`, and each volume ID keeps one index, assigned at
-//! first sight and never reused, for as long as it is in the inventory. A
+//! first sight (a freed one only long after its volume left:
+//! `kernel_maps::REUSE_AFTER`), for as long as it is in the inventory. A
 //! volumes directory whose registry read failed keeps its roots as they
 //! were (its inventory is the last good read, or nothing), and a root whose
 //! stat timed out keeps its last known identity. The map is rewritten only
@@ -498,20 +499,39 @@ mod tests {
         crate::metrics::encode_all(fams, &scrape.inventory)
     }
 
+    /// Indexes stay with their volume, stay low (the counters are an
+    /// array), and a freed one goes to a new volume only once it rested.
     #[test]
-    fn indexes_are_stable_never_reused_and_follow_the_inventory() {
+    fn indexes_are_stable_and_reused_only_long_after_their_volume_left() {
+        use super::super::kernel_maps::REUSE_AFTER;
+        let ms = Duration::from_millis;
+        let t0 = std::time::Instant::now();
         let mut r = new_roots();
         let s = scrape(&[1, 2], false);
-        let roots = r.update(&s, &[Some(Ok((8, 100))), Some(Ok((8, 200)))]);
+        let roots = r.update_at(&s, &[Some(Ok((8, 100))), Some(Ok((8, 200)))], t0);
         assert_eq!(roots, vec![(8, 100, 0), (8, 200, 1)]);
-        // Volume 1 deleted, 3 created: 3 gets a new index, 2 keeps its own.
+        // Volume 1 deleted, 3 created: index 0 rests, so 3 gets a new one;
+        // 2 keeps its own.
+        let left = t0 + ms(1000);
         let s = scrape(&[2, 3], false);
-        let roots = r.update(&s, &[Some(Ok((8, 200))), Some(Ok((8, 300)))]);
+        let roots = r.update_at(&s, &[Some(Ok((8, 200))), Some(Ok((8, 300)))], left);
         assert_eq!(roots, vec![(8, 200, 1), (8, 300, 2)]);
         // A root that cannot be stat'ed is dropped, one that timed out kept.
-        let roots = r.update(&s, &[Some(Err(())), None]);
+        let roots = r.update_at(&s, &[Some(Err(())), None], left + ms(1000));
         assert_eq!(roots, vec![(8, 300, 2)]);
         assert_eq!(r.by_id.len(), 2, "the unstat'able volume keeps its index");
+        // Just before index 0 has rested: volume 4 gets a new index.
+        let up = |i: u64| Some(Ok((8, i * 100)));
+        let s = scrape(&[2, 3, 4], false);
+        let roots = r.update_at(&s, &[up(2), up(3), up(4)], left + REUSE_AFTER - ms(1));
+        assert_eq!(roots, vec![(8, 200, 1), (8, 300, 2), (8, 400, 3)]);
+        // Once it has: volume 5 gets index 0, and nobody else holds it.
+        let s = scrape(&[2, 3, 4, 5], false);
+        let roots = r.update_at(&s, &[up(2), up(3), up(4), up(5)], left + REUSE_AFTER);
+        assert_eq!(
+            roots,
+            vec![(8, 200, 1), (8, 300, 2), (8, 400, 3), (8, 500, 0)]
+        );
     }
 
     #[test]

@@ -2,15 +2,20 @@
 //! load off the async threads, and each volume's slot in a program's roots
 //! map, synced with the inventory.
 //!
-//! Each volume ID keeps one index, assigned at first sight and never
-//! reused, for as long as it is in the inventory. A volumes directory whose
+//! Each volume ID keeps one index, assigned at first sight, for as long as
+//! it is in the inventory. Indexes stay low (the write counters are an
+//! array of `--ebpf.max-volumes` slots): a freed index is given out again,
+//! but only [`REUSE_AFTER`] after its volume left, so that no count for the
+//! old volume can still be in flight when the program's maps zero the slot
+//! for the new one. A volumes directory whose
 //! registry read failed keeps its roots as they were (for the guard too: a
 //! registry that cannot be read must not leave its volumes unguarded), and
 //! a root whose stat timed out keeps its last known identity. The map is
 //! rewritten only when the roots changed.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use prjquota_ebpf::{RootsUpdate, TelemetryError};
 
@@ -24,6 +29,14 @@ pub(super) fn spawn_load(work: impl FnOnce() + Send + 'static) {
         Err(_) => drop(std::thread::spawn(work)),
     }
 }
+
+/// How long an index rests after its volume left before another volume
+/// gets it. A program holds an index from a root lookup to its count: the
+/// length of one write, or of one O_DIRECT completion, which can wait on
+/// the filesystem's log (seconds at worst). Ten minutes is far beyond that,
+/// and costs only the indexes of the volumes deleted in the last ten
+/// minutes on top of the live ones.
+pub(super) const REUSE_AFTER: Duration = Duration::from_secs(600);
 
 /// One volume's place in a program's maps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,7 +54,10 @@ pub(super) struct Slot {
 #[derive(Debug)]
 pub(super) struct Roots<R> {
     pub by_id: HashMap<String, Slot>,
+    /// The lowest index never given out.
     next: u32,
+    /// Indexes whose volume left, oldest first, with when it left.
+    freed: VecDeque<(u32, Instant)>,
     /// What the map holds (sorted), so an unchanged set is not rewritten.
     applied: Option<Vec<R>>,
     /// A slot with a root as the program's `set_roots` takes it.
@@ -82,6 +98,7 @@ impl<R: Ord + Clone> Roots<R> {
         Roots {
             by_id: HashMap::new(),
             next: 0,
+            freed: VecDeque::new(),
             applied: None,
             entry,
             last: None,
@@ -92,25 +109,47 @@ impl<R: Ord + Clone> Roots<R> {
     /// roots to register. `stats[i]` is volume `i`'s: `Some(Ok)` its
     /// identity, `Some(Err(()))` not a usable root, `None` no answer.
     pub fn update(&mut self, scrape: &Scrape, stats: &[super::roots::RootId]) -> Vec<R> {
+        self.update_at(scrape, stats, Instant::now())
+    }
+
+    /// An index for a new volume: the longest-freed one once it has rested
+    /// [`REUSE_AFTER`], else one never given out.
+    fn take_index(&mut self, now: Instant) -> u32 {
+        if let Some(&(index, left)) = self.freed.front() {
+            if now.saturating_duration_since(left) >= REUSE_AFTER {
+                self.freed.pop_front();
+                return index;
+            }
+        }
+        let index = self.next;
+        self.next = self.next.wrapping_add(1);
+        index
+    }
+
+    /// [`Roots::update`] at `now` (tests move the clock).
+    pub fn update_at(
+        &mut self,
+        scrape: &Scrape,
+        stats: &[super::roots::RootId],
+        now: Instant,
+    ) -> Vec<R> {
         let inv = &scrape.inventory;
         let mut present = HashSet::with_capacity(inv.volumes.len());
         for (v, stat) in inv.volumes.iter().zip(stats) {
             present.insert(v.volume_id.as_str());
-            let slot = match self.by_id.get_mut(&v.volume_id) {
-                Some(s) => s,
-                None => {
-                    let index = self.next;
-                    // Indexes are never reused: a new volume never inherits a
-                    // deleted one's counters (4 billion creations per run).
-                    self.next = self.next.wrapping_add(1);
-                    self.by_id.entry(v.volume_id.clone()).or_insert(Slot {
+            if !self.by_id.contains_key(&v.volume_id) {
+                let index = self.take_index(now);
+                self.by_id.insert(
+                    v.volume_id.clone(),
+                    Slot {
                         index,
                         dir: v.dir,
                         root: None,
                         project_id: v.project_id,
-                    })
-                }
-            };
+                    },
+                );
+            }
+            let slot = self.by_id.get_mut(&v.volume_id).expect("inserted above");
             slot.dir = v.dir;
             slot.project_id = v.project_id;
             match stat {
@@ -121,8 +160,14 @@ impl<R: Ord + Clone> Roots<R> {
         }
         // A volume gone from the inventory goes, unless its directory's
         // registry could not be read (then its last state stands).
+        let freed = &mut self.freed;
         self.by_id.retain(|id, slot| {
-            present.contains(id.as_str()) || inv.dirs.get(slot.dir).is_some_and(|d| d.stale)
+            let keep =
+                present.contains(id.as_str()) || inv.dirs.get(slot.dir).is_some_and(|d| d.stale);
+            if !keep {
+                freed.push_back((slot.index, now));
+            }
+            keep
         });
         let entry = self.entry;
         let mut roots: Vec<R> = self

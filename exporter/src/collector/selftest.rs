@@ -19,9 +19,12 @@ use std::path::{Path, PathBuf};
 
 use prjquota_ebpf::{VolumeCounters, WriteTelemetry};
 
-/// The probe's volume index: never a volume's (the collector counts up from
-/// 0 and would need four billion volumes to get here).
-const PROBE_INDEX: u32 = u32::MAX - 1;
+/// The probe's volume index. The probe runs right after the load, before
+/// any volume is registered, so no volume holds an index yet; it must be
+/// a slot of the counters array (below `--ebpf.max-volumes`, at least 1),
+/// and the first volume to get it starts from zero (`set_roots` zeroes an
+/// index that enters the roots).
+const PROBE_INDEX: u32 = 0;
 const XFS_MAGIC: i64 = 0x5846_5342;
 const EXT4_MAGIC: i64 = 0xef53;
 /// Writes of one probe: `COUNT` requests of `BLOCK` bytes, the size
