@@ -721,19 +721,7 @@ impl WriteTelemetry {
         for index in &self.indexes {
             out.volumes.insert(*index, VolumeCounters::default());
         }
-        let counters: PerCpuArray<&MapData, RawCounters> =
-            map_err(MAP_COUNTERS, PerCpuArray::try_from(self.map(MAP_COUNTERS)?))?;
-        // One lookup per volume in the roots; an index past the array's end
-        // has no slot (its writes are `map_full`) and stays at zero.
-        for (index, sum) in out.volumes.iter_mut() {
-            if *index >= self.max_volumes {
-                continue;
-            }
-            let per_cpu = map_err(MAP_COUNTERS, counters.get(index, 0))?;
-            for c in per_cpu.iter() {
-                sum.add(c);
-            }
-        }
+        self.read_volumes(&mut out.volumes)?;
         let unattributed: PerCpuArray<&MapData, RawCounters> = map_err(
             MAP_UNATTRIBUTED,
             PerCpuArray::try_from(self.map(MAP_UNATTRIBUTED)?),
@@ -754,6 +742,59 @@ impl WriteTelemetry {
         }
         debug_assert_eq!(raw::N_UNATTR, 4);
         Ok(out)
+    }
+
+    /// Adds every volume's counters, summed over CPUs, to `volumes` (keyed
+    /// by the indexes in the roots). The slots are read a batch at a time
+    /// from 0 to the highest index in use (the exporter keeps indexes low):
+    /// a call per `BATCH` slots, not one per volume. An index past the
+    /// array's end has no slot (its writes are `map_full`) and stays zero.
+    fn read_volumes(
+        &self,
+        volumes: &mut BTreeMap<u32, VolumeCounters>,
+    ) -> Result<(), TelemetryError> {
+        /// Slots per call: the buffer is this times the CPUs times 56 bytes.
+        const BATCH: u32 = 256;
+        let Some(last) = volumes
+            .range(..self.max_volumes)
+            .next_back()
+            .map(|(i, _)| *i)
+        else {
+            return Ok(());
+        };
+        let syscall = |call: &'static str, io_error: std::io::Error| TelemetryError::Map {
+            map: MAP_COUNTERS,
+            source: aya::maps::MapError::SyscallError(aya::sys::SyscallError { call, io_error }),
+        };
+        let fd = match self.map(MAP_COUNTERS)? {
+            Map::PerCpuArray(data) => std::os::fd::AsFd::as_fd(data.fd()),
+            _ => {
+                return Err(syscall(
+                    "map type",
+                    std::io::Error::other("volume_counters is not a per-CPU array"),
+                ))
+            }
+        };
+        let ncpu = aya::util::nr_cpus()
+            .map_err(|(path, e)| TelemetryError::Cpus(format!("{path}: {e}")))?;
+        let mut buf = Vec::new();
+        let mut first = 0u32;
+        while first <= last {
+            let n = BATCH.min(last - first + 1);
+            let got = raw::lookup_counters(fd, first, n, ncpu, &mut buf)
+                .map_err(|e| syscall("bpf_map_lookup_batch", e))?;
+            for (index, sum) in volumes.range_mut(first..first + got) {
+                let i = (index - first) as usize;
+                for c in &buf[i * ncpu..(i + 1) * ncpu] {
+                    sum.add(c);
+                }
+            }
+            if got < n {
+                break; // the array's end
+            }
+            first += n;
+        }
+        Ok(())
     }
 
     fn map(&self, name: &'static str) -> Result<&Map, TelemetryError> {

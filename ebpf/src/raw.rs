@@ -150,3 +150,76 @@ pub(crate) fn prog_info(
     }
     Ok((info, attr.info_len as usize))
 }
+
+/// `union bpf_attr` as the `BPF_MAP_*_BATCH` commands read it.
+#[repr(C)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+/// Every CPU's share of the counters in slots `first..first + n` of the
+/// per-CPU array behind `fd`, `ncpu` (the possible CPUs) per slot: slot
+/// `first + i` on CPU `c` is `out[i * ncpu + c]`. One `bpf(2)` call
+/// (`BPF_MAP_LOOKUP_BATCH`, Linux 5.6) where a lookup per slot would be
+/// `n`; fewer slots come back only at the array's end.
+pub(crate) fn lookup_counters(
+    fd: std::os::fd::BorrowedFd<'_>,
+    first: u32,
+    n: u32,
+    ncpu: usize,
+    out: &mut Vec<RawCounters>,
+) -> std::io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    let mut keys = vec![0u32; n as usize];
+    out.clear();
+    out.resize(n as usize * ncpu, RawCounters::default());
+    // The batch names the slot before the first wanted (none: from 0).
+    let before: u32 = first.wrapping_sub(1);
+    let mut next: u32 = 0;
+    let mut attr = BatchAttr {
+        in_batch: if first == 0 {
+            0
+        } else {
+            &before as *const u32 as u64
+        },
+        out_batch: &mut next as *mut u32 as u64,
+        keys: keys.as_mut_ptr() as u64,
+        values: out.as_mut_ptr() as u64,
+        count: n,
+        map_fd: fd.as_raw_fd() as u32,
+        elem_flags: 0,
+        flags: 0,
+    };
+    // SAFETY: `attr` is a valid `bpf_attr` for this command and the size
+    // passed is its own. `in_batch` is null or points to `before` (the
+    // map's 4-byte key); `out_batch` to `next`, writable for one key; `keys`
+    // to `n` writable keys; `values` to `n * ncpu` writable `RawCounters`,
+    // which is `n` per-CPU values of a map whose value is `RawCounters`
+    // (56 bytes, already a multiple of the 8 the kernel rounds each CPU's
+    // share to) on `ncpu` possible CPUs. All outlive the call, which writes
+    // at most that much and the filled count back into `attr`.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            aya_obj::generated::bpf_cmd::BPF_MAP_LOOKUP_BATCH as libc::c_long,
+            &mut attr as *mut BatchAttr,
+            std::mem::size_of::<BatchAttr>() as libc::c_long,
+        )
+    };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        // ENOENT: the array ended; `count` says how many came back.
+        if e.raw_os_error() != Some(libc::ENOENT) {
+            return Err(e);
+        }
+    }
+    out.truncate(attr.count as usize * ncpu);
+    Ok(attr.count)
+}

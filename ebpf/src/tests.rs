@@ -380,3 +380,61 @@ fn skipped_runs_are_unknown_where_the_kernel_did_not_fill_them() {
     let up_to_run_cnt = std::mem::offset_of!(bpf_prog_info, run_cnt) + 8;
     assert_eq!(super::recursion_misses(&info, up_to_run_cnt), None);
 }
+
+/// The volume counters are read a batch of slots at a time: indexes on
+/// both sides of a batch's edge, and far apart, each get their own sums;
+/// an index past the array's end reads as zeros.
+#[test]
+fn counters_read_in_batches_land_at_their_index() {
+    let (loader, btf) = match kernel_btf() {
+        Ok(b) => b,
+        Err(e) => return eprintln!("skipping: {e}"),
+    };
+    let opts = LoadOptions {
+        max_volumes: 1000,
+        ..LoadOptions::default()
+    };
+    let mut t = match WriteTelemetry::open(loader, &btf, &opts) {
+        Ok(t) => t,
+        Err(e) => return eprintln!("skipping: BPF maps not available here: {e}"),
+    };
+    let loop0 = libc::makedev(7, 0);
+    let indexes = [0u32, 255, 256, 257, 600, 999, 1000];
+    let roots: Vec<(u64, u64, u32)> = indexes
+        .iter()
+        .map(|&i| (loop0, 1000 + i as u64, i))
+        .collect();
+    t.set_roots(&roots).unwrap();
+    let ncpu = aya::util::nr_cpus().unwrap();
+    {
+        let mut m: PerCpuArray<&mut MapData, RawCounters> =
+            PerCpuArray::try_from(t.ebpf.map_mut(MAP_COUNTERS).unwrap()).unwrap();
+        for &index in indexes.iter().filter(|&&i| i < 1000) {
+            let per_cpu: Vec<RawCounters> = (0..ncpu)
+                .map(|cpu| RawCounters {
+                    bytes: 1000 * index as u64 + cpu as u64,
+                    ops: 1,
+                    ..RawCounters::default()
+                })
+                .collect();
+            m.set(
+                index,
+                aya::maps::PerCpuValues::try_from(per_cpu).unwrap(),
+                0,
+            )
+            .unwrap();
+        }
+    }
+    let c = t.read().unwrap();
+    let n = ncpu as u64;
+    assert_eq!(c.volumes.keys().copied().collect::<Vec<_>>(), indexes);
+    for &index in indexes.iter().filter(|&&i| i < 1000) {
+        assert_eq!(
+            c.volume(index).written_bytes,
+            1000 * index as u64 * n + n * (n - 1) / 2,
+            "index {index}"
+        );
+        assert_eq!(c.volume(index).write_ops, n, "index {index}");
+    }
+    assert_eq!(c.volume(1000), VolumeCounters::default(), "past the end");
+}
