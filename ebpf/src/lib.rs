@@ -816,7 +816,8 @@ fn map_err<T>(map: &'static str, r: Result<T, aya::maps::MapError>) -> Result<T,
 
 /// Removes from a per-CPU counters map every volume index not in `keep`, so
 /// counters of volumes that are gone never fill the map. Returns how many
-/// entries went. Shared by the write telemetry and the guard.
+/// entries went. The guard's counters (a hash: the write counters are an
+/// array, zeroed when an index enters the roots instead).
 fn prune_counters<V: aya::Pod>(
     name: &'static str,
     map: &mut Map,

@@ -13,13 +13,13 @@
 //! the root `<volumes dir>/<volume ID>` is `lstat`ed (on the blocking pool,
 //! one call per volumes directory at a time, with the statfs timeout; a
 //! pass over unchanged volumes is reused for up to a minute, see
-//! [`super::roots`]) for its `(st_dev, st_ino)`, and each volume ID keeps one index, assigned at
-//! first sight (a freed one only long after its volume left:
-//! `kernel_maps::REUSE_AFTER`), for as long as it is in the inventory. A
-//! volumes directory whose registry read failed keeps its roots as they
-//! were (its inventory is the last good read, or nothing), and a root whose
-//! stat timed out keeps its last known identity. The map is rewritten only
-//! when the roots changed.
+//! [`super::roots`]) for its `(st_dev, st_ino)`, and each volume ID keeps
+//! one index, assigned at first sight (a freed one only long after its
+//! volume left: `kernel_maps::REUSE_AFTER`), for as long as it is in the
+//! inventory. A volumes directory whose registry read failed keeps its
+//! roots as they were (its inventory is the last good read, or nothing),
+//! and a root whose stat timed out keeps its last known identity. The map
+//! is rewritten only when the roots changed.
 //!
 //! [`Exporter::ebpf_ready`]: crate::Exporter::ebpf_ready
 

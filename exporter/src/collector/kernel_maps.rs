@@ -7,11 +7,11 @@
 //! array of `--ebpf.max-volumes` slots): a freed index is given out again,
 //! but only [`REUSE_AFTER`] after its volume left, so that no count for the
 //! old volume can still be in flight when the program's maps zero the slot
-//! for the new one. A volumes directory whose
-//! registry read failed keeps its roots as they were (for the guard too: a
-//! registry that cannot be read must not leave its volumes unguarded), and
-//! a root whose stat timed out keeps its last known identity. The map is
-//! rewritten only when the roots changed.
+//! for the new one. A volumes directory whose registry read failed keeps
+//! its roots as they were (for the guard too: a registry that cannot be
+//! read must not leave its volumes unguarded), and a root whose stat timed
+//! out keeps its last known identity. The map is rewritten only when the
+//! roots changed.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
