@@ -87,7 +87,7 @@ use aya::{Btf, Ebpf, EbpfLoader};
 
 use crate::error::{chain, errno_of};
 use crate::raw::{GuardRawCounters as RawCounters, GuardRawRoot as RawRoot};
-use crate::roots::{sync_roots, RootMaps};
+use crate::roots::{entering, sync_roots, RootMaps};
 use crate::{
     classify, kernel_btf, map_err, object_error, prune_counters, remove_counters, FailureReason,
     LoadError, LoadOptions, ProgramFailure, RootsUpdate, TelemetryError,
@@ -644,11 +644,7 @@ impl Guard {
         &mut self,
         roots: &[(u64, u64, u32, u32)],
     ) -> Result<RootsUpdate, TelemetryError> {
-        let entering: BTreeSet<u32> = roots
-            .iter()
-            .map(|r| r.2)
-            .filter(|i| !self.indexes.contains(i))
-            .collect();
+        let entering = entering(&self.indexes, roots.iter().map(|r| r.2), u32::MAX);
         let cleared =
             remove_counters::<RawCounters>(MAP_COUNTERS, self.map_mut(MAP_COUNTERS)?, &entering)?;
         let maps = RootMaps {

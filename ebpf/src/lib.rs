@@ -623,11 +623,7 @@ impl WriteTelemetry {
     /// attributed before the old root went, and counted after the zeroing,
     /// would count for the new volume.
     pub fn set_roots(&mut self, roots: &[(u64, u64, u32)]) -> Result<RootsUpdate, TelemetryError> {
-        let entering: BTreeSet<u32> = roots
-            .iter()
-            .map(|r| r.2)
-            .filter(|i| !self.indexes.contains(i) && *i < self.max_volumes)
-            .collect();
+        let entering = roots::entering(&self.indexes, roots.iter().map(|r| r.2), self.max_volumes);
         let zeroed = self.zero_counters(&entering)?;
         let maps = RootMaps {
             roots: MAP_ROOTS,

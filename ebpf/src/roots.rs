@@ -9,6 +9,20 @@ use aya::Ebpf;
 use crate::raw::{RootKey, MAX_DEVS};
 use crate::{kernel_dev, map_err, remove_ok, RootsUpdate, TelemetryError};
 
+/// The volume indexes of `wanted` that are not in `current` and below
+/// `slots`: those entering the roots, whose counters a program clears before
+/// their roots go in, so that a reused index starts from zero.
+pub(crate) fn entering(
+    current: &BTreeSet<u32>,
+    wanted: impl IntoIterator<Item = u32>,
+    slots: u32,
+) -> BTreeSet<u32> {
+    wanted
+        .into_iter()
+        .filter(|i| !current.contains(i) && *i < slots)
+        .collect()
+}
+
 /// The two maps of a program's root set.
 pub(crate) struct RootMaps {
     /// `RootKey -> V`: the volume roots.

@@ -216,6 +216,17 @@ fn load_outcome_names_the_reason() {
     }
 }
 
+/// Writes `per_cpu(cpu)` into every CPU's share of slot `index` of the
+/// counters array, as the programs would count.
+fn set_counters(t: &mut WriteTelemetry, index: u32, per_cpu: impl Fn(usize) -> RawCounters) {
+    let ncpu = aya::util::nr_cpus().unwrap();
+    let mut m: PerCpuArray<&mut MapData, RawCounters> =
+        PerCpuArray::try_from(t.ebpf.map_mut(MAP_COUNTERS).unwrap()).unwrap();
+    let values: Vec<RawCounters> = (0..ncpu).map(per_cpu).collect();
+    m.set(index, aya::maps::PerCpuValues::try_from(values).unwrap(), 0)
+        .unwrap();
+}
+
 /// The maps without programs (the host allows maps, not fentry/fexit):
 /// set_roots replaces content, read sums per-CPU values, stale indexes lose
 /// their counters.
@@ -269,24 +280,12 @@ fn roots_and_counters_through_real_maps() {
 
     // Fake per-CPU counters for indexes 1 and 2, as the programs would.
     let ncpu = aya::util::nr_cpus().unwrap();
-    {
-        let mut m: PerCpuArray<&mut MapData, RawCounters> =
-            PerCpuArray::try_from(t.ebpf.map_mut(MAP_COUNTERS).unwrap()).unwrap();
-        for index in [1u32, 2] {
-            let per_cpu: Vec<RawCounters> = (0..ncpu)
-                .map(|cpu| RawCounters {
-                    bytes: 100 * index as u64 + cpu as u64,
-                    ops: 1,
-                    errors: [index as u64, 0, 0, 0, 1],
-                })
-                .collect();
-            m.set(
-                index,
-                aya::maps::PerCpuValues::try_from(per_cpu).unwrap(),
-                0,
-            )
-            .unwrap();
-        }
+    for index in [1u32, 2] {
+        set_counters(&mut t, index, |cpu| RawCounters {
+            bytes: 100 * index as u64 + cpu as u64,
+            ops: 1,
+            errors: [index as u64, 0, 0, 0, 1],
+        });
     }
     let c = t.read().unwrap();
     let n = ncpu as u64;
@@ -406,24 +405,12 @@ fn counters_read_in_batches_land_at_their_index() {
         .collect();
     t.set_roots(&roots).unwrap();
     let ncpu = aya::util::nr_cpus().unwrap();
-    {
-        let mut m: PerCpuArray<&mut MapData, RawCounters> =
-            PerCpuArray::try_from(t.ebpf.map_mut(MAP_COUNTERS).unwrap()).unwrap();
-        for &index in indexes.iter().filter(|&&i| i < 1000) {
-            let per_cpu: Vec<RawCounters> = (0..ncpu)
-                .map(|cpu| RawCounters {
-                    bytes: 1000 * index as u64 + cpu as u64,
-                    ops: 1,
-                    ..RawCounters::default()
-                })
-                .collect();
-            m.set(
-                index,
-                aya::maps::PerCpuValues::try_from(per_cpu).unwrap(),
-                0,
-            )
-            .unwrap();
-        }
+    for &index in indexes.iter().filter(|&&i| i < 1000) {
+        set_counters(&mut t, index, |cpu| RawCounters {
+            bytes: 1000 * index as u64 + cpu as u64,
+            ops: 1,
+            ..RawCounters::default()
+        });
     }
     let c = t.read().unwrap();
     let n = ncpu as u64;

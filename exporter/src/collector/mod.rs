@@ -497,6 +497,17 @@ fn self_metrics(inventory: &Inventory, outcomes: &[(&'static str, f64, bool)]) -
 mod tests {
     use super::*;
 
+    /// An exporter of `collectors` over a volumes directory that does not
+    /// exist (a registry of no volumes).
+    fn without_volumes(name: &str, collectors: Vec<Box<dyn Collector>>) -> Exporter {
+        let dir = std::env::temp_dir().join(format!("prjq-exp-{name}-{}", std::process::id()));
+        let config = Config {
+            volumes_dirs: vec![dir],
+            ..Config::default()
+        };
+        Exporter::with_collectors(&config, collectors)
+    }
+
     struct Failing;
 
     impl Collector for Failing {
@@ -546,13 +557,8 @@ mod tests {
     /// Their series still come in the collectors' order.
     #[tokio::test(start_paused = true)]
     async fn collectors_run_at_once_and_their_output_keeps_their_order() {
-        let dir = std::env::temp_dir().join(format!("prjq-exp-slow-{}", std::process::id()));
-        let config = Config {
-            volumes_dirs: vec![dir],
-            ..Config::default()
-        };
-        let exporter = Exporter::with_collectors(
-            &config,
+        let exporter = without_volumes(
+            "slow",
             vec![Box::new(Slow("slow_a", 5)), Box::new(Slow("slow_b", 4))],
         );
         let start = tokio::time::Instant::now();
@@ -568,12 +574,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_failing_collector_is_a_metric_not_a_failed_scrape() {
-        let dir = std::env::temp_dir().join(format!("prjq-exp-none-{}", std::process::id()));
-        let config = Config {
-            volumes_dirs: vec![dir],
-            ..Config::default()
-        };
-        let exporter = Exporter::with_collectors(&config, vec![Box::new(Failing)]);
+        let exporter = without_volumes("none", vec![Box::new(Failing)]);
         let text = exporter.scrape().await.to_text();
         assert!(
             text.contains("prjquota_exporter_scrape_collector_success{collector=\"failing\"} 0\n"),

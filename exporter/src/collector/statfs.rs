@@ -423,6 +423,20 @@ mod tests {
         assert!(text.contains("# TYPE nomad_host_volume_inodes_used gauge"));
     }
 
+    /// Lets the stuck statfs return, waits until the directory is free, and
+    /// leaves one more answer queued so the next call on that path returns
+    /// at once.
+    async fn release(c: &Statfs, release_tx: &std::sync::mpsc::Sender<()>) {
+        release_tx.send(()).unwrap();
+        for _ in 0..400 {
+            if !c.inflight.is_stuck("/srv/volumes") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        release_tx.send(()).unwrap();
+    }
+
     #[tokio::test]
     async fn a_stuck_filesystem_times_out_once_and_is_not_queried_until_it_returns() {
         let vols: Vec<_> = (1..=3).map(|i| volume("default", "default", i)).collect();
@@ -455,14 +469,7 @@ mod tests {
         assert_eq!(text(&out).matches("reason=\"timeout\"} 1").count(), 3);
         assert_eq!(calls.load(Ordering::SeqCst), 2);
 
-        release_tx.send(()).unwrap();
-        for _ in 0..400 {
-            if !c.inflight.is_stuck("/srv/volumes") {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        release_tx.send(()).unwrap(); // the next call on that path returns at once
+        release(&c, &release_tx).await;
         let mut out = Vec::new();
         c.collect(&scrape, &mut out).await.unwrap();
         let t = text(&out);
@@ -523,14 +530,7 @@ mod tests {
         assert!(got.iter().all(Option::is_none));
         assert_eq!(calls.load(Ordering::SeqCst), made);
 
-        release_tx.send(()).unwrap();
-        for _ in 0..400 {
-            if !c.inflight.is_stuck("/srv/volumes") {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        release_tx.send(()).unwrap(); // the next call on that path returns at once
+        release(&c, &release_tx).await;
         let (got, error) = c.stat_all("/srv/volumes", vols).await;
         assert_eq!(error, None);
         for (i, r) in got.iter().enumerate() {
