@@ -13,15 +13,22 @@
 //! volumes directory so that exporters of different directories never
 //! meet: `sync <volumes dir>\n`, answered `ok\n` or `error <why>\n`. An
 //! abstract name has no permissions, so each side checks the other is root
-//! (`SO_PEERCRED`): a squatter can neither be told nor answer. No exporter
-//! (nobody listening) is not an error: there is nothing to tell.
+//! (`SO_PEERCRED`), and the plugin also that the listener holds
+//! `CAP_SYS_ADMIN` in the initial user namespace, as the exporter does: a
+//! squatter can neither be told nor answer. The connect does not block and
+//! the whole exchange has one deadline, so a listener that never accepts or
+//! never answers costs a create at most [`WAIT`]. No exporter (nobody
+//! listening) is not an error: there is nothing to tell.
+//!
+//! What this buys is write telemetry from the first byte. The guard does not
+//! depend on it: the plugin puts a new root into the pinned guard itself
+//! ([`crate::guard_pins`]).
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::AsFd;
-use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::{SocketAddr, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::sys;
 
@@ -86,32 +93,48 @@ pub fn announce(volumes_dir: &Path, wait: Duration) -> io::Result<Announced> {
     announce_to(&name, volumes_dir, wait)
 }
 
-/// [`announce`] to the abstract socket `name`.
+/// [`announce`] to the abstract socket `name`. Never waits longer than
+/// `wait` in all: a listener that never accepts (its backlog full), never
+/// answers, or is not the exporter is given up on, with the reason.
 pub fn announce_to(name: &[u8], volumes_dir: &Path, wait: Duration) -> io::Result<Announced> {
     let line = request(volumes_dir)
         .ok_or_else(|| io::Error::other("the volumes directory is not a one-line UTF-8 path"))?;
-    let addr = SocketAddr::from_abstract_name(name)?;
-    let mut stream = match UnixStream::connect_addr(&addr) {
-        Ok(s) => s,
-        Err(e)
-            if matches!(
-                e.kind(),
-                io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
-            ) =>
-        {
-            return Ok(Announced::NoExporter)
+    let deadline = Instant::now() + wait;
+    let sock = loop {
+        match sys::connect_abstract_nonblocking(name) {
+            Ok(s) => break s,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+                ) =>
+            {
+                return Ok(Announced::NoExporter)
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!(
+                            "the process listening as prjquota-exporter accepted no connection within {}s",
+                            wait.as_secs()
+                        ),
+                    ));
+                }
+                std::thread::sleep(CONNECT_RETRY);
+            }
+            Err(e) => return Err(e),
         }
-        Err(e) => return Err(e),
     };
-    let uid = sys::peer_uid(stream.as_fd())?;
-    if uid != 0 {
-        return Err(io::Error::other(format!(
-            "the process listening as prjquota-exporter runs as uid {uid}, not root: ignored"
-        )));
-    }
-    stream.set_write_timeout(Some(wait))?;
-    stream.set_read_timeout(Some(wait))?;
-    stream.write_all(line.as_bytes())?;
+    check_peer(sock.as_fd())?;
+    let stream = UnixStream::from(sock);
+    stream.set_nonblocking(false)?;
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    stream.set_write_timeout(Some(left))?;
+    stream.set_read_timeout(Some(left))?;
+    (&stream).write_all(line.as_bytes())?;
     let mut reply = String::new();
     BufReader::new(stream.take(MAX_LINE as u64)).read_line(&mut reply)?;
     match reply.strip_suffix('\n').unwrap_or(&reply) {
@@ -121,6 +144,49 @@ pub fn announce_to(name: &[u8], volumes_dir: &Path, wait: Duration) -> io::Resul
             other.strip_prefix("error ").unwrap_or(other)
         ))),
     }
+}
+
+/// How often a connect to a listener whose backlog is full is tried again.
+const CONNECT_RETRY: Duration = Duration::from_millis(20);
+
+/// `CAP_SYS_ADMIN` (include/uapi/linux/capability.h).
+const CAP_SYS_ADMIN: u32 = 21;
+
+/// The listener must be what the exporter is: root, in the initial user
+/// namespace, with `CAP_SYS_ADMIN` in its effective set. An abstract name
+/// has no permissions: anyone in the network namespace can bind it,
+/// including root in a default container (uid 0 without `CAP_SYS_ADMIN`).
+fn check_peer(sock: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+    let (pid, uid) = sys::peer_cred(sock)?;
+    let refuse = |why: String| {
+        io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("the process listening as prjquota-exporter (pid {pid}) {why}: ignored"),
+        )
+    };
+    if uid != 0 {
+        return Err(refuse(format!("runs as uid {uid}, not root")));
+    }
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|e| refuse(format!("cannot be inspected ({e})")))?;
+    if !has_capability(&status, CAP_SYS_ADMIN) {
+        return Err(refuse("lacks CAP_SYS_ADMIN".into()));
+    }
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/user"));
+    match (ns(&pid.to_string()), ns("self")) {
+        (Ok(theirs), Ok(ours)) if theirs == ours => Ok(()),
+        (Ok(_), Ok(_)) => Err(refuse("runs in another user namespace".into())),
+        (Err(e), _) | (_, Err(e)) => Err(refuse(format!("cannot be inspected ({e})"))),
+    }
+}
+
+/// Whether the `CapEff:` line of a `/proc/<pid>/status` text holds `cap`.
+fn has_capability(status: &str, cap: u32) -> bool {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|set| set >> cap & 1 == 1)
 }
 
 #[cfg(test)]
@@ -161,7 +227,8 @@ mod tests {
 
     #[test]
     fn an_exporter_that_answers_ok_registered_the_volume() {
-        use std::os::unix::net::UnixListener;
+        use std::os::linux::net::SocketAddrExt;
+        use std::os::unix::net::{SocketAddr, UnixListener};
         let dir = format!("/prjquota-test-{}", std::process::id());
         let name = socket_name(Path::new(&dir)).unwrap();
         let listener =
@@ -182,6 +249,45 @@ mod tests {
         } else {
             assert!(got.unwrap_err().to_string().contains("not root"));
         }
+    }
+
+    #[test]
+    fn capabilities_are_read_from_the_status_text() {
+        let status = "Name:\tx\nCapInh:\t0000000000000000\nCapEff:\t000001ffffffffff\n";
+        assert!(has_capability(status, CAP_SYS_ADMIN));
+        // Root in a default Docker container: no CAP_SYS_ADMIN (bit 21).
+        let docker = "CapEff:\t00000000a80425fb\n";
+        assert!(!has_capability(docker, CAP_SYS_ADMIN));
+        assert!(!has_capability("CapEff:\tzz\n", CAP_SYS_ADMIN));
+        assert!(!has_capability("", CAP_SYS_ADMIN));
+    }
+
+    /// A listener that never accepts, its backlog full, as a squatter
+    /// leaves it: the announce gives up within its wait instead of
+    /// blocking in connect until Nomad kills the create.
+    #[test]
+    fn a_listener_that_never_accepts_costs_at_most_the_wait() {
+        use std::os::linux::net::SocketAddrExt;
+        use std::os::unix::net::{SocketAddr, UnixListener};
+        let dir = format!("/prjquota-test-squat-{}", std::process::id());
+        let name = socket_name(Path::new(&dir)).unwrap();
+        let _listener =
+            UnixListener::bind_addr(&SocketAddr::from_abstract_name(&name).unwrap()).unwrap();
+        let mut held = Vec::new();
+        loop {
+            match sys::connect_abstract_nonblocking(&name) {
+                Ok(s) => held.push(s),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("filling the backlog: {e}"),
+            }
+            assert!(held.len() < 100_000, "the backlog never filled");
+        }
+        let start = Instant::now();
+        let got = announce(Path::new(&dir), Duration::from_millis(500));
+        let took = start.elapsed();
+        let err = got.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        assert!(took < Duration::from_secs(3), "took {took:?}");
     }
 
     /// The effective uid: the owner of this process's /proc entry.

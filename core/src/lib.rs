@@ -3,13 +3,14 @@
 //! plugin's admin, ops and request-handling code.
 //!
 //! [`sys`] is the only module allowed `unsafe` code (the workspace denies it
-//! everywhere else); [`quota`], [`mountinfo`] and [`announce`] are the safe
-//! layers above it. [`record`] is the registry record and its one reader,
+//! everywhere else); [`quota`], [`mountinfo`], [`announce`] and [`guard_pins`]
+//! are the safe layers above it. [`record`] is the registry record and its one reader,
 //! [`config`] the node configuration and its one reader; [`volume_id`],
 //! [`params`], [`units`] and [`quoted`] are what those two are made of.
 
 pub mod announce;
 pub mod config;
+pub mod guard_pins;
 pub mod mountinfo;
 pub mod params;
 pub mod quota;

@@ -883,9 +883,9 @@ pub fn set_fsxattr_compat(fd: BorrowedFd<'_>, attr: &FsXattr) -> io::Result<()> 
     }
 }
 
-/// The uid of the process at the other end of a Unix socket, as the kernel
-/// recorded it at connect/listen time (`SO_PEERCRED`).
-pub fn peer_uid(sock: BorrowedFd<'_>) -> io::Result<u32> {
+/// The process at the other end of a Unix socket, as the kernel recorded
+/// it at connect/listen time (`SO_PEERCRED`): (pid, uid).
+pub fn peer_cred(sock: BorrowedFd<'_>) -> io::Result<(i32, u32)> {
     let mut cred = MaybeUninit::<libc::ucred>::zeroed();
     let mut len = size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: the kernel writes at most `len` bytes (one ucred) into
@@ -903,5 +903,272 @@ pub fn peer_uid(sock: BorrowedFd<'_>) -> io::Result<u32> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: getsockopt succeeded and filled the ucred.
-    Ok(unsafe { cred.assume_init() }.uid)
+    let cred = unsafe { cred.assume_init() };
+    Ok((cred.pid, cred.uid))
+}
+
+/// A non-blocking Unix stream socket connected to the abstract address
+/// `name` (without its leading NUL). A listener whose backlog is full
+/// answers `WouldBlock` at once, where a blocking `connect` would wait
+/// until the listener accepts, which a squatter never does.
+pub fn connect_abstract_nonblocking(name: &[u8]) -> io::Result<OwnedFd> {
+    let mut addr: libc::sockaddr_un = {
+        // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
+        unsafe { std::mem::zeroed() }
+    };
+    if name.len() + 1 > addr.sun_path.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the socket name is too long",
+        ));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (dst, src) in addr.sun_path[1..].iter_mut().zip(name) {
+        *dst = *src as libc::c_char;
+    }
+    let len =
+        (std::mem::offset_of!(libc::sockaddr_un, sun_path) + 1 + name.len()) as libc::socklen_t;
+    // SAFETY: plain syscall, no pointers.
+    let fd = cvt(unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    } as libc::c_long)?;
+    // SAFETY: socket(2) returned a new descriptor that nothing else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    // SAFETY: `addr` is a live sockaddr_un and `len` covers only its
+    // family, the leading NUL and the name.
+    cvt(unsafe {
+        libc::connect(
+            sock.as_raw_fd(),
+            &addr as *const libc::sockaddr_un as *const libc::sockaddr,
+            len,
+        )
+    } as libc::c_long)?;
+    Ok(sock)
+}
+
+// ---------------------------------------------------------------------------
+// include/uapi/linux/fs.h: the inode generation
+// ---------------------------------------------------------------------------
+
+/// `_IOR('v', 1, long)`: `inode->i_generation`. XFS and ext4 both answer it;
+/// the kernel moves an `int` through the pointer.
+const FS_IOC_GETVERSION: libc::c_ulong = ioc(2, b'v', 1, size_of::<libc::c_long>());
+const _: () = assert!(FS_IOC_GETVERSION == 0x8008_7601);
+
+/// The generation of an open inode: with the inode number it names one
+/// inode for the life of the filesystem, where the number alone is reused.
+pub fn inode_generation(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    let mut gen: libc::c_long = 0;
+    // SAFETY: FS_IOC_GETVERSION writes one int into the live local `gen`,
+    // which is larger.
+    let r = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            FS_IOC_GETVERSION,
+            &mut gen as *mut libc::c_long,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(gen as u32)
+}
+
+// ---------------------------------------------------------------------------
+// include/uapi/linux/bpf.h: pinned objects and map elements
+// ---------------------------------------------------------------------------
+
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_OBJ_GET: libc::c_long = 7;
+/// Map update flags.
+pub const BPF_ANY: u64 = 0;
+pub const BPF_NOEXIST: u64 = 1;
+
+/// The `BPF_OBJ_*` member of `union bpf_attr`, up to `file_flags`.
+#[repr(C)]
+struct BpfObjAttr {
+    pathname: u64,
+    bpf_fd: u32,
+    file_flags: u32,
+}
+const _: () = assert!(size_of::<BpfObjAttr>() == 16);
+
+/// The `BPF_MAP_*_ELEM` member of `union bpf_attr`.
+#[repr(C)]
+struct BpfElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+const _: () = assert!(size_of::<BpfElemAttr>() == 32);
+
+/// `bpf(cmd, attr, size)`; the kernel reads only `size` bytes of `attr`.
+///
+/// # Safety
+/// `attr` must point at a live `T` whose pointers are valid for what `cmd`
+/// reads and writes through them.
+unsafe fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
+    // SAFETY: the caller's contract; the size passed is T's own.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut T,
+            size_of::<T>() as libc::c_uint,
+        )
+    })
+}
+
+/// A BPF map opened from its pin, with the sizes the kernel gave it: every
+/// key and value passed to the kernel is checked against them first, so no
+/// call reads or writes past a caller's buffer.
+#[derive(Debug)]
+pub struct BpfMap {
+    fd: OwnedFd,
+    pub map_type: u32,
+    pub key_size: u32,
+    pub value_size: u32,
+}
+
+/// `struct bpf_map_info`, up to `max_entries`.
+#[repr(C)]
+#[derive(Default)]
+struct BpfMapInfoHead {
+    map_type: u32,
+    id: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+}
+
+/// `BPF_OBJ_GET_INFO_BY_FD`'s member of `union bpf_attr`.
+#[repr(C)]
+struct BpfInfoAttr {
+    bpf_fd: u32,
+    info_len: u32,
+    info: u64,
+}
+const _: () = assert!(size_of::<BpfInfoAttr>() == 16);
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+
+/// `BPF_MAP_TYPE_PERCPU_HASH`, `_PERCPU_ARRAY`, `_LRU_PERCPU_HASH`,
+/// `_PERCPU_CGROUP_STORAGE`.
+const PERCPU_MAP_TYPES: [u32; 4] = [5, 6, 10, 21];
+
+fn size_mismatch(what: &str, got: usize, want: u32) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("a {what} of {got} bytes for a map whose {what}s are {want} bytes"),
+    )
+}
+
+impl BpfMap {
+    /// Opens the map pinned at `path` (following a symlink on the way).
+    pub fn open_pinned(path: &CStr) -> io::Result<BpfMap> {
+        let mut attr = BpfObjAttr {
+            pathname: path.as_ptr() as u64,
+            bpf_fd: 0,
+            file_flags: 0,
+        };
+        // SAFETY: `pathname` points at a NUL-terminated string alive for the call.
+        let fd = unsafe { bpf(BPF_OBJ_GET, &mut attr) }?;
+        // SAFETY: BPF_OBJ_GET returned a new file descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let mut info = BpfMapInfoHead::default();
+        let mut attr = BpfInfoAttr {
+            bpf_fd: fd.as_raw_fd() as u32,
+            info_len: size_of::<BpfMapInfoHead>() as u32,
+            info: &mut info as *mut BpfMapInfoHead as u64,
+        };
+        // SAFETY: the kernel writes at most `info_len` bytes at `info`, a
+        // live local of that size. A pinned program or link answers EINVAL
+        // or another layout: only a map's type and sizes are used below.
+        unsafe { bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) }?;
+        Ok(BpfMap {
+            fd,
+            map_type: info.map_type,
+            key_size: info.key_size,
+            value_size: info.value_size,
+        })
+    }
+
+    fn check(&self, key: &[u8], value: Option<&[u8]>) -> io::Result<()> {
+        if key.len() != self.key_size as usize {
+            return Err(size_mismatch("key", key.len(), self.key_size));
+        }
+        match value {
+            // A per-CPU map moves one value per possible CPU.
+            Some(_) if PERCPU_MAP_TYPES.contains(&self.map_type) => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a per-CPU map's values are one per CPU: not read or written here",
+            )),
+            Some(v) if v.len() != self.value_size as usize => {
+                Err(size_mismatch("value", v.len(), self.value_size))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Sets `key` to `value` (`flags`: [`BPF_ANY`], [`BPF_NOEXIST`]). Not
+    /// for per-CPU maps, whose values are one per CPU.
+    pub fn update(&self, key: &[u8], value: &[u8], flags: u64) -> io::Result<()> {
+        self.check(key, Some(value))?;
+        let mut attr = BpfElemAttr {
+            map_fd: self.fd.as_raw_fd() as u32,
+            _pad: 0,
+            key: key.as_ptr() as u64,
+            value: value.as_ptr() as u64,
+            flags,
+        };
+        // SAFETY: the kernel reads key_size bytes at `key` and value_size
+        // bytes at `value` (for the map types this is used on), and both
+        // slices were checked to be exactly that long.
+        unsafe { bpf(BPF_MAP_UPDATE_ELEM, &mut attr) }.map(drop)
+    }
+
+    /// Removes `key`; `Ok(false)` when it was not there.
+    pub fn delete(&self, key: &[u8]) -> io::Result<bool> {
+        self.check(key, None)?;
+        let mut attr = BpfElemAttr {
+            map_fd: self.fd.as_raw_fd() as u32,
+            _pad: 0,
+            key: key.as_ptr() as u64,
+            value: 0,
+            flags: 0,
+        };
+        // SAFETY: the kernel reads key_size bytes at `key`, checked above.
+        match unsafe { bpf(BPF_MAP_DELETE_ELEM, &mut attr) } {
+            Ok(_) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reads `key`'s value into `value`; `Ok(false)` when absent. Not for
+    /// per-CPU maps.
+    pub fn lookup(&self, key: &[u8], value: &mut [u8]) -> io::Result<bool> {
+        self.check(key, Some(value))?;
+        let mut attr = BpfElemAttr {
+            map_fd: self.fd.as_raw_fd() as u32,
+            _pad: 0,
+            key: key.as_ptr() as u64,
+            value: value.as_mut_ptr() as u64,
+            flags: 0,
+        };
+        // SAFETY: the kernel reads key_size bytes at `key` and writes
+        // value_size bytes at `value`, both checked above.
+        match unsafe { bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) } {
+            Ok(_) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
 }

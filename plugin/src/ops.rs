@@ -7,12 +7,14 @@
 //! - create: a new ID is claimed on the kernel (its hard limit set, under a
 //!   lock every volumes directory of the filesystem shares) → reservation →
 //!   record (`creating`, with the reserved project ID) → hard limit on the ID
-//!   → directory → mode/owner → project tag → record `ready`. The limit
-//!   comes before the tag, so there is never a moment when a tagged volume is
-//!   unlimited.
-//! - delete: record `deleting` → directory tree removed → limits cleared →
-//!   record removed. The record goes last, so a half-deleted volume is always
-//!   known.
+//!   → directory (root's, mode 0700) → into the pinned guard → project tag →
+//!   mode/owner → record `ready`. The limit comes before the tag, so there
+//!   is never a moment when a tagged volume is unlimited; the guard and the
+//!   tag come before the owner, so nothing the owner does to the root
+//!   escapes the project, and no file lands in the root before it is tagged.
+//! - delete: record `deleting` → root out of the guard → directory tree
+//!   removed → limits cleared → record removed → project out of the guard.
+//!   The record goes last, so a half-deleted volume is always known.
 //!
 //! The same `create` serves a first create, Nomad's restore at agent start
 //! and a spec update: it compares the request with the record, does nothing
@@ -25,6 +27,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
+use prjquota_core::guard_pins::{kernel_dev, PinnedGuard, RootKey};
 use prjquota_core::units;
 
 use crate::capacity;
@@ -325,6 +328,15 @@ pub(crate) struct Undo {
     record: bool,
     limits: bool,
     dir: bool,
+    /// The root this call put into the guard.
+    guarded: Option<RootKey>,
+}
+
+/// The guard pinned for this volumes directory, if an exporter pinned one.
+/// Pins that exist but cannot be used are an error: a volume must not be
+/// handed out unguarded while a guard is meant to be in force.
+pub(crate) fn open_guard(vfs: &VolumesFs) -> Result<Option<PinnedGuard>> {
+    PinnedGuard::open(&vfs.path).map_err(|e| anyhow!("{e}"))
 }
 
 /// `create`: a new volume, a restore, or an update. Returns what Nomad must
@@ -659,11 +671,25 @@ fn create_new(vfs: &VolumesFs, reg: &Registry, cfg: &Config, want: &Desired) -> 
         limits: claimed,
         ..Undo::default()
     };
-    let result = converge(vfs, id, project_id, params, bytes, &mut undo).and_then(|()| {
-        let mut rec = want.record(vfs, project_id);
-        rec.state = State::Ready;
-        reg.store(&rec, Durable::Now)
-    });
+    let guard = open_guard(vfs);
+    let result = guard
+        .and_then(|g| {
+            converge(
+                vfs,
+                id,
+                project_id,
+                params,
+                bytes,
+                g.as_ref(),
+                true,
+                &mut undo,
+            )
+        })
+        .and_then(|()| {
+            let mut rec = want.record(vfs, project_id);
+            rec.state = State::Ready;
+            reg.store(&rec, Durable::Now)
+        });
     match result {
         Ok(()) => Ok(Created { path, bytes }),
         Err(e) => {
@@ -678,12 +704,15 @@ fn create_new(vfs: &VolumesFs, reg: &Registry, cfg: &Config, want: &Desired) -> 
 
 /// Brings the kernel and the directory to the wanted state, step by step;
 /// each step is skipped when already done.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn converge(
     vfs: &VolumesFs,
     id: &VolumeId,
     project_id: u32,
     params: &VolumeParams,
     bytes: u64,
+    guard: Option<&PinnedGuard>,
+    fresh: bool,
     undo: &mut Undo,
 ) -> Result<()> {
     let want = limits_for(bytes, params);
@@ -707,6 +736,22 @@ pub(crate) fn converge(
     fault::point("create:mkdir");
     let fd = open_volume_dir(vfs, id)
         .with_context(|| format!("cannot open {}", vfs.path.join(id.as_str()).display()))?;
+    // Guarded and tagged while the root is still root's and 0700: from the
+    // moment its owner can reach it, the kernel refuses to let it out of
+    // the project, and everything made in it is charged to the project.
+    if let Some(g) = guard {
+        let key = RootKey::of(fd.as_fd()).with_context(|| {
+            format!(
+                "cannot read the inode of {}",
+                vfs.path.join(id.as_str()).display()
+            )
+        })?;
+        g.register(&key, project_id, fresh)?;
+        undo.guarded = Some(key);
+    }
+    fault::point("create:guarded");
+    quota::tag(fd.as_fd(), project_id).map_err(|e| tag_error(e, vfs, project_id))?;
+    fault::point("create:tagged");
     apply_root_attrs(&fd, params).with_context(|| {
         format!(
             "cannot set mode {:o} / owner {:?}:{:?} on {}",
@@ -717,8 +762,6 @@ pub(crate) fn converge(
         )
     })?;
     fault::point("create:attrs");
-    quota::tag(fd.as_fd(), project_id).map_err(|e| tag_error(e, vfs, project_id))?;
-    fault::point("create:tagged");
     Ok(())
 }
 
@@ -727,6 +770,20 @@ pub(crate) fn converge(
 /// the next create or delete still knows the volume.
 fn rollback(vfs: &VolumesFs, reg: &Registry, id: &VolumeId, project_id: u32, undo: &Undo) {
     let mut keep_record = false;
+    if let Some(key) = &undo.guarded {
+        match open_guard(vfs) {
+            Ok(Some(g)) => {
+                if let Err(e) = g
+                    .unregister_root(key)
+                    .and_then(|_| g.forget_project(key.dev, project_id))
+                {
+                    log(id, format_args!("rollback: {e}"));
+                }
+            }
+            Ok(None) => {}
+            Err(e) => log(id, format_args!("rollback: {e:#}")),
+        }
+    }
     if undo.dir {
         // Only an empty directory made by this call: never content.
         if let Err(e) = sys::unlinkat(vfs.fd(), &cname(id), true) {
@@ -835,7 +892,16 @@ fn update(
     // Volumes recorded before reservations existed, or after a repair.
     reg.follow_journal_of(vfs);
     reg.reserve_id(pid, id, Durable::ByNextSync)?;
-    converge(vfs, id, pid, params, bytes, &mut undo)?;
+    converge(
+        vfs,
+        id,
+        pid,
+        params,
+        bytes,
+        open_guard(vfs)?.as_ref(),
+        false,
+        &mut undo,
+    )?;
     want.apply_to(&mut rec, path.clone(), vfs.fstype.name());
     reg.store(&rec, Durable::Now)?;
     Ok(Created { path, bytes })
@@ -956,6 +1022,22 @@ pub fn delete(req: &DeleteRequest) -> Result<()> {
     }
     fault::point("delete:marked");
 
+    // Out of the guard before its tree goes: the root's entry must never
+    // outlive the inode it names (its number will be reused).
+    let guard = open_guard(&vfs)?;
+    if let Some(g) = &guard {
+        match open_volume_dir(&vfs, id) {
+            Ok(fd) => {
+                let key = RootKey::of(fd.as_fd())
+                    .with_context(|| format!("cannot read the inode of {}", path.display()))?;
+                g.unregister_root(&key)?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("cannot open {}", path.display())),
+        }
+    }
+    fault::point("delete:unguarded");
+
     let removed = remove::remove_tree(vfs.fd(), &cname(id))
         .with_context(|| format!("cannot remove {}", path.display()))?;
     fault::point("delete:removed");
@@ -983,6 +1065,9 @@ pub fn delete(req: &DeleteRequest) -> Result<()> {
     reg.remove(id)?;
     fault::point("delete:unrecorded");
     reg.release_id(pid, id)?;
+    if let Some(g) = &guard {
+        g.forget_project(kernel_dev(vfs.dev), pid)?;
+    }
     // Reservations a crashed create left beside the recorded ID.
     release_other_reservations(&vfs, &reg, &reg.reservations()?, id, None)?;
     reg.forget_lock(id)?;

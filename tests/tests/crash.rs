@@ -11,6 +11,7 @@ use std::os::unix::process::ExitStatusExt;
 on_every_fs!(
     the_plain_build_ignores_the_fault_variable,
     a_create_killed_at_any_step_is_finished_by_the_next_create,
+    a_root_reaches_its_owner_only_once_tagged,
     a_create_killed_at_any_step_is_cleaned_up_by_delete,
     a_resize_killed_at_any_step_converges_and_keeps_data,
     a_delete_killed_at_any_step_is_finished_by_the_next_delete,
@@ -29,11 +30,13 @@ const CREATE_POINTS: &[&str] = &[
     "create:recorded",
     "create:limited",
     "create:mkdir",
-    "create:attrs",
+    "create:guarded",
     "create:tagged",
+    "create:attrs",
 ];
 const DELETE_POINTS: &[&str] = &[
     "delete:marked",
+    "delete:unguarded",
     "delete:removed",
     "delete:unlimited",
     "delete:unrecorded",
@@ -156,6 +159,31 @@ fn a_create_killed_at_any_step_is_finished_by_the_next_create(fs: &FsCase) {
         assert_enforced(&f, &spec, 8 * MIB);
         let r = fill(&path.join("x"), 16 * MIB, Some(WRITER));
         assert_eq!(r.errno, Some(fs.full_errno), "{point}: {r:?}");
+    }
+}
+
+/// Whatever step a create stops at, a root its owner can already write is
+/// tagged and inherits: no file of the owner's lands in project 0. Before
+/// the tag the root is root's and 0700.
+fn a_root_reaches_its_owner_only_once_tagged(fs: &FsCase) {
+    use std::os::unix::fs::MetadataExt;
+    let f = faulty(fs, "crash-own");
+    for point in CREATE_POINTS {
+        let spec = writable(Spec::new(&format!("own-{point}"), 8 * MIB as i64));
+        crash(&f, "create", &f.node.create_vars(&spec), point);
+        let path = f.node.volumes_dir.join(&spec.id);
+        if let Ok(m) = std::fs::symlink_metadata(&path) {
+            let (projid, inherit) = Fixture::project_of(&path);
+            let tagged = Some(projid) == reserved(&f, &spec) && inherit;
+            if !tagged {
+                assert_eq!(
+                    (m.uid(), m.mode() & 0o7777),
+                    (0, 0o700),
+                    "{point}: the root is reachable by others before it is tagged (project {projid}, inherit {inherit})"
+                );
+            }
+        }
+        f.node.delete(&spec).ok();
     }
 }
 

@@ -247,6 +247,8 @@ fn check_volume(vfs: &VolumesFs, reg: &Registry, rec: &Record, fix: bool) -> Res
             rec.project_id,
             &rec.params,
             rec.provisioned_bytes,
+            ops::open_guard(vfs)?.as_ref(),
+            false,
             &mut Undo::default(),
         )
     };

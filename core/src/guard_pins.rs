@@ -1,0 +1,347 @@
+//! The quota-escape guard's pinned maps, as the plugin writes them.
+//!
+//! The exporter loads the guard and pins its maps and links in bpffs, so the
+//! kernel keeps enforcing while no exporter runs (restart, crash, upgrade).
+//! For each volumes directory `D` it keeps a symlink
+//! `<pin root>/<escape_path(D)>` to the directory holding the pins. The
+//! plugin opens the maps through that symlink and puts a new volume's root
+//! into them itself, before the root is tagged and handed to its owner: a
+//! create never waits on, or trusts, anything an unprivileged process can
+//! reach. The layouts are `ebpf/src/bpf/guard_shared.h`'s (a host test of
+//! the ebpf crate holds them to this file).
+//!
+//! No pin (no exporter with a guard has run since boot, or it runs with
+//! `--guard=off`) is not an error: nothing guards any volume then, and the
+//! exporter guards them all from its start. Pins that exist but cannot be
+//! used are an error: the caller refuses to hand out an unguarded volume.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::BorrowedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use crate::sys::{self, BpfMap, BPF_ANY};
+
+/// Where the exporter pins the guard (bpffs).
+pub const PIN_ROOT: &str = "/sys/fs/bpf/prjquota";
+
+/// `BPF_FS_MAGIC` (include/uapi/linux/magic.h).
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// The pinned maps' names in a pin directory.
+pub const MAP_ROOTS: &str = "roots";
+pub const MAP_DEVS: &str = "devs";
+pub const MAP_PROJECTS: &str = "projects";
+pub const MAP_COUNTERS: &str = "counters";
+
+/// `systemd-escape --path`: the name of a volumes directory's pin. `/` becomes
+/// `-`; bytes outside `[A-Za-z0-9:_.]`, and a leading `.`, become `\xNN`.
+pub fn escape_path(path: &Path) -> String {
+    let bytes = path.as_os_str().as_bytes();
+    let trimmed: Vec<&[u8]> = bytes
+        .split(|&b| b == b'/')
+        .filter(|c| !c.is_empty())
+        .collect();
+    if trimmed.is_empty() {
+        return "-".into();
+    }
+    let mut out = String::new();
+    for (i, b) in trimmed.join(&b'/').into_iter().enumerate() {
+        match b {
+            b'/' => out.push('-'),
+            b'.' if i == 0 => out.push_str("\\x2e"),
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b':' | b'_' | b'.' => out.push(b as char),
+            _ => out.push_str(&format!("\\x{b:02x}")),
+        }
+    }
+    out
+}
+
+/// A `stat` device number in the kernel's own encoding (`super_block->s_dev`:
+/// major << 20 | minor), which the BPF programs see.
+pub fn kernel_dev(st_dev: u64) -> u64 {
+    let (major, minor) = (libc::major(st_dev) as u64, libc::minor(st_dev) as u64);
+    (major << 20) | minor
+}
+
+/// A volume root as the guard names it: device, inode number and the
+/// inode's generation, so that a deleted root's number, once reused by
+/// another file, never inherits the root's entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RootKey {
+    /// Kernel encoding ([`kernel_dev`]).
+    pub dev: u64,
+    pub ino: u64,
+    pub gen: u32,
+}
+
+impl RootKey {
+    /// The key of an open directory.
+    pub fn of(fd: BorrowedFd<'_>) -> io::Result<RootKey> {
+        let st = sys::fstat(fd)?;
+        Ok(RootKey {
+            dev: kernel_dev(st.st_dev),
+            ino: st.st_ino,
+            gen: sys::inode_generation(fd)?,
+        })
+    }
+
+    /// `struct guard_root_key`.
+    pub fn to_bytes(self) -> [u8; 24] {
+        let mut b = [0u8; 24];
+        b[..8].copy_from_slice(&self.dev.to_ne_bytes());
+        b[8..16].copy_from_slice(&self.ino.to_ne_bytes());
+        b[16..20].copy_from_slice(&self.gen.to_ne_bytes());
+        b
+    }
+}
+
+/// `struct guard_project`: a project on one device.
+pub fn project_key(dev: u64, projid: u32) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&dev.to_ne_bytes());
+    b[8..12].copy_from_slice(&projid.to_ne_bytes());
+    b
+}
+
+/// `struct guard_root`: the value of a root's entry.
+fn root_value(projid: u32) -> [u8; 8] {
+    let mut b = [0u8; 8];
+    b[..4].copy_from_slice(&projid.to_ne_bytes());
+    b
+}
+
+/// The guard's maps for one volumes directory, opened from their pins.
+#[derive(Debug)]
+pub struct PinnedGuard {
+    /// The pin (a symlink to the directory holding the maps).
+    pub pin: PathBuf,
+    roots: BpfMap,
+    devs: BpfMap,
+    projects: BpfMap,
+    counters: BpfMap,
+}
+
+/// Why the pins cannot be used, with the path and what to do.
+fn unusable(path: &Path, what: impl std::fmt::Display) -> io::Error {
+    io::Error::other(format!(
+        "the quota-escape guard pinned at {} cannot be used: {what}; restart prjquota-exporter to pin it again, or remove {} to run without a guard",
+        path.display(),
+        PIN_ROOT
+    ))
+}
+
+impl PinnedGuard {
+    /// The pins of `volumes_dir` (its canonical form) under [`PIN_ROOT`];
+    /// `None` when no exporter has pinned a guard for it.
+    pub fn open(volumes_dir: &Path) -> io::Result<Option<PinnedGuard>> {
+        PinnedGuard::open_in(Path::new(PIN_ROOT), volumes_dir)
+    }
+
+    /// [`PinnedGuard::open`] under another pin root.
+    pub fn open_in(pin_root: &Path, volumes_dir: &Path) -> io::Result<Option<PinnedGuard>> {
+        let meta = match std::fs::symlink_metadata(pin_root) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(unusable(pin_root, e)),
+        };
+        // Only root may have made or changed what a create trusts: the
+        // pins, and the symlinks that lead to them.
+        if !meta.is_dir() || meta.uid() != 0 || meta.mode() & 0o022 != 0 {
+            return Err(unusable(
+                pin_root,
+                format_args!(
+                    "it must be a directory owned by root and writable by root only (uid {}, mode {:o})",
+                    meta.uid(),
+                    meta.mode() & 0o7777
+                ),
+            ));
+        }
+        let fs = nix_statfs(pin_root).map_err(|e| unusable(pin_root, e))?;
+        if fs != BPF_FS_MAGIC {
+            return Err(unusable(pin_root, "it is not on a bpf filesystem"));
+        }
+        let pin = pin_root.join(escape_path(&crate::announce::canonical(volumes_dir)));
+        match std::fs::symlink_metadata(&pin) {
+            Ok(m) if m.file_type().is_symlink() || m.is_dir() => {
+                if m.uid() != 0 {
+                    return Err(unusable(
+                        &pin,
+                        format_args!("it is owned by uid {}", m.uid()),
+                    ));
+                }
+            }
+            Ok(_) => return Err(unusable(&pin, "it is not a symlink or a directory")),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(unusable(&pin, e)),
+        }
+        let open = |name: &str, key: u32, value: u32| -> io::Result<BpfMap> {
+            let path = pin.join(name);
+            let c = CString::new(path.as_os_str().as_bytes())
+                .map_err(|_| unusable(&path, "the path holds a NUL byte"))?;
+            let map = BpfMap::open_pinned(&c).map_err(|e| unusable(&path, e))?;
+            if map.key_size != key || map.value_size != value {
+                return Err(unusable(
+                    &path,
+                    format_args!(
+                        "its keys and values are {} and {} bytes, this plugin writes {key} and {value}: install the plugin and the exporter of one release",
+                        map.key_size, map.value_size
+                    ),
+                ));
+            }
+            Ok(map)
+        };
+        Ok(Some(PinnedGuard {
+            roots: open(MAP_ROOTS, 24, 8)?,
+            devs: open(MAP_DEVS, 8, 4)?,
+            projects: open(MAP_PROJECTS, 16, 4)?,
+            counters: open(MAP_COUNTERS, 16, 16)?,
+            pin,
+        }))
+    }
+
+    /// Guards `root` as a volume of project `projid`: its device and project
+    /// are known, and the root's own entry is set. `fresh`: a new volume,
+    /// whose project ID may have had counts under an earlier volume, which
+    /// are dropped.
+    pub fn register(&self, root: &RootKey, projid: u32, fresh: bool) -> io::Result<()> {
+        let ctx = |what: &str, e: io::Error| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot {what} in the quota-escape guard's maps at {}: {e}",
+                    self.pin.display()
+                ),
+            )
+        };
+        self.devs
+            .update(&root.dev.to_ne_bytes(), &1u32.to_ne_bytes(), BPF_ANY)
+            .map_err(|e| ctx("add the device", e))?;
+        let project = project_key(root.dev, projid);
+        self.projects
+            .update(&project, &1u32.to_ne_bytes(), BPF_ANY)
+            .map_err(|e| ctx(&format!("add project {projid}"), e))?;
+        if fresh {
+            self.counters
+                .delete(&project)
+                .map_err(|e| ctx(&format!("reset the counts of project {projid}"), e))?;
+        }
+        self.roots
+            .update(&root.to_bytes(), &root_value(projid), BPF_ANY)
+            .map_err(|e| ctx("add the volume root", e))
+    }
+
+    /// Takes `root` out of the guard; `Ok(false)` when it was not in.
+    pub fn unregister_root(&self, root: &RootKey) -> io::Result<bool> {
+        self.roots.delete(&root.to_bytes()).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot remove a volume root from the quota-escape guard's maps at {}: {e}",
+                    self.pin.display()
+                ),
+            )
+        })
+    }
+
+    /// Forgets that `projid` on `dev` is a volume's project (its volume is
+    /// gone); `Ok(false)` when it was not known.
+    pub fn forget_project(&self, dev: u64, projid: u32) -> io::Result<bool> {
+        self.projects
+            .delete(&project_key(dev, projid))
+            .map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "cannot remove project {projid} from the quota-escape guard's maps at {}: {e}",
+                        self.pin.display()
+                    ),
+                )
+            })
+    }
+
+    /// The project ID the guard holds for `root`, if it holds the root.
+    pub fn root_projid(&self, root: &RootKey) -> io::Result<Option<u32>> {
+        let mut v = [0u8; 8];
+        Ok(self
+            .roots
+            .lookup(&root.to_bytes(), &mut v)?
+            .then(|| u32::from_ne_bytes([v[0], v[1], v[2], v[3]])))
+    }
+
+    /// Whether `projid` on `dev` is known as a volume's project.
+    pub fn knows_project(&self, dev: u64, projid: u32) -> io::Result<bool> {
+        let mut v = [0u8; 4];
+        self.projects.lookup(&project_key(dev, projid), &mut v)
+    }
+}
+
+/// The filesystem type (`f_type`) of `path`.
+fn nix_statfs(path: &Path) -> io::Result<i64> {
+    let dir = std::fs::File::open(path)?;
+    Ok(sys::fstatfs(std::os::fd::AsFd::as_fd(&dir))?.f_type as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_escape_as_systemd_escape_does() {
+        // Checked against `systemd-escape --path`.
+        assert_eq!(
+            escape_path(Path::new("/opt/nomad/data/host_volumes")),
+            "opt-nomad-data-host_volumes"
+        );
+        assert_eq!(escape_path(Path::new("/")), "-");
+        assert_eq!(escape_path(Path::new("/a//b/")), "a-b");
+        assert_eq!(
+            escape_path(Path::new("/.hidden/x-y z")),
+            "\\x2ehidden-x\\x2dy\\x20z"
+        );
+        assert_eq!(escape_path(Path::new("/v/a.b:c")), "v-a.b:c");
+        assert_ne!(
+            escape_path(Path::new("/a-b")),
+            escape_path(Path::new("/a/b"))
+        );
+    }
+
+    #[test]
+    fn keys_have_the_c_layout() {
+        let k = RootKey {
+            dev: 0x0070_0001,
+            ino: 0x1122_3344_5566_7788,
+            gen: 0xdead_beef,
+        };
+        let b = k.to_bytes();
+        assert_eq!(&b[..8], &0x0070_0001u64.to_ne_bytes());
+        assert_eq!(&b[8..16], &0x1122_3344_5566_7788u64.to_ne_bytes());
+        assert_eq!(&b[16..20], &0xdead_beefu32.to_ne_bytes());
+        assert_eq!(&b[20..], &[0; 4]);
+        let p = project_key(7, 42);
+        assert_eq!(&p[..8], &7u64.to_ne_bytes());
+        assert_eq!(&p[8..12], &42u32.to_ne_bytes());
+        assert_eq!(&p[12..], &[0; 4]);
+    }
+
+    #[test]
+    fn devices_take_the_kernel_encoding() {
+        // 7:1 (loop1) and 259:3 (an NVMe partition) as `stat` gives them.
+        assert_eq!(kernel_dev(libc::makedev(7, 1)), (7 << 20) | 1);
+        assert_eq!(kernel_dev(libc::makedev(259, 3)), (259 << 20) | 3);
+    }
+
+    #[test]
+    fn no_pin_root_is_no_guard_and_a_foreign_one_is_refused() {
+        let missing = Path::new("/nonexistent/prjquota-pins");
+        assert!(PinnedGuard::open_in(missing, Path::new("/v"))
+            .unwrap()
+            .is_none());
+        // /tmp is world-writable: anyone could have planted what a create
+        // would trust.
+        let err = PinnedGuard::open_in(Path::new("/tmp"), Path::new("/v")).unwrap_err();
+        assert!(err.to_string().contains("writable by root only"), "{err}");
+    }
+}
