@@ -86,33 +86,64 @@ type Waiter = oneshot::Sender<Result<(), String>>;
 
 /// Starts a listener for each volumes directory and the task that
 /// registers what they announce. A directory whose socket cannot be bound
-/// (another exporter of it runs, or its path is too long for a socket
-/// name) is logged and shown as not listening; the exporter goes on.
+/// (another exporter of it runs, a squatter holds the name, or its path is
+/// too long for a socket name) is logged, shown as not listening, and
+/// tried again every [`REBIND_EVERY`]: a squatter that leaves, or an old
+/// exporter that exits during an upgrade, frees the name for this one.
 pub fn start(exporter: Arc<Exporter>, dirs: &[PathBuf]) {
     let (tx, rx) = mpsc::unbounded_channel::<Waiter>();
     tokio::spawn(register_loop(exporter.clone(), rx));
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     for (i, dir) in dirs.iter().enumerate() {
-        match bind(dir) {
-            Ok(listener) => {
-                exporter.announcements.listening[i]
-                    .1
-                    .store(true, Ordering::Relaxed);
-                tokio::spawn(accept_loop(
-                    listener,
-                    dir.clone(),
-                    exporter.clone(),
-                    tx.clone(),
-                    permits.clone(),
-                ));
-            }
-            Err(e) => crate::warn!(
-                "not listening for the plugin's announcements of new volumes: a new volume is watched from the next scrape",
-                volumes_dir = dir.display().to_string(),
-                err = e
-            ),
-        }
+        tokio::spawn(listen(
+            i,
+            dir.clone(),
+            exporter.clone(),
+            tx.clone(),
+            permits.clone(),
+        ));
     }
+}
+
+/// How often a name that could not be bound is tried again.
+const REBIND_EVERY: Duration = Duration::from_secs(5);
+
+/// Binds the socket of directory `i`, trying again until it can, then
+/// serves it.
+async fn listen(
+    i: usize,
+    dir: PathBuf,
+    exporter: Arc<Exporter>,
+    tx: mpsc::UnboundedSender<Waiter>,
+    permits: Arc<Semaphore>,
+) {
+    let mut logged = false;
+    let listener = loop {
+        match bind(&dir) {
+            Ok(listener) => break listener,
+            Err(e) => {
+                if !logged {
+                    crate::warn!(
+                        "not listening for the plugin's announcements of new volumes: a new volume's writes are counted from the next registry sync; trying again every 5s",
+                        volumes_dir = dir.display().to_string(),
+                        err = e
+                    );
+                    logged = true;
+                }
+                tokio::time::sleep(REBIND_EVERY).await;
+            }
+        }
+    };
+    if logged {
+        crate::info!(
+            "bound the announcement socket: new volumes are counted from their create",
+            volumes_dir = dir.display().to_string()
+        );
+    }
+    exporter.announcements.listening[i]
+        .1
+        .store(true, Ordering::Relaxed);
+    accept_loop(listener, dir, exporter, tx, permits).await;
 }
 
 fn bind(dir: &Path) -> std::io::Result<UnixListener> {

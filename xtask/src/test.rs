@@ -64,7 +64,8 @@ pub struct Opts {
 /// text does not depend on the kernel; together two minutes of 5.10's
 /// pass).
 pub const COMPAT_FILTER: &str = "(binary(vm_smoke) | binary(plugin) | binary(crash) | \
-     binary(exporter) | binary(exporter_ebpf) | binary(ebpf) | binary(guard)) - test(restore_storm) - \
+     binary(exporter) | binary(exporter_ebpf) | binary(ebpf) | binary(guard) | binary(guard_pins)) - \
+     test(restore_storm) - \
      test(deleting_a_directory_of_100k_entries) - \
      test(prometheus_scrapes_every_volume) - test(promtool_check_metrics)";
 

@@ -1,0 +1,246 @@
+//! The plugin's half of the pinned guard, against real kernel maps pinned
+//! in bpffs (made by hand in the exporter's layout, `tests/src/pins.rs`):
+//! a create puts its root into the guard before it returns, a delete takes
+//! it out before its tree goes, pins a create cannot trust are refused, and
+//! nothing an unprivileged neighbour does to the announce socket delays or
+//! decides a create.
+
+use std::io::{BufRead, BufReader};
+use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use prjquota_core::guard_pins::RootKey;
+use prjquota_vmtests::fixture::{writable, Fixture, FsCase, MIB};
+use prjquota_vmtests::nomad::{run_plugin_with, Spec, TEST_DEADLINE};
+use prjquota_vmtests::pins::HandPins;
+use prjquota_vmtests::prom::Exporter;
+use prjquota_vmtests::{fault_bin, on_every_fs};
+
+on_every_fs!(
+    a_create_guards_its_root_before_it_returns,
+    a_delete_unguards_the_root_before_its_tree_goes,
+    pins_a_create_cannot_trust_are_refused_and_leave_nothing,
+    a_squatter_delays_no_create_and_decides_nothing,
+);
+
+/// A squatter on the announce name when the exporter starts keeps it from
+/// listening only while it stays: the exporter binds the name once it is
+/// free, without a restart.
+#[test]
+fn the_exporter_takes_the_name_back_when_a_squatter_leaves() {
+    let f = prjquota_vmtests::fixture::XFS.fixture("pins-rebind");
+    let name = prjquota_core::announce::socket_name(&f.node.volumes_dir).unwrap();
+    let mut squatter = squat(Squatter::NobodyNeverAccepting, &name);
+    let e = Exporter::start(&[&f.node.volumes_dir]);
+    let dir = f.node.volumes_dir.display().to_string();
+    let listening = |e: &Exporter| {
+        e.scrape().value(
+            "prjquota_exporter_announce_listening",
+            &[("volumes_dir", &dir)],
+        )
+    };
+    assert_eq!(listening(&e), 0.0, "listening while the name is squatted");
+    let _ = squatter.kill();
+    let _ = squatter.wait();
+    e.wait_for_line("bound the announcement socket", Duration::from_secs(30));
+    assert_eq!(listening(&e), 1.0);
+    e.stop();
+}
+
+fn root_key(path: &Path) -> RootKey {
+    let dir = std::fs::File::open(path).expect("open the root");
+    RootKey::of(dir.as_fd()).expect("the root's key")
+}
+
+fn a_create_guards_its_root_before_it_returns(fs: &FsCase) {
+    let f = fs.fixture("pins-c");
+    let pins = HandPins::make(&f.node.volumes_dir, &format!("{}-c", fs.name));
+    let g = pins.open(&f.node.volumes_dir);
+    let spec = writable(Spec::new("guarded", 8 * MIB as i64));
+    let (path, _) = f.create(&spec);
+    let pid = f.project_id(&spec.id);
+    let key = root_key(&path);
+    assert_eq!(g.root_projid(&key).unwrap(), Some(pid), "root not guarded");
+    assert!(g.knows_project(key.dev, pid).unwrap());
+    // Another generation of the same inode number is not the root.
+    let stale = RootKey {
+        gen: key.gen.wrapping_add(1),
+        ..key
+    };
+    assert_eq!(g.root_projid(&stale).unwrap(), None);
+
+    assert!(f.node.delete(&spec).status.success());
+    assert_eq!(g.root_projid(&key).unwrap(), None, "root left in the guard");
+    assert!(
+        !g.knows_project(key.dev, pid).unwrap(),
+        "project left in the guard"
+    );
+}
+
+fn a_delete_unguards_the_root_before_its_tree_goes(fs: &FsCase) {
+    let f = Fixture::with_plugin(&(fs.mount)(), &format!("{}-pins-d", fs.name), &fault_bin());
+    let pins = HandPins::make(&f.node.volumes_dir, &format!("{}-d", fs.name));
+    let g = pins.open(&f.node.volumes_dir);
+    let spec = writable(Spec::new("unguarded", 8 * MIB as i64));
+    let (path, _) = f.create(&spec);
+    std::fs::write(path.join("keep"), b"data").unwrap();
+    let key = root_key(&path);
+    let out = run_plugin_with(
+        &f.node.plugin,
+        "delete",
+        &f.node.delete_vars(&spec, &path),
+        TEST_DEADLINE,
+        &[("PRJQUOTA_FAULT", "delete:unguarded".into())],
+    );
+    assert!(!out.status.success(), "the fault point was not reached");
+    assert!(path.join("keep").exists(), "the tree went before the guard");
+    assert_eq!(g.root_projid(&key).unwrap(), None);
+    assert!(f.node.delete(&spec).status.success());
+    assert!(!path.exists());
+}
+
+fn pins_a_create_cannot_trust_are_refused_and_leave_nothing(fs: &FsCase) {
+    let f = fs.fixture("pins-r");
+    let pins = HandPins::make(&f.node.volumes_dir, &format!("{}-r", fs.name));
+    // A symlink root did not make: someone else chose where it leads.
+    std::os::unix::fs::lchown(&pins.link, Some(65534), Some(65534)).unwrap();
+    let spec = Spec::new("refused", 8 * MIB as i64);
+    let msg = f.node.create(&spec).error();
+    assert!(
+        msg.contains("owned by uid 65534") && msg.contains(&pins.link.display().to_string()),
+        "{msg}"
+    );
+    assert!(
+        !f.node.volumes_dir.join(&spec.id).exists(),
+        "directory left"
+    );
+    assert!(f.record(&spec.id).is_none(), "record left");
+    std::os::unix::fs::lchown(&pins.link, Some(0), Some(0)).unwrap();
+    f.create(&spec);
+    assert!(f.node.delete(&spec).status.success());
+}
+
+/// Who squats the announce socket.
+#[derive(Clone, Copy, Debug)]
+enum Squatter {
+    /// `nobody`, listening with a backlog of 0 and never accepting.
+    NobodyNeverAccepting,
+    /// Root without CAP_SYS_ADMIN (a default container with host
+    /// networking), never accepting.
+    RootNeverAccepting,
+    /// Root without CAP_SYS_ADMIN answering `ok` to everything at once.
+    RootAnsweringOk,
+}
+
+const SQUAT: &str = r#"
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(b"\0" + sys.argv[1].encode())
+answer = sys.argv[2] == "ok"
+s.listen(16 if answer else 0)
+print("ready", flush=True)
+while answer:
+    c, _ = s.accept()
+    c.recv(4096)
+    c.sendall(b"ok\n")
+    c.close()
+time.sleep(600)
+"#;
+
+fn squat(who: Squatter, name: &[u8]) -> Child {
+    let name = std::str::from_utf8(name).unwrap();
+    let mode = match who {
+        Squatter::RootAnsweringOk => "ok",
+        _ => "hang",
+    };
+    let mut cmd = match who {
+        Squatter::NobodyNeverAccepting => {
+            let mut c = Command::new("setpriv");
+            c.args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "python3",
+            ]);
+            c
+        }
+        Squatter::RootNeverAccepting | Squatter::RootAnsweringOk => {
+            let mut c = Command::new("capsh");
+            c.args([
+                "--drop=cap_sys_admin",
+                "--",
+                "-c",
+                "exec python3 \"$@\"",
+                "capsh",
+            ]);
+            c
+        }
+    };
+    let mut child = cmd
+        .args(["-c", SQUAT, name, mode])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start the squatter");
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .expect("read the squatter");
+    assert_eq!(line.trim(), "ready", "the squatter did not bind");
+    child
+}
+
+/// Present before any create (as before the exporter starts), each
+/// squatter costs a create at most the announce's wait, and never decides
+/// whether the root is guarded: the plugin writes the pins itself.
+fn a_squatter_delays_no_create_and_decides_nothing(fs: &FsCase) {
+    for who in [
+        Squatter::NobodyNeverAccepting,
+        Squatter::RootNeverAccepting,
+        Squatter::RootAnsweringOk,
+    ] {
+        let f = fs.fixture(&format!("pins-sq-{}", who as u8));
+        let pins = HandPins::make(&f.node.volumes_dir, &format!("{}-sq{}", fs.name, who as u8));
+        let g = pins.open(&f.node.volumes_dir);
+        let name = prjquota_core::announce::socket_name(&f.node.volumes_dir).unwrap();
+        let mut squatter = squat(who, &name);
+        for i in 0..3 {
+            let spec = writable(Spec::new(&format!("sq{i}"), 8 * MIB as i64));
+            let start = Instant::now();
+            let out = f.node.create(&spec);
+            let took = start.elapsed();
+            assert!(out.status.success(), "{who:?} create {i}: {}", out.stderr);
+            // Nomad kills a create at 60 s; the announce waits at most 5.
+            assert!(
+                took < Duration::from_secs(10),
+                "{who:?}: create {i} took {took:?}"
+            );
+            let path = f.node.volumes_dir.join(&spec.id);
+            let pid = f.project_id(&spec.id);
+            assert_eq!(
+                g.root_projid(&root_key(&path)).unwrap(),
+                Some(pid),
+                "{who:?}: create {i} returned an unguarded root"
+            );
+            assert_eq!(std::fs::metadata(&path).unwrap().uid(), 65534);
+            // Said in the log, never decided by the squatter.
+            assert!(
+                out.stderr.contains("could not tell prjquota-exporter"),
+                "{who:?}: {}",
+                out.stderr
+            );
+            if matches!(who, Squatter::RootAnsweringOk) {
+                assert!(
+                    out.stderr.contains("lacks CAP_SYS_ADMIN"),
+                    "{who:?}: {}",
+                    out.stderr
+                );
+            }
+        }
+        let _ = squatter.kill();
+        let _ = squatter.wait();
+    }
+}
