@@ -54,6 +54,7 @@ use toml::Spanned;
 
 use crate::params;
 use crate::quoted::shown;
+use crate::trusted_file;
 use crate::units::parse_size;
 
 /// Name of the configuration file, looked up in the plugin's directory.
@@ -163,92 +164,35 @@ const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 /// The file's text, or `None` when there is none. The file decides which
 /// project IDs the plugin (running as root) hands out and what volume
-/// authors may set, and is read on every operation within Nomad's deadline,
-/// so it is opened without following a link and without blocking (a FIFO
-/// in its place would hold every create past the deadline), and taken only
-/// as a regular file owned by root (or by the user the plugin runs as) that
-/// neither group nor others can write.
+/// authors may set, and is read on every operation within Nomad's deadline:
+/// see [`trusted_file::read`] for what is refused.
 fn read_trusted(path: &Path) -> Result<Option<String>, ConfigError> {
-    use std::io::Read;
-    use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
-
-    let unsafe_file = |reason: String| ConfigError::Unsafe {
-        path: path.to_owned(),
-        reason,
-    };
-    let read_error = |error: io::Error| ConfigError::Read {
-        path: path.to_owned(),
-        error,
-    };
-    let shown_path = path.display();
-    // std's open, with the flags nix would pass: safe, and no descriptor
-    // changes hands through a raw integer.
-    let file = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            return Err(unsafe_file(format!(
-                "it is a symlink, and the plugin follows none there; put the file itself in \
-                 its place (cp --remove-destination \"$(readlink -f {shown_path})\" {shown_path})"
-            )))
-        }
-        Err(e) => return Err(read_error(e)),
-    };
-    let st = file.metadata().map_err(read_error)?;
-    let ft = st.file_type();
-    if !ft.is_file() {
-        let what = if ft.is_fifo() {
-            "a FIFO"
-        } else if ft.is_dir() {
-            "a directory"
-        } else if ft.is_socket() {
-            "a socket"
-        } else if ft.is_char_device() || ft.is_block_device() {
-            "a device"
-        } else {
-            "something else"
-        };
-        return Err(unsafe_file(format!(
-            "it is {what}, not a regular file; replace it with a regular file, or remove it \
-             to use the built-in defaults"
-        )));
-    }
-    // Root in production; the owner of a test's files on a developer's host.
-    let me = nix::unistd::geteuid().as_raw();
-    if st.uid() != 0 && st.uid() != me {
-        return Err(unsafe_file(format!(
-            "it is owned by uid {}, and whoever can write it chooses the project IDs and \
-             parameters of every volume: chown root:root {shown_path}",
-            st.uid()
-        )));
-    }
-    if st.mode() & 0o022 != 0 {
-        return Err(unsafe_file(format!(
-            "it is writable by {} (mode {:04o}), and whoever can write it chooses the \
-             project IDs and parameters of every volume: chmod go-w {shown_path}",
-            if st.mode() & 0o002 != 0 {
-                "every user"
-            } else {
-                "its group"
-            },
-            st.mode() & 0o7777
-        )));
-    }
-    let mut text = String::new();
-    file.take(MAX_CONFIG_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(read_error)?;
-    if text.len() as u64 > MAX_CONFIG_BYTES {
-        return Err(unsafe_file(format!(
-            "it is larger than {MAX_CONFIG_BYTES} bytes, which no node configuration is; \
-             check what was written there"
-        )));
-    }
-    Ok(Some(text))
+    let bytes = trusted_file::read(
+        path,
+        MAX_CONFIG_BYTES,
+        "chooses the project IDs and parameters of every volume",
+    )
+    .map_err(|e| match e {
+        trusted_file::Refused::Read(error) => ConfigError::Read {
+            path: path.to_owned(),
+            error,
+        },
+        trusted_file::Refused::Unsafe(reason) => ConfigError::Unsafe {
+            path: path.to_owned(),
+            reason: reason.replace(
+                "remove it if it is not needed",
+                "remove it to use the built-in defaults",
+            ),
+        },
+    })?;
+    bytes
+        .map(|b| {
+            String::from_utf8(b).map_err(|_| ConfigError::Read {
+                path: path.to_owned(),
+                error: io::Error::new(io::ErrorKind::InvalidData, "it is not UTF-8 text"),
+            })
+        })
+        .transpose()
 }
 
 #[derive(Deserialize)]

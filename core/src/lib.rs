@@ -20,5 +20,6 @@ pub mod record;
 // block states its SAFETY invariant (clippy::undocumented_unsafe_blocks).
 #[allow(unsafe_code)]
 pub mod sys;
+pub mod trusted_file;
 pub mod units;
 pub mod volume_id;

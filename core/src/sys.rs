@@ -555,6 +555,25 @@ pub fn flock(fd: BorrowedFd<'_>, exclusive: bool) -> io::Result<()> {
     }
 }
 
+/// `flock(2)` without waiting: `Ok(false)` when another holds a
+/// conflicting lock.
+pub fn try_flock(fd: BorrowedFd<'_>, exclusive: bool) -> io::Result<bool> {
+    let op = if exclusive {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
+    } | libc::LOCK_NB;
+    loop {
+        // SAFETY: plain syscall on a live descriptor.
+        match cvt(unsafe { libc::flock(fd.as_raw_fd(), op) } as libc::c_long) {
+            Ok(_) => return Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// `renameat(2)` within one directory.
 pub fn renameat(dir: BorrowedFd<'_>, from: &CStr, to: &CStr) -> io::Result<()> {
     // SAFETY: both names are NUL-terminated.
@@ -773,8 +792,9 @@ mod tests {
 }
 
 // ---------------------------------------------------------------------------
-// The other ways to change a project ID, which the guard must cover: the
-// 32-bit ioctl and file_setattr(2). Only the real-kernel tests call these.
+// The other ways to change file attributes: the 32-bit ioctl, which only
+// the real-kernel tests call, and file_setattr(2), which delete also uses
+// to clear a lock flag of a file it must not open.
 // ---------------------------------------------------------------------------
 
 /// `struct file_attr` (include/uapi/linux/fs.h, Linux 6.17+), what
@@ -810,6 +830,43 @@ pub fn file_getattr(path: &CStr) -> io::Result<FileAttr> {
         )
     })?;
     Ok(a)
+}
+
+/// `file_getattr(dir, name, &attr, sizeof attr, AT_SYMLINK_NOFOLLOW)`;
+/// ENOSYS before 6.17.
+pub fn file_getattr_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<FileAttr> {
+    let mut a = FileAttr::default();
+    // SAFETY: the kernel writes at most `usize` bytes into `a`, a live
+    // local of that size; `name` is NUL-terminated and outlives the call.
+    cvt(unsafe {
+        libc::syscall(
+            SYS_FILE_GETATTR,
+            dir.as_raw_fd() as libc::c_long,
+            name.as_ptr(),
+            &mut a as *mut FileAttr,
+            size_of::<FileAttr>(),
+            libc::AT_SYMLINK_NOFOLLOW as libc::c_long,
+        )
+    })?;
+    Ok(a)
+}
+
+/// `file_setattr(dir, name, &attr, sizeof attr, AT_SYMLINK_NOFOLLOW)`;
+/// ENOSYS before 6.17.
+pub fn file_setattr_at(dir: BorrowedFd<'_>, name: &CStr, a: &FileAttr) -> io::Result<()> {
+    // SAFETY: the kernel reads `usize` bytes from `a`; `name` is
+    // NUL-terminated; both outlive the call.
+    cvt(unsafe {
+        libc::syscall(
+            SYS_FILE_SETATTR,
+            dir.as_raw_fd() as libc::c_long,
+            name.as_ptr(),
+            a as *const FileAttr,
+            size_of::<FileAttr>(),
+            libc::AT_SYMLINK_NOFOLLOW as libc::c_long,
+        )
+    })
+    .map(drop)
 }
 
 /// `file_setattr(AT_FDCWD, path, &attr, sizeof attr, 0)`; ENOSYS before 6.17.

@@ -402,12 +402,23 @@ async fn route(
         return Ok(r);
     }
     if let Some(web) = &app.options.web {
-        if req.uri().path() != "/healthz"
-            && web
-                .authorize(req.headers().get(AUTHORIZATION).map(|v| v.as_bytes()))
+        let verdict = if req.uri().path() == "/healthz" {
+            Verdict::Allowed
+        } else {
+            web.authorize(req.headers().get(AUTHORIZATION).map(|v| v.as_bytes()))
                 .await
-                == Verdict::Denied
-        {
+        };
+        if verdict == Verdict::Busy {
+            let mut r = full(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain; charset=utf-8",
+                "busy: too many credentials are waiting to be checked; try again\n",
+            );
+            r.headers_mut()
+                .insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return Ok(r);
+        }
+        if verdict == Verdict::Denied {
             let mut r = full(
                 StatusCode::UNAUTHORIZED,
                 "text/plain; charset=utf-8",

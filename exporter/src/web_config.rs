@@ -19,9 +19,10 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use prjquota_core::trusted_file;
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
@@ -101,6 +102,10 @@ pub struct WebConfig {
     tls: Option<Arc<rustls::ServerConfig>>,
     /// User name to bcrypt hash; empty: no basic auth.
     users: HashMap<String, String>,
+    /// What an unknown user's password is checked against: a hash of a
+    /// random secret at the highest cost of `users`, so that an unknown
+    /// name costs as long as a known one and timing tells no names.
+    dummy: String,
 }
 
 impl fmt::Debug for WebConfig {
@@ -124,12 +129,7 @@ impl WebConfig {
             field: field.to_string(),
             message,
         };
-        let text = std::fs::read_to_string(file).map_err(|e| {
-            err(
-                "",
-                format!("cannot read it ({e}); fix the path given to --web.config.file"),
-            )
-        })?;
+        let text = read_trusted(file).map_err(|m| err("", m))?;
         // An empty file is a valid, empty config, as in exporter-toolkit.
         let spec: FileSpec = if text.trim().is_empty() {
             FileSpec::default()
@@ -161,7 +161,8 @@ impl WebConfig {
             }
             users.insert(user, hash);
         }
-        Ok(WebConfig { tls, users })
+        let dummy = dummy_hash(&users);
+        Ok(WebConfig { tls, users, dummy })
     }
 
     pub fn tls(&self) -> Option<&Arc<rustls::ServerConfig>> {
@@ -227,12 +228,46 @@ fn pem_source(
         (None, Some(p)) if p.as_os_str().is_empty() => Err(field_err(path_name, "is empty")),
         (None, Some(p)) => {
             let full = dir.join(p);
-            std::fs::read(&full)
-                .map(|b| Some((b, path_name.to_string())))
-                .map_err(|e| field_err(path_name, format!("cannot read {}: {e}", full.display())))
+            let bytes = trusted_file::read(&full, MAX_FILE_BYTES, STAKES)
+                .map_err(|e| field_err(path_name, refused(&full, e)))?
+                .ok_or_else(|| {
+                    field_err(
+                        path_name,
+                        format!("cannot read {}: it does not exist", full.display()),
+                    )
+                })?;
+            Ok(Some((bytes, path_name.to_string())))
         }
         (None, None) => Ok(None),
     }
+}
+
+/// What whoever can write the web config or a file it names decides.
+const STAKES: &str = "decides who may scrape the exporter and which certificate it shows";
+
+/// Largest web config, certificate or key read.
+const MAX_FILE_BYTES: u64 = 1 << 20;
+
+fn refused(path: &Path, e: trusted_file::Refused) -> String {
+    match e {
+        trusted_file::Refused::Read(e) => format!("cannot read {}: {e}", path.display()),
+        trusted_file::Refused::Unsafe(why) => format!("refusing {}: {why}", path.display()),
+    }
+}
+
+/// The web config's text, taken only as [`trusted_file::read`] allows.
+fn read_trusted(file: &Path) -> Result<String, String> {
+    let bytes = trusted_file::read(file, MAX_FILE_BYTES, STAKES)
+        .map_err(|e| {
+            format!(
+                "{}; fix it or the path given to --web.config.file",
+                refused(file, e)
+            )
+        })?
+        .ok_or_else(|| {
+            "cannot read it: it does not exist; fix the path given to --web.config.file".to_string()
+        })?;
+    String::from_utf8(bytes).map_err(|_| "it is not UTF-8 text".to_string())
 }
 
 fn certificates(pem: &[u8], field: &str) -> Result<Vec<CertificateDer<'static>>, FieldError> {
@@ -494,7 +529,30 @@ pub struct Web {
     /// One bcrypt at a time, as in exporter-toolkit: a burst of wrong
     /// passwords takes one core of the blocking pool, never all of it.
     bcrypt: Arc<Semaphore>,
+    /// Credentials waiting for `bcrypt` or in it.
+    bcrypt_waiting: Arc<std::sync::atomic::AtomicUsize>,
     reload: Mutex<ReloadState>,
+}
+
+/// A place among those waiting for bcrypt, given back on drop.
+struct Waiting(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Waiting {
+    fn enter(count: &Arc<std::sync::atomic::AtomicUsize>) -> Option<Waiting> {
+        use std::sync::atomic::Ordering;
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_BCRYPT_WAITING).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Waiting(count.clone()))
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -547,7 +605,15 @@ pub fn catalogue() -> Vec<Family> {
 pub enum Verdict {
     Allowed,
     Denied,
+    /// More credentials are waiting for bcrypt than [`MAX_BCRYPT_WAITING`]:
+    /// answered at once (503) rather than queued without bound.
+    Busy,
 }
+
+/// Credentials waiting for (or in) bcrypt at most. One verification takes
+/// tens of milliseconds at cost 10; a scraper with a known-good credential
+/// is answered from the cache and never waits here.
+pub const MAX_BCRYPT_WAITING: usize = 16;
 
 impl Web {
     /// Loads `file` (a start-up error if it is bad).
@@ -558,6 +624,7 @@ impl Web {
             current: RwLock::new(Arc::new(config)),
             verified: Mutex::default(),
             bcrypt: Arc::new(Semaphore::new(1)),
+            bcrypt_waiting: Arc::default(),
             reload: Mutex::new(ReloadState {
                 successful: true,
                 success_unix: now_unix(),
@@ -581,7 +648,9 @@ impl Web {
     /// accepted from now on; on failure the config in force stays and the
     /// error is returned (and counted in the reload metrics). Turning TLS on
     /// or off is refused: a listener that served TLS must never start
-    /// answering in plain text because of an edit, so that takes a restart.
+    /// answering in plain text because of an edit, so that takes a restart;
+    /// so does turning basic auth off, which a file truncated after its TLS
+    /// section would do silently.
     pub fn reload(&self) -> Result<(), Error> {
         let result = WebConfig::load(&self.file).and_then(|new| {
             let was_tls = self.config().tls.is_some();
@@ -593,6 +662,13 @@ impl Web {
                         "the reload would turn TLS {}; that takes a restart of the exporter",
                         if was_tls { "off" } else { "on" }
                     ),
+                });
+            }
+            if self.config().basic_auth() && !new.basic_auth() {
+                return Err(Error {
+                    file: self.file.clone(),
+                    field: "basic_auth_users".into(),
+                    message: "the reload would turn basic auth off (a file cut short reads this way too); that takes a restart of the exporter".into(),
                 });
             }
             Ok(new)
@@ -641,6 +717,9 @@ impl Web {
                 return Verdict::Allowed;
             }
         }
+        let Some(_waiting) = Waiting::enter(&self.bcrypt_waiting) else {
+            return Verdict::Busy;
+        };
         let permit = self
             .bcrypt
             .clone()
@@ -654,7 +733,7 @@ impl Web {
             // tell which user names exist.
             let hash: &str = match &known {
                 Some(h) => h,
-                None => dummy_hash(),
+                None => &config.dummy,
             };
             let ok = bcrypt::non_truncating_verify(password.as_bytes(), hash).unwrap_or(false);
             drop(permit);
@@ -674,15 +753,20 @@ impl Web {
     }
 }
 
-/// A bcrypt hash of no password anyone knows, at the cost htpasswd and
-/// exporter-toolkit's docs use (10), made once on first need.
-fn dummy_hash() -> &'static str {
-    static DUMMY: OnceLock<String> = OnceLock::new();
-    DUMMY.get_or_init(|| {
-        let mut secret = [0u8; 16];
-        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret);
-        bcrypt::hash(secret, 10).unwrap_or_default()
-    })
+/// A bcrypt hash of no password anyone knows, at the highest cost among
+/// `users`' hashes; empty when there are no users.
+fn dummy_hash(users: &HashMap<String, String>) -> String {
+    let Some(cost) = users
+        .values()
+        .filter_map(|h| h.parse::<bcrypt::HashParts>().ok())
+        .map(|p| p.get_cost())
+        .max()
+    else {
+        return String::new();
+    };
+    let mut secret = [0u8; 16];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret);
+    bcrypt::hash(secret, cost).unwrap_or_default()
 }
 
 fn cache_key(user: &str, hash: &str, password: &str) -> [u8; 32] {
@@ -739,6 +823,72 @@ mod tests {
         let d = temp_dir();
         let f = write(&d, "web.yml", text);
         WebConfig::load(&f).unwrap_err()
+    }
+
+    #[test]
+    fn the_unknown_users_hash_costs_what_the_real_ones_cost() {
+        let d = temp_dir();
+        let (cheap, dear) = (bcrypt::hash("a", 4).unwrap(), bcrypt::hash("b", 6).unwrap());
+        let c = WebConfig::load(&write(
+            &d,
+            "web.yml",
+            &format!("basic_auth_users:\n  a: '{cheap}'\n  b: '{dear}'\n"),
+        ))
+        .unwrap();
+        assert_eq!(c.dummy.parse::<bcrypt::HashParts>().unwrap().get_cost(), 6);
+        let c = WebConfig::load(&write(&d, "none.yml", "")).unwrap();
+        assert!(c.dummy.is_empty());
+    }
+
+    #[test]
+    fn a_reload_that_turns_basic_auth_off_is_refused() {
+        let d = temp_dir();
+        let hash = bcrypt::hash("pw", 4).unwrap();
+        let f = write(
+            &d,
+            "web.yml",
+            &format!("basic_auth_users:\n  alice: '{hash}'\n"),
+        );
+        let web = Web::load(&f).unwrap();
+        // Cut short before its users, as a half-written file would be.
+        std::fs::write(&f, "tls_server_config: {}\n").unwrap();
+        let e = web.reload().unwrap_err();
+        assert!(e.message.contains("turn basic auth off"), "{e}");
+        assert!(web.config().basic_auth(), "auth was switched off");
+    }
+
+    #[test]
+    fn a_web_config_others_can_write_or_a_fifo_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = temp_dir();
+        let f = write(&d, "web.yml", "");
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let e = WebConfig::load(&f).unwrap_err();
+        assert!(e.message.contains("writable by every user"), "{e}");
+        let fifo = d.join("fifo.yml");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        // In a thread: a blocking open of a FIFO never returns.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(WebConfig::load(&fifo).map(drop)).unwrap());
+        let e = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("loading a FIFO hung")
+            .unwrap_err();
+        assert!(e.message.contains("a FIFO"), "{e}");
+    }
+
+    #[test]
+    fn the_bcrypt_queue_has_a_bound() {
+        let count = Arc::default();
+        let held: Vec<Waiting> = (0..MAX_BCRYPT_WAITING)
+            .map(|_| Waiting::enter(&count).expect("a place"))
+            .collect();
+        assert!(
+            Waiting::enter(&count).is_none(),
+            "the queue grew past its bound"
+        );
+        drop(held);
+        assert!(Waiting::enter(&count).is_some());
     }
 
     #[test]

@@ -35,7 +35,7 @@ use std::ffi::CString;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, Context, Result};
 
@@ -101,20 +101,53 @@ pub struct Lock {
     _fd: OwnedFd,
 }
 
-/// Takes an exclusive lock on `dir/name`, creating the file. The file is
-/// re-checked after the lock is granted: if a delete unlinked and replaced it
-/// meanwhile, the lock would guard nothing, so we start again.
+/// How long a call waits for a lock another run holds: well inside
+/// Nomad's 60 s, so that the operator reads why instead of a killed plugin.
+pub const LOCK_WAIT: Duration = Duration::from_secs(45);
+
+/// Takes an exclusive lock on `dir/name`, creating the file, waiting at
+/// most [`LOCK_WAIT`]. The file is re-checked after the lock is granted: if
+/// a delete unlinked and replaced it meanwhile, the lock would guard
+/// nothing, so we start again. A lock file that is not a regular file of
+/// root's is not ours, and is refused.
 fn lock_file(dir: BorrowedFd<'_>, name: &str) -> io::Result<Lock> {
+    lock_file_within(dir, name, LOCK_WAIT)
+}
+
+fn lock_file_within(dir: BorrowedFd<'_>, name: &str, wait: Duration) -> io::Result<Lock> {
     let n = c(name);
+    let deadline = Instant::now() + wait;
     loop {
         let fd = sys::openat(
             dir,
             &n,
-            libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW,
+            libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK,
             0o600,
         )?;
-        sys::flock(fd.as_fd(), true)?;
         let held = sys::fstat(fd.as_fd())?;
+        if held.st_mode & libc::S_IFMT != libc::S_IFREG || held.st_uid != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "the lock file {name} is not a regular file of root's (mode {:o}, uid {}): something other than prjquota made it; remove it",
+                    held.st_mode, held.st_uid
+                ),
+            ));
+        }
+        let mut pause = Duration::from_millis(1);
+        while !sys::try_flock(fd.as_fd(), true)? {
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "waited {}s for the lock {name}: another prjquota run holds it (a create or delete of the same volume, or one that is stuck on the filesystem); try again once it has finished",
+                        wait.as_secs()
+                    ),
+                ));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(20));
+        }
         match sys::fstatat_nofollow(dir, &n) {
             Ok(now) if now.st_ino == held.st_ino && now.st_dev == held.st_dev => {
                 return Ok(Lock { _fd: fd })
@@ -124,6 +157,23 @@ fn lock_file(dir: BorrowedFd<'_>, name: &str) -> io::Result<Lock> {
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Refuses a directory of locks that someone other than root could have
+/// made or can write: a lock it holds would guard nothing.
+fn check_lock_dir(dir: BorrowedFd<'_>, what: &dyn std::fmt::Display) -> io::Result<()> {
+    let st = sys::fstat(dir)?;
+    if st.st_uid != 0 || st.st_mode & 0o022 != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{what} must be root's and writable by root only (uid {}, mode {:o}): fix its owner and mode, or remove it",
+                st.st_uid,
+                st.st_mode & 0o7777
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Where the filesystem-wide allocation locks live. Not on the volumes
@@ -149,6 +199,7 @@ pub fn lock_filesystem(dev: u64) -> io::Result<Lock> {
         libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
         0,
     )?;
+    check_lock_dir(dir.as_fd(), &RUN_DIR)?;
     lock_file(dir.as_fd(), &format!("fs-{dev:x}.lock"))
 }
 
@@ -201,6 +252,8 @@ impl Registry {
         };
         let volumes = open_subdir(root.as_fd(), VOLUMES, create).with_context(ctx)?;
         let locks = open_subdir(root.as_fd(), LOCKS, create).with_context(ctx)?;
+        check_lock_dir(root.as_fd(), &path.display())?;
+        check_lock_dir(locks.as_fd(), &path.join(LOCKS).display())?;
         let ids = open_subdir(root.as_fd(), IDS, create).with_context(ctx)?;
         Ok(Some(Registry {
             path,
@@ -469,4 +522,59 @@ pub fn read_all(volumes_dir: &Path) -> io::Result<Vec<Entry>> {
     };
     let fd = OwnedFd::from(f);
     load_all_from(fd.as_fd())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(tag: &str) -> (PathBuf, OwnedFd) {
+        let dir = std::env::temp_dir().join(format!("prjquota-lock-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let fd = std::fs::File::open(&dir).unwrap().into();
+        (dir, fd)
+    }
+
+    #[test]
+    fn a_lock_held_elsewhere_is_waited_for_only_so_long() {
+        let (dir, fd) = scratch("wait");
+        let held = lock_file_within(fd.as_fd(), "v.lock", Duration::from_secs(1)).unwrap();
+        // flock locks belong to the open file description: a second open
+        // conflicts even in this process, as another run would.
+        let start = Instant::now();
+        let err = lock_file_within(fd.as_fd(), "v.lock", Duration::from_millis(300)).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        assert!(
+            err.to_string().contains("another prjquota run holds it"),
+            "{err}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(5));
+        drop(held);
+        lock_file_within(fd.as_fd(), "v.lock", Duration::from_millis(300)).unwrap();
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_lock_file_that_is_not_a_regular_file_is_refused() {
+        let (dir, fd) = scratch("fifo");
+        nix::unistd::mkfifo(
+            &dir.join("v.lock"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        let err = lock_file_within(fd.as_fd(), "v.lock", Duration::from_millis(300)).unwrap_err();
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_lock_directory_others_can_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let (dir, fd) = scratch("mode");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = check_lock_dir(fd.as_fd(), &dir.display()).unwrap_err();
+        assert!(err.to_string().contains("writable by root only"), "{err}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }

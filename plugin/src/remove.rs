@@ -297,17 +297,22 @@ fn unlock(fd: BorrowedFd<'_>, what: &dyn std::fmt::Display) -> io::Result<bool> 
     Ok(true)
 }
 
-/// Clears the flags of entry `name` of `dir` when it is a regular file on
-/// the volume's device and mount: opened without following a link, without
-/// blocking, and checked to be what was listed. Other kinds cannot carry
-/// the flags through this ioctl, and opening a device node could act on it.
+/// Clears the flags of entry `name` of `dir` when it is on the volume's
+/// device and mount. A regular file or a FIFO is opened without following a
+/// link and without blocking (a FIFO's read end opens at once, and acts on
+/// nothing), and checked to be what was listed. A device node or a socket
+/// is never opened (opening a device could act on it): only
+/// `file_setattr(2)` (6.17+) reaches it, by name.
 fn unlock_entry(dir: BorrowedFd<'_>, name: &CStr, dev: u64, mnt: u64) -> io::Result<bool> {
     let st = match sys::fstatat_nofollow(dir, name) {
-        Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFREG => st,
-        Ok(_) => return Ok(false),
+        Ok(st) => st,
         Err(e) if gone(&e) => return Ok(false),
         Err(e) => return Err(e),
     };
+    let kind = st.st_mode & libc::S_IFMT;
+    if kind != libc::S_IFREG && kind != libc::S_IFIFO {
+        return unlock_by_name(dir, name, st.st_dev, dev);
+    }
     let fd = match sys::openat(
         dir,
         name,
@@ -325,7 +330,32 @@ fn unlock_entry(dir: BorrowedFd<'_>, name: &CStr, dev: u64, mnt: u64) -> io::Res
     {
         return Ok(false);
     }
-    unlock(fd.as_fd(), &name.to_string_lossy())
+    match unlock(fd.as_fd(), &name.to_string_lossy()) {
+        // Before 5.13 a FIFO's ioctls never reach the filesystem.
+        Err(e) if kind == libc::S_IFIFO && e.raw_os_error() == Some(libc::ENOTTY) => {
+            unlock_by_name(dir, name, st.st_dev, dev)
+        }
+        other => other,
+    }
+}
+
+/// Clears the flags of `name` with `file_setattr(2)`, without following a
+/// link; `Ok(false)` where the kernel lacks it (before 6.17).
+fn unlock_by_name(dir: BorrowedFd<'_>, name: &CStr, st_dev: u64, dev: u64) -> io::Result<bool> {
+    if st_dev != dev {
+        return Ok(false);
+    }
+    let mut a = match sys::file_getattr_at(dir, name) {
+        Ok(a) => a,
+        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) || gone(&e) => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    if a.xflags & u64::from(LOCK_FLAGS) == 0 {
+        return Ok(false);
+    }
+    a.xflags &= !u64::from(LOCK_FLAGS);
+    sys::file_setattr_at(dir, name, &a)?;
+    Ok(true)
 }
 
 /// The error for an entry the kernel still refuses to unlink.

@@ -1,5 +1,5 @@
 //! Pinned guard maps made by hand, in the layout the exporter pins them
-//! (`ebpf/src/bpf/guard_shared.h`), so that the plugin's half of the
+//! (`ebpf/src/bpf/guard_shared.h`; bpffs refuses names with a dot), so that the plugin's half of the
 //! contract is tested against real kernel maps without an exporter.
 
 use std::path::{Path, PathBuf};
@@ -42,7 +42,7 @@ impl HandPins {
         std::fs::create_dir_all(root).expect("create the pin root");
         std::fs::set_permissions(root, std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .expect("chmod the pin root");
-        let dir = root.join(format!(".hand-{tag}-{}", std::process::id()));
+        let dir = root.join(format!("hand-{tag}-{}", std::process::id()));
         std::fs::create_dir(&dir).expect("create the pin dir");
         for (name, ty, key, value) in [
             ("roots", "hash", 24, 8),

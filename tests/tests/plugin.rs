@@ -591,6 +591,30 @@ fn delete_clears_immutable_and_append_only_flags(fs: &FsCase) {
         p("adir"),
         p("plain/ifile"),
     ));
+    // A FIFO: chattr(1) skips special files, but the ioctl reaches them
+    // from 5.13 on (generic fileattr); before, it cannot be set at all.
+    let fifo = path.join("ififo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    {
+        use std::os::fd::AsFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .unwrap();
+        let set = prjquota_core::sys::get_fsxattr(f.as_fd()).and_then(|mut a| {
+            a.xflags |= prjquota_core::sys::FS_XFLAG_IMMUTABLE;
+            prjquota_core::sys::set_fsxattr(f.as_fd(), &a)
+        });
+        match set {
+            Ok(()) => assert!(
+                std::fs::remove_file(&fifo).is_err(),
+                "the FIFO's +i took no effect"
+            ),
+            Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ENOTTY), "{e}"),
+        }
+    }
     // The volume root too: its owner may be the workload.
     sh(&format!("chattr +a {}", path.display()));
     assert!(
