@@ -193,6 +193,12 @@ fn main() {
 
 async fn run(flags: Flags) -> anyhow::Result<()> {
     use anyhow::Context;
+    // Registered first: from here on SIGHUP never takes its default action
+    // (exit), even during a slow start-up (loading eBPF, a costly web
+    // config) and without a web config, so `systemctl reload` cannot stop
+    // an exporter by accident (systemd counts death by SIGHUP as a clean
+    // exit, and does not restart it).
+    let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
     let config = Config {
         volumes_dirs: flags.volumes_dirs,
         statfs_timeout: flags.statfs_timeout,
@@ -262,11 +268,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         tls = web.as_ref().is_some_and(|w| w.config().tls().is_some()),
         basic_auth = web.as_ref().is_some_and(|w| w.config().basic_auth()),
     );
-    // Registered now, not when the task first runs: from the start-up line
-    // on, SIGHUP never takes its default action (exit), even without a web
-    // config, so `systemctl reload` cannot stop an exporter by accident
-    // (systemd counts death by SIGHUP as a clean exit, and does not restart).
-    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+    match hup {
         Ok(hup) => {
             tokio::spawn(reload_on_sighup(web.clone(), hup));
         }

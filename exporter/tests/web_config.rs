@@ -649,3 +649,48 @@ fn require_any_and_verify_if_given_client_certificates() {
         r.stop();
     }
 }
+
+/// A SIGHUP while the exporter is still starting (here: making the unknown
+/// users' dummy hash at cost 13, a second or so; on a node: loading eBPF)
+/// neither kills it nor is lost: systemd would count that death as a clean
+/// exit and never restart the exporter.
+#[test]
+fn a_sighup_during_start_up_does_not_kill_the_exporter() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = volumes_dir("early-hup");
+    let hash = bcrypt::hash("s3cret", 13).unwrap();
+    let cfg = write_config(
+        &dir,
+        &format!("basic_auth_users:\n  prometheus: '{hash}'\n"),
+    );
+    let log = dir.join("exporter.log");
+    let mut child = command(&dir, &cfg)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("start the exporter");
+    std::thread::sleep(Duration::from_millis(100));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "the exporter died of an early SIGHUP: {status:?} (signal {:?})\n{}",
+                status.signal(),
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("ready:") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never ready:\n{text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
