@@ -11,6 +11,7 @@
 mod bench;
 mod debian;
 mod demo;
+mod docs;
 mod deps;
 mod dist;
 mod kernels;
@@ -51,7 +52,9 @@ commands:
                              the concurrency stress test for N seconds per filesystem (default 300)
                              and the exporter's 10,000-volume churn soak
   bench [--quick]            plugin comparisons, exporter scrape cost and eBPF overhead in one VM
-                             boot (release builds); writes bench/RESULTS.md
+                             boot (release builds); writes bench/RESULTS.md and the docs' blocks
+                             generated from it (README.md's comparison, docs/performance.md)
+  bench --render-only        only render those blocks from the committed bench/RESULTS.md (no VM)
   dist                       static release binaries, the tarball, the .deb and SHA256SUMS in
                              target/dist/
 
