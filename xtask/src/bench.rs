@@ -161,7 +161,10 @@ pub fn main(args: &[String]) -> Result<u8> {
 fn render_docs(root: &std::path::Path) -> Result<()> {
     let changed = crate::docs::write_blocks(root)?;
     if changed.is_empty() {
-        println!("the docs' generated blocks already match {}", crate::docs::RESULTS);
+        println!(
+            "the docs' generated blocks already match {}",
+            crate::docs::RESULTS
+        );
     }
     for doc in changed {
         println!("rendered the generated blocks of {doc}");

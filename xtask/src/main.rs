@@ -11,9 +11,9 @@
 mod bench;
 mod debian;
 mod demo;
-mod docs;
 mod deps;
 mod dist;
+mod docs;
 mod kernels;
 mod stress;
 mod test;
