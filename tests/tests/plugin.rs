@@ -656,8 +656,8 @@ fn a_plugin_run_without_any_environment_fails_cleanly(fs: &FsCase) {
 }
 
 /// The two kernels differ here, and the tests pin it: XFS enforces project
-/// quotas against root, ext4 lets CAP_SYS_RESOURCE ignore them (the README's
-/// security notes say so).
+/// quotas against root, ext4 lets CAP_SYS_RESOURCE ignore them (docs/security.md
+/// says so).
 #[test]
 fn xfs_limits_root_too() {
     let f = XFS.fixture("root");

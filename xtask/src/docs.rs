@@ -288,6 +288,76 @@ fn documents(root: &Path) -> Result<Vec<String>> {
     Ok(out)
 }
 
+/// Relative links of `text` (a document at `file`) whose file or heading
+/// does not exist under `root`.
+#[cfg(test)]
+fn broken_links(root: &Path, file: &str, text: &str) -> Vec<String> {
+    let dir = Path::new(file).parent().unwrap_or(Path::new(""));
+    let mut broken = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        for target in line.split("](").skip(1).filter_map(|t| t.split(')').next()) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            let (path, anchor) = target.split_once('#').unwrap_or((target, ""));
+            let linked = if path.is_empty() {
+                Path::new(file).to_path_buf()
+            } else {
+                dir.join(path)
+            };
+            let whole = root.join(&linked);
+            if !whole.exists() {
+                broken.push(format!(
+                    "{file}:{}: no such file {}",
+                    n + 1,
+                    linked.display()
+                ));
+                continue;
+            }
+            if anchor.is_empty() || !path.is_empty() && !path.ends_with(".md") {
+                continue;
+            }
+            let page = std::fs::read_to_string(&whole).unwrap_or_default();
+            if !headings(&page).iter().any(|h| h == anchor) {
+                broken.push(format!(
+                    "{file}:{}: {} has no heading #{anchor}",
+                    n + 1,
+                    linked.display()
+                ));
+            }
+        }
+    }
+    broken
+}
+
+/// GitHub's anchors of a page's headings (outside code blocks).
+#[cfg(test)]
+fn headings(page: &str) -> Vec<String> {
+    let mut fenced = false;
+    let mut out = Vec::new();
+    for line in page.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        }
+        if fenced || !line.starts_with('#') {
+            continue;
+        }
+        let title = line.trim_start_matches('#').trim();
+        out.push(
+            title
+                .to_lowercase()
+                .chars()
+                .filter_map(|c| match c {
+                    ' ' => Some('-'),
+                    c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                    _ => None,
+                })
+                .collect(),
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -326,6 +396,32 @@ mod tests {
             "the docs say when something was measured; give the figure from {RESULTS} \
              through a generated block, or the reason, not the run:\n{}",
             found.join("\n")
+        );
+    }
+
+    #[test]
+    fn every_relative_link_reaches_its_file_and_heading() {
+        let root = crate::repo_root();
+        let mut broken = Vec::new();
+        for doc in documents(&root).expect("list the docs") {
+            let text = std::fs::read_to_string(root.join(&doc))
+                .unwrap_or_else(|e| panic!("read {doc}: {e}"));
+            broken.extend(broken_links(&root, &doc, &text));
+        }
+        assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+    }
+
+    #[test]
+    fn anchors_are_githubs() {
+        let page = "# Install and upgrade\n```\n# not a heading\n```\n\
+                    ## TLS and basic auth (`--web.config.file`)\n## 1. Scrape the exporter\n";
+        assert_eq!(
+            headings(page),
+            [
+                "install-and-upgrade",
+                "tls-and-basic-auth---webconfigfile",
+                "1-scrape-the-exporter"
+            ]
         );
     }
 
