@@ -726,8 +726,8 @@ fn fsyncs(n: u64) -> std::collections::BTreeMap<String, u64> {
 }
 
 /// Each fsync waits for a journal commit, behind whatever else the
-/// filesystem is writing (CI measured a create at 3.4 times a plain mkdir
-/// beside other tests). Where the journal commits metadata in order (XFS,
+/// filesystem is writing (beside other tests, that is most of a create's
+/// time). Where the journal commits metadata in order (XFS,
 /// ext4 with a journal), the steps in between need no fsync of their own:
 /// the next one commits them first. A create syncs the `creating` record's
 /// content, the `ready` record's content and the registry directory; a
