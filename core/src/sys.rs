@@ -695,21 +695,17 @@ pub fn rewind_dir(dir: BorrowedFd<'_>) -> io::Result<()> {
 /// glibc's default thresholds grow whenever a large block is freed, up to
 /// 32 MiB (64-bit), after which a long-running process keeps whatever its
 /// busiest moment freed. The exporter frees a scrape's worth of families
-/// and exposition text every scrape: measured at 10,000 volumes, RSS stayed
-/// at 36 MiB with the defaults and 16 MiB with 128 KiB thresholds. Fixing
-/// either threshold turns the growth off.
+/// and exposition text every scrape; fixing either threshold turns the
+/// growth off, so its RSS follows what it uses.
 ///
 /// glibc also gives a thread that meets a locked heap a heap of its own (up
 /// to eight per core), and what one heap freed is never reused by another.
 /// A scrape's work moves between the runtime's workers and its blocking
-/// pool, so each heap grew to a scrape's size: at 10,000 volumes on the
-/// host, 43 MB of heaps held 11 MB in use. With one heap, measured in the
-/// VM side by side in one boot, RSS after scrapes fell from 31.6-31.8 to
-/// 26.5-26.7 MiB at 10,000 volumes and from 13.0 to 9.5 MiB at 1,000. With
-/// a 128 KiB `keep_free` as well, the 100-volume scrape was 4 % slower in
-/// every pair (pages given back after a scrape are faulted in again by the
-/// next, we think); 2 MiB kept it as fast as with many heaps, for 1 MiB more
-/// at 1,000 volumes. A no-op outside glibc.
+/// pool, so each heap would grow to a scrape's size; one heap holds one
+/// scrape's worth. A small `keep_free` makes the next scrape fault in again
+/// the pages the last one gave back, which slows small scrapes; 2 MiB keeps
+/// them as fast as with many heaps, for a little more memory. The effect on
+/// RSS is in docs/performance.md. A no-op outside glibc.
 pub fn cap_retained_heap(keep_free: i32, own_mapping_from: i32) {
     #[cfg(target_env = "gnu")]
     // SAFETY: `mallopt` takes two integers and no pointers; glibc validates

@@ -74,29 +74,37 @@ fn exporter_catalogue() -> BTreeMap<String, Kind> {
     out
 }
 
-/// The metric names the README's metrics table lists. A cell names its
-/// first metric in full and the others of its row as `…_rest`, short for
-/// the first one's family prefix (`nomad_host_volume_`, `prjquota_exporter_`).
-fn readme_metrics() -> BTreeSet<String> {
+/// The metrics docs/metrics.md's table lists, each with the types its row
+/// gives. A cell names its first metric in full and the others of its row
+/// as `…_rest`, short for the first one's family prefix
+/// (`nomad_host_volume_`, `prjquota_exporter_`); the type cell is `gauge`,
+/// `counter` or `gauge/counter` for a row of both.
+fn documented_metrics() -> BTreeMap<String, Vec<String>> {
     const PREFIXES: &[&str] = &[
         "nomad_host_volumes_",
         "nomad_host_volume_",
         "prjquota_exporter_",
         "process_",
     ];
-    let readme = std::fs::read_to_string(prjquota_dashboards::repo_root().join("README.md"))
-        .expect("read README.md");
-    let table = readme
-        .split("\n## Metrics\n")
-        .nth(1)
-        .expect("README has a Metrics section")
+    let page = std::fs::read_to_string(prjquota_dashboards::repo_root().join("docs/metrics.md"))
+        .expect("read docs/metrics.md");
+    let table = page
         .lines()
-        .skip_while(|l| !l.starts_with("| metric |"))
+        .skip_while(|l| !l.starts_with("| metric | type |"))
         .skip(2)
         .take_while(|l| l.starts_with('|'));
-    let mut names = BTreeSet::new();
+    let mut names = BTreeMap::new();
     for row in table {
-        let cell = row.split('|').nth(1).unwrap_or_default();
+        // `\|` is a pipe inside a cell (label values such as `bytes\|inodes`).
+        let row = row.replace("\\|", "/");
+        let mut cells = row.split('|').skip(1);
+        let cell = cells.next().unwrap_or_default();
+        let types: Vec<String> = cells
+            .next()
+            .unwrap_or_default()
+            .split('/')
+            .map(|t| t.trim().to_string())
+            .collect();
         let mut prefix = "";
         for code in cell.split('`').skip(1).step_by(2) {
             let name: String = code
@@ -110,26 +118,50 @@ fn readme_metrics() -> BTreeSet<String> {
                         .iter()
                         .find(|p| name.starts_with(*p))
                         .copied()
-                        .unwrap_or_else(|| panic!("README metric {name:?} has no known prefix"));
+                        .unwrap_or_else(|| {
+                            panic!("docs/metrics.md: metric {name:?} has no known prefix")
+                        });
                     name
                 }
             };
-            names.insert(full);
+            names.insert(full, types.clone());
         }
     }
+    assert!(
+        !names.is_empty(),
+        "docs/metrics.md has no `| metric | type |` table"
+    );
     names
 }
 
 #[test]
-fn the_readme_lists_exactly_the_exported_metrics() {
+fn the_docs_list_exactly_the_exported_metrics() {
     let catalogue = exporter_catalogue();
-    let readme = readme_metrics();
+    let documented = documented_metrics();
     let exported: BTreeSet<String> = catalogue.keys().cloned().collect();
-    let missing: Vec<_> = exported.difference(&readme).collect();
-    let unknown: Vec<_> = readme.difference(&exported).collect();
+    let listed: BTreeSet<String> = documented.keys().cloned().collect();
+    let missing: Vec<_> = exported.difference(&listed).collect();
+    let unknown: Vec<_> = listed.difference(&exported).collect();
     assert!(
         missing.is_empty() && unknown.is_empty(),
-        "README's metrics table is out of step with the exporter:\n  exported but not in the table: {missing:?}\n  in the table but not exported: {unknown:?}"
+        "docs/metrics.md's table is out of step with the exporter:\n  exported but not in the table: {missing:?}\n  in the table but not exported: {unknown:?}"
+    );
+    let wrong: Vec<String> = catalogue
+        .iter()
+        .filter_map(|(name, kind)| {
+            let kind = match kind {
+                Kind::Gauge => "gauge",
+                Kind::Counter => "counter",
+            };
+            let types = &documented[name];
+            (!types.iter().any(|t| t == kind))
+                .then(|| format!("{name} is a {kind}, the table says {}", types.join("/")))
+        })
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "docs/metrics.md gives the wrong type:\n  {}",
+        wrong.join("\n  ")
     );
 }
 

@@ -171,8 +171,7 @@ fn main() {
     // One async thread: scrapes run one at a time and every filesystem call
     // is on the blocking pool (bounded, so stuck filesystems cannot pile up
     // threads). A second worker only added wake-ups between the two for
-    // each of a scrape's hand-offs (0-17 % slower at 100 volumes, three
-    // pairs side by side in one boot).
+    // each of a scrape's hand-offs, which made small scrapes slower.
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .max_blocking_threads(16)
         .thread_name("prjquota-exporter")

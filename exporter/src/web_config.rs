@@ -951,7 +951,7 @@ mod tests {
     async fn htpasswd_hashes_verify() {
         use base64::Engine;
         let d = temp_dir();
-        // The README's example: "example-password" at cost 10.
+        // docs/configuration.md's example: "example-password" at cost 10.
         let f = write(
             &d,
             "web.yml",

@@ -1,5 +1,5 @@
 //! What a scrape costs and sends with and without gzip at 1,000 and 10,000
-//! volumes (README, "Compression"). Run optimised for figures worth
+//! volumes (docs/performance.md, "Compression"). Run optimised for figures worth
 //! quoting:
 //! `cargo nextest run --release -p prjquota-exporter --test gzip_cost --no-capture`.
 

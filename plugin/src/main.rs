@@ -37,7 +37,7 @@ Options:
   -V, --version            the version
 
 Install: copy this file into the Nomad client's host_volume_plugin_dir and put
-host_volumes_dir on an XFS filesystem mounted with -o prjquota (see README).";
+host_volumes_dir on an XFS filesystem mounted with -o prjquota (see docs/install.md).";
 
 /// Prints the one JSON value Nomad reads. A failed write (closed pipe) can
 /// only be reported on stderr.

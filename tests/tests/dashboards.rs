@@ -49,7 +49,7 @@ const EBPF_METRICS: &[&str] = &[
 ];
 
 /// The job name the rules expect (`PrjquotaExporterDown` matches
-/// `job=~".*prjquota.*"`; dashboards/README.md tells operators to use this).
+/// `job=~".*prjquota.*"`; docs/dashboards.md tells operators to use this).
 const JOB: &str = "prjquota-exporter";
 
 /// How long to wait for the alerts (reported, never asserted).

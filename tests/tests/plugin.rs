@@ -680,8 +680,8 @@ fn a_plugin_run_without_any_environment_fails_cleanly(fs: &FsCase) {
 }
 
 /// The two kernels differ here, and the tests pin it: XFS enforces project
-/// quotas against root, ext4 lets CAP_SYS_RESOURCE ignore them (the README's
-/// security notes say so).
+/// quotas against root, ext4 lets CAP_SYS_RESOURCE ignore them (docs/security.md
+/// says so).
 #[test]
 fn xfs_limits_root_too() {
     let f = XFS.fixture("root");
@@ -750,8 +750,8 @@ fn fsyncs(n: u64) -> std::collections::BTreeMap<String, u64> {
 }
 
 /// Each fsync waits for a journal commit, behind whatever else the
-/// filesystem is writing (CI measured a create at 3.4 times a plain mkdir
-/// beside other tests). Where the journal commits metadata in order (XFS,
+/// filesystem is writing (beside other tests, that is most of a create's
+/// time). Where the journal commits metadata in order (XFS,
 /// ext4 with a journal), the steps in between need no fsync of their own:
 /// the next one commits them first. A create syncs the `creating` record's
 /// content, the `ready` record's content and the registry directory; a

@@ -29,8 +29,8 @@ const RESTORED: usize = 50;
 /// The prjquota node and the baseline node, on one filesystem of their own.
 /// On the filesystem the other tests share, each of prjquota's fsyncs
 /// waited for journal commits full of their writes, which the baseline
-/// (no fsync) never does: CI measured a create at 3.4 times mkdir there,
-/// a measure of the neighbours' traffic more than of the plugin. The CPU
+/// (no fsync) never does: a ratio there measured the neighbours' traffic
+/// more than the plugin. The CPU
 /// is still shared with the tests running beside these.
 fn contenders(small: &SmallFs, tag: &str) -> [Fixture; 2] {
     [

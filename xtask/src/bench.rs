@@ -8,6 +8,11 @@
 //! long for `cargo xtask test`: exporter scrape cost against the syscall
 //! floor, and eBPF overhead. Release builds of the product; ratios, because
 //! the guest CPU is emulated.
+//!
+//! Then the docs' generated blocks (the README's comparison,
+//! docs/performance.md) are rendered from the new results (`crate::docs`);
+//! `--render-only` renders them from the committed bench/RESULTS.md alone,
+//! without a VM.
 
 use std::process::Command;
 
@@ -28,7 +33,8 @@ pub fn main(args: &[String]) -> Result<u8> {
     let quick = match args {
         [] => false,
         [q] if q == "--quick" => true,
-        _ => bail!("bench takes only --quick"),
+        [r] if r == "--render-only" => return render_docs(&crate::repo_root()).map(|()| 0),
+        _ => bail!("bench takes only --quick or --render-only"),
     };
     let root = crate::repo_root();
     let target = crate::target_dir();
@@ -142,7 +148,28 @@ pub fn main(args: &[String]) -> Result<u8> {
     std::fs::write(&out, &report)?;
     print!("{report}");
     println!("written to {}", out.display());
+    if quick {
+        // The docs quote the full run's sizes, which --quick leaves out.
+        println!("the docs' generated blocks need a full run: left as they were");
+    } else {
+        render_docs(&root)?;
+    }
     Ok(0)
+}
+
+/// Renders the docs' generated blocks from bench/RESULTS.md.
+fn render_docs(root: &std::path::Path) -> Result<()> {
+    let changed = crate::docs::write_blocks(root)?;
+    if changed.is_empty() {
+        println!(
+            "the docs' generated blocks already match {}",
+            crate::docs::RESULTS
+        );
+    }
+    for doc in changed {
+        println!("rendered the generated blocks of {doc}");
+    }
+    Ok(())
 }
 
 /// The report: when and where it ran, the plugin tables, every measure.

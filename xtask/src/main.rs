@@ -13,6 +13,7 @@ mod debian;
 mod demo;
 mod deps;
 mod dist;
+mod docs;
 mod kernels;
 mod stress;
 mod test;
@@ -51,7 +52,9 @@ commands:
                              the concurrency stress test for N seconds per filesystem (default 300)
                              and the exporter's 10,000-volume churn soak
   bench [--quick]            plugin comparisons, exporter scrape cost and eBPF overhead in one VM
-                             boot (release builds); writes bench/RESULTS.md
+                             boot (release builds); writes bench/RESULTS.md and the docs' blocks
+                             generated from it (README.md's comparison, docs/performance.md)
+  bench --render-only        only render those blocks from the committed bench/RESULTS.md (no VM)
   dist                       static release binaries, the tarball, the .deb and SHA256SUMS in
                              target/dist/
 
@@ -60,8 +63,8 @@ kernels (K): 5.10 (bullseye), 6.1 (bookworm, the default), 6.12 (trixie), 7 (sid
 
 environment:
   PRJQUOTA_VM_KERNEL         kernel image to boot, overriding --kernel
-  PRJQUOTA_VM_TIMEOUT        seconds before the VM is killed (default: 24 min for a full pass,
-                             15 for a compatibility pass, 30 for `vm`)
+  PRJQUOTA_VM_TIMEOUT        seconds before the VM is killed (default: 35 min for a full pass,
+                             13 for a compatibility pass, 45 and 20 with one CPU; 30 for `vm`)
   PRJQUOTA_VM_VERBOSE=1      pass --verbose to vng (kernel console, for boot failures)
   PRJQUOTA_VNG               the vng executable (default: target/venv/bin/vng, from `deps`)
   The tests themselves get only what xtask sets (PRJQUOTA_PROMETHEUS3 is the Prometheus 3

@@ -106,10 +106,9 @@ pub const STORM_VOLUMES: &str = "100";
 
 /// CI gives a run 90 minutes on 2 cores, and a cold run should stay under
 /// 45. The VM limits follow from the 90. One VM at a time (`--vm-lanes 1`)
-/// gets both cores as two CPUs: the full pass on 6.1 (CI's whole run took 28
-/// minutes before the kernel matrix) and three compatibility passes (about
-/// 8 minutes each alone) get 35 and 13 minutes, and with the cold build and
-/// the host pass still fit. A guest of one CPU (a compatibility pass beside
+/// gets both cores as two CPUs: the full pass on 6.1 and three
+/// compatibility passes get 35 and 13 minutes, room to spare over what they
+/// take alone, and with the cold build and the host pass still fit. A guest of one CPU (a compatibility pass beside
 /// the full pass with `--vm-lanes 2`, or `--vm-cpus 1`) runs slower and
 /// gets 20 or 45 minutes. A pass that hits its limit fails the run.
 const CI_BUDGET_SECS: u64 = 90 * 60;
@@ -127,14 +126,12 @@ const _: () = assert!(BUILD_AND_HOST_SECS + 3 * COMPAT_PASS_ONE_CPU_LIMIT_SECS <
 /// VMs at once when several kernels are asked for. `--vm-lanes 2` runs the
 /// full pass (two CPUs) beside the compatibility passes (one CPU each, one
 /// after the other): for a machine with cores to spare. On a 2-core machine
-/// it loses: the full pass's QEMU took 1.1 cores and the one-CPU guest 0.8,
-/// and 5.10's compatibility pass ran 21 of its 71 tests in 11 minutes (478
-/// s for all of them alone with two CPUs), bound for its limit. And one CPU
-/// is not enough for the full pass: its timing ratios went over their
-/// bounds (create 3.2 times a plain mkdir, restore 2.1; 2.3 and 1.8 with
-/// two CPUs). Whether one CPU per guest avoids the guest panics of
-/// `KernelJob::run` is not known: 150 attach/detach cycles beside the loop
-/// devices' writes did not make 6.12 panic with two CPUs either.
+/// it loses: the full pass's QEMU takes more than a core, and the one-CPU
+/// guest beside it runs so slowly that a compatibility pass heads for its
+/// limit. And one CPU is not enough for the full pass: its timing ratios go
+/// over their bounds. Whether one CPU per guest avoids the guest panics of
+/// `KernelJob::run` is not known (attach/detach cycles beside the loop
+/// devices' writes did not make 6.12 panic with two CPUs either).
 const DEFAULT_VM_LANES: u32 = 1;
 
 /// A pass's VM limit: what its selection and its CPUs allow (see above).
@@ -765,8 +762,7 @@ impl KernelJob<'_> {
         };
         // Side by side, a compatibility pass gets one CPU; the full suite
         // keeps two, as its timing ratios need: with one CPU the plugin's
-        // create measured 3.2 times a plain mkdir (bound 3) and a restore
-        // 2.1 times (bound 2), against 2.3 and 1.8 with two.
+        // create and restore went over their bounds.
         let cpus = opts
             .vm_cpus
             .unwrap_or(if self.side_by_side && !full { 1 } else { 2 });

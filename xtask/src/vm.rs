@@ -353,8 +353,8 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
         )
         // The emulated CPUs' TSCs are one host clock, but 5.10 finds them
         // unsynchronised at boot and falls back to the HPET, whose every
-        // read the emulator serves as device I/O: 5.10's crash tests took
-        // 14 % longer (210 s against 181 s of test time, one boot each).
+        // read the emulator serves as device I/O, which slows every test
+        // that reads the clock.
         .args(["--append", "tsc=reliable"])
         // 6.12 and 7.x guests panicked with `Oops: int3` in a function the
         // kernel was patching to attach an eBPF program (generic_perform_write,
