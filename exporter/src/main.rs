@@ -30,7 +30,10 @@ const DEFAULT_LISTEN: &str = ":14646";
 /// Run it as root on every Nomad client (quotactl needs CAP_SYS_ADMIN, the
 /// eBPF programs CAP_BPF and CAP_PERFMON).
 #[derive(Debug, Parser)]
-#[command(name = "prjquota-exporter", version)]
+#[command(
+    name = "prjquota-exporter",
+    version = concat!(env!("CARGO_PKG_VERSION"), " (revision ", env!("PRJQUOTA_REVISION"), ")")
+)]
 struct Flags {
     /// A Nomad client's host_volumes_dir whose prjquota registry
     /// (<DIR>/.prjquota) to export. Repeat for several directories.
@@ -254,6 +257,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     info!(
         "starting prjquota-exporter",
         version = env!("CARGO_PKG_VERSION"),
+        revision = env!("PRJQUOTA_REVISION"),
         address = listener.local_addr().map_or(addr, |a| a.to_string()),
         volumes_dirs = config
             .volumes_dirs

@@ -219,6 +219,8 @@ pub struct Exporter {
 }
 
 pub const BUILD_VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The git revision it was built from (`exporter/build.rs`).
+pub const BUILD_REVISION: &str = env!("PRJQUOTA_REVISION");
 
 impl Exporter {
     pub fn new(config: &Config) -> Exporter {
@@ -467,9 +469,15 @@ async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Out
 fn self_metrics(inventory: &Inventory, outcomes: &[(&'static str, f64, bool)]) -> Vec<Family> {
     let mut build = Family::gauge(
         "prjquota_exporter_build_info",
-        "A metric with a constant '1' value labelled by the version of prjquota-exporter.",
+        "A metric with a constant '1' value labelled by the version of prjquota-exporter and the git revision it was built from.",
     );
-    build.labelled(vec![("version", BUILD_VERSION.to_string())], 1.0);
+    build.labelled(
+        vec![
+            ("revision", BUILD_REVISION.to_string()),
+            ("version", BUILD_VERSION.to_string()),
+        ],
+        1.0,
+    );
     let mut duration = Family::gauge(
         "prjquota_exporter_scrape_collector_duration_seconds",
         "prjquota_exporter: Duration of a collector scrape.",
@@ -587,7 +595,7 @@ mod tests {
         assert!(text.contains("partial_metric 1\n"), "{text}");
         assert!(text.contains("prjquota_exporter_volumes 0\n"), "{text}");
         assert!(text.contains(&format!(
-            "prjquota_exporter_build_info{{version=\"{BUILD_VERSION}\"}} 1\n"
+            "prjquota_exporter_build_info{{revision=\"{BUILD_REVISION}\",version=\"{BUILD_VERSION}\"}} 1\n"
         )));
         assert!(exporter.failing.lock().unwrap().contains_key("failing"));
     }
