@@ -527,10 +527,36 @@ pub async fn serve(
     serve_with(listener, exporter, Options::default(), shutdown).await
 }
 
-/// Serves until `shutdown` completes, then gives open connections
-/// [`SHUTDOWN_GRACE`] to finish.
+/// [`serve_on`] one listener.
 pub async fn serve_with(
     listener: TcpListener,
+    exporter: Arc<Exporter>,
+    options: Options,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    serve_on(vec![listener], exporter, options, shutdown).await
+}
+
+/// The next connection on any of `listeners`.
+async fn accept_any(
+    listeners: &[TcpListener],
+) -> std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr)> {
+    std::future::poll_fn(|cx| {
+        for l in listeners {
+            if let std::task::Poll::Ready(r) = l.poll_accept(cx) {
+                return std::task::Poll::Ready(r);
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
+}
+
+/// Serves every listener (`--web.listen-address`, repeated) until
+/// `shutdown` completes, then gives open connections [`SHUTDOWN_GRACE`] to
+/// finish. The listeners share the connection limits.
+pub async fn serve_on(
+    listeners: Vec<TcpListener>,
     exporter: Arc<Exporter>,
     options: Options,
     shutdown: impl Future<Output = ()>,
@@ -565,7 +591,7 @@ pub async fn serve_with(
             () = &mut shutdown => break,
         };
         let (stream, peer) = tokio::select! {
-            r = listener.accept() => match r {
+            r = accept_any(&listeners) => match r {
                 Ok(c) => c,
                 Err(e) => {
                     // EMFILE and friends: back off rather than spin.
@@ -621,7 +647,7 @@ pub async fn serve_with(
             drop(permit);
         });
     }
-    drop(listener);
+    drop(listeners);
     tokio::select! {
         () = graceful.shutdown() => {}
         () = tokio::time::sleep(SHUTDOWN_GRACE) => {

@@ -21,6 +21,7 @@ pub mod deflate;
 pub mod genetlink;
 pub mod http;
 pub mod inventory;
+pub mod listen;
 pub mod metrics;
 pub mod process;
 pub mod web_config;

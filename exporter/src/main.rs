@@ -56,9 +56,9 @@ struct Flags {
     plugin_dir: PathBuf,
 
     /// Address to serve /metrics on: HOST:PORT, [IPV6]:PORT, or :PORT for
-    /// every IPv4 address.
+    /// every address, IPv4 and IPv6. Repeat to listen on several.
     #[arg(long = "web.listen-address", value_name = "ADDR", default_value = DEFAULT_LISTEN)]
-    listen_address: String,
+    listen_addresses: Vec<String>,
     /// Path to serve the metrics on.
     #[arg(long = "web.telemetry-path", value_name = "PATH", default_value = "/metrics", value_parser = telemetry_path)]
     telemetry_path: String,
@@ -158,13 +158,6 @@ fn telemetry_path(s: &str) -> Result<String, String> {
     Ok(s.to_string())
 }
 
-fn listen_address(s: &str) -> String {
-    match s.strip_prefix(':') {
-        Some(port) => format!("0.0.0.0:{port}"),
-        None => s.to_string(),
-    }
-}
-
 fn main() {
     let flags = Flags::parse();
     log::set_level(flags.log_level);
@@ -219,10 +212,13 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         )),
         None => None,
     };
-    let addr = listen_address(&flags.listen_address);
-    let listener = tokio::net::TcpListener::bind(&addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr} (--web.listen-address)"))?;
+    let mut listeners = Vec::new();
+    for addr in &flags.listen_addresses {
+        let l = prjquota_exporter::listen::bind(addr)
+            .and_then(tokio::net::TcpListener::from_std)
+            .with_context(|| format!("cannot listen on {addr} (--web.listen-address)"))?;
+        listeners.push(l);
+    }
     // Starts loading the eBPF programs in the background.
     let exporter = Arc::new(Exporter::new(&config));
     if config.ebpf == EbpfMode::Required {
@@ -258,7 +254,13 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         "starting prjquota-exporter",
         version = env!("CARGO_PKG_VERSION"),
         revision = env!("PRJQUOTA_REVISION"),
-        address = listener.local_addr().map_or(addr, |a| a.to_string()),
+        addresses = listeners
+            .iter()
+            .map(|l| l
+                .local_addr()
+                .map_or_else(|e| e.to_string(), |a| a.to_string()))
+            .collect::<Vec<_>>()
+            .join(","),
         volumes_dirs = config
             .volumes_dirs
             .iter()
@@ -285,7 +287,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         telemetry_path: flags.telemetry_path,
         web,
     };
-    prjquota_exporter::http::serve_with(listener, exporter, options, shutdown_signal()).await?;
+    prjquota_exporter::http::serve_on(listeners, exporter, options, shutdown_signal()).await?;
     info!("stopped");
     Ok(())
 }
@@ -384,7 +386,7 @@ mod tests {
             f.volumes_dirs,
             vec![PathBuf::from("/opt/nomad/data/host_volumes")]
         );
-        assert_eq!(listen_address(&f.listen_address), "0.0.0.0:14646");
+        assert_eq!(f.listen_addresses, vec![":14646"]);
         assert_eq!(f.statfs_timeout, Duration::from_secs(5));
         assert_eq!(f.log_level, Level::Info);
         assert_eq!(f.ebpf, EbpfMode::Auto);
@@ -395,6 +397,7 @@ mod tests {
             "--volumes-dir=/b",
             "--web.listen-address",
             "127.0.0.1:0",
+            "--web.listen-address=[::1]:0",
             "--log.level",
             "debug",
             "--ebpf=off",
@@ -403,7 +406,7 @@ mod tests {
             f.volumes_dirs,
             vec![PathBuf::from("/a"), PathBuf::from("/b")]
         );
-        assert_eq!(listen_address(&f.listen_address), "127.0.0.1:0");
+        assert_eq!(f.listen_addresses, vec!["127.0.0.1:0", "[::1]:0"]);
         assert_eq!(f.log_level, Level::Debug);
         assert_eq!(f.ebpf, EbpfMode::Off);
         assert!(Flags::try_parse_from(["prjquota-exporter", "--ebpf=maybe"]).is_err());

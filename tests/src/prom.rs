@@ -381,7 +381,8 @@ impl Exporter {
                 if line.contains("msg=\"starting prjquota-exporter\"") {
                     let addr = line
                         .split(' ')
-                        .find_map(|f| f.strip_prefix("address="))
+                        .find_map(|f| f.strip_prefix("addresses="))
+                        .and_then(|a| a.split(',').next())
                         .and_then(|a| a.parse::<SocketAddr>().ok());
                     let _ = tx.send(addr);
                 }
