@@ -54,6 +54,7 @@ fn exporter_catalogue() -> BTreeMap<String, Kind> {
         families.extend(prjquota_exporter::collector::guard::catalogue());
         // Added by the HTTP layer to every scrape.
         families.extend(prjquota_exporter::process::families());
+        families.extend(prjquota_exporter::http::catalogue());
         // Added by the HTTP layer when --web.config.file is given.
         families.extend(prjquota_exporter::web_config::catalogue());
         families

@@ -44,6 +44,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::collector::{Exporter, BUILD_VERSION};
+use crate::metrics::Family;
 use crate::metrics::{Rendered, Renderer, Wire, TEXT_FORMAT};
 use crate::web_config::{Verdict, Web};
 
@@ -98,6 +99,71 @@ struct App {
     /// under the scrape permit only.
     renderer: Mutex<Renderer>,
     started: Instant,
+    requests: Requests,
+}
+
+/// What the HTTP side answered (promhttp's `promhttp_metric_handler_*`):
+/// 401s, 503s and 500s are counted, not only logged.
+#[derive(Debug, Default)]
+pub struct Requests {
+    /// Answered requests by (handler, status code).
+    answered: Mutex<std::collections::BTreeMap<(&'static str, u16), u64>>,
+    /// Requests being answered now, this scrape included.
+    in_flight: std::sync::atomic::AtomicI64,
+}
+
+impl Requests {
+    fn families(&self) -> Vec<Family> {
+        let mut total = Family::counter(
+            "prjquota_exporter_http_requests_total",
+            "Requests the exporter answered, by handler (metrics, healthz, landing, other) and HTTP status code; a request is counted once its answer is made, so a scrape sees the ones before it.",
+        );
+        for ((handler, code), n) in self.answered.lock().expect("never poisoned").iter() {
+            total.labelled(
+                vec![
+                    ("code", code.to_string()),
+                    ("handler", (*handler).to_string()),
+                ],
+                *n as f64,
+            );
+        }
+        let mut in_flight = Family::gauge(
+            "prjquota_exporter_http_requests_in_flight",
+            "Requests the exporter is answering now, the scrape that reads this included.",
+        );
+        in_flight.plain(self.in_flight.load(Ordering::Relaxed) as f64);
+        vec![total, in_flight]
+    }
+
+    fn answered(&self, handler: &'static str, code: StatusCode) {
+        *self
+            .answered
+            .lock()
+            .expect("never poisoned")
+            .entry((handler, code.as_u16()))
+            .or_default() += 1;
+    }
+}
+
+/// The HTTP families with no requests yet (for the docs' catalogue).
+pub fn catalogue() -> Vec<Family> {
+    Requests::default().families()
+}
+
+/// Counts a request as in flight until dropped.
+struct InFlight<'a>(&'a std::sync::atomic::AtomicI64);
+
+impl<'a> InFlight<'a> {
+    fn enter(n: &'a std::sync::atomic::AtomicI64) -> InFlight<'a> {
+        n.fetch_add(1, Ordering::Relaxed);
+        InFlight(n)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl App {
@@ -286,7 +352,13 @@ async fn render(app: &App, arrived: Instant) -> Option<Pieces> {
         .map(|w| w.families())
         .unwrap_or_default();
     let process = crate::process::families();
-    let families = scraped.families.iter().chain(&process).chain(&web);
+    let requests = app.requests.families();
+    let families = scraped
+        .families
+        .iter()
+        .chain(&process)
+        .chain(&requests)
+        .chain(&web);
     let body: Pieces = Arc::new(
         app.renderer
             .lock()
@@ -385,7 +457,32 @@ fn not_ready(app: &App, path: &str) -> Option<Response<Body>> {
     ))
 }
 
+/// Which handler a path is, for `prjquota_exporter_http_requests_total`.
+fn handler_of(app: &App, path: &str) -> &'static str {
+    match path {
+        p if p == app.options.telemetry_path => "metrics",
+        "/healthz" => "healthz",
+        "/" => "landing",
+        _ => "other",
+    }
+}
+
+/// [`answer`], counted.
 async fn route(
+    req: Request<Incoming>,
+    app: Arc<App>,
+    conn: Arc<Conn>,
+) -> Result<Response<Body>, Infallible> {
+    let handler = handler_of(&app, req.uri().path());
+    let _in_flight = InFlight::enter(&app.requests.in_flight);
+    let resp = answer(req, app.clone(), conn).await;
+    if let Ok(r) = &resp {
+        app.requests.answered(handler, r.status());
+    }
+    resp
+}
+
+async fn answer(
     req: Request<Incoming>,
     app: Arc<App>,
     conn: Arc<Conn>,
@@ -575,6 +672,7 @@ pub async fn serve_on(
         last: Mutex::new(None),
         renderer: Mutex::new(renderer),
         started: Instant::now(),
+        requests: Requests::default(),
     });
     let per_ip = Arc::new(PerIp::default());
     let mut http = http1::Builder::new();

@@ -441,3 +441,45 @@ async fn process_metrics_are_present_and_sane() {
     let _ = srv.done.await;
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// 404s, 405s and scrapes are counted by handler and code, as promhttp
+/// counts its handler's; the scrape reading them is in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_are_counted_by_handler_and_code() {
+    let dir = fresh_dir(&std::env::temp_dir(), "http-counted");
+    let srv = start(&dir).await;
+    let addr = srv.addr;
+    let text = client(move || {
+        assert_eq!(get(addr, "/nope").status, 404);
+        assert_eq!(get(addr, "/nope").status, 404);
+        assert_eq!(get(addr, "/healthz").status, 200);
+        assert_eq!(
+            raw(addr, "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").status,
+            405
+        );
+        assert_eq!(get(addr, "/metrics").status, 200);
+        get(addr, "/metrics").body
+    })
+    .await;
+    for (labels, n) in [
+        ("code=\"404\",handler=\"other\"", 2.0),
+        ("code=\"200\",handler=\"healthz\"", 1.0),
+        ("code=\"405\",handler=\"metrics\"", 1.0),
+        ("code=\"200\",handler=\"metrics\"", 1.0),
+    ] {
+        assert_eq!(
+            value(
+                &text,
+                &format!("prjquota_exporter_http_requests_total{{{labels}}}")
+            ),
+            Some(n),
+            "{labels}\n{text}"
+        );
+    }
+    assert_eq!(
+        value(&text, "prjquota_exporter_http_requests_in_flight"),
+        Some(1.0)
+    );
+    let _ = srv.stop.send(());
+    srv.done.await.unwrap().unwrap();
+}
