@@ -1,6 +1,8 @@
-//! A tiny structured logger: one logfmt line per event on stderr,
-//! `ts=2026-01-02T03:04:05.678Z level=info msg="…" key=value`, the format
-//! node_exporter and the rest of the Prometheus ecosystem print.
+//! A tiny structured logger: one line per event on stderr, logfmt
+//! (`ts=2026-01-02T03:04:05.678Z level=info msg="…" key=value`, the format
+//! node_exporter and the rest of the Prometheus ecosystem print) or, with
+//! `--log.format json`, one JSON object with the same keys (node_exporter's
+//! other format, for log pipelines that parse JSON).
 //!
 //! Values may come from volume authors (paths, file names, error text), so
 //! every value is quoted and escaped when it needs to be: a newline or a quote
@@ -33,6 +35,19 @@ impl Level {
 
 static LEVEL: AtomicU8 = AtomicU8::new(Level::Info as u8);
 
+/// How a line is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Logfmt = 0,
+    Json = 1,
+}
+
+static FORMAT: AtomicU8 = AtomicU8::new(Format::Logfmt as u8);
+
+pub fn set_format(format: Format) {
+    FORMAT.store(format as u8, Ordering::Relaxed);
+}
+
 pub fn set_level(level: Level) {
     LEVEL.store(level as u8, Ordering::Relaxed);
 }
@@ -43,7 +58,11 @@ pub fn enabled(level: Level) -> bool {
 
 /// Writes one event. Use the macros ([`crate::info!`] …) rather than this.
 pub fn emit(level: Level, msg: &str, fields: &[(&str, &dyn Display)]) {
-    let line = format_line(SystemTime::now(), level, msg, fields);
+    let line = if FORMAT.load(Ordering::Relaxed) == Format::Json as u8 {
+        format_json(SystemTime::now(), level, msg, fields)
+    } else {
+        format_line(SystemTime::now(), level, msg, fields)
+    };
     // One write of a whole line: concurrent events never interleave.
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
@@ -66,6 +85,27 @@ pub fn format_line(
         line.push('=');
         push_value(&mut line, &buf);
     }
+    line.push('\n');
+    line
+}
+
+/// One event as a JSON object on one line: `ts`, `level`, `msg`, then the
+/// fields, every value a string (escaped by serde_json: no value can end
+/// the line or the object).
+pub fn format_json(
+    now: SystemTime,
+    level: Level,
+    msg: &str,
+    fields: &[(&str, &dyn Display)],
+) -> String {
+    let mut obj = serde_json::Map::with_capacity(3 + fields.len());
+    obj.insert("ts".into(), Rfc3339(now).to_string().into());
+    obj.insert("level".into(), level.as_str().into());
+    obj.insert("msg".into(), msg.into());
+    for (key, value) in fields {
+        obj.insert((*key).to_string(), value.to_string().into());
+    }
+    let mut line = serde_json::Value::Object(obj).to_string();
     line.push('\n');
     line
 }
@@ -169,6 +209,28 @@ macro_rules! debug {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_lines_are_one_object_with_every_field_escaped() {
+        let path = "/v/a\"b\nlevel=error";
+        let line = format_json(
+            UNIX_EPOCH + std::time::Duration::from_millis(1_700_000_000_123),
+            Level::Warn,
+            "a \"message\"",
+            &[("path", &path), ("n", &3)],
+        );
+        assert!(
+            line.ends_with('\n') && line.matches('\n').count() == 1,
+            "{line}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["ts"], "2023-11-14T22:13:20.123Z");
+        assert_eq!(v["level"], "warn");
+        assert_eq!(v["msg"], "a \"message\"");
+        assert_eq!(v["path"], path);
+        assert_eq!(v["n"], "3");
+    }
+
     use std::time::Duration;
 
     #[test]

@@ -75,7 +75,7 @@ struct Flags {
     #[arg(long = "web.disable-compression")]
     disable_compression: bool,
 
-    /// Least severe log level to print (logs are logfmt lines on stderr).
+    /// Least severe log level to print (logs are lines on stderr).
     #[arg(
         long = "log.level",
         value_name = "LEVEL",
@@ -83,6 +83,15 @@ struct Flags {
         default_value = "info"
     )]
     log_level: Level,
+
+    /// How each log line is written: logfmt, or one JSON object per line.
+    #[arg(
+        long = "log.format",
+        value_name = "FORMAT",
+        value_enum,
+        default_value = "logfmt"
+    )]
+    log_format: log::Format,
 
     /// How long statfs (and quotactl, and reading the registry) of a volumes
     /// directory may take before that directory is reported as stuck
@@ -161,6 +170,7 @@ fn telemetry_path(s: &str) -> Result<String, String> {
 fn main() {
     let flags = Flags::parse();
     log::set_level(flags.log_level);
+    log::set_format(flags.log_format);
     // A daemon that builds and frees megabytes per scrape: keep its RSS to
     // what it uses, not to its busiest scrape so far.
     prjquota_core::sys::cap_retained_heap(2 << 20, 128 << 10);
@@ -408,7 +418,10 @@ mod tests {
         );
         assert_eq!(f.listen_addresses, vec!["127.0.0.1:0", "[::1]:0"]);
         assert_eq!(f.log_level, Level::Debug);
+        assert_eq!(f.log_format, log::Format::Logfmt);
         assert_eq!(f.ebpf, EbpfMode::Off);
+        let f = Flags::parse_from(["prjquota-exporter", "--log.format=json"]);
+        assert_eq!(f.log_format, log::Format::Json);
         assert!(Flags::try_parse_from(["prjquota-exporter", "--ebpf=maybe"]).is_err());
     }
 }
