@@ -335,7 +335,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(2));
         let second = new_dir(&root).unwrap();
         let prev = swap_links(&root, std::slice::from_ref(&a), &second).unwrap();
-        assert_eq!(prev, [first.clone()]);
+        assert_eq!(prev, std::slice::from_ref(&first));
         assert!(remove_unused(&root, &prev, &second).unwrap().is_empty());
         assert!(first.exists());
         // Then /v/b too: the first dir goes, links and maps.

@@ -290,6 +290,7 @@ pub(crate) fn statfs_type(path: &std::path::Path) -> std::io::Result<i64> {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: statfs succeeded and filled the struct.
+    #[allow(clippy::unnecessary_cast)] // __fsword_t is i64 on x86_64, i32 elsewhere
     Ok(unsafe { st.assume_init() }.f_type as i64)
 }
 
