@@ -90,7 +90,7 @@ use aya::util::KernelVersion;
 use aya::{Btf, Ebpf, EbpfLoader};
 
 use crate::error::{chain, errno_of};
-pub use crate::raw::{GuardProject, GuardRootKey};
+pub use crate::raw::{GuardProject, GuardRawRoot as GuardRootValue, GuardRootKey};
 use crate::raw::{GuardRawCounters as RawCounters, GuardRawRoot as RawRoot};
 use crate::{
     classify, kernel_btf, kernel_dev, map_err, object_error, pins, remove_ok, FailureReason,
