@@ -660,7 +660,7 @@ impl Guard {
             });
         }
         // Maps first, pinned before anything is in them.
-        let mut pinning: Option<Result<(PathBuf, Vec<PathBuf>), String>> = None;
+        let mut pinning: Option<Result<(PathBuf, pins::Swapped), String>> = None;
         let mut dir = None;
         if let Some((root, _)) = pin {
             match pins::ensure_root(root).and_then(|()| pins::new_dir(root)) {
@@ -687,8 +687,10 @@ impl Guard {
             Ok(id) => attached.push((DETECT_PROG, LinkId::FExit(id))),
             Err(e) => {
                 let (reason, detail) = classify(&e);
-                if let Some(d) = &dir {
-                    let _ = pins::remove_dir(d);
+                // The guard pinned before this start, if any, goes on.
+                if let (Some((root, _)), Some(Ok((d, swapped)))) = (pin, pinning) {
+                    swapped.undo(root);
+                    let _ = pins::remove_dir(&d);
                 }
                 return Err(LoadError::NoProgram {
                     component: COMPONENT,
@@ -715,9 +717,9 @@ impl Guard {
         };
         let result = match pinning.expect("set when pinning") {
             Err(e) => Err(e),
-            Ok((d, previous)) => g.pin_links(&d, attached).and_then(|links| {
+            Ok((d, swapped)) => g.pin_links(&d, attached).and_then(|links| {
                 // Only once the new programs run: the old ones go.
-                let removed = pins::remove_unused(root, &previous, &d).map_err(|e| {
+                let removed = pins::remove_unused(root, &swapped.previous(), &d).map_err(|e| {
                     format!("the guard is pinned in {}, but the pins of an earlier start could not be removed: {e}", d.display())
                 })?;
                 Ok(Pinned {

@@ -149,30 +149,64 @@ pub fn new_dir(root: &Path) -> io::Result<PathBuf> {
     Ok(dir)
 }
 
-/// Points the symlink of every volumes directory at `dir` (atomically:
-/// a new symlink renamed over the old); returns the pin directories they
-/// pointed at before.
-pub fn swap_links(root: &Path, volumes_dirs: &[PathBuf], dir: &Path) -> io::Result<Vec<PathBuf>> {
-    let mut previous = Vec::new();
+/// What [`swap_links`] changed: each symlink and what it pointed at before.
+#[derive(Debug, Default)]
+pub struct Swapped {
+    links: Vec<(PathBuf, Option<PathBuf>)>,
+}
+
+impl Swapped {
+    /// The pin directories the symlinks pointed at before.
+    pub fn previous(&self) -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = self.links.iter().filter_map(|(_, o)| o.clone()).collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// Points every symlink back where it pointed before (a start that
+    /// failed after the swap: the guard before it goes on).
+    pub fn undo(self, root: &Path) {
+        for (link, old) in self.links {
+            let _ = match old {
+                Some(old) => point(root, &link, &old),
+                None => fs::remove_file(&link),
+            };
+        }
+    }
+}
+
+/// Points `link` at `target`: a symlink under a temporary name, renamed
+/// over `link` (atomic: the plugin sees the old or the new, never none).
+fn point(root: &Path, link: &Path, target: &Path) -> io::Result<()> {
+    let mut tmp: OsString = root.join(".tmp-").into_os_string();
+    tmp.push(link.file_name().unwrap_or_default());
+    tmp.push(format!("-{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let _ = fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp)
+        .map_err(|e| ctx(&tmp, "cannot create the symlink", e))?;
+    fs::rename(&tmp, link).map_err(|e| ctx(link, "cannot rename the symlink over", e))
+}
+
+/// Points the symlink of every volumes directory at `dir`; returns what
+/// they pointed at before. On an error, those already swapped are put
+/// back.
+pub fn swap_links(root: &Path, volumes_dirs: &[PathBuf], dir: &Path) -> io::Result<Swapped> {
+    let mut swapped = Swapped::default();
     for d in volumes_dirs {
         let link = link_of(root, d);
-        if let Ok(old) = fs::read_link(&link) {
-            if old != dir {
-                previous.push(old);
-            }
+        if swapped.links.iter().any(|(l, _)| *l == link) {
+            continue; // the same directory given twice
         }
-        let mut tmp: OsString = root.join(".tmp-").into_os_string();
-        tmp.push(link.file_name().unwrap_or_default());
-        tmp.push(format!("-{}", std::process::id()));
-        let tmp = PathBuf::from(tmp);
-        let _ = fs::remove_file(&tmp);
-        std::os::unix::fs::symlink(dir, &tmp)
-            .map_err(|e| ctx(&tmp, "cannot create the symlink", e))?;
-        fs::rename(&tmp, &link).map_err(|e| ctx(&link, "cannot rename the symlink over", e))?;
+        let old = fs::read_link(&link).ok().filter(|o| o != dir);
+        if let Err(e) = point(root, &link, dir) {
+            swapped.undo(root);
+            return Err(e);
+        }
+        swapped.links.push((link, old));
     }
-    previous.sort();
-    previous.dedup();
-    Ok(previous)
+    Ok(swapped)
 }
 
 /// The pin directories the symlinks under `root` point at.
@@ -329,17 +363,29 @@ mod tests {
         fs::write(first.join("link.x"), b"").unwrap();
         assert!(swap_links(&root, &[a.clone(), b.clone()], &first)
             .unwrap()
+            .previous()
             .is_empty());
         assert_eq!(fs::read_link(link_of(&root, &a)).unwrap(), first);
         // A second exporter takes /v/a only: /v/b still uses the first dir.
         std::thread::sleep(Duration::from_millis(2));
         let second = new_dir(&root).unwrap();
-        let prev = swap_links(&root, std::slice::from_ref(&a), &second).unwrap();
+        let prev = swap_links(&root, std::slice::from_ref(&a), &second)
+            .unwrap()
+            .previous();
         assert_eq!(prev, std::slice::from_ref(&first));
         assert!(remove_unused(&root, &prev, &second).unwrap().is_empty());
         assert!(first.exists());
         // Then /v/b too: the first dir goes, links and maps.
-        let prev = swap_links(&root, std::slice::from_ref(&b), &second).unwrap();
+        // A start that fails after its swap points the symlink back.
+        let failed = new_dir(&root).unwrap();
+        swap_links(&root, std::slice::from_ref(&b), &failed)
+            .unwrap()
+            .undo(&root);
+        assert_eq!(fs::read_link(link_of(&root, &b)).unwrap(), first);
+        fs::remove_dir(&failed).unwrap();
+        let prev = swap_links(&root, std::slice::from_ref(&b), &second)
+            .unwrap()
+            .previous();
         let removed = remove_unused(&root, &prev, &second).unwrap();
         assert_eq!(removed, [(first.clone(), 2)]);
         assert!(!first.exists() && second.exists());
