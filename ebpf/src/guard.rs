@@ -550,7 +550,7 @@ pub struct Snapshot {
 /// How the guard came to be pinned ([`Guard::load_pinned`]).
 #[derive(Debug)]
 pub struct Pinned {
-    /// The pin directory (`<pin root>/.guard-<unique>`).
+    /// The pin directory (`<pin root>/@guard-<unique>`).
     pub dir: PathBuf,
     /// Programs whose links are pinned there.
     pub links: Vec<&'static str>,

@@ -6,13 +6,17 @@
 //!
 //! ```text
 //! <pin root>/                      root:root 0700 (default /sys/fs/bpf/prjquota)
-//!   .guard-<unique>/               one per exporter start
+//!   @guard-<unique>/               one per exporter start
 //!     roots devs projects counters stats events      the maps
-//!     link.<program>               one per attached program
-//!   <escape_path(D)> -> <pin root>/.guard-<unique>   one per volumes directory D
+//!     link-<program>               one per attached program
+//!   <escape_path(D)> -> <pin root>/@guard-<unique>   one per volumes directory D
 //! ```
 //!
-//! A start makes a new `.guard-<unique>` directory with fresh maps, points
+//! No name holds a `.`: bpffs refuses them (reserved for the kernel's own
+//! files), so `escape_path` escapes every dot and the exporter's own names
+//! start with `@` (which `escape_path` never leaves in a name).
+//!
+//! A start makes a new `@guard-<unique>` directory with fresh maps, points
 //! every symlink of its volumes directories at it (a symlink under a
 //! temporary name renamed over the old one: atomic), fills the maps,
 //! attaches and pins the programs, and only then removes the directory the
@@ -42,19 +46,22 @@ pub const MAP_PINS: [(&str, &str); 6] = [
 ];
 
 /// A pin directory's name starts with this.
-const DIR_PREFIX: &str = ".guard-";
+const DIR_PREFIX: &str = "@guard-";
+/// A temporary symlink's name starts with this.
+const TMP_PREFIX: &str = "@tmp-";
 /// A link pin's name starts with this.
-pub const LINK_PREFIX: &str = "link.";
+pub const LINK_PREFIX: &str = "link-";
 /// A pin directory no symlink points at is a crashed start's only after
 /// this long (a start running at the same time has not swapped yet).
 const ORPHAN_AFTER: Duration = Duration::from_secs(120);
 /// `BPF_FS_MAGIC` (include/uapi/linux/magic.h).
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
-/// `systemd-escape --path`: the name of a volumes directory's symlink. `/`
-/// becomes `-`; bytes outside `[A-Za-z0-9:_.]`, and a leading `.`, become
-/// `\xNN`. The same function as `prjquota_core::guard_pins::escape_path`
-/// (the plugin's side): both sides must name the pin alike.
+/// The name of a volumes directory's symlink: `systemd-escape --path`,
+/// except that every `.` becomes `\x2e` (bpffs refuses names with a dot).
+/// `/` becomes `-`; bytes outside `[A-Za-z0-9:_]` become `\xNN`. The same
+/// function as `prjquota_core::guard_pins::escape_path` (the plugin's
+/// side): both sides must name the pin alike.
 pub fn escape_path(path: &Path) -> String {
     let bytes = path.as_os_str().as_bytes();
     let trimmed: Vec<&[u8]> = bytes
@@ -65,11 +72,10 @@ pub fn escape_path(path: &Path) -> String {
         return "-".into();
     }
     let mut out = String::new();
-    for (i, b) in trimmed.join(&b'/').into_iter().enumerate() {
+    for b in trimmed.join(&b'/') {
         match b {
             b'/' => out.push('-'),
-            b'.' if i == 0 => out.push_str("\\x2e"),
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b':' | b'_' | b'.' => out.push(b as char),
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b':' | b'_' => out.push(b as char),
             _ => out.push_str(&format!("\\x{b:02x}")),
         }
     }
@@ -179,7 +185,7 @@ impl Swapped {
 /// Points `link` at `target`: a symlink under a temporary name, renamed
 /// over `link` (atomic: the plugin sees the old or the new, never none).
 fn point(root: &Path, link: &Path, target: &Path) -> io::Result<()> {
-    let mut tmp: OsString = root.join(".tmp-").into_os_string();
+    let mut tmp: OsString = root.join(TMP_PREFIX).into_os_string();
     tmp.push(link.file_name().unwrap_or_default());
     tmp.push(format!("-{}", std::process::id()));
     let tmp = PathBuf::from(tmp);
@@ -331,8 +337,7 @@ mod tests {
 
     #[test]
     fn paths_escape_as_systemd_escape_does() {
-        // The plugin's vectors (prjquota_core::guard_pins), checked against
-        // `systemd-escape --path`.
+        // As `systemd-escape --path` gives them, but for dots.
         assert_eq!(
             escape_path(Path::new("/opt/nomad/data/host_volumes")),
             "opt-nomad-data-host_volumes"
@@ -343,7 +348,9 @@ mod tests {
             escape_path(Path::new("/.hidden/x-y z")),
             "\\x2ehidden-x\\x2dy\\x20z"
         );
-        assert_eq!(escape_path(Path::new("/v/a.b:c")), "v-a.b:c");
+        // Dots too (bpffs refuses them), unlike systemd-escape.
+        assert_eq!(escape_path(Path::new("/v/a.b:c")), "v-a\\x2eb:c");
+        assert!(!escape_path(Path::new("/srv/x.y/.z.")).contains('.'));
         assert_ne!(
             escape_path(Path::new("/a-b")),
             escape_path(Path::new("/a/b"))
@@ -360,7 +367,7 @@ mod tests {
         let (a, b) = (PathBuf::from("/v/a"), PathBuf::from("/v/b"));
         let first = new_dir(&root).unwrap();
         fs::write(first.join("roots"), b"").unwrap();
-        fs::write(first.join("link.x"), b"").unwrap();
+        fs::write(first.join("link-x"), b"").unwrap();
         assert!(swap_links(&root, &[a.clone(), b.clone()], &first)
             .unwrap()
             .previous()

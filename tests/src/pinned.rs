@@ -18,7 +18,7 @@ pub fn dir_of(volumes_dir: &Path) -> Option<PathBuf> {
     std::fs::read_link(pins::link_of(root(), volumes_dir)).ok()
 }
 
-/// The pin directories under the pin root (`.guard-*`).
+/// The pin directories under the pin root (`@guard-*`).
 pub fn dirs() -> Vec<PathBuf> {
     let Ok(rd) = std::fs::read_dir(root()) else {
         return Vec::new();
@@ -27,7 +27,7 @@ pub fn dirs() -> Vec<PathBuf> {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
             p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with(".guard-"))
+                .is_some_and(|n| n.to_string_lossy().starts_with("@guard-"))
         })
         .collect();
     v.sort();

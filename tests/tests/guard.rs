@@ -163,6 +163,8 @@ struct Volume {
     spec: Spec,
     path: PathBuf,
     projid: u32,
+    /// `st_dev` of its filesystem.
+    dev: u64,
 }
 
 impl Volume {
@@ -181,11 +183,13 @@ impl Volume {
         assert_eq!(fill(&sub.join("more"), MIB / 4, Some(OWNER)).errno, None);
         assert_eq!(Fixture::project_of(&path.join("data")), (projid, false));
         assert_eq!(Fixture::project_of(&sub), (projid, true));
+        let dev = fs::metadata(&path).unwrap().dev();
         Volume {
             f,
             spec,
             path,
             projid,
+            dev,
         }
     }
 
@@ -197,7 +201,7 @@ impl Volume {
 
     /// The attempts counted against this volume's project.
     fn of(&self, c: &GuardCounters) -> Outcomes {
-        c.project(fs::metadata(&self.path).unwrap().dev(), self.projid)
+        c.project(self.dev, self.projid)
     }
 
     fn used(&self) -> u64 {
@@ -985,7 +989,7 @@ fn a_reused_inode_number_does_not_inherit_a_deleted_root(fs: &FsCase) {
         .param("gid", &owner);
     let (kept, _) = gone.f.create(&spec);
     let kept_projid = gone.f.project_id(&spec.id);
-    let exp = guarding(&gone, &["--guard.sync-interval=1h"]);
+    let exp = guarding(&gone, &["--guard.sync-interval=60m"]);
     let dir = gone.f.node.volumes_dir.clone();
     let old = pinned::key_of(&gone.path);
     assert!(
