@@ -969,11 +969,25 @@ fn the_guard_holds_through_exporter_restarts_and_crashes(fs: &FsCase) {
         assert!(*refused > 0, "{name}: no attempt was made");
     }
     assert_eq!(Fixture::project_of(&v.path.join("data")), (v.projid, false));
-    drop(exp);
-    assert!(
-        pinned::dir_of(&dir).is_none(),
-        "the test's pins are removed"
-    );
+
+    // The documented way to take the guard away: an exporter started with
+    // --guard=off removes the pins of its volumes directories.
+    let _ = exp.stop_leaving_pins();
+    assert!(third.exists());
+    let off = Exporter::start_with(&[&dir], &["--guard=off", "--ebpf=off"]);
+    let start = Instant::now();
+    while third.exists() || pinned::dir_of(&dir).is_some() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "--guard=off left the pins\n{}",
+            off.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (_, r) = chproj_as(Who::User(OWNER), &data, 0);
+    assert_eq!(r, Ok(()), "no guard after --guard=off");
+    chproj(&data, v.projid).unwrap();
+    drop(off);
 }
 
 /// A deleted volume's root leaves an entry keyed by its inode number AND
