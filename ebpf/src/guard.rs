@@ -66,30 +66,34 @@
 //! if let Some(why) = guard.not_enforcing() {
 //!     eprintln!("guard: detect only: {why}");
 //! }
-//! let (dev, ino) = prjquota_ebpf::root_of("/srv/volumes/3f2a…".as_ref()).unwrap();
-//! guard.set_roots(&[(dev, ino, 7, 10_000_001)]).unwrap();
+//! let (dev, ino, gen) = prjquota_ebpf::guard::root_identity("/srv/volumes/3f2a…".as_ref()).unwrap();
+//! guard.set_roots(&[(dev, ino, gen, 10_000_001)]).unwrap();
 //! let c = guard.read().unwrap();
-//! println!("{:?}", c.volume(7));
+//! println!("{:?}", c.project(dev, 10_000_001));
 //! for e in guard.drain_events() {
 //!     println!("{} (pid {}) {:?}", e.comm, e.pid, e.result);
 //! }
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use aya::maps::{Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
+use aya::maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
+use aya::programs::links::FdLink;
 use aya::programs::{FExit, Lsm, ProgramError};
 use aya::util::KernelVersion;
 use aya::{Btf, Ebpf, EbpfLoader};
 
 use crate::error::{chain, errno_of};
+pub use crate::raw::{GuardProject, GuardRawRoot as GuardRootValue, GuardRootKey};
 use crate::raw::{GuardRawCounters as RawCounters, GuardRawRoot as RawRoot};
-use crate::roots::{entering, sync_roots, RootMaps};
 use crate::{
-    classify, kernel_btf, map_err, object_error, prune_counters, remove_counters, FailureReason,
+    classify, kernel_btf, kernel_dev, map_err, object_error, pins, remove_ok, FailureReason,
     LoadError, LoadOptions, ProgramFailure, RootsUpdate, TelemetryError,
 };
 
@@ -123,12 +127,17 @@ const GUARD_SRC_LSM: u8 = 1;
 const GUARD_WHAT_PROJID: u8 = 1;
 const GUARD_WHAT_NOINHERIT: u8 = 2;
 const GUARD_WHAT_UNREADABLE: u8 = 4;
-const GUARD_NO_VOLUME: u32 = 0xffff_ffff;
+const GUARD_WHAT_FOREIGN_PROJID: u8 = 8;
+const GUARD_WHERE_OUTSIDE: u32 = 1;
+const GUARD_WHERE_VOLUME: u32 = 2;
+#[cfg(test)]
+const GUARD_WHERE_WALK_LIMIT: u32 = 3;
 /// `sizeof(struct guard_event)`.
 const EVENT_SIZE: usize = 80;
 
 const MAP_ROOTS: &str = "guard_roots";
 const MAP_ROOT_DEVS: &str = "guard_root_devs";
+const MAP_PROJECTS: &str = "guard_projects";
 const MAP_COUNTERS: &str = "guard_counters";
 const MAP_STATS: &str = "guard_stats";
 const MAP_EVENTS: &str = "guard_events";
@@ -324,9 +333,11 @@ impl Outcomes {
 /// A snapshot of the guard's counters (cumulative since load).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GuardCounters {
-    /// Per volume index: every index currently in the roots (zeros until
-    /// the first attempt).
-    pub volumes: BTreeMap<u32, Outcomes>,
+    /// Per `(device in the kernel's encoding, project ID)`: every volume
+    /// project in the guard (zeros until the first attempt), and any other
+    /// with counts. Attempts inside a volume count against its project;
+    /// outside every volume, against the project asked for.
+    pub projects: BTreeMap<(u64, u32), Outcomes>,
     /// Attempts past [`GUARD_MAX_DEPTH`] on a volume filesystem (volume
     /// unknown).
     pub walk_limit: Outcomes,
@@ -344,10 +355,26 @@ pub struct GuardCounters {
 }
 
 impl GuardCounters {
-    /// The attempts on one volume index (zeros if unknown).
-    pub fn volume(&self, index: u32) -> Outcomes {
-        self.volumes.get(&index).copied().unwrap_or_default()
+    /// The attempts against project `projid` on device `st_dev` (as `stat`
+    /// gives it; zeros if unknown).
+    pub fn project(&self, st_dev: u64, projid: u32) -> Outcomes {
+        kernel_dev(st_dev)
+            .and_then(|d| self.projects.get(&(d, projid)))
+            .copied()
+            .unwrap_or_default()
     }
+}
+
+/// Where the inode of an event is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Place {
+    /// At or below a volume root.
+    Volume,
+    /// Outside every volume root, on a device that holds volumes.
+    Outside,
+    /// Deeper than [`GUARD_MAX_DEPTH`] below the filesystem's root without
+    /// a volume root found.
+    Unknown,
 }
 
 /// The outcome of one attempt.
@@ -388,8 +415,8 @@ pub struct GuardEvent {
     /// cgroup v2 ID of the caller (the inode number of its cgroup directory
     /// under /sys/fs/cgroup: `find /sys/fs/cgroup -inum <id>`).
     pub cgroup_id: u64,
-    /// The volume index; `None` past [`GUARD_MAX_DEPTH`].
-    pub index: Option<u32>,
+    /// Where the inode is.
+    pub place: Place,
     pub result: Outcome,
     pub source: EventSource,
     /// The caller has CAP_SYS_ADMIN in the initial user namespace: allowed,
@@ -401,9 +428,12 @@ pub struct GuardEvent {
     pub clears_inherit: bool,
     /// The LSM could not read the new attributes (refused).
     pub unreadable: bool,
+    /// Outside every volume: gives a file a volume's project ID.
+    pub joins_project: bool,
     /// The requested project ID (`FS_IOC_FSSETXATTR`), else the file's.
     pub projid: u32,
-    /// The volume's project ID.
+    /// The volume's project ID (outside every volume: the project asked
+    /// for).
     pub volume_projid: u32,
     /// Requested `fsx_xflags` (from `FS_IOC_SETFLAGS`: PROJINHERIT only).
     pub xflags: u32,
@@ -427,7 +457,11 @@ impl GuardEvent {
         let comm = &b[64..80];
         let end = comm.iter().position(|&c| c == 0).unwrap_or(comm.len());
         let dev = u64_at(16);
-        let index = u32_at(36);
+        let place = match u32_at(36) {
+            GUARD_WHERE_VOLUME => Place::Volume,
+            GUARD_WHERE_OUTSIDE => Place::Outside,
+            _ => Place::Unknown,
+        };
         let ret = u32_at(52) as i32;
         let what = b[58];
         Some(GuardEvent {
@@ -437,7 +471,7 @@ impl GuardEvent {
             pid: u32_at(24),
             tid: u32_at(28),
             uid: u32_at(32),
-            index: (index != GUARD_NO_VOLUME).then_some(index),
+            place,
             projid: u32_at(40),
             volume_projid: u32_at(44),
             xflags: u32_at(48),
@@ -455,6 +489,7 @@ impl GuardEvent {
             changes_project: what & GUARD_WHAT_PROJID != 0,
             clears_inherit: what & GUARD_WHAT_NOINHERIT != 0,
             unreadable: what & GUARD_WHAT_UNREADABLE != 0,
+            joins_project: what & GUARD_WHAT_FOREIGN_PROJID != 0,
             privileged: b[59] != 0,
             cmd: u32_at(60),
             comm: String::from_utf8_lossy(&comm[..end]).into_owned(),
@@ -476,12 +511,55 @@ impl GuardEvent {
         if self.unreadable {
             parts.push("change attributes (argument unreadable)".to_string());
         }
+        if self.joins_project {
+            parts.push(format!(
+                "give a file outside every volume the volume project ID {}",
+                self.projid
+            ));
+        }
         parts.join(" and ")
     }
 }
 
-/// The loaded guard. Counters are cumulative from load; an index whose
-/// roots all disappear from [`Guard::set_roots`] loses its counters.
+/// The identity the guard keys a root by: `(st_dev, st_ino, generation)`
+/// of the directory at `path` (not following a symlink).
+pub fn root_identity(path: &Path) -> io::Result<(u64, u64, u32)> {
+    let dir = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    root_identity_of(dir.as_fd())
+}
+
+/// [`root_identity`] of an open directory.
+pub fn root_identity_of(fd: BorrowedFd<'_>) -> io::Result<(u64, u64, u32)> {
+    let f = std::fs::File::from(fd.try_clone_to_owned()?);
+    let m = f.metadata()?;
+    Ok((m.dev(), m.ino(), crate::raw::inode_generation(fd)?))
+}
+
+/// The keys in the guard's maps at one moment ([`Guard::snapshot`]): a
+/// sync deletes only what was there before it read the registry, never an
+/// entry the plugin added since.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    roots: HashSet<GuardRootKey>,
+    projects: HashSet<GuardProject>,
+}
+
+/// How the guard came to be pinned ([`Guard::load_pinned`]).
+#[derive(Debug)]
+pub struct Pinned {
+    /// The pin directory (`<pin root>/@guard-<unique>`).
+    pub dir: PathBuf,
+    /// Programs whose links are pinned there.
+    pub links: Vec<&'static str>,
+    /// The pin directories of earlier starts removed, with their pin count.
+    pub removed: pins::Removed,
+}
+
+/// The loaded guard. Counters are cumulative from load; a project that
+/// leaves the guard loses its counters.
 pub struct Guard {
     ebpf: Ebpf,
     events: RingBuf<MapData>,
@@ -489,7 +567,6 @@ pub struct Guard {
     /// The attached LSM programs' sections, when enforcing.
     lsm: Vec<&'static str>,
     not_enforcing: Option<NotEnforcing>,
-    indexes: BTreeSet<u32>,
     max_roots: u32,
 }
 
@@ -499,9 +576,16 @@ impl fmt::Debug for Guard {
             .field("requested", &self.requested)
             .field("lsm", &self.lsm)
             .field("not_enforcing", &self.not_enforcing)
-            .field("indexes", &self.indexes.len())
             .finish_non_exhaustive()
     }
+}
+
+/// An attached program: `(program name, link)` before its link is pinned.
+type Attached = Vec<(&'static str, LinkId)>;
+
+enum LinkId {
+    FExit(aya::programs::fexit::FExitLinkId),
+    Lsm(aya::programs::lsm::LsmLinkId),
 }
 
 impl Guard {
@@ -517,17 +601,48 @@ impl Guard {
     /// program cannot run: no BTF, no bpf(2), fexit refused (as on the
     /// development host), kernel too old. [`GuardMode::Enforce`] without a
     /// usable BPF LSM succeeds in detect mode: see [`Guard::not_enforcing`].
-    /// [`GuardMode::Off`] is an error here (use [`Guard::start`]).
+    /// [`GuardMode::Off`] is an error here (use [`Guard::start`]). The
+    /// programs stay attached while the `Guard` lives, and no longer.
     pub fn load(mode: GuardMode) -> Result<Guard, LoadError> {
         Guard::load_with(mode, &LoadOptions::default())
     }
 
     /// [`Guard::load`] with map sizes from `opts` (`require_all` is unused).
     pub fn load_with(mode: GuardMode, opts: &LoadOptions) -> Result<Guard, LoadError> {
-        crate::one_load_at_a_time(|| Guard::load_attach(mode, opts))
+        crate::one_load_at_a_time(|| {
+            Guard::load_attach(mode, opts, None, &mut |_| {}).map(|(g, _)| g)
+        })
     }
 
-    fn load_attach(mode: GuardMode, opts: &LoadOptions) -> Result<Guard, LoadError> {
+    /// Loads the guard pinned under `pin_root` for `volumes_dirs` (see
+    /// [`crate::pins`]): fresh maps pinned in a new directory, every
+    /// volumes directory's symlink swapped to it, `fill` called to put the
+    /// registry's roots in, the programs attached and their links pinned,
+    /// then the directories the symlinks pointed at before removed. The
+    /// programs stay attached after the `Guard` (and the process) is gone.
+    ///
+    /// The second value says how pinning went: `Err` (the guard runs,
+    /// attached to this process only, and earlier pins are left in place)
+    /// with what failed.
+    pub fn load_pinned(
+        mode: GuardMode,
+        opts: &LoadOptions,
+        pin_root: &Path,
+        volumes_dirs: &[PathBuf],
+        fill: &mut dyn FnMut(&mut Guard),
+    ) -> Result<(Guard, Result<Pinned, String>), LoadError> {
+        crate::one_load_at_a_time(|| {
+            Guard::load_attach(mode, opts, Some((pin_root, volumes_dirs)), fill)
+                .map(|(g, p)| (g, p.expect("pinned load")))
+        })
+    }
+
+    fn load_attach(
+        mode: GuardMode,
+        opts: &LoadOptions,
+        pin: Option<(&Path, &[PathBuf])>,
+        fill: &mut dyn FnMut(&mut Guard),
+    ) -> Result<(Guard, Option<Result<Pinned, String>>), LoadError> {
         if mode == GuardMode::Off {
             return Err(LoadError::BpfUnavailable {
                 errno: None,
@@ -535,7 +650,6 @@ impl Guard {
             });
         }
         let (loader, btf) = kernel_btf()?;
-        let mut g = Guard::open(loader, &btf, opts, mode)?;
         if let Some(f) = too_old(
             DETECT_PROG,
             &format!("fexit/{DETECT_FUNC} as {DETECT_PROG}"),
@@ -545,40 +659,102 @@ impl Guard {
                 failures: vec![f],
             });
         }
-        if let Err(e) = load_fexit(&mut g.ebpf, &btf) {
-            let (reason, detail) = classify(&e);
-            return Err(LoadError::NoProgram {
-                component: COMPONENT,
-                failures: vec![ProgramFailure {
-                    program: DETECT_FUNC,
-                    part: format!("fexit/{DETECT_FUNC} as {DETECT_PROG}"),
-                    reason,
-                    detail,
-                }],
+        // Maps first, pinned before anything is in them.
+        let mut pinning: Option<Result<(PathBuf, pins::Swapped), String>> = None;
+        let mut dir = None;
+        if let Some((root, _)) = pin {
+            match pins::ensure_root(root).and_then(|()| pins::new_dir(root)) {
+                Ok(d) => dir = Some(d),
+                Err(e) => pinning = Some(Err(e.to_string())),
+            }
+        }
+        let mut g = Guard::open(loader, &btf, opts, mode, dir.as_deref())?;
+        if let (Some(d), Some((root, volumes_dirs))) = (&dir, pin) {
+            let pinned = g
+                .pin_maps(d)
+                .and_then(|()| pins::swap_links(root, volumes_dirs, d).map_err(|e| e.to_string()));
+            pinning = Some(match pinned {
+                Ok(previous) => Ok((d.clone(), previous)),
+                Err(e) => {
+                    let _ = pins::remove_dir(d);
+                    Err(e)
+                }
             });
+        }
+        fill(&mut g);
+        let mut attached: Attached = Vec::new();
+        match load_fexit(&mut g.ebpf, &btf) {
+            Ok(id) => attached.push((DETECT_PROG, LinkId::FExit(id))),
+            Err(e) => {
+                let (reason, detail) = classify(&e);
+                // The guard pinned before this start, if any, goes on.
+                if let (Some((root, _)), Some(Ok((d, swapped)))) = (pin, pinning) {
+                    swapped.undo(root);
+                    let _ = pins::remove_dir(&d);
+                }
+                return Err(LoadError::NoProgram {
+                    component: COMPONENT,
+                    failures: vec![ProgramFailure {
+                        program: DETECT_FUNC,
+                        part: format!("fexit/{DETECT_FUNC} as {DETECT_PROG}"),
+                        reason,
+                        detail,
+                    }],
+                });
+            }
         }
         if mode == GuardMode::Enforce {
             match attach_enforcement(&mut g.ebpf, &btf) {
-                Ok(sections) => g.lsm = sections,
+                Ok(progs) => {
+                    g.lsm = progs.iter().map(|(_, section, _)| *section).collect();
+                    attached.extend(progs.into_iter().map(|(p, _, id)| (p, LinkId::Lsm(id))));
+                }
                 Err(why) => g.not_enforcing = Some(why),
             }
         }
-        Ok(g)
+        let Some((root, _)) = pin else {
+            return Ok((g, None));
+        };
+        let result = match pinning.expect("set when pinning") {
+            Err(e) => Err(e),
+            Ok((d, swapped)) => g.pin_links(&d, attached).and_then(|links| {
+                // Only once the new programs run: the old ones go.
+                let removed = pins::remove_unused(root, &swapped.previous(), &d).map_err(|e| {
+                    format!("the guard is pinned in {}, but the pins of an earlier start could not be removed: {e}", d.display())
+                })?;
+                Ok(Pinned {
+                    dir: d,
+                    links,
+                    removed,
+                })
+            }),
+        };
+        Ok((g, Some(result)))
     }
 
-    /// Parses the object and creates its maps, attaching nothing.
+    /// Parses the object and creates its maps, attaching nothing; with
+    /// `pin_events`, the ring buffer is pinned there before it is taken.
     fn open<'a>(
         mut loader: EbpfLoader<'a>,
         btf: &'a Btf,
         opts: &LoadOptions,
         requested: GuardMode,
+        pin_events: Option<&Path>,
     ) -> Result<Guard, LoadError> {
         let mut ebpf = loader
             .btf(Some(btf))
             .map_max_entries(MAP_COUNTERS, opts.max_volumes)
+            .map_max_entries(MAP_PROJECTS, opts.max_volumes)
             .map_max_entries(MAP_ROOTS, opts.max_roots)
             .load(object())
             .map_err(|e| object_error(COMPONENT, e))?;
+        if let Some(dir) = pin_events {
+            // A failure shows when the other maps are pinned, in the same
+            // directory: pin_maps checks this one is there.
+            if let Some(m) = ebpf.map(MAP_EVENTS) {
+                let _ = m.pin(dir.join(pin_name(MAP_EVENTS)));
+            }
+        }
         let events = ebpf
             .take_map(MAP_EVENTS)
             .ok_or_else(|| LoadError::BpfUnavailable {
@@ -597,9 +773,64 @@ impl Guard {
             requested,
             lsm: Vec::new(),
             not_enforcing: None,
-            indexes: BTreeSet::new(),
             max_roots: opts.max_roots,
         })
+    }
+
+    fn pin_maps(&self, dir: &Path) -> Result<(), String> {
+        for (map, name) in pins::MAP_PINS {
+            let path = dir.join(name);
+            if map == MAP_EVENTS {
+                if !path.exists() {
+                    return Err(format!(
+                        "cannot pin the guard's map {map} at {}",
+                        path.display()
+                    ));
+                }
+                continue;
+            }
+            let m = self.map(map).map_err(|e| e.to_string())?;
+            m.pin(&path).map_err(|e| {
+                format!(
+                    "cannot pin the guard's map {map} at {}: {}",
+                    path.display(),
+                    chain(&e)
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    fn pin_links(&mut self, dir: &Path, attached: Attached) -> Result<Vec<&'static str>, String> {
+        let mut pinned = Vec::new();
+        for (prog, id) in attached {
+            let path = dir.join(format!("{}{prog}", pins::LINK_PREFIX));
+            let p = self
+                .ebpf
+                .program_mut(prog)
+                .ok_or_else(|| format!("no program {prog}"))?;
+            let link: FdLink = match id {
+                LinkId::FExit(id) => <&mut FExit>::try_from(p)
+                    .and_then(|p| p.take_link(id))
+                    .map_err(|e| format!("{prog}: {}", chain(&e)))?
+                    .into(),
+                LinkId::Lsm(id) => <&mut Lsm>::try_from(p)
+                    .and_then(|p| p.take_link(id))
+                    .map_err(|e| format!("{prog}: {}", chain(&e)))?
+                    .into(),
+            };
+            // Dropping the returned handle closes this process's file
+            // descriptor; the pin keeps the program attached.
+            link.pin(&path).map_err(|e| {
+                format!(
+                    "cannot pin the guard's link {prog} at {}: {}",
+                    path.display(),
+                    chain(&e)
+                )
+            })?;
+            pinned.push(prog);
+        }
+        Ok(pinned)
     }
 
     /// The mode asked for.
@@ -633,52 +864,178 @@ impl Guard {
         &self.lsm
     }
 
-    /// Replaces the volume roots: `(st_dev, st_ino, volume index, project
-    /// ID)` of each root directory, as from `stat` ([`crate::root_of`]) and
-    /// the registry. Adds, updates (index or project ID), deletes, and drops
-    /// the counters of indexes left without a root, and of indexes new to
-    /// the roots (a reused index starts from zero, even after a late count
-    /// for its old volume). Nested roots: a file belongs to its innermost
-    /// root.
+    /// The keys of the roots and projects maps now.
+    pub fn snapshot(&self) -> Result<Snapshot, TelemetryError> {
+        let roots: BpfHashMap<&MapData, GuardRootKey, RawRoot> =
+            map_err(MAP_ROOTS, BpfHashMap::try_from(self.map(MAP_ROOTS)?))?;
+        let projects: BpfHashMap<&MapData, GuardProject, u32> =
+            map_err(MAP_PROJECTS, BpfHashMap::try_from(self.map(MAP_PROJECTS)?))?;
+        Ok(Snapshot {
+            roots: map_err(MAP_ROOTS, roots.keys().collect())?,
+            projects: map_err(MAP_PROJECTS, projects.keys().collect())?,
+        })
+    }
+
+    /// Replaces the volume roots: `(st_dev, st_ino, generation, project
+    /// ID)` of each root directory ([`root_identity`]) and the registry.
+    /// Adds, updates, deletes; a project no root has any more leaves the
+    /// guard with its counters. Nested roots: a file belongs to its
+    /// innermost root.
     pub fn set_roots(
         &mut self,
         roots: &[(u64, u64, u32, u32)],
     ) -> Result<RootsUpdate, TelemetryError> {
-        let entering = entering(&self.indexes, roots.iter().map(|r| r.2), u32::MAX);
-        let cleared =
-            remove_counters::<RawCounters>(MAP_COUNTERS, self.map_mut(MAP_COUNTERS)?, &entering)?;
-        let maps = RootMaps {
-            roots: MAP_ROOTS,
-            devs: MAP_ROOT_DEVS,
-        };
-        let (mut update, indexes) = sync_roots(
-            &mut self.ebpf,
-            &maps,
-            self.max_roots,
-            roots
-                .iter()
-                .map(|&(dev, ino, index, projid)| (dev, ino, RawRoot { index, projid })),
-            |r| r.index,
+        let snapshot = self.snapshot()?;
+        let update = self.apply(&snapshot, roots)?;
+        // Devices without a root: none can be added behind this call's back
+        // by the caller itself.
+        let wanted: HashSet<u64> = roots.iter().filter_map(|r| kernel_dev(r.0)).collect();
+        let mut devs: BpfHashMap<&mut MapData, u64, u32> = map_err(
+            MAP_ROOT_DEVS,
+            BpfHashMap::try_from(self.map_mut(MAP_ROOT_DEVS)?),
         )?;
-        update.pruned_counters += cleared
-            + prune_counters::<RawCounters>(MAP_COUNTERS, self.map_mut(MAP_COUNTERS)?, &indexes)?;
-        self.indexes = indexes;
+        let stale: Vec<u64> = map_err(MAP_ROOT_DEVS, devs.keys().collect())?;
+        for dev in stale.iter().filter(|d| !wanted.contains(d)) {
+            map_err(MAP_ROOT_DEVS, remove_ok(devs.remove(dev)))?;
+        }
+        Ok(update)
+    }
+
+    /// Brings the maps to `roots` as [`Guard::set_roots`] would, but deletes
+    /// only entries in `snapshot` (taken before the registry was read): a
+    /// root or project the plugin added since stays. Devices are never
+    /// removed here (one map lookup per change on a device without roots).
+    ///
+    /// Write order: roots, then projects, then devices (a device gates the
+    /// walk: it becomes visible once its roots are in place), removals last.
+    pub fn apply(
+        &mut self,
+        snapshot: &Snapshot,
+        roots: &[(u64, u64, u32, u32)],
+    ) -> Result<RootsUpdate, TelemetryError> {
+        let mut update = RootsUpdate::default();
+        let mut desired: HashMap<GuardRootKey, u32> = HashMap::new();
+        for &(st_dev, ino, gen, projid) in roots {
+            match kernel_dev(st_dev) {
+                Some(dev) => {
+                    desired.insert(
+                        GuardRootKey {
+                            dev,
+                            ino,
+                            gen,
+                            _pad: 0,
+                        },
+                        projid,
+                    );
+                }
+                None => update.rejected.push((st_dev, ino, projid)),
+            }
+        }
+        if desired.len() > self.max_roots as usize {
+            return Err(TelemetryError::TooManyRoots {
+                given: desired.len(),
+                max: self.max_roots,
+            });
+        }
+        let projects: HashSet<GuardProject> = desired
+            .iter()
+            .map(|(k, &projid)| GuardProject {
+                dev: k.dev,
+                projid,
+                _pad: 0,
+            })
+            .collect();
+        let devs: HashSet<u64> = desired.keys().map(|k| k.dev).collect();
+        if devs.len() > crate::raw::MAX_DEVS as usize {
+            return Err(TelemetryError::TooManyDevices {
+                given: devs.len(),
+                max: crate::raw::MAX_DEVS,
+            });
+        }
+        {
+            let mut m: BpfHashMap<&mut MapData, GuardRootKey, RawRoot> =
+                map_err(MAP_ROOTS, BpfHashMap::try_from(self.map_mut(MAP_ROOTS)?))?;
+            for (key, &projid) in &desired {
+                let value = RawRoot { projid, _pad: 0 };
+                match m.get(key, 0) {
+                    Ok(v) if v == value => continue,
+                    Ok(_) => update.changed += 1,
+                    Err(_) => update.added += 1,
+                }
+                map_err(MAP_ROOTS, m.insert(key, value, 0))?;
+            }
+        }
+        {
+            let mut m: BpfHashMap<&mut MapData, GuardProject, u32> = map_err(
+                MAP_PROJECTS,
+                BpfHashMap::try_from(self.map_mut(MAP_PROJECTS)?),
+            )?;
+            for p in projects.iter().filter(|p| !snapshot.projects.contains(p)) {
+                map_err(MAP_PROJECTS, m.insert(p, 1, 0))?;
+            }
+        }
+        {
+            let mut m: BpfHashMap<&mut MapData, u64, u32> = map_err(
+                MAP_ROOT_DEVS,
+                BpfHashMap::try_from(self.map_mut(MAP_ROOT_DEVS)?),
+            )?;
+            for dev in &devs {
+                map_err(MAP_ROOT_DEVS, m.insert(dev, 1, 0))?;
+            }
+        }
+        {
+            let mut m: BpfHashMap<&mut MapData, GuardRootKey, RawRoot> =
+                map_err(MAP_ROOTS, BpfHashMap::try_from(self.map_mut(MAP_ROOTS)?))?;
+            for key in snapshot.roots.iter().filter(|k| !desired.contains_key(k)) {
+                map_err(MAP_ROOTS, remove_ok(m.remove(key)))?;
+                update.removed += 1;
+            }
+        }
+        let gone: Vec<GuardProject> = snapshot
+            .projects
+            .iter()
+            .filter(|p| !projects.contains(p))
+            .copied()
+            .collect();
+        if !gone.is_empty() {
+            {
+                let mut m: BpfHashMap<&mut MapData, GuardProject, u32> = map_err(
+                    MAP_PROJECTS,
+                    BpfHashMap::try_from(self.map_mut(MAP_PROJECTS)?),
+                )?;
+                for p in &gone {
+                    map_err(MAP_PROJECTS, remove_ok(m.remove(p)))?;
+                }
+            }
+            let mut c: PerCpuHashMap<&mut MapData, GuardProject, RawCounters> = map_err(
+                MAP_COUNTERS,
+                PerCpuHashMap::try_from(self.map_mut(MAP_COUNTERS)?),
+            )?;
+            for p in &gone {
+                if c.remove(p).is_ok() {
+                    update.pruned_counters += 1;
+                }
+            }
+        }
         Ok(update)
     }
 
     /// All counters, summed over CPUs.
     pub fn read(&self) -> Result<GuardCounters, TelemetryError> {
         let mut out = GuardCounters::default();
-        for index in &self.indexes {
-            out.volumes.insert(*index, Outcomes::default());
+        let projects: BpfHashMap<&MapData, GuardProject, u32> =
+            map_err(MAP_PROJECTS, BpfHashMap::try_from(self.map(MAP_PROJECTS)?))?;
+        for p in projects.keys() {
+            let p = map_err(MAP_PROJECTS, p)?;
+            out.projects.insert((p.dev, p.projid), Outcomes::default());
         }
-        let counters: PerCpuHashMap<&MapData, u32, RawCounters> = map_err(
+        let counters: PerCpuHashMap<&MapData, GuardProject, RawCounters> = map_err(
             MAP_COUNTERS,
             PerCpuHashMap::try_from(self.map(MAP_COUNTERS)?),
         )?;
         for item in counters.iter() {
-            let (index, per_cpu) = map_err(MAP_COUNTERS, item)?;
-            let sum = out.volumes.entry(index).or_default();
+            let (p, per_cpu) = map_err(MAP_COUNTERS, item)?;
+            let sum = out.projects.entry((p.dev, p.projid)).or_default();
             for c in per_cpu.iter() {
                 sum.allowed = sum.allowed.wrapping_add(c.allowed);
                 sum.denied = sum.denied.wrapping_add(c.denied);
@@ -730,6 +1087,15 @@ impl Guard {
     }
 }
 
+/// The pin name of one of the object's maps.
+fn pin_name(map: &str) -> &'static str {
+    pins::MAP_PINS
+        .iter()
+        .find(|(m, _)| *m == map)
+        .map(|(_, p)| *p)
+        .expect("every pinned map is listed")
+}
+
 fn too_old(program: &'static str, part: &str) -> Option<ProgramFailure> {
     let k = KernelVersion::current().ok()?;
     let (maj, min) = MIN_KERNEL;
@@ -741,7 +1107,10 @@ fn too_old(program: &'static str, part: &str) -> Option<ProgramFailure> {
     })
 }
 
-fn load_fexit(ebpf: &mut Ebpf, btf: &Btf) -> Result<(), ProgramError> {
+fn load_fexit(
+    ebpf: &mut Ebpf,
+    btf: &Btf,
+) -> Result<aya::programs::fexit::FExitLinkId, ProgramError> {
     let p: &mut FExit = ebpf
         .program_mut(DETECT_PROG)
         .ok_or_else(|| ProgramError::InvalidName {
@@ -749,8 +1118,7 @@ fn load_fexit(ebpf: &mut Ebpf, btf: &Btf) -> Result<(), ProgramError> {
         })?
         .try_into()?;
     p.load(DETECT_FUNC, btf)?;
-    p.attach()?;
-    Ok(())
+    p.attach()
 }
 
 /// The hooks that together cover every path that can change a project ID
@@ -768,13 +1136,17 @@ fn enforcement_plan(btf: &Btf) -> Vec<&'static Enforcer> {
 /// Attaches every hook of the plan (each by its first variant that loads),
 /// or says why enforcement is not in force; then nothing of it stays
 /// attached: half a plan would leave a path open while claiming to enforce.
-fn attach_enforcement(ebpf: &mut Ebpf, btf: &Btf) -> Result<Vec<&'static str>, NotEnforcing> {
+#[allow(clippy::type_complexity)]
+fn attach_enforcement(
+    ebpf: &mut Ebpf,
+    btf: &Btf,
+) -> Result<Vec<(&'static str, &'static str, aya::programs::lsm::LsmLinkId)>, NotEnforcing> {
     match bpf_lsm_active() {
         Ok((true, _)) => {}
         Ok((false, active)) => return Err(NotEnforcing::LsmInactive { active }),
         Err(source) => return Err(NotEnforcing::LsmUnknown { source }),
     }
-    let mut attached: Vec<(&'static str, &'static str)> = Vec::new();
+    let mut attached: Vec<(&'static str, &'static str, aya::programs::lsm::LsmLinkId)> = Vec::new();
     let mut failures = Vec::new();
     for enforcer in enforcement_plan(btf) {
         let mut tried = Vec::new();
@@ -785,8 +1157,8 @@ fn attach_enforcement(ebpf: &mut Ebpf, btf: &Btf) -> Result<Vec<&'static str>, N
                 break;
             }
             match attach_lsm(ebpf, btf, prog, enforcer.hook) {
-                Ok(()) => {
-                    attached.push((prog, section));
+                Ok(id) => {
+                    attached.push((prog, section, id));
                     tried.clear();
                     break;
                 }
@@ -804,7 +1176,7 @@ fn attach_enforcement(ebpf: &mut Ebpf, btf: &Btf) -> Result<Vec<&'static str>, N
         failures.extend(tried);
     }
     if !failures.is_empty() {
-        for (prog, _) in &attached {
+        for (prog, _, _) in &attached {
             if let Some(p) = ebpf.program_mut(prog) {
                 if let Ok(p) = <&mut Lsm>::try_from(p) {
                     let _ = p.unload();
@@ -813,10 +1185,15 @@ fn attach_enforcement(ebpf: &mut Ebpf, btf: &Btf) -> Result<Vec<&'static str>, N
         }
         return Err(NotEnforcing::Program { failures });
     }
-    Ok(attached.into_iter().map(|(_, section)| section).collect())
+    Ok(attached)
 }
 
-fn attach_lsm(ebpf: &mut Ebpf, btf: &Btf, prog: &str, hook: &str) -> Result<(), ProgramError> {
+fn attach_lsm(
+    ebpf: &mut Ebpf,
+    btf: &Btf,
+    prog: &str,
+    hook: &str,
+) -> Result<aya::programs::lsm::LsmLinkId, ProgramError> {
     let p: &mut Lsm = ebpf
         .program_mut(prog)
         .ok_or_else(|| ProgramError::InvalidName {
@@ -824,23 +1201,19 @@ fn attach_lsm(ebpf: &mut Ebpf, btf: &Btf, prog: &str, hook: &str) -> Result<(), 
         })?
         .try_into()?;
     p.load(hook, btf)?;
-    p.attach()?;
-    Ok(())
+    p.attach()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    use aya::maps::HashMap as BpfHashMap;
-
-    use crate::raw::RootKey;
     use crate::tests::defines;
 
     #[test]
     fn header_matches_rust() {
         let h = defines(include_str!("bpf/guard_shared.h"));
-        let expect: [(&str, u64); 20] = [
+        let expect: [(&str, u64); 23] = [
             ("GUARD_MAX_DEPTH", GUARD_MAX_DEPTH as u64),
             ("GUARD_MAX_ROOTS", MAX_ROOTS as u64),
             ("GUARD_MAX_VOLUMES", MAX_VOLUMES as u64),
@@ -860,13 +1233,58 @@ mod tests {
             ("GUARD_WHAT_PROJID", GUARD_WHAT_PROJID as u64),
             ("GUARD_WHAT_NOINHERIT", GUARD_WHAT_NOINHERIT as u64),
             ("GUARD_WHAT_UNREADABLE", GUARD_WHAT_UNREADABLE as u64),
-            ("GUARD_NO_VOLUME", GUARD_NO_VOLUME as u64),
+            (
+                "GUARD_WHAT_FOREIGN_PROJID",
+                GUARD_WHAT_FOREIGN_PROJID as u64,
+            ),
+            ("GUARD_WHERE_OUTSIDE", GUARD_WHERE_OUTSIDE as u64),
+            ("GUARD_WHERE_VOLUME", GUARD_WHERE_VOLUME as u64),
+            ("GUARD_WHERE_WALK_LIMIT", GUARD_WHERE_WALK_LIMIT as u64),
         ];
         for (name, value) in expect {
             assert_eq!(h.get(name), Some(&value), "{name} in guard_shared.h");
         }
         assert_eq!(std::mem::size_of::<RawRoot>(), 8);
         assert_eq!(std::mem::size_of::<RawCounters>(), 16);
+        // The structs the plugin writes too (docs: guard-interface), field
+        // by field as the header declares them.
+        let h = include_str!("bpf/guard_shared.h");
+        for (name, fields) in [
+            (
+                "guard_root_key",
+                "__u64 dev;|__u64 ino;|__u32 gen;|__u32 _pad;",
+            ),
+            ("guard_root", "__u32 projid;|__u32 _pad;"),
+            ("guard_project", "__u64 dev;|__u32 projid;|__u32 _pad;"),
+        ] {
+            let start = h
+                .find(&format!("struct {name} {{"))
+                .unwrap_or_else(|| panic!("struct {name} in guard_shared.h"));
+            let body = &h[start..start + h[start..].find("};").unwrap()];
+            let got: Vec<&str> = body
+                .lines()
+                .skip(1)
+                .filter_map(|l| l.trim().split("/*").next())
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            assert_eq!(got.join("|"), fields, "struct {name}");
+        }
+        assert_eq!(std::mem::size_of::<GuardRootKey>(), 24);
+        assert_eq!(std::mem::offset_of!(GuardRootKey, gen), 16);
+        assert_eq!(std::mem::size_of::<GuardProject>(), 16);
+        assert_eq!(std::mem::offset_of!(GuardProject, projid), 8);
+        assert_eq!(
+            pins::MAP_PINS.map(|(m, _)| m),
+            [
+                MAP_ROOTS,
+                MAP_ROOT_DEVS,
+                MAP_PROJECTS,
+                MAP_COUNTERS,
+                MAP_STATS,
+                MAP_EVENTS
+            ]
+        );
         // Shared with the C programs and the rest of the crate.
         assert_eq!(MAX_ROOTS, crate::raw::MAX_ROOTS);
         assert_eq!(MAX_VOLUMES, crate::raw::MAX_VOLUMES);
@@ -906,7 +1324,7 @@ mod tests {
         b[24..28].copy_from_slice(&42u32.to_ne_bytes());
         b[28..32].copy_from_slice(&43u32.to_ne_bytes());
         b[32..36].copy_from_slice(&1000u32.to_ne_bytes());
-        b[36..40].copy_from_slice(&7u32.to_ne_bytes());
+        b[36..40].copy_from_slice(&GUARD_WHERE_VOLUME.to_ne_bytes());
         b[40..44].copy_from_slice(&0u32.to_ne_bytes());
         b[44..48].copy_from_slice(&10_000_001u32.to_ne_bytes());
         b[48..52].copy_from_slice(&0u32.to_ne_bytes());
@@ -922,19 +1340,34 @@ mod tests {
         assert_eq!(e.ino, 131);
         assert_eq!(e.st_dev, libc::makedev(7, 300));
         assert_eq!((e.pid, e.tid, e.uid), (42, 43, 1000));
-        assert_eq!(e.index, Some(7));
+        assert_eq!(e.place, Place::Volume);
         assert_eq!((e.projid, e.volume_projid), (0, 10_000_001));
         assert_eq!(e.errno, Some(libc::EPERM));
         assert_eq!(e.result, Outcome::Denied);
         assert_eq!(e.source, EventSource::Lsm);
         assert!(e.changes_project && !e.clears_inherit && !e.unreadable && !e.privileged);
+        assert!(!e.joins_project);
         assert_eq!(e.comm, "xfs_io");
         assert_eq!(e.describe(), "set project ID 0 (the volume's is 10000001)");
-        b[36..40].copy_from_slice(&GUARD_NO_VOLUME.to_ne_bytes());
+        b[36..40].copy_from_slice(&GUARD_WHERE_WALK_LIMIT.to_ne_bytes());
         b[56] = GUARD_ALLOWED;
         b[52..56].copy_from_slice(&0i32.to_ne_bytes());
         let e = GuardEvent::parse(&b).unwrap();
-        assert_eq!((e.index, e.result, e.errno), (None, Outcome::Allowed, None));
+        assert_eq!(
+            (e.place, e.result, e.errno),
+            (Place::Unknown, Outcome::Allowed, None)
+        );
+        b[36..40].copy_from_slice(&GUARD_WHERE_OUTSIDE.to_ne_bytes());
+        b[58] = GUARD_WHAT_FOREIGN_PROJID;
+        b[40..44].copy_from_slice(&77u32.to_ne_bytes());
+        let e = GuardEvent::parse(&b).unwrap();
+        assert_eq!(e.place, Place::Outside);
+        assert!(e.joins_project && !e.changes_project);
+        assert!(
+            e.describe().contains("volume project ID 77"),
+            "{}",
+            e.describe()
+        );
         assert!(GuardEvent::parse(&b[..79]).is_none());
     }
 
@@ -1003,68 +1436,64 @@ mod tests {
         }
     }
 
-    /// The maps without programs (the host allows maps): roots with their
-    /// project IDs, devices, counters, stats and an empty ring buffer.
+    /// The maps without programs (the host allows maps): roots keyed with
+    /// their generation, projects, devices, counters per project; a sync
+    /// from a snapshot leaves alone what was added after it.
     #[test]
-    fn roots_counters_and_events_through_real_maps() {
+    fn roots_projects_and_counters_through_real_maps() {
         let (loader, btf) = match kernel_btf() {
             Ok(b) => b,
             Err(e) => return eprintln!("skipping: {e}"),
         };
-        let mut g = match Guard::open(loader, &btf, &LoadOptions::default(), GuardMode::Detect) {
+        let mut g = match Guard::open(
+            loader,
+            &btf,
+            &LoadOptions::default(),
+            GuardMode::Detect,
+            None,
+        ) {
             Ok(g) => g,
             Err(e) => return eprintln!("skipping: BPF maps not available here: {e}"),
         };
         let loop0 = libc::makedev(7, 0);
         let nvme = libc::makedev(259, 3);
+        let (k0, kn) = (7u64 << 20, (259u64 << 20) | 3);
         let u = g
             .set_roots(&[
-                (loop0, 128, 1, 1001),
-                (loop0, 129, 2, 1002),
-                (nvme, 128, 3, 7),
+                (loop0, 128, 11, 1001),
+                (loop0, 129, 12, 1002),
+                (nvme, 128, 13, 7),
             ])
             .unwrap();
         assert_eq!((u.added, u.changed, u.removed), (3, 0, 0));
-        let roots = kernel_roots(&g);
+        let key = |dev, ino, gen| GuardRootKey {
+            dev,
+            ino,
+            gen,
+            _pad: 0,
+        };
+        let root = |projid| RawRoot { projid, _pad: 0 };
         assert_eq!(
-            roots,
+            kernel_roots(&g),
             [
-                (
-                    RootKey {
-                        dev: 7 << 20,
-                        ino: 128
-                    },
-                    RawRoot {
-                        index: 1,
-                        projid: 1001
-                    }
-                ),
-                (
-                    RootKey {
-                        dev: 7 << 20,
-                        ino: 129
-                    },
-                    RawRoot {
-                        index: 2,
-                        projid: 1002
-                    }
-                ),
-                (
-                    RootKey {
-                        dev: (259 << 20) | 3,
-                        ino: 128
-                    },
-                    RawRoot {
-                        index: 3,
-                        projid: 7
-                    }
-                ),
+                (key(k0, 128, 11), root(1001)),
+                (key(k0, 129, 12), root(1002)),
+                (key(kn, 128, 13), root(7)),
             ]
         );
+        // The same inode number with another generation is another root.
+        let u = g
+            .set_roots(&[
+                (loop0, 128, 99, 1001),
+                (loop0, 129, 12, 1002),
+                (nvme, 128, 13, 7),
+            ])
+            .unwrap();
+        assert_eq!((u.added, u.changed, u.removed), (1, 0, 1));
 
         let ncpu = aya::util::nr_cpus().unwrap();
         {
-            let mut m: PerCpuHashMap<&mut MapData, u32, RawCounters> =
+            let mut m: PerCpuHashMap<&mut MapData, GuardProject, RawCounters> =
                 PerCpuHashMap::try_from(g.ebpf.map_mut(MAP_COUNTERS).unwrap()).unwrap();
             let per_cpu: Vec<RawCounters> = (0..ncpu)
                 .map(|cpu| RawCounters {
@@ -1072,56 +1501,75 @@ mod tests {
                     denied: cpu as u64,
                 })
                 .collect();
-            m.insert(2, aya::maps::PerCpuValues::try_from(per_cpu).unwrap(), 0)
+            let p = GuardProject {
+                dev: k0,
+                projid: 1002,
+                _pad: 0,
+            };
+            m.insert(p, aya::maps::PerCpuValues::try_from(per_cpu).unwrap(), 0)
                 .unwrap();
         }
         let n = ncpu as u64;
         let c = g.read().unwrap();
-        assert_eq!(c.volumes.keys().copied().collect::<Vec<_>>(), [1, 2, 3]);
         assert_eq!(
-            c.volume(2),
+            c.projects.keys().copied().collect::<Vec<_>>(),
+            [(k0, 1001), (k0, 1002), (kn, 7)]
+        );
+        assert_eq!(
+            c.project(loop0, 1002),
             Outcomes {
                 allowed: n,
                 denied: n * (n - 1) / 2
             }
         );
-        assert_eq!(c.volume(1), Outcomes::default());
-        assert_eq!(
-            (c.privileged, c.events_lost, c.walk_limit.total()),
-            (0, 0, 0)
-        );
+        assert_eq!(c.project(loop0, 1001), Outcomes::default());
 
-        // A project ID change is a change; index 2 goes with its counters.
+        // A sync from a snapshot: 1002's root goes (and its project and
+        // counters); a root the plugin adds after the snapshot stays.
+        let snap = g.snapshot().unwrap();
+        {
+            let mut m: BpfHashMap<&mut MapData, GuardRootKey, RawRoot> =
+                BpfHashMap::try_from(g.ebpf.map_mut(MAP_ROOTS).unwrap()).unwrap();
+            m.insert(key(k0, 500, 1), root(1500), 0).unwrap();
+        }
         let u = g
-            .set_roots(&[(loop0, 128, 1, 1001), (nvme, 128, 3, 8)])
+            .apply(&snap, &[(loop0, 128, 99, 1001), (nvme, 128, 13, 8)])
             .unwrap();
         assert_eq!(
             (u.added, u.changed, u.removed, u.pruned_counters),
             (0, 1, 1, 1)
         );
         assert_eq!(
+            kernel_roots(&g),
+            [
+                (key(k0, 128, 99), root(1001)),
+                (key(k0, 500, 1), root(1500)),
+                (key(kn, 128, 13), root(8)),
+            ]
+        );
+        assert_eq!(
             g.read()
                 .unwrap()
-                .volumes
+                .projects
                 .keys()
                 .copied()
                 .collect::<Vec<_>>(),
-            [1, 3]
+            [(k0, 1001), (kn, 8)]
         );
         assert!(g.drain_events().is_empty());
 
         let u = g.set_roots(&[]).unwrap();
-        assert_eq!(u.removed, 2);
+        assert_eq!(u.removed, 3);
         assert!(kernel_roots(&g).is_empty());
         let devs: BpfHashMap<&MapData, u64, u32> =
             BpfHashMap::try_from(g.ebpf.map(MAP_ROOT_DEVS).unwrap()).unwrap();
         assert_eq!(devs.keys().count(), 0);
     }
 
-    fn kernel_roots(g: &Guard) -> Vec<(RootKey, RawRoot)> {
-        let m: BpfHashMap<&MapData, RootKey, RawRoot> =
+    fn kernel_roots(g: &Guard) -> Vec<(GuardRootKey, RawRoot)> {
+        let m: BpfHashMap<&MapData, GuardRootKey, RawRoot> =
             BpfHashMap::try_from(g.ebpf.map(MAP_ROOTS).unwrap()).unwrap();
-        let mut v: Vec<(RootKey, RawRoot)> = m.iter().map(Result::unwrap).collect();
+        let mut v: Vec<(GuardRootKey, RawRoot)> = m.iter().map(Result::unwrap).collect();
         v.sort();
         v
     }

@@ -41,6 +41,7 @@
 
 mod error;
 pub mod guard;
+pub mod pins;
 mod raw;
 mod roots;
 
@@ -52,7 +53,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use aya::maps::{Array, Map, MapData, PerCpuArray, PerCpuHashMap};
+use aya::maps::{Array, Map, MapData, PerCpuArray};
 use aya::programs::{FEntry, FExit, ProgramError};
 use aya::util::KernelVersion;
 use aya::{Btf, BtfError, Ebpf, EbpfError, EbpfLoader};
@@ -808,48 +809,6 @@ impl WriteTelemetry {
 
 fn map_err<T>(map: &'static str, r: Result<T, aya::maps::MapError>) -> Result<T, TelemetryError> {
     r.map_err(|source| TelemetryError::Map { map, source })
-}
-
-/// Removes from a per-CPU counters map every volume index not in `keep`, so
-/// counters of volumes that are gone never fill the map. Returns how many
-/// entries went. The guard's counters (a hash: the write counters are an
-/// array, zeroed when an index enters the roots instead).
-fn prune_counters<V: aya::Pod>(
-    name: &'static str,
-    map: &mut Map,
-    keep: &BTreeSet<u32>,
-) -> Result<usize, TelemetryError> {
-    let mut counters: PerCpuHashMap<&mut MapData, u32, V> =
-        map_err(name, PerCpuHashMap::try_from(map))?;
-    let keys: Vec<u32> = map_err(name, counters.keys().collect())?;
-    let mut pruned = 0;
-    for index in keys.iter().filter(|i| !keep.contains(i)) {
-        map_err(name, remove_ok(counters.remove(index)))?;
-        pruned += 1;
-    }
-    Ok(pruned)
-}
-
-/// Removes the counters of `indexes` from a per-CPU counters map (those
-/// that have none are fine); returns how many had some.
-fn remove_counters<V: aya::Pod>(
-    name: &'static str,
-    map: &mut Map,
-    indexes: &BTreeSet<u32>,
-) -> Result<usize, TelemetryError> {
-    if indexes.is_empty() {
-        return Ok(0);
-    }
-    let mut counters: PerCpuHashMap<&mut MapData, u32, V> =
-        map_err(name, PerCpuHashMap::try_from(map))?;
-    let mut removed = 0;
-    for index in indexes {
-        match counters.remove(index) {
-            Ok(()) => removed += 1,
-            other => map_err(name, remove_ok(other))?,
-        }
-    }
-    Ok(removed)
 }
 
 /// A key that vanished meanwhile is as good as removed.

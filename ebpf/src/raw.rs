@@ -64,12 +64,35 @@ unsafe impl aya::Pod for RootKey {}
 // bit pattern is a valid value.
 unsafe impl aya::Pod for RawCounters {}
 
-/// `struct guard_root`: a volume root's index and project ID.
+/// `struct guard_root_key`: a directory as the guard names it, for the life
+/// of its filesystem.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct GuardRawRoot {
-    pub index: u32,
+pub struct GuardRootKey {
+    /// `super_block->s_dev`, kernel encoding (see `crate::kernel_dev`).
+    pub dev: u64,
+    pub ino: u64,
+    /// `inode->i_generation`.
+    pub gen: u32,
+    pub _pad: u32,
+}
+
+/// `struct guard_root`: a volume root's project ID.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GuardRawRoot {
     pub projid: u32,
+    pub _pad: u32,
+}
+
+/// `struct guard_project`: a project on one device.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GuardProject {
+    /// Kernel encoding.
+    pub dev: u64,
+    pub projid: u32,
+    pub _pad: u32,
 }
 
 /// `struct guard_counters`: one CPU's share of a volume's attempts.
@@ -83,6 +106,14 @@ pub(crate) struct GuardRawCounters {
 // SAFETY: `aya::Pod` needs a plain-old-data type: `Copy`, `#[repr(C)]`, every
 // bit pattern valid, no padding. `GuardRawRoot` is two `u32`s (8 bytes).
 unsafe impl aya::Pod for GuardRawRoot {}
+
+// SAFETY: as above: two `u64`s and two `u32`s (24 bytes, the explicit
+// `_pad` fills what would be tail padding), any bit pattern valid.
+unsafe impl aya::Pod for GuardRootKey {}
+
+// SAFETY: as above: a `u64` and two `u32`s (16 bytes, no implicit
+// padding), any bit pattern valid.
+unsafe impl aya::Pod for GuardProject {}
 
 // SAFETY: as above: two `u64`s (16 bytes), `#[repr(C)]`, no padding, any bit
 // pattern valid.
@@ -222,4 +253,67 @@ pub(crate) fn lookup_counters(
     }
     out.truncate(attr.count as usize * ncpu);
     Ok(attr.count)
+}
+
+/// `FS_IOC_GETVERSION` (`_IOR('v', 1, long)`): `inode->i_generation`.
+const FS_IOC_GETVERSION: libc::c_ulong = 0x8008_7601;
+
+/// The generation of an open inode (XFS and ext4 answer it): with the inode
+/// number it names one inode for the life of the filesystem.
+pub(crate) fn inode_generation(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    let mut gen: libc::c_long = 0;
+    // SAFETY: FS_IOC_GETVERSION writes one int through the pointer, into the
+    // live local `gen`, which is larger; `fd` is open for the call.
+    let r = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            FS_IOC_GETVERSION,
+            &mut gen as *mut libc::c_long,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(gen as u32)
+}
+
+/// `f_type` of the filesystem holding `path`.
+pub(crate) fn statfs_type(path: &std::path::Path) -> std::io::Result<i64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: `c` is a NUL-terminated path alive for the call; statfs writes
+    // one `struct statfs` into `st`, which is that large.
+    if unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: statfs succeeded and filled the struct.
+    #[allow(clippy::unnecessary_cast)] // __fsword_t is i64 on x86_64, i32 elsewhere
+    Ok(unsafe { st.assume_init() }.f_type as i64)
+}
+
+/// Mounts a bpf filesystem on `dir` (as systemd does at boot on
+/// /sys/fs/bpf).
+pub(crate) fn mount_bpffs(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let target = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let bpf = c"bpf";
+    // SAFETY: every pointer is a NUL-terminated string alive for the call;
+    // no data argument.
+    let r = unsafe {
+        libc::mount(
+            bpf.as_ptr(),
+            target.as_ptr(),
+            bpf.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }

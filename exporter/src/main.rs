@@ -116,6 +116,18 @@ struct Flags {
     #[arg(long = "guard", value_name = "MODE", default_value = "detect", value_parser = parse_guard_mode)]
     guard: GuardMode,
 
+    /// Where the guard is pinned (a directory on a bpf filesystem, made
+    /// root-only): it keeps enforcing while no exporter runs (restart,
+    /// crash, upgrade), and the plugin writes new volumes into it. With
+    /// --guard=off, the pins of the --volumes-dir directories are removed.
+    #[arg(long = "guard.pin-root", value_name = "DIR", default_value = prjquota_ebpf::pins::PIN_ROOT)]
+    guard_pin_root: PathBuf,
+
+    /// How often the guard's maps are synced with the registries and every
+    /// volume root's project ID and PROJINHERIT checked (and put back).
+    #[arg(long = "guard.sync-interval", value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    guard_sync_interval: Duration,
+
     /// How many volumes the eBPF counters maps hold (write telemetry and
     /// guard alike; per-CPU entries, about 64 bytes per volume per CPU).
     /// A deleted volume's slot is given to a new one after ten minutes, so
@@ -210,6 +222,8 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         quota_events: true,
         ebpf: flags.ebpf,
         guard: flags.guard,
+        guard_pin_root: flags.guard_pin_root,
+        guard_sync_interval: flags.guard_sync_interval,
         max_volumes: flags.max_volumes,
         plugin_dir: Some(flags.plugin_dir),
     };
@@ -242,7 +256,8 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         exporter.guard_ready().await.map_err(|e| {
             anyhow::anyhow!(
                 "the quota-escape guard cannot enforce (--guard=enforce): {e}; fix that, or run \
-                 with --guard=detect to count attempts without refusing them"
+                 with --guard=detect to count attempts without refusing them (a guard pinned \
+                 by an earlier exporter, if any, still enforces)"
             )
         })?;
     }

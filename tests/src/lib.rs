@@ -10,6 +10,7 @@ pub mod child;
 pub mod fixture;
 pub mod http;
 pub mod nomad;
+pub mod pinned;
 pub mod pins;
 pub mod prom;
 pub mod records;

@@ -315,6 +315,11 @@ pub struct Exporter {
     /// How the exporter ended, once [`Exporter::terminate`] or the wait for
     /// readiness has seen it end (`Some(None)`: it had to be killed).
     stopped: Option<Option<std::process::ExitStatus>>,
+    /// Its volumes directories, whose pinned guard is removed when it is
+    /// dropped (unless [`Exporter::stop_leaving_pins`] or
+    /// [`Exporter::kill`] ended it): a test's guard must not outlive it.
+    volumes_dirs: Vec<PathBuf>,
+    remove_pins: bool,
 }
 
 impl Exporter {
@@ -370,6 +375,15 @@ impl Exporter {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
+        let mut volumes_dirs = Vec::new();
+        let mut args = cmd.get_args();
+        while let Some(a) = args.next() {
+            if a == "--volumes-dir" {
+                if let Some(d) = args.next() {
+                    volumes_dirs.push(PathBuf::from(d));
+                }
+            }
+        }
         let mut child = cmd.spawn().expect("start prjquota-exporter");
         let stderr = child.stderr.take().expect("stderr piped");
         let log = Arc::new(Mutex::new(String::new()));
@@ -413,6 +427,8 @@ impl Exporter {
             log,
             reader: Some(reader),
             stopped: None,
+            volumes_dirs,
+            remove_pins: true,
         };
         if plain_http {
             exporter.wait_ready(started);
@@ -599,6 +615,26 @@ impl Exporter {
         self.log()
     }
 
+    /// [`Exporter::stop`] as in a restart or an upgrade: the guard it
+    /// pinned stays (the next exporter replaces it).
+    pub fn stop_leaving_pins(mut self) -> String {
+        self.remove_pins = false;
+        self.stop()
+    }
+
+    /// SIGKILL, as a crash or the OOM killer: returns the log; the guard it
+    /// pinned stays.
+    pub fn kill(mut self) -> String {
+        self.remove_pins = false;
+        let _ = self.child.kill();
+        let status = self.child.wait().ok();
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        self.stopped = Some(status);
+        self.log()
+    }
+
     /// SIGTERM, then up to 30 s for the exit (SIGKILL after that: `None`).
     /// Runs once; later calls return the first outcome.
     fn terminate(&mut self) -> Option<std::process::ExitStatus> {
@@ -619,6 +655,9 @@ impl Drop for Exporter {
     fn drop(&mut self) {
         let already = self.stopped.is_some();
         let status = self.terminate();
+        if self.remove_pins {
+            crate::pinned::remove(&self.volumes_dirs);
+        }
         if std::thread::panicking() {
             eprintln!("--- exporter log (exit {status:?}) ---\n{}", self.log());
         } else if !already {

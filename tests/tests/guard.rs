@@ -19,20 +19,25 @@
 //! identify their events.
 
 use std::fs;
+use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{chown, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use prjquota_core::sys::{
     self, FsXattr, FS_APPEND_FL, FS_NODUMP_FL, FS_PROJINHERIT_FL, FS_XFLAG_PROJINHERIT,
 };
 use prjquota_ebpf::guard::{
-    bpf_lsm_active, EventSource, Guard, GuardEvent, GuardMode, Outcome, Outcomes,
+    bpf_lsm_active, root_identity, EventSource, Guard, GuardCounters, GuardEvent, GuardMode,
+    Outcome, Outcomes, Place,
 };
-use prjquota_ebpf::root_of;
 use prjquota_vmtests::fixture::{fill, Fixture, FsCase, MIB};
 use prjquota_vmtests::nomad::Spec;
+use prjquota_vmtests::pinned;
 use prjquota_vmtests::prom::Exporter;
 use prjquota_vmtests::{on_every_fs, scratch_dir};
 
@@ -40,6 +45,10 @@ on_every_fs!(
     detect_counts_escapes_as_allowed_and_the_kernel_refusals_as_denied,
     enforce_refuses_escapes_and_the_volume_keeps_the_usage,
     enforce_leaves_other_changes_outside_volumes_and_the_plugin_alone,
+    the_guard_holds_through_exporter_restarts_and_crashes,
+    a_reused_inode_number_does_not_inherit_a_deleted_root,
+    a_file_outside_the_volumes_cannot_take_a_volume_project,
+    the_sync_timer_re_tags_a_root_changed_behind_its_back,
 );
 
 /// The file owner of the tests: a plain user of the host.
@@ -154,6 +163,8 @@ struct Volume {
     spec: Spec,
     path: PathBuf,
     projid: u32,
+    /// `st_dev` of its filesystem.
+    dev: u64,
 }
 
 impl Volume {
@@ -172,17 +183,25 @@ impl Volume {
         assert_eq!(fill(&sub.join("more"), MIB / 4, Some(OWNER)).errno, None);
         assert_eq!(Fixture::project_of(&path.join("data")), (projid, false));
         assert_eq!(Fixture::project_of(&sub), (projid, true));
+        let dev = fs::metadata(&path).unwrap().dev();
         Volume {
             f,
             spec,
             path,
             projid,
+            dev,
         }
     }
 
-    fn root(&self, index: u32) -> (u64, u64, u32, u32) {
-        let (dev, ino) = root_of(&self.path).unwrap();
-        (dev, ino, index, self.projid)
+    /// The root as the guard keys it, with its project ID.
+    fn root(&self) -> (u64, u64, u32, u32) {
+        let (dev, ino, gen) = root_identity(&self.path).unwrap();
+        (dev, ino, gen, self.projid)
+    }
+
+    /// The attempts counted against this volume's project.
+    fn of(&self, c: &GuardCounters) -> Outcomes {
+        c.project(self.dev, self.projid)
     }
 
     fn used(&self) -> u64 {
@@ -218,9 +237,9 @@ fn detect_counts_escapes_as_allowed_and_the_kernel_refusals_as_denied(fs: &FsCas
     let mut g = load(GuardMode::Detect);
     assert!(!g.enforcing());
     assert_eq!(g.mode(), GuardMode::Detect);
-    g.set_roots(&[v.root(1)]).unwrap();
+    g.set_roots(&[v.root()]).unwrap();
     let before = g.read().unwrap();
-    assert_eq!(before.volume(1), outcomes(0, 0));
+    assert_eq!(v.of(&before), outcomes(0, 0));
     let used = v.used();
     assert!(used >= MIB + MIB / 4, "{used}");
 
@@ -266,11 +285,7 @@ fn detect_counts_escapes_as_allowed_and_the_kernel_refusals_as_denied(fs: &FsCas
     assert_eq!(r, Err(libc::EPERM));
 
     let c = g.read().unwrap();
-    assert_eq!(
-        c.volume(1).since(&before.volume(1)),
-        outcomes(3, 1),
-        "{c:?}"
-    );
+    assert_eq!(v.of(&c).since(&v.of(&before)), outcomes(3, 1), "{c:?}");
     assert_eq!(
         c.privileged, before.privileged,
         "restoring PROJINHERIT is no attempt"
@@ -285,9 +300,9 @@ fn detect_counts_escapes_as_allowed_and_the_kernel_refusals_as_denied(fs: &FsCas
     assert_eq!(e.len(), 1, "{events:?}");
     let e = &e[0];
     assert_eq!(
-        (e.index, e.result, e.source, e.uid, e.privileged),
+        (e.place, e.result, e.source, e.uid, e.privileged),
         (
-            Some(1),
+            Place::Volume,
             Outcome::Allowed,
             EventSource::Fileattr,
             OWNER,
@@ -336,7 +351,7 @@ fn enforce_refuses_escapes_and_the_volume_keeps_the_usage(fs: &FsCase) {
     let mut g = load(GuardMode::Enforce);
     eprintln!("{}: enforcing with {:?}", fs.name, g.lsm_programs());
     assert_eq!(g.mode(), GuardMode::Enforce);
-    g.set_roots(&[v.root(1)]).unwrap();
+    g.set_roots(&[v.root()]).unwrap();
     let used = v.used();
 
     let data = open(&v.path.join("data"));
@@ -442,7 +457,7 @@ fn enforce_refuses_escapes_and_the_volume_keeps_the_usage(fs: &FsCase) {
     assert_eq!(r, Ok(()));
 
     let c = g.read().unwrap();
-    assert_eq!(c.volume(1), outcomes(0, refused.len() as u64), "{c:?}");
+    assert_eq!(v.of(&c), outcomes(0, refused.len() as u64), "{c:?}");
     assert_eq!(
         (c.walk_limit.total(), c.unreadable, c.events_lost),
         (0, 0, 0)
@@ -454,9 +469,9 @@ fn enforce_refuses_escapes_and_the_volume_keeps_the_usage(fs: &FsCase) {
         let e = &e[0];
         eprintln!("{}: {what}: {e:?}", fs.name);
         assert_eq!(
-            (e.index, e.result, e.source, e.errno, e.privileged),
+            (e.place, e.result, e.source, e.errno, e.privileged),
             (
-                Some(1),
+                Place::Volume,
                 Outcome::Denied,
                 EventSource::Lsm,
                 Some(libc::EPERM),
@@ -490,10 +505,7 @@ fn enforce_refuses_escapes_and_the_volume_keeps_the_usage(fs: &FsCase) {
         assert_eq!(events.len(), 1, "{events:?}");
         assert_eq!((events[0].comm.as_str(), events[0].uid), ("xfs_io", OWNER));
         refused.push(("xfs_io chproj 0", events[0].pid));
-        assert_eq!(
-            g.read().unwrap().volume(1),
-            outcomes(0, refused.len() as u64)
-        );
+        assert_eq!(v.of(&g.read().unwrap()), outcomes(0, refused.len() as u64));
         assert_eq!(v.used(), used);
     }
 
@@ -505,7 +517,7 @@ fn enforce_refuses_escapes_and_the_volume_keeps_the_usage(fs: &FsCase) {
     chproj(&data, v.projid).unwrap();
     assert_eq!(v.used(), used);
     let c = g.read().unwrap();
-    assert_eq!(c.volume(1), outcomes(0, refused.len() as u64));
+    assert_eq!(v.of(&c), outcomes(0, refused.len() as u64));
     assert_eq!(c.privileged, 1, "{c:?}");
     let events = g.drain_events();
     let e = of(&events, pid);
@@ -525,7 +537,7 @@ fn enforce_refuses_escapes_and_the_volume_keeps_the_usage(fs: &FsCase) {
 fn enforce_leaves_other_changes_outside_volumes_and_the_plugin_alone(fs: &FsCase) {
     let v = Volume::new(fs, "guard-others");
     let mut g = load(GuardMode::Enforce);
-    g.set_roots(&[v.root(1)]).unwrap();
+    g.set_roots(&[v.root()]).unwrap();
 
     // Other attributes inside the volume: the owner sets nodump on its file
     // and its directory (SETFLAGS keeps PROJINHERIT, fsxattr keeps the
@@ -605,8 +617,9 @@ fn enforce_leaves_other_changes_outside_volumes_and_the_plugin_alone(fs: &FsCase
     let other = Spec::new("guard-plugin", 16 * MIB as i64);
     let (path2, _) = v.f.create(&other);
     let projid2 = v.f.project_id(&other.id);
-    let (dev2, ino2) = root_of(&path2).unwrap();
-    g.set_roots(&[v.root(1), (dev2, ino2, 2, projid2)]).unwrap();
+    let (dev2, ino2, gen2) = root_identity(&path2).unwrap();
+    g.set_roots(&[v.root(), (dev2, ino2, gen2, projid2)])
+        .unwrap();
     let mut grown = other.clone();
     grown.max = 32 * MIB as i64;
     let (p, bytes) = v.f.create(&grown);
@@ -619,7 +632,7 @@ fn enforce_leaves_other_changes_outside_volumes_and_the_plugin_alone(fs: &FsCase
 
     let c = g.read().unwrap();
     assert_eq!(
-        (c.volume(1), c.volume(2)),
+        (v.of(&c), c.project(dev2, projid2)),
         (outcomes(0, 0), outcomes(0, 0)),
         "{c:?}"
     );
@@ -666,7 +679,7 @@ fn guard_loads_in_both_modes_and_says_so() {
     );
     assert!(g.not_enforcing().is_none());
     let c = g.read().unwrap();
-    assert!(c.volumes.is_empty());
+    assert!(c.projects.is_empty());
 }
 
 /// What enforcement must attach here, from facts the guard does not use to
@@ -694,31 +707,27 @@ fn two_guards_count_their_own_volumes() {
     let v = Volume::new(&prjquota_vmtests::fixture::XFS, "guard-two");
     let mut a = load(GuardMode::Enforce);
     let mut b = load(GuardMode::Detect);
-    a.set_roots(&[v.root(5)]).unwrap();
+    a.set_roots(&[v.root()]).unwrap();
     let data = open(&v.path.join("data"));
     let (_, r) = chproj_as(Who::User(OWNER), &data, 0);
     assert_eq!(r, Err(libc::EPERM));
-    assert_eq!(a.read().unwrap().volume(5), outcomes(0, 1));
-    assert_eq!(
-        b.read().unwrap().volume(5),
-        outcomes(0, 0),
-        "b has no roots"
-    );
+    assert_eq!(v.of(&a.read().unwrap()), outcomes(0, 1));
+    assert_eq!(v.of(&b.read().unwrap()), outcomes(0, 0), "b has no roots");
     assert!(b.drain_events().is_empty());
-    b.set_roots(&[v.root(9)]).unwrap();
+    b.set_roots(&[v.root()]).unwrap();
     let (_, r) = chproj_as(Who::User(OWNER), &data, 0);
     assert_eq!(r, Err(libc::EPERM), "a still enforces");
-    assert_eq!(a.read().unwrap().volume(5), outcomes(0, 2));
+    assert_eq!(v.of(&a.read().unwrap()), outcomes(0, 2));
     // Before 6.17 a's LSM refuses in the ioctl, before vfs_fileattr_set:
     // b's fexit never runs. From 6.17 a refuses inside vfs_fileattr_set,
     // and b sees the call fail: a denied attempt, as it would for the
     // kernel's own refusal.
     let seen_by_b = u64::from(kernel_release() >= (6, 17));
-    assert_eq!(b.read().unwrap().volume(9), outcomes(0, seen_by_b));
+    assert_eq!(v.of(&b.read().unwrap()), outcomes(0, seen_by_b));
     drop(a);
     let (_, r) = chproj_as(Who::User(OWNER), &data, 0);
     assert_eq!(r, Ok(()), "no guard enforcing any more");
-    assert_eq!(b.read().unwrap().volume(9), outcomes(1, seen_by_b));
+    assert_eq!(v.of(&b.read().unwrap()), outcomes(1, seen_by_b));
 }
 
 /// The real exporter with `--guard=enforce`: the attempt is refused,
@@ -804,4 +813,351 @@ fn the_exporter_counts_refuses_and_logs_attempts() {
         "{}",
         exp.log()
     );
+}
+
+// ---- the guard through a node's life (pinned, synced, no scrape)
+
+/// The exporter with an enforcing guard (no write telemetry) on `v`'s
+/// volumes directory, and no scrape: registration comes from its start-up
+/// fill and its sync timer only.
+fn guarding(v: &Volume, args: &[&str]) -> Exporter {
+    let mut all = vec!["--guard=enforce", "--ebpf=off"];
+    all.extend_from_slice(args);
+    Exporter::start_with(&[&v.f.node.volumes_dir], &all)
+}
+
+/// An owner looping on `chproj ID` (`attr-act chproj-loop`), its attempts
+/// tallied per phase of the test: (refused, went through).
+struct Looper {
+    child: std::process::Child,
+    phase: Arc<AtomicUsize>,
+    tally: Arc<Mutex<Vec<(u64, u64)>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Looper {
+    fn start(file: &OwnedFd, id: u32, phases: usize) -> Looper {
+        use std::os::unix::process::CommandExt;
+        let mut child = Command::new(prjquota_vmtests::bin("attr-act"))
+            .args(["chproj-loop", &id.to_string()])
+            .uid(OWNER)
+            .gid(OWNER)
+            .stdin(Stdio::from(file.try_clone().unwrap()))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start attr-act chproj-loop");
+        let mut out = child.stdout.take().unwrap();
+        let phase = Arc::new(AtomicUsize::new(0));
+        let tally = Arc::new(Mutex::new(vec![(0u64, 0u64); phases]));
+        let (p, t) = (phase.clone(), tally.clone());
+        let reader = std::thread::spawn(move || {
+            let mut buf = [0u8; 256];
+            while let Ok(n) = out.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let mut t = t.lock().unwrap();
+                let slot = &mut t[p.load(Ordering::SeqCst)];
+                for b in &buf[..n] {
+                    match b {
+                        b'.' => slot.0 += 1,
+                        b'!' => slot.1 += 1,
+                        other => panic!("chproj-loop: unexpected outcome {:?}", *other as char),
+                    }
+                }
+            }
+        });
+        Looper {
+            child,
+            phase,
+            tally,
+            reader: Some(reader),
+        }
+    }
+
+    fn enter(&self, phase: usize) {
+        self.phase.store(phase, Ordering::SeqCst);
+    }
+
+    /// Until at least `n` more attempts were made in the current phase.
+    fn wait_attempts(&self, n: u64) {
+        let phase = self.phase.load(Ordering::SeqCst);
+        let start = self.tally.lock().unwrap()[phase];
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let now = self.tally.lock().unwrap()[phase];
+            if now.0 + now.1 >= start.0 + start.1 + n {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the looping owner stalled");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn stop(mut self) -> Vec<(u64, u64)> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(r) = self.reader.take() {
+            r.join().unwrap();
+        }
+        self.tally.lock().unwrap().clone()
+    }
+}
+
+/// An owner loops on `chproj 0` while the exporter stops and starts again
+/// (SIGTERM, as `systemctl restart` and an upgrade do) and while it is
+/// killed (kill -9) and started again: not one attempt goes through, and
+/// the owner does try while no exporter runs. The pins of each start
+/// replace those of the start before.
+fn the_guard_holds_through_exporter_restarts_and_crashes(fs: &FsCase) {
+    let v = Volume::new(fs, "guard-restarts");
+    let dir = v.f.node.volumes_dir.clone();
+    let exp = guarding(&v, &[]);
+    let first = pinned::dir_of(&dir).expect("the exporter pinned its guard");
+    let data = open(&v.path.join("data"));
+    const NAMES: [&str; 5] = [
+        "running",
+        "SIGTERM: stopping and starting",
+        "running after the restart",
+        "kill -9: dead and starting",
+        "running after the crash",
+    ];
+    let looper = Looper::start(&data, 0, NAMES.len());
+    looper.wait_attempts(50);
+
+    looper.enter(1);
+    let log = exp.stop_leaving_pins();
+    assert!(log.contains("quota-escape guard pinned"), "{log}");
+    // The exporter is gone: the owner keeps trying.
+    looper.wait_attempts(200);
+    let exp = guarding(&v, &[]);
+    looper.enter(2);
+    let second = pinned::dir_of(&dir).expect("pinned again");
+    assert_ne!(second, first, "a start pins a new guard");
+    assert!(!first.exists(), "the start before's pins are removed");
+    assert!(
+        exp.log().contains("pins of an earlier start were removed"),
+        "{}",
+        exp.log()
+    );
+    looper.wait_attempts(50);
+
+    looper.enter(3);
+    let _ = exp.kill();
+    looper.wait_attempts(200);
+    let exp = guarding(&v, &[]);
+    looper.enter(4);
+    let third = pinned::dir_of(&dir).expect("pinned again");
+    assert!(!second.exists() && third.exists());
+    looper.wait_attempts(50);
+    let tally = looper.stop();
+
+    for (name, (refused, through)) in NAMES.iter().zip(&tally) {
+        eprintln!(
+            "MEASURE guard_{}_{}: attempts {} went_through {through}",
+            fs.name,
+            name.split(':').next().unwrap().replace([' ', '-'], "_"),
+            refused + through
+        );
+    }
+    for (name, (refused, through)) in NAMES.iter().zip(&tally) {
+        assert_eq!(
+            *through, 0,
+            "{name}: changes went through ({refused} refused)"
+        );
+        assert!(*refused > 0, "{name}: no attempt was made");
+    }
+    assert_eq!(Fixture::project_of(&v.path.join("data")), (v.projid, false));
+
+    // The documented way to take the guard away: an exporter started with
+    // --guard=off removes the pins of its volumes directories.
+    let _ = exp.stop_leaving_pins();
+    assert!(third.exists());
+    let off = Exporter::start_with(&[&dir], &["--guard=off", "--ebpf=off"]);
+    let start = Instant::now();
+    while third.exists() || pinned::dir_of(&dir).is_some() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "--guard=off left the pins\n{}",
+            off.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (_, r) = chproj_as(Who::User(OWNER), &data, 0);
+    assert_eq!(r, Ok(()), "no guard after --guard=off");
+    chproj(&data, v.projid).unwrap();
+    drop(off);
+}
+
+/// A deleted volume's root leaves an entry keyed by its inode number AND
+/// generation: a file of another volume that gets the same inode number is
+/// not taken for that root, and cannot take the deleted volume's project
+/// ID. (The sync timer is slowed down so that the deleted root's entry is
+/// still there, as it would be if nothing removed it.)
+fn a_reused_inode_number_does_not_inherit_a_deleted_root(fs: &FsCase) {
+    let gone = Volume::new(fs, "guard-reuse-gone");
+    let owner = OWNER.to_string();
+    let spec = Spec::new("guard-reuse-kept", 64 * MIB as i64)
+        .param("uid", &owner)
+        .param("gid", &owner);
+    let (kept, _) = gone.f.create(&spec);
+    let kept_projid = gone.f.project_id(&spec.id);
+    let exp = guarding(&gone, &["--guard.sync-interval=60m"]);
+    let dir = gone.f.node.volumes_dir.clone();
+    let old = pinned::key_of(&gone.path);
+    assert!(
+        pinned::roots(&dir)
+            .iter()
+            .any(|(k, p)| (k.dev, k.ino, *p) == (old.dev, old.ino, gone.projid)),
+        "the exporter put the root in: {:?}",
+        pinned::roots(&dir)
+    );
+    gone.f.node.delete(&gone.spec).ok();
+    assert!(!gone.path.exists());
+
+    // New entries in the kept volume until one gets the deleted root's
+    // inode number (directories and files: ext4 places them apart).
+    let mut found = None;
+    let mut made = 0;
+    for i in 0..4000 {
+        let p = kept.join(format!("n{i}"));
+        if i % 2 == 0 {
+            fs::create_dir(&p).unwrap();
+        } else {
+            fs::write(&p, b"x").unwrap();
+        }
+        made += 1;
+        if fs::metadata(&p).unwrap().ino() == old.ino {
+            found = Some(p);
+            break;
+        }
+    }
+    eprintln!(
+        "{}: the deleted root's inode number {} came back: {:?} after {made} new entries",
+        fs.name, old.ino, found
+    );
+    let target = match found {
+        Some(p) => {
+            let key = pinned::key_of(&p);
+            assert_ne!(key.gen, old.gen, "a reused inode has a new generation");
+            // Whatever removed it, the deleted root's entry is put back as
+            // it was: the reused number must not match it.
+            pinned::insert_root(&dir, old, gone.projid);
+            p
+        }
+        None => {
+            // Not reached within the bound: the same semantics on a file
+            // whose number is in the map under another generation.
+            let p = kept.join("n1");
+            let key = pinned::key_of(&p);
+            pinned::insert_root(
+                &dir,
+                prjquota_ebpf::guard::GuardRootKey {
+                    gen: key.gen.wrapping_add(1),
+                    ..key
+                },
+                gone.projid,
+            );
+            p
+        }
+    };
+    chown(&target, Some(OWNER), Some(OWNER)).unwrap();
+    let fd = open(&target);
+    let (_, r) = chproj_as(Who::User(OWNER), &fd, gone.projid);
+    assert_eq!(
+        r,
+        Err(libc::EPERM),
+        "{}: taking the deleted volume's project ID {} on a reused inode number",
+        fs.name,
+        gone.projid
+    );
+    assert_eq!(Fixture::project_of(&target).0, kept_projid);
+    drop(exp);
+}
+
+/// Outside every volume, on the same filesystem, an unprivileged process
+/// cannot give a file a volume's project ID (it would fill that volume's
+/// quota): refused and counted against that volume. Root with
+/// CAP_SYS_ADMIN may; another project ID is no business of the guard.
+fn a_file_outside_the_volumes_cannot_take_a_volume_project(fs: &FsCase) {
+    const ATTEMPTS: &str = "nomad_host_volume_projid_change_attempts_total";
+    let v = Volume::new(fs, "guard-outside");
+    let exp = guarding(&v, &[]);
+    let outside = scratch_dir(&(fs.mount)(), &format!("{}-guard-squat", fs.name));
+    let file = outside.join("f");
+    fs::write(&file, b"squatter").unwrap();
+    chown(&file, Some(OWNER), Some(OWNER)).unwrap();
+    let fd = open(&file);
+    let (_, r) = chproj_as(Who::User(OWNER), &fd, v.projid);
+    assert_eq!(
+        r,
+        Err(libc::EPERM),
+        "{}: owner, outside, the volume's ID",
+        fs.name
+    );
+    let (_, r) = chproj_as(Who::RootWithoutSysAdmin, &fd, v.projid);
+    assert_eq!(r, Err(libc::EPERM), "{}: root w/o CAP_SYS_ADMIN", fs.name);
+    assert_eq!(Fixture::project_of(&file).0, 0);
+    let (_, r) = chproj_as(Who::User(OWNER), &fd, 4242);
+    assert_eq!(r, Ok(()), "another project ID outside the volumes");
+    let (_, r) = chproj_as(Who::Root, &fd, v.projid);
+    assert_eq!(r, Ok(()), "root with CAP_SYS_ADMIN");
+    chproj(&fd, 0).unwrap();
+    // Read only now: counted in the kernel, not from a scrape.
+    let e = exp.scrape();
+    let labels = [
+        ("namespace", v.spec.namespace.as_str()),
+        ("node_pool", "default"),
+        ("volume_id", v.spec.id.as_str()),
+        ("result", "denied"),
+    ];
+    assert_eq!(e.value(ATTEMPTS, &labels), 2.0, "{}", e.text);
+    drop(exp);
+    fs::remove_dir_all(&outside).unwrap();
+}
+
+/// A process with CAP_SYS_ADMIN (here: the test) takes a volume root out of
+/// its project and clears PROJINHERIT: the exporter's sync timer puts both
+/// back within seconds, with no scrape, logs it and counts it.
+fn the_sync_timer_re_tags_a_root_changed_behind_its_back(fs: &FsCase) {
+    let v = Volume::new(fs, "guard-drift");
+    let exp = guarding(&v, &["--guard.sync-interval=500ms"]);
+    let root = open(&v.path);
+    set_xattr(&root, |a| {
+        a.projid = 0;
+        a.xflags &= !FS_XFLAG_PROJINHERIT;
+    })
+    .unwrap();
+    assert_eq!(Fixture::project_of(&v.path), (0, false));
+    let start = Instant::now();
+    while Fixture::project_of(&v.path) != (v.projid, true) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{}: the root was not re-tagged within 10 s\n{}",
+            fs.name,
+            exp.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!(
+        "MEASURE guard_{}_drift_retag_seconds {:.3}",
+        fs.name,
+        start.elapsed().as_secs_f64()
+    );
+    let e = exp.scrape();
+    assert_eq!(
+        e.value("prjquota_exporter_guard_drift_total", &[]),
+        1.0,
+        "{}",
+        e.text
+    );
+    assert_eq!(e.value("prjquota_exporter_guard_pinned", &[]), 1.0);
+    let log = exp.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("re-tagged") && l.contains(&v.spec.id)),
+        "{log}"
+    );
+    drop(exp);
 }

@@ -22,8 +22,18 @@
  * owner, and anything in a user namespace lack it. Privileged changes are
  * allowed, counted apart (GSTAT_PRIVILEGED) and reported as events: they
  * are the plugin or an administrator. Other attribute changes (append-only,
- * nodump, extent size hints ...) are not attempts, and nothing outside
- * volume roots is looked at beyond one map lookup of the device.
+ * nodump, extent size hints ...) are not attempts.
+ *
+ * Outside every volume root, on a device that holds roots, an unprivileged
+ * FS_IOC_FSSETXATTR (or file_setattr(2)) whose project ID is a volume's
+ * project on that device (`guard_projects`) is an attempt too
+ * (GUARD_WHAT_FOREIGN_PROJID): it would charge the file to that volume's
+ * quota and fill it. It is counted against that project.
+ *
+ * Roots are keyed by (device, inode number, inode generation): a deleted
+ * root's inode number, given to a new file, does not match its entry.
+ * Counters are keyed by (device, project ID), the volume's identity that
+ * the plugin and the exporter both know without sharing an index.
  *
  * Hook points (vmlinux only: aya cannot relocate against module BTF, and
  * XFS and ext4 are modules on Debian):
@@ -140,13 +150,23 @@ struct fsxattr_head {
 
 /* ---- maps ---- */
 
-/* Volume root directories -> (volume index, project ID). Filled by userspace. */
+/* Volume root directories -> project ID. Filled by userspace (the plugin at
+ * create and delete, the exporter at start and on its sync timer). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, GUARD_MAX_ROOTS);
-	__type(key, struct root_key);
+	__type(key, struct guard_root_key);
 	__type(value, struct guard_root);
 } guard_roots SEC(".maps");
+
+/* The volumes' projects, per device: a file outside every root may not
+ * join one (unprivileged). Filled by userspace with the roots. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, GUARD_MAX_VOLUMES);
+	__type(key, struct guard_project);
+	__type(value, __u32);
+} guard_projects SEC(".maps");
 
 /* Devices that hold at least one root. */
 struct {
@@ -159,7 +179,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 	__uint(max_entries, GUARD_MAX_VOLUMES);
-	__type(key, __u32);
+	__type(key, struct guard_project);
 	__type(value, struct guard_counters);
 } guard_counters SEC(".maps");
 
@@ -191,12 +211,12 @@ struct {
 /* ---- helpers ---- */
 
 #define WHERE_OTHER_FS 0
-#define WHERE_OUTSIDE 1
-#define WHERE_VOLUME 2
-#define WHERE_WALK_LIMIT 3
+#define WHERE_OUTSIDE GUARD_WHERE_OUTSIDE
+#define WHERE_VOLUME GUARD_WHERE_VOLUME
+#define WHERE_WALK_LIMIT GUARD_WHERE_WALK_LIMIT
 
 struct walk {
-	struct root_key key;
+	struct guard_root_key key;
 	__u64 dentry; /* the dentry to look at next */
 	struct guard_root root;
 	__u32 where;
@@ -211,6 +231,7 @@ static long walk_step(__u32 i, void *data)
 	struct dentry *up;
 
 	w->key.ino = BPF_CORE_READ(d, d_inode, i_ino);
+	w->key.gen = BPF_CORE_READ(d, d_inode, i_generation);
 	r = bpf_map_lookup_elem(&guard_roots, &w->key);
 	if (r) {
 		w->root = *r;
@@ -298,20 +319,23 @@ static __always_inline void stat_add(__u32 slot)
 		__sync_fetch_and_add(v, 1);
 }
 
-static __always_inline void count(__u32 where, __u32 index, __u8 result)
+/* Counts an attempt against project `projid` on `dev` (WHERE_VOLUME: the
+ * volume's; WHERE_OUTSIDE: the one asked for), or as unattributed. */
+static __always_inline void count(__u32 where, __u64 dev, __u32 projid, __u8 result)
 {
+	struct guard_project key = {.dev = dev, .projid = projid};
 	struct guard_counters *c;
 
-	if (where != WHERE_VOLUME) {
+	if (where != WHERE_VOLUME && where != WHERE_OUTSIDE) {
 		stat_add(result == GUARD_ALLOWED ? GSTAT_WALK_LIMIT_ALLOWED : GSTAT_WALK_LIMIT_DENIED);
 		return;
 	}
-	c = bpf_map_lookup_elem(&guard_counters, &index);
+	c = bpf_map_lookup_elem(&guard_counters, &key);
 	if (!c) {
 		struct guard_counters zero = {};
 
-		bpf_map_update_elem(&guard_counters, &index, &zero, BPF_NOEXIST);
-		c = bpf_map_lookup_elem(&guard_counters, &index);
+		bpf_map_update_elem(&guard_counters, &key, &zero, BPF_NOEXIST);
+		c = bpf_map_lookup_elem(&guard_counters, &key);
 		if (!c) {
 			/* No room for one more volume: counted apart, never lost. */
 			stat_add(GSTAT_MAP_FULL);
@@ -324,12 +348,23 @@ static __always_inline void count(__u32 where, __u32 index, __u8 result)
 		__sync_fetch_and_add(&c->denied, 1);
 }
 
-/* What an attempt is: the request against the volume's state. */
-static __always_inline __u8 judge(__u32 where, const struct guard_root *root, int dir,
+/* Whether `projid` is a volume's project on `dev`. */
+static __always_inline int volume_project(__u64 dev, __u32 projid)
+{
+	struct guard_project key = {.dev = dev, .projid = projid};
+
+	return bpf_map_lookup_elem(&guard_projects, &key) != 0;
+}
+
+/* What an attempt is: the request against the volume's state, or, outside
+ * every root, whether it would join a volume's project. */
+static __always_inline __u8 judge(__u32 where, const struct guard_root *root, __u64 dev, int dir,
 				  int sets_projid, __u32 projid, __u32 xflags)
 {
 	__u8 what = 0;
 
+	if (where == WHERE_OUTSIDE)
+		return sets_projid && volume_project(dev, projid) ? GUARD_WHAT_FOREIGN_PROJID : 0;
 	if (sets_projid && (where != WHERE_VOLUME || projid != root->projid))
 		what |= GUARD_WHAT_PROJID;
 	if (dir && !(xflags & FS_XFLAG_PROJINHERIT))
@@ -362,8 +397,8 @@ static __always_inline void place(struct guard_event *ev, struct dentry *dentry,
 {
 	ev->ino = BPF_CORE_READ(dentry, d_inode, i_ino);
 	ev->dev = dev;
-	ev->index = where == WHERE_VOLUME ? root->index : GUARD_NO_VOLUME;
-	ev->volume_projid = root->projid;
+	ev->where = where;
+	ev->volume_projid = where == WHERE_OUTSIDE ? ev->projid : root->projid;
 }
 
 /* ---- detect ---- */
@@ -390,7 +425,7 @@ int BPF_PROG(guard_fileattr_set_exit, void *idmap, struct dentry *dentry, void *
 		}
 	}
 	where = locate(dentry, &root, &dev);
-	if (where == WHERE_OTHER_FS || where == WHERE_OUTSIDE)
+	if (where == WHERE_OTHER_FS)
 		return 0;
 
 	/* FS_IOC_SETFLAGS fills `flags` (and the xflags it implies); only
@@ -398,7 +433,7 @@ int BPF_PROG(guard_fileattr_set_exit, void *idmap, struct dentry *dentry, void *
 	read_requested(fa, &req);
 	ev.projid = req.projid;
 	ev.xflags = req.xflags;
-	ev.what = judge(where, &root, is_dir(dentry), req.sets_projid, req.projid, req.xflags);
+	ev.what = judge(where, &root, dev, is_dir(dentry), req.sets_projid, req.projid, req.xflags);
 	if (!ev.what)
 		return 0;
 
@@ -410,7 +445,7 @@ int BPF_PROG(guard_fileattr_set_exit, void *idmap, struct dentry *dentry, void *
 	if (ev.privileged)
 		stat_add(GSTAT_PRIVILEGED);
 	else
-		count(where, ev.index, ev.result);
+		count(where, dev, ev.volume_projid, ev.result);
 	emit(&ev);
 	return 0;
 }
@@ -427,7 +462,7 @@ static __always_inline int refuse(struct guard_event *ev, struct dentry *dentry,
 	ev->ret = -EPERM;
 	ev->result = GUARD_DENIED;
 	ev->source = GUARD_SRC_LSM;
-	count(where, ev->index, GUARD_DENIED);
+	count(where, dev, ev->volume_projid, GUARD_DENIED);
 	emit(ev);
 	return -EPERM;
 }
@@ -451,14 +486,14 @@ int BPF_PROG(guard_inode_file_setattr, struct dentry *dentry, void *fa, int ret)
 	if (ret)
 		return ret; /* an earlier BPF LSM program refused already */
 	where = locate(dentry, &root, &dev);
-	if (where == WHERE_OTHER_FS || where == WHERE_OUTSIDE)
+	if (where == WHERE_OTHER_FS)
 		return 0;
 	if (privileged())
 		return 0;
 	read_requested(fa, &req);
 	ev.projid = req.projid;
 	ev.xflags = req.xflags;
-	ev.what = judge(where, &root, is_dir(dentry), req.sets_projid, req.projid, req.xflags);
+	ev.what = judge(where, &root, dev, is_dir(dentry), req.sets_projid, req.projid, req.xflags);
 	if (!ev.what)
 		return 0;
 	tid = bpf_get_current_pid_tgid();
@@ -493,7 +528,10 @@ static __always_inline int check_ioctl(struct file *file, unsigned int cmd, unsi
 		return 0;
 	dentry = BPF_CORE_READ(file, f_path.dentry);
 	where = locate(dentry, &root, &dev);
-	if (where == WHERE_OTHER_FS || where == WHERE_OUTSIDE)
+	if (where == WHERE_OTHER_FS)
+		return 0;
+	/* Outside every root only a project ID can be an attempt. */
+	if (where == WHERE_OUTSIDE && cmd != FS_IOC_FSSETXATTR)
 		return 0;
 	if (privileged())
 		return 0;
@@ -506,11 +544,15 @@ static __always_inline int check_ioctl(struct file *file, unsigned int cmd, unsi
 		else
 			err = bpf_probe_read_user(&x, sizeof(x), (void *)arg);
 		if (err) {
+			/* Outside every root an unreadable request is no known
+			 * attempt (the kernel's own copy fails the same way). */
+			if (where == WHERE_OUTSIDE)
+				return 0;
 			ev.what = GUARD_WHAT_UNREADABLE;
 		} else {
 			ev.projid = x.fsx_projid;
 			ev.xflags = x.fsx_xflags;
-			ev.what = judge(where, &root, is_dir(dentry), 1, ev.projid, ev.xflags);
+			ev.what = judge(where, &root, dev, is_dir(dentry), 1, ev.projid, ev.xflags);
 		}
 	} else {
 		/* Both SETFLAGS variants read an int. */
@@ -525,7 +567,7 @@ static __always_inline int check_ioctl(struct file *file, unsigned int cmd, unsi
 		} else {
 			ev.xflags = (flags & FS_PROJINHERIT_FL) ? FS_XFLAG_PROJINHERIT : 0;
 			ev.projid = root.projid;
-			ev.what = judge(where, &root, is_dir(dentry), 0, 0, ev.xflags);
+			ev.what = judge(where, &root, dev, is_dir(dentry), 0, 0, ev.xflags);
 		}
 	}
 	if (!ev.what)

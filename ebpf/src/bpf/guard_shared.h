@@ -39,17 +39,37 @@
 #define GUARD_WHAT_PROJID 1     /* sets a project ID other than the volume's */
 #define GUARD_WHAT_NOINHERIT 2  /* leaves a directory without PROJINHERIT */
 #define GUARD_WHAT_UNREADABLE 4 /* the new attributes could not be read */
+#define GUARD_WHAT_FOREIGN_PROJID 8 /* outside every root: sets a volume's project ID */
 
-/* guard_event.index when no volume root was found within GUARD_MAX_DEPTH. */
-#define GUARD_NO_VOLUME 0xffffffff
+/* guard_event.where */
+#define GUARD_WHERE_OUTSIDE 1    /* outside every volume root, on a volume device */
+#define GUARD_WHERE_VOLUME 2     /* at or below a volume root */
+#define GUARD_WHERE_WALK_LIMIT 3 /* no volume root within GUARD_MAX_DEPTH */
 
-/* Value of the `guard_roots` map (key: struct root_key of shared.h). */
-struct guard_root {
-	__u32 index;  /* volume index chosen by userspace */
-	__u32 projid; /* the volume's project ID */
+/* Key of the `guard_roots` map: a directory as the kernel names it, for
+ * the life of the filesystem (an inode number alone is reused). 24 bytes. */
+struct guard_root_key {
+	__u64 dev; /* super_block->s_dev, kernel encoding: major << 20 | minor */
+	__u64 ino; /* inode->i_ino */
+	__u32 gen; /* inode->i_generation (FS_IOC_GETVERSION from userspace) */
+	__u32 _pad; /* 0 */
 };
 
-/* Value of the per-CPU `guard_counters` map, per volume index. */
+/* Value of the `guard_roots` map. */
+struct guard_root {
+	__u32 projid; /* the volume's project ID */
+	__u32 _pad;   /* 0 */
+};
+
+/* Key of `guard_projects` (-> __u32 1: a volume's project on that device)
+ * and of the per-CPU `guard_counters`. 16 bytes. */
+struct guard_project {
+	__u64 dev;    /* kernel encoding */
+	__u32 projid;
+	__u32 _pad;   /* 0 */
+};
+
+/* Value of the per-CPU `guard_counters` map, per (device, project ID). */
 struct guard_counters {
 	__u64 allowed; /* attempts that changed the file */
 	__u64 denied;  /* attempts that failed (refused by the guard or the kernel) */
@@ -63,9 +83,9 @@ struct guard_event {
 	__u32 pid;       /* tgid */
 	__u32 tid;
 	__u32 uid;       /* real uid, as the initial user namespace sees it */
-	__u32 index;     /* volume index, or GUARD_NO_VOLUME */
+	__u32 where;     /* GUARD_WHERE_* */
 	__u32 projid;    /* requested project ID (FS_IOC_FSSETXATTR), else the current */
-	__u32 volume_projid;
+	__u32 volume_projid; /* the volume's (outside: the project asked for) */
 	__u32 xflags;    /* requested fsx_xflags (SETFLAGS: translated) */
 	__s32 ret;       /* 0, or the negative errno the caller got */
 	__u8 result;     /* GUARD_ALLOWED / GUARD_DENIED */

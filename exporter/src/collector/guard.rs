@@ -23,21 +23,31 @@
 //! namespace (the plugin, administrators); their changes are logged at info
 //! and counted in `prjquota_exporter_guard_privileged_changes_total`.
 //!
-//! Each scrape syncs the guard's map of volume roots with the inventory,
-//! like the ebpf collector: each root is `lstat`ed (on the blocking pool,
-//! one call per volumes directory at a time, with the statfs timeout), each
-//! volume ID keeps one index from first sight, and the map is rewritten only
-//! when something changed (root identity, index or project ID).
+//! The guard outlives the exporter: it is pinned in bpffs
+//! (`--guard.pin-root`, `prjquota_ebpf::pins`), so the kernel keeps
+//! enforcing through a restart, a crash or an upgrade, and a new exporter
+//! replaces it without a gap. `--guard=off` removes the pins of its volumes
+//! directories. A guard that cannot be pinned runs attached to this process
+//! only: `prjquota_exporter_guard_pinned 0`, logged; with `--guard=enforce`
+//! the exporter refuses to start instead (the pins of the exporter before
+//! it, if any, keep enforcing).
+//!
+//! Volumes enter the maps from the plugin (create) and from the sync timer
+//! (`guard_sync`, `--guard.sync-interval`), never from scrapes: a scrape
+//! only reads the counters and the events.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::anyhow;
 use prjquota_ebpf::guard::{Guard, GuardCounters, GuardEvent, GuardMode, Outcome};
-use prjquota_ebpf::LoadOptions;
+use prjquota_ebpf::{kernel_dev, pins, LoadOptions};
 use tokio::sync::watch;
 
+use super::guard_sync::Syncer;
 use super::{kernel_maps, BoxFuture, Collector, Scrape};
 use crate::metrics::{Extra, Family};
 
@@ -62,28 +72,36 @@ enum Status {
         mode: GuardMode,
         /// Enforcement asked for and not in force: (label, words).
         fallback: Option<(&'static str, String)>,
+        /// The pin directory, or why the guard is not pinned.
+        pinned: Result<PathBuf, String>,
+        /// Pin directories of earlier starts removed at this start.
+        removed: usize,
+        syncer: Arc<Syncer>,
     },
 }
 
-/// The guard's slots: `(st_dev, st_ino, index, project ID)` per root.
-type Roots = kernel_maps::Roots<(u64, u64, u32, u32)>;
-
-fn new_roots() -> Roots {
-    Roots::new(|s, (dev, ino)| (dev, ino, s.index, s.project_id))
+/// Where and how the guard is kept (`--guard.*` flags).
+#[derive(Clone, Debug)]
+pub struct GuardSetup {
+    pub mode: GuardMode,
+    pub volumes_dirs: Vec<PathBuf>,
+    /// `--guard.pin-root`.
+    pub pin_root: PathBuf,
+    /// `--guard.sync-interval`.
+    pub sync_interval: Duration,
 }
 
 pub struct GuardCollector {
     status: watch::Receiver<Arc<Status>>,
     timeout: Duration,
-    roots: Arc<Mutex<Roots>>,
 }
 
 impl GuardCollector {
-    /// Starts loading the guard on the blocking pool (nothing for
-    /// [`GuardMode::Off`]).
-    pub fn start(mode: GuardMode, timeout: Duration, opts: LoadOptions) -> GuardCollector {
+    /// Starts loading the guard on the blocking pool, then its sync timer;
+    /// for [`GuardMode::Off`], removes the pins of the volumes directories.
+    pub fn start(setup: GuardSetup, timeout: Duration, opts: LoadOptions) -> GuardCollector {
+        let mode = setup.mode;
         let initial = if mode == GuardMode::Off {
-            crate::info!("quota-escape guard disabled (--guard=off)");
             Status::Off {
                 reason: "disabled",
                 error: None,
@@ -92,15 +110,21 @@ impl GuardCollector {
             Status::Loading
         };
         let (tx, rx) = watch::channel(Arc::new(initial));
-        if mode != GuardMode::Off {
+        if mode == GuardMode::Off {
+            kernel_maps::spawn_load(move || unpin(&setup));
+        } else {
+            let interval = setup.sync_interval;
             kernel_maps::spawn_load(move || {
-                let _ = tx.send(Arc::new(load(mode, &opts)));
+                let status = Arc::new(load(&setup, &opts));
+                let _ = tx.send(status.clone());
+                if let Status::Loaded { guard, syncer, .. } = &*status {
+                    spawn_sync(guard.clone(), syncer.clone(), interval);
+                }
             });
         }
         GuardCollector {
             status: rx,
             timeout,
-            roots: Arc::new(Mutex::new(new_roots())),
         }
     }
 
@@ -109,47 +133,91 @@ impl GuardCollector {
         GuardReady(self.status.clone())
     }
 
-    /// Brings the guard's roots map up to this scrape's inventory; returns
-    /// each volume's index (`None`: not registered) and the errors met.
-    async fn sync_roots(
-        &self,
-        scrape: &Scrape,
-        guard: &Arc<Mutex<Guard>>,
-    ) -> (Vec<Option<u32>>, Vec<String>) {
-        kernel_maps::sync_roots(
-            &self.roots,
-            scrape,
-            guard,
-            "quota-escape guard",
-            Guard::set_roots,
-        )
-        .await
-    }
-
     async fn collect_guard(
         &self,
         scrape: &Scrape,
         guard: &Arc<Mutex<Guard>>,
         out: &mut Vec<Family>,
     ) -> anyhow::Result<()> {
-        let (index_of, mut errors) = self.sync_roots(scrape, guard).await;
         // On this task, as the write telemetry's reads (`super::ebpf`).
         let (counters, events) = {
             let mut g = guard.lock().unwrap_or_else(|e| e.into_inner());
             let events = g.drain_events();
             (g.read(), events)
         };
-        log_events(scrape, &index_of, &events);
+        log_events(scrape, &events);
         match counters {
-            Ok(c) => out.extend(counter_families(scrape, &index_of, &c)),
-            Err(e) => errors.push(format!("reading the guard's counters: {e}")),
-        }
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(anyhow!(errors.join("; ")))
+            Ok(c) => {
+                out.extend(counter_families(scrape, &c));
+                Ok(())
+            }
+            Err(e) => Err(anyhow!("reading the guard's counters: {e}")),
         }
     }
+}
+
+/// `--guard=off`: the pins of these volumes directories go, and with them
+/// the guard an earlier exporter left enforcing.
+fn unpin(setup: &GuardSetup) {
+    match pins::remove_for(&setup.pin_root, &setup.volumes_dirs) {
+        Ok(removed) if removed.is_empty() => {
+            crate::info!("quota-escape guard disabled (--guard=off); no pinned guard to remove")
+        }
+        Ok(removed) => crate::warn!(
+            "quota-escape guard disabled (--guard=off): removed the guard an earlier exporter pinned; project-ID changes are no longer refused or counted",
+            pin_dirs = removed
+                .iter()
+                .map(|(d, _)| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+            pins = removed.iter().map(|(_, n)| n).sum::<usize>()
+        ),
+        Err(e) => crate::error!(
+            "quota-escape guard disabled (--guard=off), but the pinned guard of an earlier exporter could not be removed and still enforces; remove it with `rm -r` of the pin root",
+            pin_root = setup.pin_root.display(),
+            err = e
+        ),
+    }
+}
+
+/// The sync timer: a round every `interval`, one at a time, on the blocking
+/// pool (a stuck filesystem delays the next round, never piles them up).
+fn spawn_sync(guard: Arc<Mutex<Guard>>, syncer: Arc<Syncer>, interval: Duration) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    rt.spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await; // the start-up fill was the first round
+        let mut last_errors: Vec<String> = Vec::new();
+        loop {
+            tick.tick().await;
+            let (g, s) = (guard.clone(), syncer.clone());
+            let Ok(round) = tokio::task::spawn_blocking(move || s.round(&g, true)).await else {
+                continue;
+            };
+            if round.added + round.changed + round.removed > 0 {
+                crate::info!(
+                    "quota-escape guard: volume roots synced with the registry",
+                    added = round.added,
+                    changed = round.changed,
+                    removed = round.removed
+                );
+            }
+            if round.errors != last_errors {
+                if round.errors.is_empty() {
+                    crate::info!("quota-escape guard: sync recovered");
+                } else {
+                    crate::warn!(
+                        "quota-escape guard: sync incomplete (nothing was removed from the guard this round)",
+                        err = round.errors.join("; ")
+                    );
+                }
+                last_errors = round.errors;
+            }
+        }
+    });
 }
 
 /// Waits for the guard's start-up load.
@@ -171,14 +239,65 @@ impl GuardReady {
                 fallback: Some((_, why)),
                 ..
             } => Err(why.clone()),
+            Status::Loaded {
+                pinned: Err(why), ..
+            } => Err(format!(
+                "the guard could not be pinned, so it would stop with this process: {why}"
+            )),
             _ => Ok(()),
         }
     }
 }
 
-fn load(mode: GuardMode, opts: &LoadOptions) -> Status {
-    match Guard::load_with(mode, opts) {
-        Ok(g) => {
+fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
+    let mode = setup.mode;
+    let syncer = Arc::new(Syncer::new(&setup.volumes_dirs));
+    let mut fill = |g: &mut Guard| {
+        let round = syncer.round_on(g, true);
+        crate::info!(
+            "quota-escape guard: volume roots from the registry",
+            roots = syncer.stats.roots.load(Ordering::Relaxed),
+            retagged = round.retagged
+        );
+        if !round.errors.is_empty() {
+            crate::warn!(
+                "quota-escape guard: some volume roots could not be put in the guard at start-up; the sync timer retries",
+                err = round.errors.join("; ")
+            );
+        }
+    };
+    match Guard::load_pinned(mode, opts, &setup.pin_root, &setup.volumes_dirs, &mut fill) {
+        Ok((g, pinned)) => {
+            let (pinned, removed) = match pinned {
+                Ok(p) => {
+                    crate::info!(
+                        "quota-escape guard pinned: it keeps enforcing while no exporter runs",
+                        pin_dir = p.dir.display(),
+                        links = p.links.join(",")
+                    );
+                    if !p.removed.is_empty() {
+                        crate::info!(
+                            "quota-escape guard: the pins of an earlier start were removed after this one attached",
+                            pin_dirs = p
+                                .removed
+                                .iter()
+                                .map(|(d, _)| d.display().to_string())
+                                .collect::<Vec<_>>()
+                                .join(","),
+                            pins = p.removed.iter().map(|(_, n)| n).sum::<usize>()
+                        );
+                    }
+                    (Ok(p.dir), p.removed.len())
+                }
+                Err(e) => {
+                    crate::error!(
+                        "quota-escape guard could not be pinned: it stops with this process, and nothing guards the volumes while no exporter runs",
+                        pin_root = setup.pin_root.display(),
+                        err = e
+                    );
+                    (Err(e), 0)
+                }
+            };
             let fallback = g.not_enforcing().map(|why| (why.reason(), why.to_string()));
             match &fallback {
                 Some((reason, why)) => crate::warn!(
@@ -196,6 +315,9 @@ fn load(mode: GuardMode, opts: &LoadOptions) -> Status {
                 mode: g.mode(),
                 guard: Arc::new(Mutex::new(g)),
                 fallback,
+                pinned,
+                removed,
+                syncer,
             }
         }
         Err(e) => {
@@ -213,21 +335,30 @@ fn load(mode: GuardMode, opts: &LoadOptions) -> Status {
     }
 }
 
+/// Each volume of the inventory by `(device in kernel encoding, project
+/// ID)`, as the guard counts.
+fn volumes_by_project(scrape: &Scrape) -> HashMap<(u64, u32), usize> {
+    let inv = &scrape.inventory;
+    inv.volumes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, v)| {
+            let dev = inv.dirs.get(v.dir)?.dev.and_then(kernel_dev)?;
+            Some(((dev, v.project_id), i))
+        })
+        .collect()
+}
+
 /// Logs each event (privileged changes at info, attempts at warn), at most
 /// [`MAX_LOGGED_EVENTS`] per scrape.
-fn log_events(scrape: &Scrape, index_of: &[Option<u32>], events: &[GuardEvent]) {
+fn log_events(scrape: &Scrape, events: &[GuardEvent]) {
     if events.is_empty() {
         return;
     }
-    let volume_of: HashMap<u32, usize> = index_of
-        .iter()
-        .enumerate()
-        .filter_map(|(i, idx)| idx.map(|x| (x, i)))
-        .collect();
+    let volume_of = volumes_by_project(scrape);
     for e in events.iter().take(MAX_LOGGED_EVENTS) {
-        let vol = e
-            .index
-            .and_then(|x| volume_of.get(&x))
+        let vol = kernel_dev(e.st_dev)
+            .and_then(|d| volume_of.get(&(d, e.volume_projid)))
             .map(|&i| &scrape.inventory.volumes[i]);
         let (namespace, volume_id) =
             vol.map_or(("-", "-"), |v| (v.namespace.as_str(), v.volume_id.as_str()));
@@ -284,17 +415,22 @@ fn log_events(scrape: &Scrape, index_of: &[Option<u32>], events: &[GuardEvent]) 
 fn attempts_family(capacity: usize) -> Family {
     Family::counter(
         "nomad_host_volume_projid_change_attempts_total",
-        "Attempts to move files out of the volume's project quota (set another project ID, or clear PROJINHERIT on a directory) by processes without CAP_SYS_ADMIN in the initial user namespace, by result: allowed (the change went through: those files no longer count against the volume) or denied (refused by the guard with --guard=enforce, or by the kernel). Counted in the kernel since the exporter started.",
+        "Attempts to move files out of the volume's project quota (set another project ID, or clear PROJINHERIT on a directory), or to give a file outside every volume this volume's project ID, by processes without CAP_SYS_ADMIN in the initial user namespace, by result: allowed (the change went through) or denied (refused by the guard with --guard=enforce, or by the kernel). Counted in the kernel since the exporter started.",
     )
     .with_capacity(capacity)
 }
 
-fn counter_families(scrape: &Scrape, index_of: &[Option<u32>], c: &GuardCounters) -> Vec<Family> {
+fn counter_families(scrape: &Scrape, c: &GuardCounters) -> Vec<Family> {
     let inv = &scrape.inventory;
     let mut attempts = attempts_family(2 * inv.volumes.len());
-    for (i, idx) in index_of.iter().enumerate() {
-        // Only volumes whose root is registered (known identity).
-        let Some(o) = idx.and_then(|x| c.volumes.get(&x)) else {
+    let mut by_volume: Vec<(usize, (u64, u32))> = volumes_by_project(scrape)
+        .into_iter()
+        .map(|(k, i)| (i, k))
+        .collect();
+    by_volume.sort_unstable();
+    for (i, key) in by_volume {
+        // Only volumes whose project is in the guard.
+        let Some(o) = c.projects.get(&key) else {
             continue;
         };
         attempts.volume_with(i, ALLOWED, o.allowed as f64);
@@ -368,13 +504,51 @@ fn mode_families(mode: GuardMode, fallback: Option<&'static str>) -> Vec<Family>
     out
 }
 
+/// How the guard is kept: pinned, synced, drift repaired.
+fn keeping_families(pinned: bool, removed: usize, syncer: &Syncer) -> Vec<Family> {
+    let s = &syncer.stats;
+    let mut p = Family::gauge(
+        "prjquota_exporter_guard_pinned",
+        "Whether the quota-escape guard is pinned in bpffs (1), so that it keeps enforcing while no exporter runs; 0: it stops with this process (the log says why).",
+    );
+    p.plain(if pinned { 1.0 } else { 0.0 });
+    let mut r = Family::gauge(
+        "prjquota_exporter_guard_previous_pins_removed",
+        "Pin directories of earlier exporter starts this start removed once its own guard was attached.",
+    );
+    r.plain(removed as f64);
+    let mut roots = Family::gauge(
+        "prjquota_exporter_guard_roots",
+        "Volume roots the last sync put in the quota-escape guard (creating and ready records whose root exists).",
+    );
+    roots.plain(s.roots.load(Ordering::Relaxed) as f64);
+    let mut rounds = Family::counter(
+        "prjquota_exporter_guard_syncs_total",
+        "Rounds of the guard's sync timer (--guard.sync-interval), by result: ok, or error (a registry or a root could not be read, or the maps written: nothing was removed from the guard that round; the log says what).",
+    );
+    let failed = s.failed_rounds.load(Ordering::Relaxed);
+    let total = s.rounds.load(Ordering::Relaxed);
+    rounds.labelled(
+        vec![("result", "ok".into())],
+        total.saturating_sub(failed) as f64,
+    );
+    rounds.labelled(vec![("result", "error".into())], failed as f64);
+    let mut drift = Family::counter(
+        "prjquota_exporter_guard_drift_total",
+        "Volume roots found without their project ID or PROJINHERIT (changed by a process with CAP_SYS_ADMIN, or made by an older plugin) and re-tagged by the sync timer.",
+    );
+    drift.plain(s.drift.load(Ordering::Relaxed) as f64);
+    vec![p, r, roots, rounds, drift]
+}
+
 /// Every family this collector can export, as a loaded guard would (with no
 /// volumes), so that a host where the guard cannot load can still check what
 /// the dashboards read (dashboards/tests/dashboard.rs).
 pub fn catalogue() -> Vec<Family> {
     let scrape = Scrape::new(crate::inventory::Inventory::default());
     let mut fams = mode_families(GuardMode::Enforce, Some("lsm_inactive"));
-    fams.extend(counter_families(&scrape, &[], &GuardCounters::default()));
+    fams.extend(counter_families(&scrape, &GuardCounters::default()));
+    fams.extend(keeping_families(true, 0, &Syncer::new(&[])));
     fams.push(off_reason_family("disabled"));
     fams
 }
@@ -416,26 +590,14 @@ impl Collector for GuardCollector {
                     guard,
                     mode,
                     fallback,
+                    pinned,
+                    removed,
+                    syncer,
                 } => {
                     out.extend(mode_families(*mode, fallback.as_ref().map(|f| f.0)));
+                    out.extend(keeping_families(pinned.is_ok(), *removed, syncer));
                     self.collect_guard(scrape, guard, out).await
                 }
-            }
-        })
-    }
-
-    fn register<'a>(&'a self, scrape: &'a Scrape) -> BoxFuture<'a, anyhow::Result<()>> {
-        Box::pin(async move {
-            let status = self.status.borrow().clone();
-            let Status::Loaded { guard, .. } = &*status else {
-                // Loading or off: nothing to register (the warm-up does it).
-                return Ok(());
-            };
-            let (_, errors) = self.sync_roots(scrape, guard).await;
-            if errors.is_empty() {
-                Ok(())
-            } else {
-                Err(anyhow!(errors.join("; ")))
             }
         })
     }
@@ -447,41 +609,40 @@ mod tests {
     use crate::inventory::tests::volume;
     use crate::inventory::Inventory;
 
-    #[test]
-    fn roots_keep_their_index_and_follow_project_ids() {
-        let mut r = new_roots();
-        let inv = Inventory::for_tests(vec![volume("a", "p", 7), volume("a", "p", 8)]);
-        let scrape = Scrape::new(inv);
-        let roots = r.update(&scrape, &[Some(Ok((1, 100))), Some(Err(()))]);
-        assert_eq!(roots, [(1, 100, 0, 7)]);
-        // The second volume's root appears; the first keeps index 0.
-        let roots = r.update(&scrape, &[None, Some(Ok((1, 101)))]);
-        assert_eq!(roots, [(1, 100, 0, 7), (1, 101, 1, 8)]);
-        // The first volume goes; a new one gets a new index.
-        let scrape = Scrape::new(Inventory::for_tests(vec![
-            volume("a", "p", 8),
-            volume("a", "p", 9),
-        ]));
-        let roots = r.update(&scrape, &[Some(Ok((1, 101))), Some(Ok((1, 102)))]);
-        assert_eq!(roots, [(1, 101, 1, 8), (1, 102, 2, 9)]);
+    fn setup(mode: GuardMode) -> GuardSetup {
+        GuardSetup {
+            mode,
+            volumes_dirs: vec![PathBuf::from("/nonexistent/volumes")],
+            pin_root: PathBuf::from("/nonexistent/pins"),
+            sync_interval: Duration::from_secs(2),
+        }
     }
 
     #[test]
     fn counters_become_two_series_per_registered_volume() {
-        let scrape = Scrape::new(Inventory::for_tests(vec![
+        let mut inv = Inventory::for_tests(vec![
             volume("team-a", "default", 1),
             volume("team-a", "default", 2),
-        ]));
+        ]);
+        let st_dev = libc::makedev(7, 3);
+        for d in &mut inv.dirs {
+            d.dev = Some(st_dev);
+        }
+        let scrape = Scrape::new(inv);
         let mut c = GuardCounters::default();
-        c.volumes.insert(
-            4,
+        let dev = kernel_dev(st_dev).unwrap();
+        c.projects.insert(
+            (dev, 1),
             prjquota_ebpf::guard::Outcomes {
                 allowed: 2,
                 denied: 3,
             },
         );
+        // Another device's project 2 is not the second volume's.
+        c.projects
+            .insert((dev + 1, 2), prjquota_ebpf::guard::Outcomes::default());
         c.privileged = 1;
-        let mut out = counter_families(&scrape, &[Some(4), None], &c);
+        let mut out = counter_families(&scrape, &c);
         out.extend(mode_families(GuardMode::Detect, Some("lsm_inactive")));
         let text = crate::metrics::encode_all(&out, &scrape.inventory);
         let v1 = &scrape.inventory.volumes[0].volume_id;
@@ -501,14 +662,14 @@ mod tests {
             text.matches("nomad_host_volume_projid_change_attempts_total{")
                 .count(),
             2,
-            "the unregistered volume has no series: {text}"
+            "the volume whose project is not in the guard has no series: {text}"
         );
     }
 
     #[tokio::test]
     async fn off_is_a_metric_and_not_a_failure() {
         let c = GuardCollector::start(
-            GuardMode::Off,
+            setup(GuardMode::Off),
             Duration::from_secs(1),
             LoadOptions::default(),
         );
@@ -532,7 +693,7 @@ mod tests {
     #[tokio::test]
     async fn a_guard_that_cannot_load_is_off_and_failed() {
         let c = GuardCollector::start(
-            GuardMode::Detect,
+            setup(GuardMode::Detect),
             Duration::from_secs(30),
             LoadOptions::default(),
         );

@@ -22,6 +22,7 @@
 pub mod ebpf;
 pub mod filesystem;
 pub mod guard;
+pub mod guard_sync;
 mod kernel_maps;
 pub mod quota;
 pub mod quota_events;
@@ -155,6 +156,11 @@ pub struct Config {
     pub ebpf: EbpfMode,
     /// The quota-escape guard (`--guard`).
     pub guard: GuardMode,
+    /// Where the guard is pinned in bpffs (`--guard.pin-root`).
+    pub guard_pin_root: PathBuf,
+    /// How often the guard's maps are synced with the registries and the
+    /// roots' project IDs checked (`--guard.sync-interval`).
+    pub guard_sync_interval: Duration,
     /// Volumes the eBPF counters maps hold (`--ebpf.max-volumes`).
     pub max_volumes: u32,
     /// The plugin's directory, whose prjquota.toml holds the
@@ -170,6 +176,8 @@ impl Default for Config {
             quota_events: true,
             ebpf: EbpfMode::Auto,
             guard: GuardMode::Detect,
+            guard_pin_root: PathBuf::from(prjquota_ebpf::pins::PIN_ROOT),
+            guard_sync_interval: Duration::from_secs(2),
             max_volumes: prjquota_ebpf::LoadOptions::default().max_volumes,
             plugin_dir: None,
         }
@@ -243,7 +251,16 @@ impl Exporter {
             config.volumes_dirs.clone(),
         );
         let ready = ebpf.ready();
-        let guard = guard::GuardCollector::start(config.guard, config.statfs_timeout, opts);
+        let guard = guard::GuardCollector::start(
+            guard::GuardSetup {
+                mode: config.guard,
+                volumes_dirs: config.volumes_dirs.clone(),
+                pin_root: config.guard_pin_root.clone(),
+                sync_interval: config.guard_sync_interval,
+            },
+            config.statfs_timeout,
+            opts,
+        );
         let guard_ready = guard.ready();
         let mut exporter = Exporter::with_collectors(
             config,

@@ -13,6 +13,9 @@
 //!   `FS_IOC_SETFLAGS` (what e2fsprogs' `chattr` does)
 //! - `attr-act file-setattr PATH ID`: `file_getattr(2)`, new project ID,
 //!   `file_setattr(2)` (6.17+)
+//! - `attr-act chproj-loop ID`: `chproj ID` every millisecond until killed,
+//!   one byte per attempt on standard output: `.` refused with EPERM, `!`
+//!   went through, `e` another error
 //!
 //! All but `file-setattr` act on standard input: the test opens the file
 //! (as root) and hands it over, as a workload holds an open file, so the
@@ -70,6 +73,22 @@ fn main() {
             })
         }
         ("chproj", [id]) => xattr(fd, false, |a| a.projid = number(id)),
+        ("chproj-loop", [id]) => {
+            use std::io::Write;
+            let id = number(id);
+            let mut out = std::io::stdout().lock();
+            loop {
+                let b: &[u8] = match xattr(fd, false, |a| a.projid = id) {
+                    Ok(()) => b"!",
+                    Err(libc::EPERM) => b".",
+                    Err(_) => b"e",
+                };
+                if out.write_all(b).and_then(|()| out.flush()).is_err() {
+                    std::process::exit(0); // the test stopped reading
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
         ("chproj-compat", [id]) => xattr(fd, true, |a| a.projid = number(id)),
         ("xflags-clear", [x]) => xattr(fd, false, |a| a.xflags &= !hex(x)),
         ("xflags-clear-compat", [x]) => xattr(fd, true, |a| a.xflags &= !hex(x)),

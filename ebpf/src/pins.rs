@@ -1,0 +1,409 @@
+//! Where the quota-escape guard lives in bpffs, so that it outlives the
+//! exporter that loaded it (restart, crash, upgrade).
+//!
+//! Layout (the contract with the plugin, which writes new volumes' roots
+//! into the pinned maps itself; `docs/security.md`):
+//!
+//! ```text
+//! <pin root>/                      root:root 0700 (default /sys/fs/bpf/prjquota)
+//!   @guard-<unique>/               one per exporter start
+//!     roots devs projects counters stats events      the maps
+//!     link-<program>               one per attached program
+//!   <escape_path(D)> -> <pin root>/@guard-<unique>   one per volumes directory D
+//! ```
+//!
+//! No name holds a `.`: bpffs refuses them (reserved for the kernel's own
+//! files), so `escape_path` escapes every dot and the exporter's own names
+//! start with `@` (which `escape_path` never leaves in a name).
+//!
+//! A start makes a new `@guard-<unique>` directory with fresh maps, points
+//! every symlink of its volumes directories at it (a symlink under a
+//! temporary name renamed over the old one: atomic), fills the maps,
+//! attaches and pins the programs, and only then removes the directory the
+//! symlinks pointed at before: old and new programs overlap for a moment,
+//! enforcement never has a gap.
+
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::fs;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Where the exporter pins the guard by default.
+pub const PIN_ROOT: &str = "/sys/fs/bpf/prjquota";
+
+/// The maps' pin names in a pin directory, by the guard object's map name.
+pub const MAP_PINS: [(&str, &str); 6] = [
+    ("guard_roots", "roots"),
+    ("guard_root_devs", "devs"),
+    ("guard_projects", "projects"),
+    ("guard_counters", "counters"),
+    ("guard_stats", "stats"),
+    ("guard_events", "events"),
+];
+
+/// A pin directory's name starts with this.
+const DIR_PREFIX: &str = "@guard-";
+/// A temporary symlink's name starts with this.
+const TMP_PREFIX: &str = "@tmp-";
+/// A link pin's name starts with this.
+pub const LINK_PREFIX: &str = "link-";
+/// A pin directory no symlink points at is a crashed start's only after
+/// this long (a start running at the same time has not swapped yet).
+const ORPHAN_AFTER: Duration = Duration::from_secs(120);
+/// `BPF_FS_MAGIC` (include/uapi/linux/magic.h).
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// The name of a volumes directory's symlink: `systemd-escape --path`,
+/// except that every `.` becomes `\x2e` (bpffs refuses names with a dot).
+/// `/` becomes `-`; bytes outside `[A-Za-z0-9:_]` become `\xNN`. The same
+/// function as `prjquota_core::guard_pins::escape_path` (the plugin's
+/// side): both sides must name the pin alike.
+pub fn escape_path(path: &Path) -> String {
+    let bytes = path.as_os_str().as_bytes();
+    let trimmed: Vec<&[u8]> = bytes
+        .split(|&b| b == b'/')
+        .filter(|c| !c.is_empty())
+        .collect();
+    if trimmed.is_empty() {
+        return "-".into();
+    }
+    let mut out = String::new();
+    for b in trimmed.join(&b'/') {
+        match b {
+            b'/' => out.push('-'),
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b':' | b'_' => out.push(b as char),
+            _ => out.push_str(&format!("\\x{b:02x}")),
+        }
+    }
+    out
+}
+
+/// A volumes directory as the plugin names it: canonical when it exists
+/// (`prjquota_core::announce::canonical`).
+pub fn canonical(volumes_dir: &Path) -> PathBuf {
+    fs::canonicalize(volumes_dir).unwrap_or_else(|_| volumes_dir.components().collect())
+}
+
+/// The symlink of volumes directory `d` under `root`.
+pub fn link_of(root: &Path, d: &Path) -> PathBuf {
+    root.join(escape_path(&canonical(d)))
+}
+
+fn ctx(path: &Path, what: &str, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
+}
+
+/// Makes `root` (mode 0700, on bpffs), mounting bpffs at `/sys/fs/bpf`
+/// when nothing is mounted there; refuses a root another user owns or
+/// others may write to.
+pub fn ensure_root(root: &Path) -> io::Result<()> {
+    let parent = root.parent().unwrap_or(Path::new("/"));
+    if parent == Path::new("/sys/fs/bpf") && fs_type(parent)? != BPF_FS_MAGIC {
+        crate::raw::mount_bpffs(parent).map_err(|e| {
+            ctx(
+                parent,
+                "no bpf filesystem is mounted at, and cannot mount one on,",
+                e,
+            )
+        })?;
+    }
+    match fs::DirBuilder::new().mode(0o700).create(root) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(ctx(root, "cannot create the guard's pin directory", e)),
+    }
+    let m = fs::symlink_metadata(root).map_err(|e| ctx(root, "cannot stat", e))?;
+    if !m.is_dir() || m.uid() != 0 {
+        return Err(io::Error::other(format!(
+            "{} must be a directory owned by root (uid {}): remove it and restart",
+            root.display(),
+            m.uid()
+        )));
+    }
+    if m.mode() & 0o077 != 0 {
+        fs::set_permissions(root, fs::Permissions::from_mode(0o700))
+            .map_err(|e| ctx(root, "cannot chmod 0700", e))?;
+    }
+    if fs_type(root)? != BPF_FS_MAGIC {
+        return Err(io::Error::other(format!(
+            "{} is not on a bpf filesystem: mount one (mount -t bpf bpf /sys/fs/bpf) or give \
+             --guard.pin-root on one",
+            root.display()
+        )));
+    }
+    Ok(())
+}
+
+fn fs_type(path: &Path) -> io::Result<i64> {
+    crate::raw::statfs_type(path).map_err(|e| ctx(path, "cannot statfs", e))
+}
+
+/// Makes a new, empty pin directory under `root`.
+pub fn new_dir(root: &Path) -> io::Result<PathBuf> {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let dir = root.join(format!("{DIR_PREFIX}{}-{nanos}", std::process::id()));
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| ctx(&dir, "cannot create", e))?;
+    Ok(dir)
+}
+
+/// What [`swap_links`] changed: each symlink and what it pointed at before.
+#[derive(Debug, Default)]
+pub struct Swapped {
+    links: Vec<(PathBuf, Option<PathBuf>)>,
+}
+
+impl Swapped {
+    /// The pin directories the symlinks pointed at before.
+    pub fn previous(&self) -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = self.links.iter().filter_map(|(_, o)| o.clone()).collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// Points every symlink back where it pointed before (a start that
+    /// failed after the swap: the guard before it goes on).
+    pub fn undo(self, root: &Path) {
+        for (link, old) in self.links {
+            let _ = match old {
+                Some(old) => point(root, &link, &old),
+                None => fs::remove_file(&link),
+            };
+        }
+    }
+}
+
+/// Points `link` at `target`: a symlink under a temporary name, renamed
+/// over `link` (atomic: the plugin sees the old or the new, never none).
+fn point(root: &Path, link: &Path, target: &Path) -> io::Result<()> {
+    let mut tmp: OsString = root.join(TMP_PREFIX).into_os_string();
+    tmp.push(link.file_name().unwrap_or_default());
+    tmp.push(format!("-{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let _ = fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp)
+        .map_err(|e| ctx(&tmp, "cannot create the symlink", e))?;
+    fs::rename(&tmp, link).map_err(|e| ctx(link, "cannot rename the symlink over", e))
+}
+
+/// Points the symlink of every volumes directory at `dir`; returns what
+/// they pointed at before. On an error, those already swapped are put
+/// back.
+pub fn swap_links(root: &Path, volumes_dirs: &[PathBuf], dir: &Path) -> io::Result<Swapped> {
+    let mut swapped = Swapped::default();
+    for d in volumes_dirs {
+        let link = link_of(root, d);
+        if swapped.links.iter().any(|(l, _)| *l == link) {
+            continue; // the same directory given twice
+        }
+        let old = fs::read_link(&link).ok().filter(|o| o != dir);
+        if let Err(e) = point(root, &link, dir) {
+            swapped.undo(root);
+            return Err(e);
+        }
+        swapped.links.push((link, old));
+    }
+    Ok(swapped)
+}
+
+/// The pin directories the symlinks under `root` point at.
+fn pointed_at(root: &Path) -> io::Result<BTreeSet<PathBuf>> {
+    let mut out = BTreeSet::new();
+    for e in fs::read_dir(root).map_err(|e| ctx(root, "cannot list", e))? {
+        let e = e?;
+        if e.file_type()?.is_symlink() {
+            if let Ok(t) = fs::read_link(e.path()) {
+                out.insert(t);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Unlinks a pin directory's pins, the links first (the programs stop),
+/// then the maps, then the directory. Returns how many pins went.
+pub fn remove_dir(dir: &Path) -> io::Result<usize> {
+    let mut names: Vec<PathBuf> = fs::read_dir(dir)
+        .map_err(|e| ctx(dir, "cannot list", e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    // Links before maps.
+    names.sort_by_key(|p| {
+        !p.file_name()
+            .is_some_and(|n| n.as_bytes().starts_with(LINK_PREFIX.as_bytes()))
+    });
+    let mut n = 0;
+    for p in &names {
+        fs::remove_file(p).map_err(|e| ctx(p, "cannot unpin", e))?;
+        n += 1;
+    }
+    fs::remove_dir(dir).map_err(|e| ctx(dir, "cannot remove", e))?;
+    Ok(n)
+}
+
+/// Whether `dir` is a pin directory directly under `root`.
+fn is_pin_dir(root: &Path, dir: &Path) -> bool {
+    dir.parent() == Some(root)
+        && dir
+            .file_name()
+            .is_some_and(|n| n.as_bytes().starts_with(DIR_PREFIX.as_bytes()))
+}
+
+/// What [`remove_unused`] removed: `(directory, pins)`.
+pub type Removed = Vec<(PathBuf, usize)>;
+
+/// Removes the pin directories of `candidates` that no symlink under `root`
+/// points at any more (another exporter's volumes directories may still
+/// use one), and crashed starts' directories no symlink ever pointed at,
+/// older than a start takes. `keep` is never removed.
+pub fn remove_unused(root: &Path, candidates: &[PathBuf], keep: &Path) -> io::Result<Removed> {
+    let used = pointed_at(root)?;
+    let mut dirs: BTreeSet<PathBuf> = candidates
+        .iter()
+        .filter(|d| is_pin_dir(root, d))
+        .cloned()
+        .collect();
+    let now = SystemTime::now();
+    for e in fs::read_dir(root).map_err(|e| ctx(root, "cannot list", e))? {
+        let e = e?;
+        let p = e.path();
+        if !is_pin_dir(root, &p) || !e.file_type()?.is_dir() {
+            continue;
+        }
+        let old = e
+            .metadata()?
+            .modified()
+            .ok()
+            .and_then(|m| now.duration_since(m).ok())
+            .is_some_and(|age| age >= ORPHAN_AFTER);
+        if old {
+            dirs.insert(p);
+        }
+    }
+    let mut removed = Vec::new();
+    for d in dirs {
+        if d == keep || used.contains(&d) || !d.exists() {
+            continue;
+        }
+        let n = remove_dir(&d)?;
+        removed.push((d, n));
+    }
+    Ok(removed)
+}
+
+/// `--guard=off`: removes the symlinks of `volumes_dirs` and the pin
+/// directories no other symlink points at: the guard stops.
+pub fn remove_for(root: &Path, volumes_dirs: &[PathBuf]) -> io::Result<Removed> {
+    if !root.exists() {
+        return Ok(Vec::new());
+    }
+    let mut targets = Vec::new();
+    for d in volumes_dirs {
+        let link = link_of(root, d);
+        if let Ok(t) = fs::read_link(&link) {
+            targets.push(t);
+        }
+        match fs::remove_file(&link) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(ctx(&link, "cannot remove", e)),
+        }
+    }
+    let used = pointed_at(root)?;
+    let mut removed = Vec::new();
+    targets.sort();
+    targets.dedup();
+    for t in targets {
+        if is_pin_dir(root, &t) && !used.contains(&t) && t.exists() {
+            let n = remove_dir(&t)?;
+            removed.push((t, n));
+        }
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_escape_as_systemd_escape_does() {
+        // As `systemd-escape --path` gives them, but for dots.
+        assert_eq!(
+            escape_path(Path::new("/opt/nomad/data/host_volumes")),
+            "opt-nomad-data-host_volumes"
+        );
+        assert_eq!(escape_path(Path::new("/")), "-");
+        assert_eq!(escape_path(Path::new("/a//b/")), "a-b");
+        assert_eq!(
+            escape_path(Path::new("/.hidden/x-y z")),
+            "\\x2ehidden-x\\x2dy\\x20z"
+        );
+        // Dots too (bpffs refuses them), unlike systemd-escape.
+        assert_eq!(escape_path(Path::new("/v/a.b:c")), "v-a\\x2eb:c");
+        assert!(!escape_path(Path::new("/srv/x.y/.z.")).contains('.'));
+        assert_ne!(
+            escape_path(Path::new("/a-b")),
+            escape_path(Path::new("/a/b"))
+        );
+    }
+
+    /// The directory logic on a plain filesystem (bpffs only matters for
+    /// what is pinned in it): swaps, what is removed and what is kept.
+    #[test]
+    fn swaps_remove_only_what_no_symlink_uses() {
+        let root = std::env::temp_dir().join(format!("pins-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir(&root).unwrap();
+        let (a, b) = (PathBuf::from("/v/a"), PathBuf::from("/v/b"));
+        let first = new_dir(&root).unwrap();
+        fs::write(first.join("roots"), b"").unwrap();
+        fs::write(first.join("link-x"), b"").unwrap();
+        assert!(swap_links(&root, &[a.clone(), b.clone()], &first)
+            .unwrap()
+            .previous()
+            .is_empty());
+        assert_eq!(fs::read_link(link_of(&root, &a)).unwrap(), first);
+        // A second exporter takes /v/a only: /v/b still uses the first dir.
+        std::thread::sleep(Duration::from_millis(2));
+        let second = new_dir(&root).unwrap();
+        let prev = swap_links(&root, std::slice::from_ref(&a), &second)
+            .unwrap()
+            .previous();
+        assert_eq!(prev, std::slice::from_ref(&first));
+        assert!(remove_unused(&root, &prev, &second).unwrap().is_empty());
+        assert!(first.exists());
+        // Then /v/b too: the first dir goes, links and maps.
+        // A start that fails after its swap points the symlink back.
+        let failed = new_dir(&root).unwrap();
+        swap_links(&root, std::slice::from_ref(&b), &failed)
+            .unwrap()
+            .undo(&root);
+        assert_eq!(fs::read_link(link_of(&root, &b)).unwrap(), first);
+        fs::remove_dir(&failed).unwrap();
+        let prev = swap_links(&root, std::slice::from_ref(&b), &second)
+            .unwrap()
+            .previous();
+        let removed = remove_unused(&root, &prev, &second).unwrap();
+        assert_eq!(removed, [(first.clone(), 2)]);
+        assert!(!first.exists() && second.exists());
+        // --guard=off for /v/a leaves /v/b's; for both, nothing is left.
+        assert!(remove_for(&root, std::slice::from_ref(&a))
+            .unwrap()
+            .is_empty());
+        assert!(second.exists());
+        let removed = remove_for(&root, &[a, b]).unwrap();
+        assert_eq!(removed, [(second.clone(), 0)]);
+        assert_eq!(fs::read_dir(&root).unwrap().count(), 0);
+        fs::remove_dir(&root).unwrap();
+    }
+}

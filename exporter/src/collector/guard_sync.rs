@@ -1,0 +1,352 @@
+//! Keeps the pinned guard's maps equal to the registries, on a timer of its
+//! own (`--guard.sync-interval`), not on scrapes; and puts back the project
+//! ID and PROJINHERIT of any volume root that lost them.
+//!
+//! The plugin writes a new volume's root into the maps itself before the
+//! create returns, and takes it out at delete (`docs/security.md`). This
+//! sync is what fills fresh maps at start-up and repairs what went past the
+//! plugin (a plugin that ran while no guard was pinned, an older plugin,
+//! a root re-tagged by hand). To never undo the plugin, one round:
+//!
+//! 1. snapshots the keys in the maps,
+//! 2. then lists the registries (a record is stored before the plugin
+//!    writes the maps),
+//! 3. adds or updates every root of a `creating` or `ready` record that
+//!    exists, and deletes only snapshot keys that no record has: an entry
+//!    the plugin added after step 1 stays.
+//!
+//! A registry that cannot be read, or a root that cannot be opened for
+//! another reason than being gone, deletes nothing in that round.
+//!
+//! Cheap when nothing changed: an unchanged registry directory is one stat
+//! (its records are not read again), and each root is one open, fstat and
+//! two ioctls.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use prjquota_core::record::{self, records_dir, State};
+use prjquota_core::sys::{self, FS_XFLAG_PROJINHERIT};
+use prjquota_ebpf::guard::{root_identity_of, Guard, Snapshot};
+use prjquota_ebpf::{RootsUpdate, TelemetryError};
+
+/// One record as the guard needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub volume_id: String,
+    pub root: PathBuf,
+    pub projid: u32,
+    /// `ready` (else `creating`, which the plugin is still tagging).
+    pub ready: bool,
+}
+
+/// `(dev, ino, size, mtime, ctime)` of a records directory.
+type DirKey = (u64, u64, u64, (i64, i64), (i64, i64));
+
+/// A registry directory as last read.
+#[derive(Debug, Default)]
+struct DirCache {
+    key: Option<DirKey>,
+    scanned: Option<SystemTime>,
+    entries: Vec<Entry>,
+}
+
+/// Counts since start, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct SyncStats {
+    pub rounds: AtomicU64,
+    pub failed_rounds: AtomicU64,
+    pub added: AtomicU64,
+    pub removed: AtomicU64,
+    pub drift: AtomicU64,
+    pub drift_failed: AtomicU64,
+    /// Roots the last round wanted in the maps.
+    pub roots: AtomicU64,
+}
+
+/// What one round did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Round {
+    pub added: usize,
+    pub changed: usize,
+    pub removed: usize,
+    pub retagged: usize,
+    pub errors: Vec<String>,
+}
+
+/// The sync's state: the registries it reads and their caches.
+#[derive(Debug)]
+pub struct Syncer {
+    dirs: Vec<PathBuf>,
+    caches: Mutex<Vec<DirCache>>,
+    pub stats: SyncStats,
+}
+
+impl Syncer {
+    pub fn new(dirs: &[PathBuf]) -> Syncer {
+        Syncer {
+            dirs: dirs.to_vec(),
+            caches: Mutex::new(dirs.iter().map(|_| DirCache::default()).collect()),
+            stats: SyncStats::default(),
+        }
+    }
+
+    /// One round (blocking: run it on the blocking pool). `retag`: put back
+    /// a ready root's project ID and PROJINHERIT when they drifted. The
+    /// guard is locked only to snapshot and to write, not while roots are
+    /// opened (a stuck filesystem must not stall the scrapes' reads).
+    pub fn round(&self, guard: &Mutex<Guard>, retag: bool) -> Round {
+        self.round_with(
+            || lock(guard).snapshot(),
+            |s, w| lock(guard).apply(s, w),
+            retag,
+        )
+    }
+
+    /// [`Syncer::round`] on a guard not shared yet (the start-up fill).
+    pub fn round_on(&self, guard: &mut Guard, retag: bool) -> Round {
+        let snapshot = guard.snapshot();
+        self.round_with(move || snapshot, |s, w| guard.apply(s, w), retag)
+    }
+
+    fn round_with(
+        &self,
+        snapshot: impl FnOnce() -> Result<Snapshot, TelemetryError>,
+        apply: impl FnOnce(&Snapshot, &[(u64, u64, u32, u32)]) -> Result<RootsUpdate, TelemetryError>,
+        retag: bool,
+    ) -> Round {
+        let mut round = Round::default();
+        let snapshot = match snapshot() {
+            Ok(s) => s,
+            Err(e) => {
+                round
+                    .errors
+                    .push(format!("cannot read the guard's maps: {e}"));
+                self.count(&round);
+                return round;
+            }
+        };
+        let mut complete = true;
+        let mut entries = Vec::new();
+        {
+            let mut caches = self.caches.lock().unwrap_or_else(|e| e.into_inner());
+            for (dir, cache) in self.dirs.iter().zip(caches.iter_mut()) {
+                match list(dir, cache) {
+                    Ok(e) => entries.extend(e.iter().cloned()),
+                    Err(e) => {
+                        complete = false;
+                        round.errors.push(format!(
+                            "cannot read the registry of {}: {e}",
+                            dir.display()
+                        ));
+                    }
+                }
+            }
+        }
+        let mut wanted = Vec::with_capacity(entries.len());
+        for e in &entries {
+            match check_root(e, retag) {
+                Ok((id, retagged)) => {
+                    wanted.push((id.0, id.1, id.2, e.projid));
+                    if let Some((projid, inherit)) = retagged {
+                        round.retagged += 1;
+                        crate::warn!(
+                            "a volume root had lost its project: re-tagged (someone with CAP_SYS_ADMIN changed it, or an older plugin made it)",
+                            volume_id = e.volume_id,
+                            root = e.root.display(),
+                            projid_was = projid,
+                            projinherit_was = inherit,
+                            projid = e.projid
+                        );
+                    }
+                }
+                Err(RootError::Gone) => {}
+                Err(RootError::Other(msg)) => {
+                    complete = false;
+                    round.errors.push(msg);
+                }
+            }
+        }
+        let snapshot = if complete {
+            snapshot
+        } else {
+            Snapshot::default()
+        };
+        match apply(&snapshot, &wanted) {
+            Ok(u) => {
+                round.added = u.added;
+                round.changed = u.changed;
+                round.removed = u.removed;
+                for (dev, ino, projid) in u.rejected {
+                    round.errors.push(format!(
+                        "a volume root (device {dev:#x}, inode {ino}, project {projid}) has a device number the kernel cannot encode: not guarded"
+                    ));
+                }
+            }
+            Err(e) => round
+                .errors
+                .push(format!("cannot update the guard's maps: {e}")),
+        }
+        self.stats
+            .roots
+            .store(wanted.len() as u64, Ordering::Relaxed);
+        self.count(&round);
+        round
+    }
+
+    fn count(&self, r: &Round) {
+        let s = &self.stats;
+        s.rounds.fetch_add(1, Ordering::Relaxed);
+        if !r.errors.is_empty() {
+            s.failed_rounds.fetch_add(1, Ordering::Relaxed);
+        }
+        s.added.fetch_add(r.added as u64, Ordering::Relaxed);
+        s.removed.fetch_add(r.removed as u64, Ordering::Relaxed);
+        s.drift.fetch_add(r.retagged as u64, Ordering::Relaxed);
+    }
+}
+
+fn lock(g: &Mutex<Guard>) -> std::sync::MutexGuard<'_, Guard> {
+    g.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+enum RootError {
+    /// Missing, not a directory, a symlink: nothing to guard.
+    Gone,
+    Other(String),
+}
+
+/// Opens a record's root: its identity, and with `retag` for a ready
+/// volume, its project ID and PROJINHERIT put back when they drifted
+/// (`Some((projid, inherit))` as they were).
+#[allow(clippy::type_complexity)]
+fn check_root(e: &Entry, retag: bool) -> Result<((u64, u64, u32), Option<(u32, bool)>), RootError> {
+    let dir = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(&e.root)
+        .map_err(|err| match err.raw_os_error() {
+            Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP) => RootError::Gone,
+            _ => RootError::Other(format!(
+                "cannot open the volume root {}: {err}",
+                e.root.display()
+            )),
+        })?;
+    let id = root_identity_of(dir.as_fd()).map_err(|err| {
+        RootError::Other(format!(
+            "cannot read the identity (FS_IOC_GETVERSION) of the volume root {}: {err}",
+            e.root.display()
+        ))
+    })?;
+    if !(retag && e.ready) {
+        return Ok((id, None));
+    }
+    let mut attr = sys::get_fsxattr(dir.as_fd()).map_err(|err| {
+        RootError::Other(format!(
+            "cannot read the project of the volume root {}: {err}",
+            e.root.display()
+        ))
+    })?;
+    let inherit = attr.xflags & FS_XFLAG_PROJINHERIT != 0;
+    if attr.projid == e.projid && inherit {
+        return Ok((id, None));
+    }
+    let was = (attr.projid, inherit);
+    attr.projid = e.projid;
+    attr.xflags |= FS_XFLAG_PROJINHERIT;
+    sys::set_fsxattr(dir.as_fd(), &attr).map_err(|err| {
+        RootError::Other(format!(
+            "the volume root {} has project {} (PROJINHERIT {}), not {}, and cannot be re-tagged: {err}",
+            e.root.display(),
+            was.0,
+            was.1,
+            e.projid
+        ))
+    })?;
+    Ok((id, Some(was)))
+}
+
+/// The `creating` and `ready` records of one volumes directory; re-read
+/// only when the records directory changed.
+fn list<'a>(volumes_dir: &Path, cache: &'a mut DirCache) -> io::Result<&'a [Entry]> {
+    let registry = records_dir(volumes_dir);
+    let started = SystemTime::now();
+    let meta = match fs::metadata(&registry) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            *cache = DirCache::default();
+            return Ok(&cache.entries);
+        }
+        Err(e) => return Err(e),
+    };
+    let key = (
+        meta.dev(),
+        meta.ino(),
+        meta.size(),
+        (meta.mtime(), meta.mtime_nsec()),
+        (meta.ctime(), meta.ctime_nsec()),
+    );
+    // A change within the same clock tick as the last scan could keep the
+    // key: trust it only once the scan began a second after the mtime.
+    let settled = cache.scanned.is_some_and(|s| {
+        meta.modified()
+            .ok()
+            .and_then(|m| s.duration_since(m).ok())
+            .is_some_and(|d| d >= Duration::from_secs(1))
+    });
+    if cache.key == Some(key) && settled {
+        return Ok(&cache.entries);
+    }
+    let mut entries = BTreeMap::new();
+    for entry in fs::read_dir(&registry)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
+            continue;
+        };
+        if stem.starts_with('.') {
+            continue;
+        }
+        let f = match fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(entry.path())
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        if !f.metadata()?.is_file() {
+            continue;
+        }
+        // A corrupt record is the registry collector's to report.
+        let Ok(r) = record::read_record(f, stem) else {
+            continue;
+        };
+        if matches!(r.state, State::Creating | State::Ready) {
+            entries.insert(
+                stem.to_string(),
+                Entry {
+                    volume_id: stem.to_string(),
+                    // Built from the validated ID, never the record's path:
+                    // a tampered record must not point the re-tag (as root)
+                    // at another directory.
+                    root: volumes_dir.join(r.volume_id.as_str()),
+                    projid: r.project_id,
+                    ready: r.state == State::Ready,
+                },
+            );
+        }
+    }
+    cache.entries = entries.into_values().collect();
+    cache.key = Some(key);
+    cache.scanned = Some(started);
+    Ok(&cache.entries)
+}
