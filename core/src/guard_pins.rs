@@ -59,11 +59,17 @@ pub fn escape_path(path: &Path) -> String {
     out
 }
 
-/// A `stat` device number in the kernel's own encoding (`super_block->s_dev`:
-/// major << 20 | minor), which the BPF programs see.
-pub fn kernel_dev(st_dev: u64) -> u64 {
+/// The kernel's `dev_t` (`super_block->s_dev`, `MKDEV(major, minor)` =
+/// major << 20 | minor), which the BPF programs see, for a `stat` `st_dev`
+/// (glibc's `new_encode_dev` encoding: the two agree on nothing but 0:0).
+/// `None` when major or minor do not fit the kernel's 12/20 bits (no real
+/// `stat` gives that).
+pub fn kernel_dev(st_dev: u64) -> Option<u64> {
     let (major, minor) = (libc::major(st_dev) as u64, libc::minor(st_dev) as u64);
-    (major << 20) | minor
+    if major >= 1 << 12 || minor >= 1 << 20 {
+        return None;
+    }
+    Some((major << 20) | minor)
 }
 
 /// A volume root as the guard names it: device, inode number and the
@@ -82,7 +88,9 @@ impl RootKey {
     pub fn of(fd: BorrowedFd<'_>) -> io::Result<RootKey> {
         let st = sys::fstat(fd)?;
         Ok(RootKey {
-            dev: kernel_dev(st.st_dev),
+            dev: kernel_dev(st.st_dev).ok_or_else(|| {
+                io::Error::other(format!("device {:#x} has no kernel encoding", st.st_dev))
+            })?,
             ino: st.st_ino,
             gen: sys::inode_generation(fd)?,
         })
@@ -329,8 +337,9 @@ mod tests {
     #[test]
     fn devices_take_the_kernel_encoding() {
         // 7:1 (loop1) and 259:3 (an NVMe partition) as `stat` gives them.
-        assert_eq!(kernel_dev(libc::makedev(7, 1)), (7 << 20) | 1);
-        assert_eq!(kernel_dev(libc::makedev(259, 3)), (259 << 20) | 3);
+        assert_eq!(kernel_dev(libc::makedev(7, 1)), Some((7 << 20) | 1));
+        assert_eq!(kernel_dev(libc::makedev(259, 3)), Some((259 << 20) | 3));
+        assert_eq!(kernel_dev(libc::makedev(1 << 12, 0)), None);
     }
 
     #[test]

@@ -535,7 +535,7 @@ pub fn root_identity(path: &Path) -> io::Result<(u64, u64, u32)> {
 pub fn root_identity_of(fd: BorrowedFd<'_>) -> io::Result<(u64, u64, u32)> {
     let f = std::fs::File::from(fd.try_clone_to_owned()?);
     let m = f.metadata()?;
-    Ok((m.dev(), m.ino(), crate::raw::inode_generation(fd)?))
+    Ok((m.dev(), m.ino(), prjquota_core::sys::inode_generation(fd)?))
 }
 
 /// The keys in the guard's maps at one moment ([`Guard::snapshot`]): a

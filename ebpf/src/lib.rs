@@ -292,22 +292,7 @@ impl Default for LoadOptions {
     }
 }
 
-/// The kernel's `dev_t` for a userspace `st_dev`.
-///
-/// `stat(2)` reports `st_dev` in the glibc/`new_encode_dev` encoding
-/// (`minor & 0xff | major << 8 | (minor & !0xff) << 12`, plus high bits on
-/// 64-bit `dev_t`); inside the kernel `super_block->s_dev` is
-/// `MKDEV(major, minor) = major << 20 | minor`. They agree on nothing but
-/// 0:0, so roots are converted here, once. `None` if major or minor do not
-/// fit the kernel's 12/20 bits (no real `stat` gives that).
-pub fn kernel_dev(st_dev: u64) -> Option<u64> {
-    let major = libc::major(st_dev) as u64;
-    let minor = libc::minor(st_dev) as u64;
-    if major >= 1 << 12 || minor >= 1 << 20 {
-        return None;
-    }
-    Some((major << 20) | minor)
-}
+pub use prjquota_core::guard_pins::kernel_dev;
 
 /// `(st_dev, st_ino)` of a directory, as [`WriteTelemetry::set_roots`]
 /// takes them.

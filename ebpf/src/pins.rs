@@ -57,36 +57,11 @@ const ORPHAN_AFTER: Duration = Duration::from_secs(120);
 /// `BPF_FS_MAGIC` (include/uapi/linux/magic.h).
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
-/// The name of a volumes directory's symlink: `systemd-escape --path`,
-/// except that every `.` becomes `\x2e` (bpffs refuses names with a dot).
-/// `/` becomes `-`; bytes outside `[A-Za-z0-9:_]` become `\xNN`. The same
-/// function as `prjquota_core::guard_pins::escape_path` (the plugin's
-/// side): both sides must name the pin alike.
-pub fn escape_path(path: &Path) -> String {
-    let bytes = path.as_os_str().as_bytes();
-    let trimmed: Vec<&[u8]> = bytes
-        .split(|&b| b == b'/')
-        .filter(|c| !c.is_empty())
-        .collect();
-    if trimmed.is_empty() {
-        return "-".into();
-    }
-    let mut out = String::new();
-    for b in trimmed.join(&b'/') {
-        match b {
-            b'/' => out.push('-'),
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b':' | b'_' => out.push(b as char),
-            _ => out.push_str(&format!("\\x{b:02x}")),
-        }
-    }
-    out
-}
-
-/// A volumes directory as the plugin names it: canonical when it exists
-/// (`prjquota_core::announce::canonical`).
-pub fn canonical(volumes_dir: &Path) -> PathBuf {
-    fs::canonicalize(volumes_dir).unwrap_or_else(|_| volumes_dir.components().collect())
-}
+/// The name of a volumes directory's symlink, and the form of the
+/// directory it is named after: the plugin's own functions, so both sides
+/// name the pin alike.
+pub use prjquota_core::announce::canonical;
+pub use prjquota_core::guard_pins::escape_path;
 
 /// The symlink of volumes directory `d` under `root`.
 pub fn link_of(root: &Path, d: &Path) -> PathBuf {

@@ -255,29 +255,6 @@ pub(crate) fn lookup_counters(
     Ok(attr.count)
 }
 
-/// `FS_IOC_GETVERSION` (`_IOR('v', 1, long)`): `inode->i_generation`.
-const FS_IOC_GETVERSION: libc::c_ulong = 0x8008_7601;
-
-/// The generation of an open inode (XFS and ext4 answer it): with the inode
-/// number it names one inode for the life of the filesystem.
-pub(crate) fn inode_generation(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<u32> {
-    use std::os::fd::AsRawFd;
-    let mut gen: libc::c_long = 0;
-    // SAFETY: FS_IOC_GETVERSION writes one int through the pointer, into the
-    // live local `gen`, which is larger; `fd` is open for the call.
-    let r = unsafe {
-        libc::ioctl(
-            fd.as_raw_fd(),
-            FS_IOC_GETVERSION,
-            &mut gen as *mut libc::c_long,
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(gen as u32)
-}
-
 /// `f_type` of the filesystem holding `path`.
 pub(crate) fn statfs_type(path: &std::path::Path) -> std::io::Result<i64> {
     use std::os::unix::ffi::OsStrExt;

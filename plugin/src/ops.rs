@@ -1065,8 +1065,8 @@ pub fn delete(req: &DeleteRequest) -> Result<()> {
     reg.remove(id)?;
     fault::point("delete:unrecorded");
     reg.release_id(pid, id)?;
-    if let Some(g) = &guard {
-        g.forget_project(kernel_dev(vfs.dev), pid)?;
+    if let (Some(g), Some(dev)) = (&guard, kernel_dev(vfs.dev)) {
+        g.forget_project(dev, pid)?;
     }
     // Reservations a crashed create left beside the recorded ID.
     release_other_reservations(&vfs, &reg, &reg.reservations()?, id, None)?;
