@@ -680,6 +680,7 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
     ];
     if let Some(d) = &dist {
         env.push(("PRJQUOTA_DEB".into(), d.deb.to_string_lossy().into_owned()));
+        env.push(("PRJQUOTA_RPM".into(), d.rpm.to_string_lossy().into_owned()));
         env.push((
             "PRJQUOTA_DEB_BINS".into(),
             d.deb_bins.to_string_lossy().into_owned(),
@@ -915,6 +916,8 @@ fn selects_any(opts: &Opts, binaries: &[&str]) -> Result<bool> {
 struct TestDist {
     /// The .deb to install.
     deb: PathBuf,
+    /// The .rpm of the same binaries, to inspect.
+    rpm: PathBuf,
     /// The `prjquota` and `prjquota-exporter` the .deb was built from.
     deb_bins: PathBuf,
     /// The static release binaries (`prjquota`; with --release-deb also
@@ -945,8 +948,11 @@ fn dist_for_tests(opts: &Opts, root: &Path, run_dir: &Path, bin_dir: &Path) -> R
         }
         let deb = run_dir.join(crate::dist::deb_name());
         copy(&d.deb, &deb)?;
+        let rpm = run_dir.join(crate::dist::rpm_name());
+        copy(&d.rpm, &rpm)?;
         return Ok(TestDist {
             deb,
+            rpm,
             deb_bins: static_dir.clone(),
             static_dir,
         });
@@ -972,8 +978,17 @@ fn dist_for_tests(opts: &Opts, root: &Path, run_dir: &Path, bin_dir: &Path) -> R
         &epoch,
         "none",
     )?;
+    let rpm = deb.with_file_name(crate::dist::rpm_name());
+    crate::dist::build_rpm(
+        root,
+        &deb_bins.join("prjquota"),
+        &deb_bins.join("prjquota-exporter"),
+        &rpm,
+        &epoch,
+    )?;
     Ok(TestDist {
         deb,
+        rpm,
         deb_bins,
         static_dir,
     })
