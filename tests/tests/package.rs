@@ -26,6 +26,11 @@ use prjquota_vmtests::nomad::run_plugin;
 use prjquota_vmtests::{in_vm, scratch_dir, vm_env, xfs_mount};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The package's man pages trigger man-db, whose `mandb` over the whole
+/// guest root (the host's) runs for many minutes under emulation; turned
+/// off in the overlay as `man-db/auto-update false` does. A Debian root of
+/// the systemd pass has no man-db.
+const MAN_DB_AUTO_UPDATE: &str = "var/lib/man-db/auto-update";
 const UNIT: &str = "usr/lib/systemd/system/prjquota-exporter.service";
 const EXPORTER: &str = "usr/bin/prjquota-exporter";
 const PLUGIN: &str = "usr/lib/prjquota/prjquota";
@@ -67,7 +72,8 @@ impl ScratchRoot {
             "set -e; mount --bind -o ro / {lower}; mount -t tmpfs -o size=512m tmpfs {rw}; \
              mkdir {rw}/upper {rw}/work; \
              mount -t overlay overlay -o lowerdir={lower},upperdir={rw}/upper,workdir={rw}/work {root}; \
-             for d in proc sys dev run; do mount --rbind /$d {root}/$d; done",
+             for d in proc sys dev run; do mount --rbind /$d {root}/$d; done; \
+             rm -f {root}/{MAN_DB_AUTO_UPDATE}",
             lower = r.lower.display(),
             rw = rw.display(),
             root = r.root.display(),

@@ -7,9 +7,11 @@
 //!   from the same files and the same scripts (deploy/package);
 //! - `SHA256SUMS` over the three.
 //!
-//! Why Debian's tools and not cargo-deb/cargo-generate-rpm: both would be a
-//! `cargo install` of their own in `cargo xtask deps` (a cold compile on
-//! CI's two cores, where `apt-get install rpm` takes seconds), and neither
+//! Why Debian's tools and not cargo-deb/cargo-generate-rpm: each is a
+//! `cargo install` of its own in `cargo xtask deps`; cargo-deb alone took
+//! 413 s cold on a loaded 2-core machine (CI's cold budget is 45 minutes,
+//! most of it the suite), where `apt-get install rpm help2man` takes
+//! seconds. And neither
 //! writes what this package needs: the maintainer scripts (the plugin into
 //! Nomad's directory, the restart on upgrade), the generator and the
 //! conffile are ours whatever builds the archive. dpkg-deb and rpmbuild are

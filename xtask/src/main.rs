@@ -15,6 +15,7 @@ mod deps;
 mod dist;
 mod kernels;
 mod stress;
+mod systemd;
 mod test;
 mod vm;
 

@@ -606,7 +606,8 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
 
     // The package and static-plugin tests need a .deb and the static
     // release plugin; built only when a pass selects one of them.
-    let dist = if selects_any(opts, DIST_BINARIES)? {
+    let systemd_kernels = systemd_kernels(opts)?;
+    let dist = if !systemd_kernels.is_empty() || selects_any(opts, DIST_BINARIES)? {
         let mut made = None;
         let title = if opts.release_deb {
             "build: cargo xtask dist (--release-deb: the .deb and the static binaries, as released)"
@@ -714,7 +715,17 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
         .vm_lanes
         .unwrap_or(DEFAULT_VM_LANES)
         .clamp(1, opts.kernels.len().max(1) as u32);
-    let queue = std::sync::Mutex::new(opts.kernels.iter().copied().enumerate());
+    // A --filter of the systemd pass's test alone boots no vng guest.
+    let only_systemd = match &opts.filter {
+        Some(f) => !lists_any(&format!("({f}) - binary(systemd)"))?,
+        None => false,
+    };
+    let kernels = if only_systemd {
+        &[][..]
+    } else {
+        &opts.kernels[..]
+    };
+    let queue = std::sync::Mutex::new(kernels.iter().copied().enumerate());
     let results = std::sync::Mutex::new(Vec::new());
     let job = KernelJob {
         opts,
@@ -737,7 +748,120 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
     let mut results = results.into_inner().unwrap();
     results.sort_by_key(|(i, _)| *i);
     passes.extend(results.into_iter().map(|(_, p)| p));
+
+    if !systemd_kernels.is_empty() {
+        let d = dist
+            .as_ref()
+            .context("the systemd pass needs the .deb (built above)")?;
+        let test_bin = rust_binary_path(&binaries_json, &format!("{VM_PACKAGE}::systemd"))?;
+        for kernel in systemd_kernels {
+            passes.push(systemd_pass(kernel, &test_bin, &d.deb));
+        }
+    }
     Ok(())
+}
+
+/// The kernels of `opts` the systemd pass boots: 6.1 and 5.10 when asked
+/// for, unless a --filter leaves out `binary(systemd)`.
+fn systemd_kernels(opts: &Opts) -> Result<Vec<Kernel>> {
+    if let Some(f) = &opts.filter {
+        if !lists_any(&format!("({f}) & binary(systemd)"))? {
+            return Ok(Vec::new());
+        }
+    }
+    Ok(opts
+        .kernels
+        .iter()
+        .copied()
+        .filter(|k| crate::systemd::KERNELS.contains(k))
+        .collect())
+}
+
+/// Whether the VM tests' filter `expr` selects any test.
+fn lists_any(expr: &str) -> Result<bool> {
+    let mut cmd = cargo();
+    cmd.args(["nextest", "list", "-p", VM_PACKAGE])
+        .args(["--message-format", "oneline", "-E"])
+        .arg(expr);
+    let out = cmd
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("cannot run {}", crate::display(&cmd)))?;
+    if !out.status.success() {
+        bail!("`{}` failed ({})", crate::display(&cmd), out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| l.starts_with(VM_PACKAGE)))
+}
+
+/// One systemd boot (xtask/src/systemd.rs) as a pass: the libtest summary
+/// of tests/tests/systemd.rs in the guest.
+fn systemd_pass(kernel: Kernel, test_bin: &Path, deb: &Path) -> Pass {
+    header(&format!(
+        "systemd pass on kernel {}: the .deb installed, run, moved, upgraded and purged on a \
+         Debian root booted with systemd as init",
+        kernel.name()
+    ));
+    let name = format!("systemd {}", kernel.name());
+    let t = Instant::now();
+    let guest_deb = format!("/prjquota-test/{}", crate::dist::deb_name());
+    let boot = crate::systemd::boot(kernel, test_bin, &[deb], &[("PRJQUOTA_DEB", guest_deb)]);
+    let secs = t.elapsed().as_secs_f64();
+    println!(
+        "xtask: systemd pass on kernel {} took {secs:.0}s",
+        kernel.name()
+    );
+    match boot {
+        Ok(b) => {
+            // libtest: "test result: ok. 1 passed; 0 failed; …"
+            let summary = b
+                .lines
+                .iter()
+                .rev()
+                .find(|l| l.starts_with("test result: "))
+                .cloned();
+            let count = |word: &str| {
+                summary
+                    .as_deref()
+                    .and_then(|l| {
+                        l.split(';')
+                            .find(|p| p.trim_end().ends_with(word))
+                            .and_then(|p| p.split_whitespace().rev().nth(1))
+                            .and_then(|n| n.parse::<u64>().ok())
+                    })
+                    .unwrap_or(0)
+            };
+            let (passed, failed) = (count("passed"), count("failed"));
+            let mut problems = Vec::new();
+            if b.status != Some(0) {
+                problems.push(format!(
+                    "the guest's test binary exited with {:?}",
+                    b.status
+                ));
+            }
+            Pass {
+                name,
+                ok: b.status == Some(0) && failed == 0 && passed > 0,
+                summary,
+                counts: Counts {
+                    run: passed + failed,
+                    passed,
+                    failed,
+                },
+                secs,
+                problems,
+            }
+        }
+        Err(e) => Pass {
+            name,
+            summary: None,
+            counts: Counts::default(),
+            ok: false,
+            secs,
+            problems: vec![format!("systemd VM: {e:#}")],
+        },
+    }
 }
 
 /// What every kernel's VM pass shares.
@@ -771,7 +895,9 @@ impl KernelJob<'_> {
             .vm_cpus
             .unwrap_or(if self.side_by_side && !full { 1 } else { 2 });
         let mut guest = self.base.to_vec();
-        guest.extend(nextest_selection(opts, filter));
+        // tests/tests/systemd.rs runs in the systemd pass only.
+        let filter = filter.map(|f| format!("({f}) - binary(systemd)"));
+        guest.extend(nextest_selection(opts, filter.as_deref()));
         let guest_cmd = guest
             .iter()
             .map(|a| shell_quote(a))
