@@ -1,13 +1,21 @@
 # Shared by the .deb's and the .rpm's scripts (xtask/src/dist.rs puts it at
 # the top of each).
 
+# The value of KEY in /etc/default/prjquota (its last assignment, without
+# surrounding double quotes), else DEFAULT. The file is read, never run: it
+# is systemd's EnvironmentFile syntax, not a shell script.
+prjquota_get() {
+	v=
+	if [ -r /etc/default/prjquota ]; then
+		v=$(sed -n "s/^[[:space:]]*$1=//p" /etc/default/prjquota | tail -n 1 | sed 's/^"\(.*\)"$/\1/')
+	fi
+	echo "${v:-$2}"
+}
+
 # This node's settings: /etc/default/prjquota, else Nomad's defaults.
 prjquota_settings() {
-	VOLUMES_DIR=/opt/nomad/data/host_volumes
-	PLUGIN_DIR=/opt/nomad/data/host_volume_plugins
-	if [ -r /etc/default/prjquota ]; then
-		. /etc/default/prjquota
-	fi
+	VOLUMES_DIR=$(prjquota_get VOLUMES_DIR /opt/nomad/data/host_volumes)
+	PLUGIN_DIR=$(prjquota_get PLUGIN_DIR /opt/nomad/data/host_volume_plugins)
 }
 
 # Puts the package's plugin into Nomad's plugin directory when it exists:

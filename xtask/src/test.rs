@@ -1094,6 +1094,12 @@ fn dist_for_tests(opts: &Opts, root: &Path, run_dir: &Path, bin_dir: &Path) -> R
         &bin_dir.join("prjquota-exporter"),
         &deb_bins.join("prjquota-exporter"),
     )?;
+    // Without its debug information (119 MB of 120): the systemd pass
+    // unpacks, repacks and installs the package several times under
+    // emulation.
+    run(Command::new("strip")
+        .arg("--strip-debug")
+        .arg(deb_bins.join("prjquota-exporter")))?;
     let deb = run_dir.join("test-deb").join(crate::dist::deb_name());
     std::fs::create_dir_all(deb.parent().unwrap())?;
     crate::dist::build_deb(
