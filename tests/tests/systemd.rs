@@ -25,6 +25,8 @@ const UNIT: &str = "prjquota-exporter.service";
 const EXPORTER: &str = "/usr/bin/prjquota-exporter";
 const PACKAGED_PLUGIN: &str = "/usr/lib/prjquota/prjquota";
 const SETTINGS: &str = "/etc/default/prjquota";
+/// The inode limit the checked volumes get: only quotactl reports it.
+const MAX_INODES: &str = "1000";
 /// Creates (each with a write) that run while the upgrade does.
 const UPGRADE_CREATES: usize = 20;
 
@@ -126,6 +128,29 @@ fn assert_exporter_sees(volume_id: &str, at_least: u64) {
             journal()
         );
     }
+    // The quota collector read the project quotas: quotactl_fd on 5.14+,
+    // quotactl(2) on the filesystem's block device before, which the
+    // sandbox must leave visible (no PrivateDevices=). Its inode limit is
+    // quotactl's alone (statfs gives the bytes).
+    assert!(
+        m.lines()
+            .any(|l| l == "prjquota_exporter_scrape_collector_success{collector=\"quota\"} 1"),
+        "the quota collector failed under the unit's sandbox:\n{}\njournal:\n{}",
+        m.lines()
+            .filter(|l| l.starts_with("prjquota_exporter_scrape_collector_success"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        journal()
+    );
+    assert!(
+        m.lines().any(
+            |l| l.starts_with("nomad_host_volume_quota_hard_limit_inodes{")
+                && l.contains(volume_id)
+                && l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok())
+                    == MAX_INODES.parse::<f64>().ok()
+        ),
+        "no quota inode limit {MAX_INODES} (quotactl) for volume {volume_id}:\n{m}"
+    );
     let used = m
         .lines()
         .find(|l| l.starts_with("nomad_host_volume_used_bytes{") && l.contains(volume_id))
@@ -228,7 +253,7 @@ fn the_package_installs_runs_moves_upgrades_and_purges_under_systemd() {
 
     // A first volume, created as Nomad creates it, then the service.
     let node = Node::new(nomads.clone(), VOLUMES.into(), PLUGIN_DIR.into());
-    let first = Spec::new("first", 64 << 20);
+    let first = Spec::new("first", 64 << 20).param("max_inodes", MAX_INODES);
     let (path, _) = node.create(&first).created();
     made.push(Made {
         data: write_data(&path, 1 << 20, 1),
@@ -251,7 +276,7 @@ fn the_package_installs_runs_moves_upgrades_and_purges_under_systemd() {
     // restart. A restart without the daemon-reload refuses, saying so.
     xfs("moved", MOVED, 512);
     let moved_node = Node::new(nomads.clone(), MOVED.into(), PLUGIN_DIR.into());
-    let second = Spec::new("second", 64 << 20);
+    let second = Spec::new("second", 64 << 20).param("max_inodes", MAX_INODES);
     let (path, _) = moved_node.create(&second).created();
     made.push(Made {
         data: write_data(&path, 2 << 20, 2),
