@@ -9,7 +9,9 @@ client {
   host_volume_plugin_dir = "/opt/nomad/data/host_volume_plugins"
 }
 
-# For the exporter's system job (deploy/nomad/prjquota-exporter.nomad.hcl).
+# Only for the exporter's system job (deploy/nomad/prjquota-exporter.nomad.hcl),
+# the second choice after the package's systemd unit. Every job allowed this
+# driver runs as root on this client: see docs/install.md ("The Nomad job").
 plugin "raw_exec" {
   config {
     enabled = true

@@ -1,15 +1,29 @@
-# prjquota-exporter on every Nomad client, as a system job.
+# prjquota-exporter on every Nomad client, as a system job: the SECOND
+# choice. The package's systemd unit (docs/install.md) is sandboxed and
+# starts before Nomad, so volumes are guarded before any allocation runs;
+# this job has neither.
 #
 # The exporter reads project quotas (CAP_SYS_ADMIN) and loads eBPF programs
 # (CAP_BPF, CAP_PERFMON), so it runs with the host's privileges through the
 # raw_exec driver, which must be enabled on the clients:
 #   plugin "raw_exec" { config { enabled = true } }
-# The binary is expected at /usr/local/bin/prjquota-exporter (or fetch it
-# with an artifact block). Prometheus finds the instances through the Nomad
-# service "prjquota-exporter" (see deploy/prometheus/nomad-sd.yml).
+# Enabling it lets EVERY job allowed that driver run as root on those
+# clients. Keep it to an operator namespace: give tenant namespaces
+#   capabilities { disabled_task_drivers = ["raw_exec"] }
+# and submit this job in a namespace only operators may submit to.
+# The binary is the package's /usr/bin/prjquota-exporter. Prometheus finds
+# the instances through the Nomad service "prjquota-exporter" (see
+# deploy/prometheus/nomad-sd.yml).
 job "prjquota-exporter" {
   type      = "system"
   node_pool = "all"
+
+  # Only clients where Nomad fingerprinted the prjquota plugin: there are
+  # volumes to watch only there.
+  constraint {
+    attribute = "${attr.plugins.host_volume.prjquota.version}"
+    operator  = "is_set"
+  }
 
   group "exporter" {
     network {
@@ -39,7 +53,7 @@ job "prjquota-exporter" {
       driver = "raw_exec"
 
       config {
-        command = "/usr/local/bin/prjquota-exporter"
+        command = "/usr/bin/prjquota-exporter"
         args = [
           "--volumes-dir", "/opt/nomad/data/host_volumes",
           "--web.listen-address", ":${NOMAD_PORT_metrics}",

@@ -26,9 +26,19 @@ use prjquota_vmtests::nomad::run_plugin;
 use prjquota_vmtests::{in_vm, scratch_dir, vm_env, xfs_mount};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The package's man pages trigger man-db, whose `mandb` over the whole
+/// guest root (the host's) runs for many minutes under emulation; turned
+/// off in the overlay as `man-db/auto-update false` does. A Debian root of
+/// the systemd pass has no man-db.
+const MAN_DB_AUTO_UPDATE: &str = "var/lib/man-db/auto-update";
 const UNIT: &str = "usr/lib/systemd/system/prjquota-exporter.service";
 const EXPORTER: &str = "usr/bin/prjquota-exporter";
 const PLUGIN: &str = "usr/lib/prjquota/prjquota";
+const ADMIN: &str = "usr/bin/prjquota";
+const GENERATOR: &str = "usr/lib/systemd/system-generators/prjquota-exporter-generator";
+const CONFFILE: &str = "etc/default/prjquota";
+/// Nomad's default host_volume_plugin_dir, PLUGIN_DIR's default.
+const PLUGIN_DIR: &str = "opt/nomad/data/host_volume_plugins";
 const DASHBOARD: &str = "usr/share/prjquota/dashboards/prjquota.json";
 const RULES: &str = "usr/share/prjquota/rules/prjquota-alerts.yaml";
 
@@ -62,7 +72,8 @@ impl ScratchRoot {
             "set -e; mount --bind -o ro / {lower}; mount -t tmpfs -o size=512m tmpfs {rw}; \
              mkdir {rw}/upper {rw}/work; \
              mount -t overlay overlay -o lowerdir={lower},upperdir={rw}/upper,workdir={rw}/work {root}; \
-             for d in proc sys dev run; do mount --rbind /$d {root}/$d; done",
+             for d in proc sys dev run; do mount --rbind /$d {root}/$d; done; \
+             rm -f {root}/{MAN_DB_AUTO_UPDATE}",
             lower = r.lower.display(),
             rw = rw.display(),
             root = r.root.display(),
@@ -225,6 +236,9 @@ fn the_deb_installs_its_unit_verifies_and_a_purge_leaves_nothing() {
         );
     }
 
+    // A Nomad client's plugin directory: the package puts the plugin there.
+    std::fs::create_dir_all(root.at(PLUGIN_DIR)).expect("mkdir the plugin directory");
+
     // Install.
     let deb_in_root = deb.to_string_lossy().into_owned();
     lap("before_install");
@@ -234,16 +248,58 @@ fn the_deb_installs_its_unit_verifies_and_a_purge_leaves_nothing() {
     let status = root.chroot_ok(&["dpkg-query", "-W", "-f", "${Status} ${Version}", "prjquota"]);
     assert_eq!(status, format!("install ok installed {VERSION}-1"));
 
-    // The files land where the README says.
-    let readme = include_str!("../../README.md");
-    for p in [EXPORTER, PLUGIN, "usr/share/prjquota/"] {
+    // The files land where docs/install.md says.
+    let install_md = include_str!("../../docs/install.md");
+    for p in [EXPORTER, PLUGIN, ADMIN, CONFFILE, "usr/share/prjquota/"] {
         assert!(
-            readme.contains(&format!("/{p}")),
-            "the README does not say that the .deb installs /{p}"
+            install_md.contains(&format!("/{p}")),
+            "docs/install.md does not say that the .deb installs /{p}"
         );
     }
     assert_mode(&root.at(EXPORTER), 0o755);
     assert_mode(&root.at(PLUGIN), 0o755);
+    assert_mode(&root.at(ADMIN), 0o755);
+    assert_mode(&root.at(GENERATOR), 0o755);
+    assert_mode(&root.at(CONFFILE), 0o644);
+    // The plugin Nomad runs: the package's, a regular file.
+    let nomads = format!("{PLUGIN_DIR}/prjquota");
+    assert_mode(&root.at(&nomads), 0o755);
+    assert!(
+        std::fs::read(root.at(&nomads)).unwrap() == std::fs::read(root.at(PLUGIN)).unwrap(),
+        "/{nomads} is not the package's plugin"
+    );
+    assert!(
+        out.contains(&format!("installed the plugin as /{nomads}")),
+        "dpkg -i did not say where it put the plugin:\n{out}"
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(root.at(PLUGIN_DIR))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n != "prjquota")
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "the install left files in the plugin directory, which Nomad would fingerprint as \
+         plugins: {leftovers:?}"
+    );
+    // dpkg's own records: every file's checksum matches, and the
+    // settings are a conffile (kept across upgrades).
+    let verify = root.chroot_ok(&["dpkg", "--verify", "prjquota"]);
+    assert_eq!(verify.trim(), "", "dpkg --verify prjquota");
+    let conffiles = root.chroot_ok(&["dpkg-query", "-W", "-f", "${Conffiles}", "prjquota"]);
+    assert!(
+        conffiles.contains(&format!("/{CONFFILE} ")),
+        "/{CONFFILE} is not a conffile: {conffiles}"
+    );
+    assert!(
+        std::fs::symlink_metadata(root.at("usr/share/doc/prjquota/changelog.Debian.gz")).is_ok(),
+        "no Debian changelog"
+    );
+    for page in ["prjquota", "prjquota-exporter"] {
+        let p = format!("usr/share/man/man1/{page}.1.gz");
+        assert_mode(&root.at(&p), 0o644);
+    }
     assert_mode(&root.at(UNIT), 0o644);
     assert_mode(&root.at(DASHBOARD), 0o644);
     assert_mode(&root.at(RULES), 0o644);
@@ -313,16 +369,27 @@ fn the_deb_installs_its_unit_verifies_and_a_purge_leaves_nothing() {
 
     // The installed binaries run.
     let v = root.chroot_ok(&["/usr/bin/prjquota-exporter", "--version"]);
-    assert_eq!(v.trim(), format!("prjquota-exporter {VERSION}"));
-    // The plugin, installed into a plugin directory as the README says
-    // (`install -m 0755`), answers Nomad's fingerprint with its version.
+    assert!(
+        v.starts_with(&format!("prjquota-exporter {VERSION} (revision ")),
+        "{v}"
+    );
+    let v = root.chroot_ok(&["/usr/bin/prjquota", "--version"]);
+    assert_eq!(v.trim(), format!("prjquota {VERSION}"));
+    // The plugin, installed into a plugin directory by the one-liner of
+    // docs/install.md, answers Nomad's fingerprint with its version.
     let plugin_dir = scratch_dir(&xfs_mount(), "pkg-plugins");
     let installed = plugin_dir.join("prjquota");
-    prjquota_vmtests::sh(&format!(
-        "install -m 0755 {} {}",
-        root.at(PLUGIN).display(),
-        installed.display()
-    ));
+    let one_liner = hand_install_line()
+        .replace(
+            "/opt/nomad/data/host_volume_plugins",
+            &plugin_dir.to_string_lossy(),
+        )
+        .replace(
+            "/usr/lib/prjquota/prjquota",
+            &root.at(PLUGIN).to_string_lossy(),
+        );
+    prjquota_vmtests::sh(&one_liner);
+    assert_mode(&installed, 0o755);
     let fp = run_plugin(
         &installed,
         "fingerprint",
@@ -335,8 +402,17 @@ fn the_deb_installs_its_unit_verifies_and_a_purge_leaves_nothing() {
     lap("ran");
     // Remove, then purge: nothing of the package is left.
     let files = root.chroot_ok(&["dpkg", "-L", "prjquota"]);
-    root.chroot_ok(&["dpkg", "-r", "prjquota"]);
-    for p in [EXPORTER, PLUGIN, UNIT, DASHBOARD, RULES] {
+    let removed = root.chroot_ok(&["dpkg", "-r", "prjquota"]);
+    assert!(
+        removed.contains(&format!("left /{nomads} in place")),
+        "dpkg -r did not say that it leaves Nomad's plugin:\n{removed}"
+    );
+    assert_mode(&root.at(&nomads), 0o755);
+    assert!(
+        std::fs::symlink_metadata(root.at(CONFFILE)).is_ok(),
+        "dpkg -r removed the settings (only a purge does)"
+    );
+    for p in [EXPORTER, PLUGIN, ADMIN, GENERATOR, UNIT, DASHBOARD, RULES] {
         assert!(
             std::fs::symlink_metadata(root.at(p)).is_err(),
             "/{p} is still there after dpkg -r"
@@ -345,6 +421,12 @@ fn the_deb_installs_its_unit_verifies_and_a_purge_leaves_nothing() {
     lap("removed");
     root.chroot_ok(&["dpkg", "-P", "prjquota"]);
     lap("purged");
+    assert!(
+        std::fs::symlink_metadata(root.at(CONFFILE)).is_err(),
+        "/{CONFFILE} is left after the purge"
+    );
+    // Nomad's copy stays: volumes made with it need it to be deleted.
+    assert_mode(&root.at(&nomads), 0o755);
     let after = root.chroot(&["dpkg-query", "-W", "prjquota"]);
     assert!(
         !after.status.success(),
@@ -360,15 +442,125 @@ fn the_deb_installs_its_unit_verifies_and_a_purge_leaves_nothing() {
     let (written, new_dirs) = root.written();
     let stray: Vec<&String> = written
         .iter()
-        .filter(|f| !f.starts_with("var/lib/dpkg/") && f.as_str() != "var/log/dpkg.log")
+        .filter(|f| {
+            !f.starts_with("var/lib/dpkg/")
+                && f.as_str() != "var/log/dpkg.log"
+                && *f != &nomads
+                // The test's own: man-db's trigger turned off, and the page
+                // `systemd-analyze verify` formatted for Documentation=man:.
+                && f.as_str() != MAN_DB_AUTO_UPDATE
+                && !f.starts_with("var/cache/man/")
+        })
         .collect();
     assert!(
         stray.is_empty(),
         "after the purge the install left files outside dpkg's own records: {stray:?}"
     );
+    // The plugin directory is the test's (made before the install).
+    let new_dirs: Vec<&String> = new_dirs
+        .iter()
+        .filter(|d| !PLUGIN_DIR.starts_with(d.as_str()))
+        .collect();
     assert!(
         new_dirs.is_empty(),
         "after the purge the install left directories it made: {new_dirs:?}"
     );
     eprintln!("after the purge the overlay holds only dpkg's records: {written:?}");
+}
+
+/// docs/install.md's hand install of the plugin: the line that starts with
+/// `install -m 0755` and renames (never `install` onto the target, which
+/// unlinks it first: a create in between fails).
+fn hand_install_line() -> String {
+    let doc = include_str!("../../docs/install.md");
+    let line = doc
+        .lines()
+        .find(|l| l.starts_with("install -m 0755 ") && l.contains("&& mv -f "))
+        .expect("docs/install.md has the plugin's hand install one-liner");
+    line.to_string()
+}
+
+/// The .rpm of the same binaries: the same files, the settings as a
+/// config file, the scripts that install the plugin into Nomad's directory,
+/// restart on upgrade and stop on erase (checked with `rpm -qp`; no RHEL
+/// system is served to install it on).
+#[test]
+fn the_rpm_holds_the_debs_files_and_scripts() {
+    assert!(
+        in_vm(),
+        "the package test runs in the VM: `cargo xtask test`"
+    );
+    let rpm = PathBuf::from(vm_env("PRJQUOTA_RPM"));
+    assert_eq!(
+        rpm.file_name().unwrap().to_string_lossy(),
+        format!("prjquota-{VERSION}-1.x86_64.rpm")
+    );
+    let q = |args: &[&str]| {
+        let out = Command::new("rpm")
+            .args(["-qp", "--nosignature"])
+            .args(args)
+            .arg(&rpm)
+            .output()
+            .expect("run rpm (cargo xtask deps installs it)");
+        assert!(out.status.success(), "rpm -qp {args:?}: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let rpm_files: Vec<String> = q(&["-l"]).lines().map(str::to_string).collect();
+    let deb_files = Command::new("dpkg-deb")
+        .arg("-c")
+        .arg(deb())
+        .output()
+        .expect("dpkg-deb -c");
+    let deb_files: Vec<String> = String::from_utf8_lossy(&deb_files.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('d'))
+        .filter_map(|l| l.split_whitespace().last())
+        .map(|p| p.trim_start_matches('.').to_string())
+        .collect();
+    for f in &deb_files {
+        assert!(
+            rpm_files.contains(f),
+            "the .deb installs {f}, the .rpm does not: {rpm_files:?}"
+        );
+    }
+    assert_eq!(
+        q(&["-c"]).trim(),
+        format!("/{CONFFILE}"),
+        "the .rpm's config files"
+    );
+    let perms = q(&["--qf", "[%{FILEMODES:perms} %{FILENAMES}\n]"]);
+    for p in [EXPORTER, PLUGIN, ADMIN, GENERATOR] {
+        assert!(
+            perms.contains(&format!("-rwxr-xr-x /{p}\n")),
+            "/{p} is not 0755 in the .rpm:\n{perms}"
+        );
+    }
+    let scripts = q(&["--scripts"]);
+    for (what, needle) in [
+        (
+            "the plugin into Nomad's directory",
+            "prjquota_install_plugin\n",
+        ),
+        (
+            "the atomic rename",
+            "mv -f \"$tmp\" \"$PLUGIN_DIR/prjquota\"",
+        ),
+        (
+            "a restart on upgrade",
+            "systemctl try-restart prjquota-exporter.service",
+        ),
+        ("a stop on erase", "disable --now prjquota-exporter.service"),
+        ("the plugin left for deletes", "prjquota_plugin_notice\n"),
+    ] {
+        assert!(
+            scripts.contains(needle),
+            "the .rpm's scripts lack {what} ({needle:?}):\n{scripts}"
+        );
+    }
+    for section in ["postinstall", "preuninstall", "postuninstall"] {
+        assert!(
+            scripts.contains(&format!("{section} scriptlet (using /bin/sh)")),
+            "the .rpm has no {section} script:\n{scripts}"
+        );
+    }
 }

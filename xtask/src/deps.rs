@@ -54,6 +54,18 @@ const APT_PACKAGES: &[(&str, &str)] = &[
         "python3-venv",
         "the virtual environment virtme-ng is installed into (target/venv)",
     ),
+    (
+        "rpm",
+        "rpmbuild, which makes the .rpm of `cargo xtask dist`, and rpm -qp, which checks it",
+    ),
+    (
+        "help2man",
+        "the packages' man pages, from the binaries' --help (xtask/src/dist.rs)",
+    ),
+    (
+        "mmdebstrap",
+        "the Debian root the systemd pass boots with systemd as init (xtask/src/systemd.rs)",
+    ),
     ("libseccomp-dev", "building virtiofsd (see VIRTIOFSD)"),
     ("libcap-ng-dev", "building virtiofsd (see VIRTIOFSD)"),
 ];

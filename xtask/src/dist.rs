@@ -3,7 +3,20 @@
 //!   and `prjquota-exporter`, `deploy/`, the dashboard, the rules, the
 //!   runbooks, README and LICENSE;
 //! - `prjquota_<version>-1_amd64.deb`, built by Debian's own `dpkg-deb`;
-//! - `SHA256SUMS` over both.
+//! - `prjquota-<version>-1.x86_64.rpm`, built by `rpmbuild` (Debian's `rpm`)
+//!   from the same files and the same scripts (deploy/package);
+//! - `SHA256SUMS` over the three.
+//!
+//! Why Debian's tools and not cargo-deb/cargo-generate-rpm: each is a
+//! `cargo install` of its own in `cargo xtask deps`; cargo-deb alone took
+//! 413 s cold on a loaded 2-core machine (CI's cold budget is 45 minutes,
+//! most of it the suite), where `apt-get install rpm help2man` takes
+//! seconds. And neither
+//! writes what this package needs: the maintainer scripts (the plugin into
+//! Nomad's directory, the restart on upgrade), the generator and the
+//! conffile are ours whatever builds the archive. dpkg-deb and rpmbuild are
+//! the reference implementations of their formats, and this file stays
+//! byte-reproducible with them.
 //!
 //! Static because Nomad clients run any distribution: the dynamic build needs
 //! the build machine's glibc (GLIBC_2.34) and libgcc_s. The route is glibc
@@ -29,15 +42,42 @@ pub const BINS: [&str; 2] = ["prjquota", "prjquota-exporter"];
 pub struct Dist {
     /// `prjquota_<version>-1_amd64.deb`.
     pub deb: PathBuf,
+    /// `prjquota-<version>-1.x86_64.rpm`.
+    pub rpm: PathBuf,
     /// Where the static release binaries are (`target/<triple>/release`).
     pub bin_dir: PathBuf,
 }
 
 pub fn main(args: &[String]) -> Result<u8> {
-    if let Some(a) = args.first() {
-        bail!("dist takes no arguments (got `{a}`)");
+    match args {
+        [] => {
+            build()?;
+        }
+        [flag, dir, out] if flag == "--binaries" => {
+            // A test package of other binaries (the debug build, say), for
+            // working on the packaging without a release build.
+            let root = crate::repo_root();
+            let epoch = source_date_epoch(&root)?;
+            let (dir, out) = (Path::new(dir), Path::new(out));
+            std::fs::create_dir_all(out)?;
+            let (plugin, exporter) = (dir.join("prjquota"), dir.join("prjquota-exporter"));
+            build_deb(
+                &root,
+                &plugin,
+                &exporter,
+                &out.join(deb_name()),
+                &epoch,
+                "none",
+            )?;
+            build_rpm(&root, &plugin, &exporter, &out.join(rpm_name()), &epoch)?;
+            println!("in {}", out.display());
+        }
+        _ => bail!(
+            "usage: cargo xtask dist [--binaries DIR OUT] (got `{}`): --binaries packages \
+             DIR's prjquota and prjquota-exporter into OUT, unchecked, for tests",
+            args.join(" ")
+        ),
     }
-    build()?;
     Ok(0)
 }
 
@@ -91,10 +131,20 @@ pub fn build() -> Result<Dist> {
         "xz",
     )?;
 
+    header("rpm");
+    let rpm = rpm_name();
+    build_rpm(
+        &root,
+        &bin_dir.join("prjquota"),
+        &bin_dir.join("prjquota-exporter"),
+        &out.join(&rpm),
+        &epoch,
+    )?;
+
     header("SHA256SUMS");
     let sums = Command::new("sha256sum")
         .current_dir(&out)
-        .args([&tarball, &deb])
+        .args([&tarball, &deb, &rpm])
         .output()
         .context("run sha256sum (coreutils)")?;
     if !sums.status.success() {
@@ -108,6 +158,7 @@ pub fn build() -> Result<Dist> {
     println!("in {}", out.display());
     Ok(Dist {
         deb: out.join(&deb),
+        rpm: out.join(&rpm),
         bin_dir,
     })
 }
@@ -129,7 +180,7 @@ pub fn build_deb(
 ) -> Result<()> {
     let dir = deb.parent().context("the .deb's directory")?;
     let deb_root = fresh_dir(&dir.join("deb-root"))?;
-    stage_deb(root, plugin, exporter, &deb_root, env!("CARGO_PKG_VERSION"))?;
+    stage_deb(root, plugin, exporter, &deb_root, epoch)?;
     normalise(&deb_root, epoch)?;
     run(Command::new("dpkg-deb")
         .env("SOURCE_DATE_EPOCH", epoch)
@@ -205,23 +256,36 @@ pub fn assert_static(bin: &Path) -> Result<()> {
     )
 }
 
-/// The package: the exporter on PATH with its unit (shipped, not enabled:
-/// the operator sets the volumes directory first), the plugin as a regular
-/// file to copy into Nomad's plugin directory (Nomad 2.0.1+ refuses
-/// symlinked plugins), the dashboard and the rules.
-fn stage_deb(root: &Path, plugin: &Path, exporter: &Path, d: &Path, version: &str) -> Result<()> {
+/// Debian's package name and revision, the RPM's release.
+const REVISION: &str = "1";
+
+/// The maintainer scripts' shared functions, put at the top of each.
+const SCRIPT_COMMON: &str = "deploy/package/common.sh";
+
+/// The files both packages install, staged under `d`: the exporter and the
+/// admin wrapper on PATH, the plugin as a regular file that the scripts put
+/// into Nomad's plugin directory (Nomad 2.0.1+ refuses symlinked plugins),
+/// the unit (shipped, not enabled) and its generator, the node's settings
+/// (a conffile), the dashboard, the rules and the Prometheus configuration.
+fn stage_files(root: &Path, plugin: &Path, exporter: &Path, d: &Path, epoch: &str) -> Result<()> {
     install_file(exporter, &d.join("usr/bin/prjquota-exporter"), 0o755)?;
-    install_file(plugin, &d.join("usr/lib/prjquota/prjquota"), 0o755)?;
-    let unit = std::fs::read_to_string(root.join("deploy/systemd/prjquota-exporter.service"))?;
-    let unit = unit.replace(
-        "/usr/local/bin/prjquota-exporter",
-        "/usr/bin/prjquota-exporter",
-    );
-    write(
-        &d.join("usr/lib/systemd/system/prjquota-exporter.service"),
-        &unit,
+    install_file(plugin, &d.join(PLUGIN_PATH), 0o755)?;
+    install_file(
+        &root.join("deploy/package/prjquota"),
+        &d.join("usr/bin/prjquota"),
+        0o755,
+    )?;
+    install_file(
+        &root.join("deploy/package/generator"),
+        &d.join("usr/lib/systemd/system-generators/prjquota-exporter-generator"),
+        0o755,
     )?;
     for (from, to) in [
+        (
+            "deploy/systemd/prjquota-exporter.service",
+            "usr/lib/systemd/system/prjquota-exporter.service",
+        ),
+        ("deploy/package/default", CONFFILE),
         (
             "dashboards/prjquota.json",
             "usr/share/prjquota/dashboards/prjquota.json",
@@ -230,6 +294,14 @@ fn stage_deb(root: &Path, plugin: &Path, exporter: &Path, d: &Path, version: &st
             "dashboards/alerts.yaml",
             "usr/share/prjquota/rules/prjquota-alerts.yaml",
         ),
+        (
+            "deploy/prometheus/prometheus.yml",
+            "usr/share/prjquota/prometheus/prometheus.yml",
+        ),
+        (
+            "deploy/prometheus/nomad-sd.yml",
+            "usr/share/prjquota/prometheus/nomad-sd.yml",
+        ),
         ("deploy/prjquota.toml", "usr/share/prjquota/prjquota.toml"),
         ("docs/runbooks.md", "usr/share/doc/prjquota/runbooks.md"),
         ("README.md", "usr/share/doc/prjquota/README.md"),
@@ -237,27 +309,269 @@ fn stage_deb(root: &Path, plugin: &Path, exporter: &Path, d: &Path, version: &st
     ] {
         install_file(&root.join(from), &d.join(to), 0o644)?;
     }
+    stage_man_pages(plugin, exporter, d, epoch)?;
+    // Debian policy: the changelog, gzipped with no timestamp.
+    let changelog = d.join("usr/share/doc/prjquota/changelog.Debian");
+    write(&changelog, &debian_changelog(epoch)?)?;
+    run(Command::new("gzip").args(["-n", "-9"]).arg(&changelog))
+}
+
+/// Man pages made by help2man from the binaries' own --help and
+/// --version: the plugin parses its arguments by hand, the exporter with
+/// clap, and both print their whole interface there, so the pages cannot
+/// drift from the binaries shipped beside them.
+fn stage_man_pages(plugin: &Path, exporter: &Path, d: &Path, epoch: &str) -> Result<()> {
+    for (bin, name) in [
+        (
+            plugin,
+            "Nomad dynamic host volume plugin and admin commands (project quotas)",
+        ),
+        (
+            exporter,
+            "Prometheus exporter and quota guard for prjquota's Nomad host volumes",
+        ),
+    ] {
+        let file = bin
+            .file_name()
+            .context("a binary's name")?
+            .to_string_lossy();
+        let page = d.join(format!("usr/share/man/man1/{file}.1"));
+        std::fs::create_dir_all(page.parent().unwrap())?;
+        // help2man runs `./NAME`-style paths; the plugin's page must say
+        // `prjquota`, whatever the staged file is called.
+        let stage = page.parent().unwrap().join(format!(".{file}"));
+        std::fs::create_dir_all(&stage)?;
+        install_file(bin, &stage.join(&*file), 0o755)?;
+        run(Command::new("help2man")
+            .env("SOURCE_DATE_EPOCH", epoch)
+            .args([
+                "--no-info",
+                "--no-discard-stderr",
+                "--section",
+                "1",
+                "--name",
+                name,
+            ])
+            .arg("--output")
+            .arg(&page)
+            .arg(stage.join(&*file)))?;
+        std::fs::remove_dir_all(&stage)?;
+        run(Command::new("gzip").args(["-n", "-9", "-f"]).arg(&page))?;
+    }
+    Ok(())
+}
+
+/// Where the package puts the plugin (the scripts copy it from there).
+const PLUGIN_PATH: &str = "usr/lib/prjquota/prjquota";
+/// The node's settings, kept across upgrades.
+const CONFFILE: &str = "etc/default/prjquota";
+
+/// One entry for this version, dated by the commit (reproducible); the
+/// project's own CHANGELOG.md, in the package's docs, says what changed.
+fn debian_changelog(epoch: &str) -> Result<String> {
+    let o = Command::new("date")
+        .args(["-u", "-R", "-d", &format!("@{epoch}")])
+        .output()
+        .context("run date")?;
+    if !o.status.success() {
+        bail!("date -R -d @{epoch} failed");
+    }
+    let date = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    Ok(format!(
+        "prjquota ({v}-{REVISION}) unstable; urgency=medium\n\n  \
+         * prjquota {v}: see https://github.com/prjquota/prjquota/blob/v{v}/CHANGELOG.md\n\n \
+         -- {MAINTAINER}  {date}\n",
+        v = env!("CARGO_PKG_VERSION")
+    ))
+}
+
+const MAINTAINER: &str = "prjquota developers <prjquota@users.noreply.github.com>";
+const SUMMARY: &str = "Nomad host volumes sized by filesystem project quotas";
+const DESCRIPTION: &str = "prjquota is a Nomad dynamic host volume plugin: each volume is a \
+directory on XFS or ext4 whose size a kernel project quota enforces. This package installs \
+the plugin into Nomad's host_volume_plugin_dir (PLUGIN_DIR in /etc/default/prjquota) and \
+keeps it up to date there, the prjquota admin command, prjquota-exporter (Prometheus metrics \
+and the quota guard; systemd unit shipped but not enabled), the Grafana dashboard, the alert \
+rules and a Prometheus configuration under /usr/share/prjquota.";
+
+/// A maintainer script: /bin/sh, the shared functions, then `name`'s body.
+fn script(root: &Path, name: &str) -> Result<String> {
+    let common = std::fs::read_to_string(root.join(SCRIPT_COMMON))?;
+    let body = std::fs::read_to_string(root.join("deploy/package").join(name))?;
+    Ok(format!("#!/bin/sh\n{common}\n{body}"))
+}
+
+/// The .deb's tree: the files, then `DEBIAN/` (control, conffiles,
+/// md5sums, the maintainer scripts).
+fn stage_deb(root: &Path, plugin: &Path, exporter: &Path, d: &Path, epoch: &str) -> Result<()> {
+    stage_files(root, plugin, exporter, d, epoch)?;
     let size_kib = du_kib(d)?;
+    let version = env!("CARGO_PKG_VERSION");
+    let description = wrap_description(DESCRIPTION);
     write(
         &d.join("DEBIAN/control"),
         &format!(
             "Package: prjquota\n\
-             Version: {version}-1\n\
+             Version: {version}-{REVISION}\n\
              Architecture: amd64\n\
-             Maintainer: prjquota developers <prjquota@users.noreply.github.com>\n\
+             Maintainer: {MAINTAINER}\n\
              Installed-Size: {size_kib}\n\
              Section: admin\n\
              Priority: optional\n\
              Homepage: https://github.com/prjquota/prjquota\n\
-             Description: Nomad host volumes sized by filesystem project quotas\n \
-             prjquota is a Nomad dynamic host volume plugin: each volume is a directory\n \
-             on XFS or ext4 whose size a kernel project quota enforces. This package\n \
-             installs prjquota-exporter (Prometheus metrics; systemd unit shipped but\n \
-             not enabled), the plugin at /usr/lib/prjquota/prjquota to copy into\n \
-             Nomad's host_volume_plugin_dir, the Grafana dashboard and the alert rules\n \
-             under /usr/share/prjquota.\n"
+             Description: {SUMMARY}\n{description}"
         ),
     )?;
+    write(&d.join("DEBIAN/conffiles"), &format!("/{CONFFILE}\n"))?;
+    for name in ["postinst", "prerm", "postrm"] {
+        let p = d.join("DEBIAN").join(name);
+        write(&p, &script(root, name)?)?;
+        set_mode(&p, 0o755)?;
+    }
+    // md5sums of every file but the conffiles (dpkg tracks those itself),
+    // sorted, relative to /.
+    let mut files = Vec::new();
+    list_files(d, d, &mut files)?;
+    files.retain(|f| !f.starts_with("DEBIAN/") && f != CONFFILE);
+    files.sort();
+    let out = Command::new("md5sum")
+        .current_dir(d)
+        .args(&files)
+        .output()
+        .context("run md5sum (coreutils)")?;
+    if !out.status.success() {
+        bail!("md5sum failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    std::fs::write(d.join("DEBIAN/md5sums"), &out.stdout)?;
+    Ok(())
+}
+
+/// control's extended description: lines of at most 79 columns, each
+/// starting with a space.
+fn wrap_description(text: &str) -> String {
+    let mut out = String::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.len() + 1 + word.len() > 78 {
+            out += &format!(" {line}\n");
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line += word;
+    }
+    if !line.is_empty() {
+        out += &format!(" {line}\n");
+    }
+    out
+}
+
+/// Files (not directories) under `d`, relative to `base`.
+fn list_files(base: &Path, d: &Path, out: &mut Vec<String>) -> Result<()> {
+    for e in std::fs::read_dir(d)? {
+        let e = e?;
+        if e.file_type()?.is_dir() {
+            list_files(base, &e.path(), out)?;
+        } else {
+            out.push(e.path().strip_prefix(base)?.to_string_lossy().into_owned());
+        }
+    }
+    Ok(())
+}
+
+/// `prjquota-<version>-1.x86_64.rpm`.
+pub fn rpm_name() -> String {
+    format!(
+        "prjquota-{}-{REVISION}.x86_64.rpm",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// Builds the .rpm at `rpm` with rpmbuild (Debian's `rpm` package) from
+/// the same files as the .deb: the spec only copies the staged tree and
+/// lists it. No strip, no debuginfo, no build-id links (the binaries are
+/// the released ones), times clamped to the commit's.
+pub fn build_rpm(
+    root: &Path,
+    plugin: &Path,
+    exporter: &Path,
+    rpm: &Path,
+    epoch: &str,
+) -> Result<()> {
+    let dir = rpm.parent().context("the .rpm's directory")?;
+    let top = fresh_dir(&dir.join("rpm-build"))?;
+    let tree = top.join("tree");
+    stage_files(root, plugin, exporter, &tree, epoch)?;
+    normalise(&tree, epoch)?;
+    let mut files = Vec::new();
+    list_files(&tree, &tree, &mut files)?;
+    files.sort();
+    let mut listed = String::new();
+    // The directories that are the package's own.
+    for d in [
+        "/usr/lib/prjquota",
+        "/usr/share/prjquota",
+        "/usr/share/doc/prjquota",
+    ] {
+        listed += &format!("%dir {d}\n");
+    }
+    for f in &files {
+        if f == CONFFILE {
+            listed += &format!("%config(noreplace) /{f}\n");
+        } else {
+            listed += &format!("/{f}\n");
+        }
+    }
+    let scripts = ["rpm-post", "rpm-preun", "rpm-postun"]
+        .iter()
+        .zip(["%post", "%preun", "%postun"])
+        .map(|(name, section)| {
+            let common = std::fs::read_to_string(root.join(SCRIPT_COMMON))?;
+            let body = std::fs::read_to_string(root.join("deploy/package").join(name))?;
+            Ok(format!("{section}\n{common}\n{body}\n"))
+        })
+        .collect::<Result<Vec<_>>>()?
+        .join("\n");
+    let spec = format!(
+        "Name: prjquota\n\
+         Version: {version}\n\
+         Release: {REVISION}\n\
+         Summary: {SUMMARY}\n\
+         License: MPL-2.0\n\
+         URL: https://github.com/prjquota/prjquota\n\
+         Packager: {MAINTAINER}\n\
+         BuildArch: x86_64\n\
+         %global debug_package %{{nil}}\n\
+         %global __os_install_post %{{nil}}\n\
+         %global _build_id_links none\n\
+         \n%description\n{DESCRIPTION}\n\
+         \n%install\ncp -a {tree}/. %{{buildroot}}/\n\
+         \n%files\n%defattr(-,root,root,-)\n{listed}\n{scripts}",
+        version = env!("CARGO_PKG_VERSION"),
+        tree = tree.display(),
+    );
+    let spec_path = top.join("prjquota.spec");
+    write(&spec_path, &spec)?;
+    run(Command::new("rpmbuild")
+        .env("SOURCE_DATE_EPOCH", epoch)
+        .arg("-bb")
+        .arg("--quiet")
+        .args(["--define", &format!("_topdir {}", top.display())])
+        .args([
+            "--define",
+            &format!("_rpmdir {}", top.join("out").display()),
+        ])
+        .args([
+            "--define",
+            "_build_name_fmt %%{NAME}-%%{VERSION}-%%{RELEASE}.%%{ARCH}.rpm",
+        ])
+        .args(["--define", "use_source_date_epoch_as_buildtime 1"])
+        .args(["--define", "clamp_mtime_to_source_date_epoch 1"])
+        .args(["--define", "_buildhost reproducible"])
+        .arg(&spec_path))?;
+    std::fs::rename(top.join("out").join(rpm_name()), rpm)
+        .with_context(|| format!("rpmbuild made no {}", rpm_name()))?;
     Ok(())
 }
 
@@ -319,13 +633,17 @@ fn write(to: &Path, text: &str) -> Result<()> {
 }
 
 fn install_file(from: &Path, to: &Path, mode: u32) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
     if let Some(p) = to.parent() {
         std::fs::create_dir_all(p)?;
     }
     std::fs::copy(from, to).with_context(|| format!("copy {}", from.display()))?;
-    std::fs::set_permissions(to, std::fs::Permissions::from_mode(mode))?;
-    Ok(())
+    set_mode(to, mode)
+}
+
+fn set_mode(p: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("chmod {mode:o} {}", p.display()))
 }
 
 fn copy_tree(from: &Path, to: &Path) -> Result<()> {

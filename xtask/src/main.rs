@@ -16,6 +16,7 @@ mod dist;
 mod docs;
 mod kernels;
 mod stress;
+mod systemd;
 mod test;
 mod vm;
 

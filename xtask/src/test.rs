@@ -111,6 +111,10 @@ pub const STORM_VOLUMES: &str = "100";
 /// take alone, and with the cold build and the host pass still fit. A guest of one CPU (a compatibility pass beside
 /// the full pass with `--vm-lanes 2`, or `--vm-cpus 1`) runs slower and
 /// gets 20 or 45 minutes. A pass that hits its limit fails the run.
+/// The systemd passes (6.1, 5.10; xtask/src/systemd.rs) come after them:
+/// 348 and 208 s on a loaded 2-core machine, 10 minutes' limit each, which
+/// the limits above leave no room for: CI's budget is the sum of the
+/// passes' typical times, not of their limits.
 const CI_BUDGET_SECS: u64 = 90 * 60;
 const BUILD_AND_HOST_SECS: u64 = 15 * 60;
 const FULL_PASS_LIMIT_SECS: u64 = 35 * 60;
@@ -604,7 +608,8 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
 
     // The package and static-plugin tests need a .deb and the static
     // release plugin; built only when a pass selects one of them.
-    let dist = if selects_any(opts, DIST_BINARIES)? {
+    let systemd_kernels = systemd_kernels(opts)?;
+    let dist = if !systemd_kernels.is_empty() || selects_any(opts, DIST_BINARIES)? {
         let mut made = None;
         let title = if opts.release_deb {
             "build: cargo xtask dist (--release-deb: the .deb and the static binaries, as released)"
@@ -678,6 +683,7 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
     ];
     if let Some(d) = &dist {
         env.push(("PRJQUOTA_DEB".into(), d.deb.to_string_lossy().into_owned()));
+        env.push(("PRJQUOTA_RPM".into(), d.rpm.to_string_lossy().into_owned()));
         env.push((
             "PRJQUOTA_DEB_BINS".into(),
             d.deb_bins.to_string_lossy().into_owned(),
@@ -711,7 +717,17 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
         .vm_lanes
         .unwrap_or(DEFAULT_VM_LANES)
         .clamp(1, opts.kernels.len().max(1) as u32);
-    let queue = std::sync::Mutex::new(opts.kernels.iter().copied().enumerate());
+    // A --filter of the systemd pass's test alone boots no vng guest.
+    let only_systemd = match &opts.filter {
+        Some(f) => !lists_any(&format!("({f}) - binary(systemd)"))?,
+        None => false,
+    };
+    let kernels = if only_systemd {
+        &[][..]
+    } else {
+        &opts.kernels[..]
+    };
+    let queue = std::sync::Mutex::new(kernels.iter().copied().enumerate());
     let results = std::sync::Mutex::new(Vec::new());
     let job = KernelJob {
         opts,
@@ -734,7 +750,120 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
     let mut results = results.into_inner().unwrap();
     results.sort_by_key(|(i, _)| *i);
     passes.extend(results.into_iter().map(|(_, p)| p));
+
+    if !systemd_kernels.is_empty() {
+        let d = dist
+            .as_ref()
+            .context("the systemd pass needs the .deb (built above)")?;
+        let test_bin = rust_binary_path(&binaries_json, &format!("{VM_PACKAGE}::systemd"))?;
+        for kernel in systemd_kernels {
+            passes.push(systemd_pass(kernel, &test_bin, &d.deb));
+        }
+    }
     Ok(())
+}
+
+/// The kernels of `opts` the systemd pass boots: 6.1 and 5.10 when asked
+/// for, unless a --filter leaves out `binary(systemd)`.
+fn systemd_kernels(opts: &Opts) -> Result<Vec<Kernel>> {
+    if let Some(f) = &opts.filter {
+        if !lists_any(&format!("({f}) & binary(systemd)"))? {
+            return Ok(Vec::new());
+        }
+    }
+    Ok(opts
+        .kernels
+        .iter()
+        .copied()
+        .filter(|k| crate::systemd::KERNELS.contains(k))
+        .collect())
+}
+
+/// Whether the VM tests' filter `expr` selects any test.
+fn lists_any(expr: &str) -> Result<bool> {
+    let mut cmd = cargo();
+    cmd.args(["nextest", "list", "-p", VM_PACKAGE])
+        .args(["--message-format", "oneline", "-E"])
+        .arg(expr);
+    let out = cmd
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("cannot run {}", crate::display(&cmd)))?;
+    if !out.status.success() {
+        bail!("`{}` failed ({})", crate::display(&cmd), out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| l.starts_with(VM_PACKAGE)))
+}
+
+/// One systemd boot (xtask/src/systemd.rs) as a pass: the libtest summary
+/// of tests/tests/systemd.rs in the guest.
+fn systemd_pass(kernel: Kernel, test_bin: &Path, deb: &Path) -> Pass {
+    header(&format!(
+        "systemd pass on kernel {}: the .deb installed, run, moved, upgraded and purged on a \
+         Debian root booted with systemd as init",
+        kernel.name()
+    ));
+    let name = format!("systemd {}", kernel.name());
+    let t = Instant::now();
+    let guest_deb = format!("/prjquota-test/{}", crate::dist::deb_name());
+    let boot = crate::systemd::boot(kernel, test_bin, &[deb], &[("PRJQUOTA_DEB", guest_deb)]);
+    let secs = t.elapsed().as_secs_f64();
+    println!(
+        "xtask: systemd pass on kernel {} took {secs:.0}s",
+        kernel.name()
+    );
+    match boot {
+        Ok(b) => {
+            // libtest: "test result: ok. 1 passed; 0 failed; …"
+            let summary = b
+                .lines
+                .iter()
+                .rev()
+                .find(|l| l.starts_with("test result: "))
+                .cloned();
+            let count = |word: &str| {
+                summary
+                    .as_deref()
+                    .and_then(|l| {
+                        l.split(';')
+                            .find(|p| p.trim_end().ends_with(word))
+                            .and_then(|p| p.split_whitespace().rev().nth(1))
+                            .and_then(|n| n.parse::<u64>().ok())
+                    })
+                    .unwrap_or(0)
+            };
+            let (passed, failed) = (count("passed"), count("failed"));
+            let mut problems = Vec::new();
+            if b.status != Some(0) {
+                problems.push(format!(
+                    "the guest's test binary exited with {:?}",
+                    b.status
+                ));
+            }
+            Pass {
+                name,
+                ok: b.status == Some(0) && failed == 0 && passed > 0,
+                summary,
+                counts: Counts {
+                    run: passed + failed,
+                    passed,
+                    failed,
+                },
+                secs,
+                problems,
+            }
+        }
+        Err(e) => Pass {
+            name,
+            summary: None,
+            counts: Counts::default(),
+            ok: false,
+            secs,
+            problems: vec![format!("systemd VM: {e:#}")],
+        },
+    }
 }
 
 /// What every kernel's VM pass shares.
@@ -767,7 +896,9 @@ impl KernelJob<'_> {
             .vm_cpus
             .unwrap_or(if self.side_by_side && !full { 1 } else { 2 });
         let mut guest = self.base.to_vec();
-        guest.extend(nextest_selection(opts, filter));
+        // tests/tests/systemd.rs runs in the systemd pass only.
+        let filter = filter.map(|f| format!("({f}) - binary(systemd)"));
+        guest.extend(nextest_selection(opts, filter.as_deref()));
         let guest_cmd = guest
             .iter()
             .map(|a| shell_quote(a))
@@ -912,6 +1043,8 @@ fn selects_any(opts: &Opts, binaries: &[&str]) -> Result<bool> {
 struct TestDist {
     /// The .deb to install.
     deb: PathBuf,
+    /// The .rpm of the same binaries, to inspect.
+    rpm: PathBuf,
     /// The `prjquota` and `prjquota-exporter` the .deb was built from.
     deb_bins: PathBuf,
     /// The static release binaries (`prjquota`; with --release-deb also
@@ -942,8 +1075,11 @@ fn dist_for_tests(opts: &Opts, root: &Path, run_dir: &Path, bin_dir: &Path) -> R
         }
         let deb = run_dir.join(crate::dist::deb_name());
         copy(&d.deb, &deb)?;
+        let rpm = run_dir.join(crate::dist::rpm_name());
+        copy(&d.rpm, &rpm)?;
         return Ok(TestDist {
             deb,
+            rpm,
             deb_bins: static_dir.clone(),
             static_dir,
         });
@@ -959,6 +1095,12 @@ fn dist_for_tests(opts: &Opts, root: &Path, run_dir: &Path, bin_dir: &Path) -> R
         &bin_dir.join("prjquota-exporter"),
         &deb_bins.join("prjquota-exporter"),
     )?;
+    // Without its debug information (119 MB of 120): the systemd pass
+    // unpacks, repacks and installs the package several times under
+    // emulation.
+    run(Command::new("strip")
+        .arg("--strip-debug")
+        .arg(deb_bins.join("prjquota-exporter")))?;
     let deb = run_dir.join("test-deb").join(crate::dist::deb_name());
     std::fs::create_dir_all(deb.parent().unwrap())?;
     crate::dist::build_deb(
@@ -969,8 +1111,17 @@ fn dist_for_tests(opts: &Opts, root: &Path, run_dir: &Path, bin_dir: &Path) -> R
         &epoch,
         "none",
     )?;
+    let rpm = deb.with_file_name(crate::dist::rpm_name());
+    crate::dist::build_rpm(
+        root,
+        &deb_bins.join("prjquota"),
+        &deb_bins.join("prjquota-exporter"),
+        &rpm,
+        &epoch,
+    )?;
     Ok(TestDist {
         deb,
+        rpm,
         deb_bins,
         static_dir,
     })
