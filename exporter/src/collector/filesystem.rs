@@ -64,7 +64,24 @@ fn shut_down(e: &std::io::Error) -> bool {
 /// Probes the filesystem holding `dir`: open it, `fstatvfs` (read-only is
 /// `ST_RDONLY`), read one directory entry (XFS and ext4 refuse a readdir
 /// with EIO once shut down, even while statfs still answers from memory),
-/// and read the project-quota state (`Q_XGETQSTAT`, as the plugin does).
+/// ext4's error count, and the project-quota state (`Q_XGETQSTAT`, as the
+/// plugin does).
+/// ext4's count of errors since its last e2fsck
+/// (`/sys/fs/ext4/<device>/errors_count`); `None` on other filesystems.
+fn ext4_errors(f: &std::fs::File) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = f.metadata().ok()?.dev();
+    let node = std::fs::read_link(format!(
+        "/sys/dev/block/{}:{}",
+        libc::major(dev),
+        libc::minor(dev)
+    ))
+    .ok()?;
+    let name = node.file_name()?.to_str()?;
+    let text = std::fs::read_to_string(format!("/sys/fs/ext4/{name}/errors_count")).ok()?;
+    text.trim().parse().ok()
+}
+
 pub fn probe(dir: &Path) -> Health {
     use std::os::fd::AsFd;
     let why = |what: &str, e: &std::io::Error| {
@@ -96,8 +113,26 @@ pub fn probe(dir: &Path) -> Health {
             unhealthy = Some(why("readdir", &e));
         }
     }
+    // ext4 no longer sets ST_RDONLY after an error with errors=remount-ro
+    // (kernels with "ext4: don't set SB_RDONLY after filesystem errors",
+    // backported to 6.1): it refuses every change with EROFS while statfs,
+    // readdir and fsync answer as before. What it does keep is the count
+    // of errors in its superblock, which e2fsck clears.
+    if unhealthy.is_none() && ext4_errors(&f).is_some_and(|n| n > 0) {
+        unhealthy = Some(
+            "ext4 recorded errors (errors_count > 0): it refuses changes after one; unmount it and run e2fsck".into(),
+        );
+    }
+    let read_only = unhealthy
+        .as_deref()
+        .is_some_and(|u| u.starts_with("read-only"));
     let enforced = match prjquota_core::quota::support(f.as_fd()) {
-        Ok(s) => Some(s == prjquota_core::quota::Support::Enforced),
+        Ok(prjquota_core::quota::Support::Enforced) => Some(true),
+        // ext4 suspends its quotas while read-only and resumes them with
+        // the mount read-write: "off" then says nothing about the mount
+        // option, and the read-only state is reported already.
+        Ok(_) if read_only => None,
+        Ok(_) => Some(false),
         Err(e) => {
             unhealthy.get_or_insert_with(|| why("quota state", &e));
             None
