@@ -88,6 +88,14 @@ pub fn support(fd: BorrowedFd<'_>) -> io::Result<Support> {
     }
 }
 
+/// 512-byte basic blocks as bytes, rounded up to whole KiB.
+fn kib_grain(basic_blocks: u64) -> u64 {
+    basic_blocks
+        .saturating_mul(512)
+        .div_ceil(1024)
+        .saturating_mul(1024)
+}
+
 /// 512-byte basic blocks, rounded up so a limit is never below what was asked.
 fn to_basic_blocks(bytes: u64) -> u64 {
     bytes.div_ceil(512)
@@ -135,13 +143,35 @@ fn from_dqblk(q: &sys::IfNextDqblk) -> ProjectQuota {
 
 /// Usage and limits of project `id`. A project the kernel knows nothing
 /// about reads as all zeros on both filesystems (XFS says ENOENT, ext4 zeros).
+///
+/// On a read-only mount the kernel refuses `Q_GETQUOTA` through
+/// `quotactl_fd` with EROFS (it counts the command as a write); the
+/// XFS-style `Q_XGETQUOTA`, which it does not, answers instead, in 512-byte
+/// blocks.
 pub fn get(fd: BorrowedFd<'_>, id: u32) -> io::Result<ProjectQuota> {
+    let unknown = || ProjectQuota {
+        id,
+        ..Default::default()
+    };
     match sys::get_project_dqblk(fd, id) {
         Ok(q) => Ok(from_dqblk(&q)),
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(ProjectQuota {
-            id,
-            ..Default::default()
-        }),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(unknown()),
+        Err(e) if e.raw_os_error() == Some(libc::EROFS) => match sys::get_project_quota(fd, id) {
+            Ok(q) => Ok(ProjectQuota {
+                id,
+                used_bytes: q.bcount.saturating_mul(512),
+                used_inodes: q.icount,
+                limits: Limits {
+                    // In whole KiB, as Q_GETQUOTA reports them.
+                    bytes_hard: kib_grain(q.blk_hardlimit),
+                    bytes_soft: kib_grain(q.blk_softlimit),
+                    inodes_hard: q.ino_hardlimit,
+                    inodes_soft: q.ino_softlimit,
+                },
+            }),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(unknown()),
+            Err(_) => Err(e),
+        },
         Err(e) => Err(e),
     }
 }

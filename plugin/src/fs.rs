@@ -297,10 +297,26 @@ impl VolumesFs {
         )
     }
 
+    /// ext4 suspends its quotas while mounted read-only (`Q_XGETQSTAT` then
+    /// says off, and limits cannot be read) and resumes them, with the
+    /// stored limits, when mounted read-write again. Nothing can be written
+    /// meanwhile, so no volume can outgrow its limit: a read-only ext4
+    /// mounted with `prjquota` counts as enforcing, and only a restore that
+    /// writes nothing can succeed there (every write fails with EROFS).
+    pub fn quota_suspended_read_only(&self) -> bool {
+        self.fstype == FsType::Ext4
+            && self
+                .mount()
+                .is_some_and(|m| m.has_option("ro") && m.has_option("prjquota"))
+    }
+
     /// Fails unless project quotas are accounted and enforced here; the error
     /// says exactly what to change.
     pub fn require_enforced_quota(&self) -> Result<()> {
         let p = self.path.display();
+        if self.quota_suspended_read_only() {
+            return Ok(());
+        }
         if let FsType::Other(_) = self.fstype {
             bail!(
                 "{p} is on {}: prjquota needs XFS (mounted with -o prjquota) or ext4 (with the project and quota features, mounted with -o prjquota); point host_volumes_dir at such a filesystem",

@@ -851,9 +851,10 @@ fn update(
 
     let kernel_ok = rec.state == State::Ready
         && reg.is_reserved(pid, id)
-        && quota::get(vfs.fd(), pid)
-            .map(|q| limits_match(&q.limits, &limits_for(bytes, params)))
-            .unwrap_or(false)
+        && (vfs.quota_suspended_read_only()
+            || quota::get(vfs.fd(), pid)
+                .map(|q| limits_match(&q.limits, &limits_for(bytes, params)))
+                .unwrap_or(false))
         && match open_volume_dir(vfs, id) {
             Ok(fd) => {
                 quota::project_of(fd.as_fd()).is_ok_and(|(p, inherit)| p == pid && inherit)

@@ -118,12 +118,28 @@ fn lock_file_within(dir: BorrowedFd<'_>, name: &str, wait: Duration) -> io::Resu
     let n = c(name);
     let deadline = Instant::now() + wait;
     loop {
-        let fd = sys::openat(
+        let fd = match sys::openat(
             dir,
             &n,
             libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK,
             0o600,
-        )?;
+        ) {
+            // A read-only filesystem (ext4 after errors=remount-ro, a
+            // remount,ro) refuses O_RDWR even on an existing file, though a
+            // restore of an unchanged volume writes nothing. flock needs no
+            // write access, so an existing lock file is opened read-only and
+            // excludes other runs as well; a missing one cannot be made, and
+            // the filesystem's error stands. Whatever the holder then tries to
+            // write fails with EROFS and names it.
+            Err(e) if e.raw_os_error() == Some(libc::EROFS) => sys::openat(
+                dir,
+                &n,
+                libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+                0,
+            )
+            .map_err(|_| e)?,
+            r => r?,
+        };
         let held = sys::fstat(fd.as_fd())?;
         if held.st_mode & libc::S_IFMT != libc::S_IFREG || held.st_uid != 0 {
             return Err(io::Error::new(

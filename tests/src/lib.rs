@@ -7,6 +7,7 @@
 //! that says so, rather than letting a test pass against the wrong kernel.
 
 pub mod child;
+pub mod dm;
 pub mod fixture;
 pub mod http;
 pub mod nomad;

@@ -55,7 +55,8 @@ pub struct Opts {
 /// The compatibility pass: what runs on 6.12 and 7.x besides the full
 /// suite on 6.1. The plugin's enforcement, resize, delete and crash paths
 /// (plugin, crash), the exporter end to end, eBPF attribution and the
-/// guard. Left out as kernel-independent or too long for every kernel:
+/// guard, and the storage faults whose handling depends on the kernel's
+/// filesystems (a failing disk, quotas off). Left out as kernel-independent or too long for every kernel:
 /// the stress and admin binaries, hostile inputs, the restore storms (3
 /// minutes each on 5.10 at 200 volumes), the streamed delete of 100,000
 /// entries (our own memory use, about a minute per kernel), the exporter
@@ -64,7 +65,8 @@ pub struct Opts {
 /// text does not depend on the kernel; together two minutes of 5.10's
 /// pass).
 pub const COMPAT_FILTER: &str = "(binary(vm_smoke) | binary(plugin) | binary(crash) | \
-     binary(exporter) | binary(exporter_ebpf) | binary(ebpf) | binary(guard) | binary(guard_pins)) - \
+     binary(exporter) | binary(exporter_ebpf) | binary(ebpf) | binary(guard) | binary(guard_pins) | \
+     (binary(faults) & (test(disk_errors) | test(quotas_off)))) - \
      test(restore_storm) - \
      test(deleting_a_directory_of_100k_entries) - \
      test(prometheus_scrapes_every_volume) - test(promtool_check_metrics)";

@@ -8,7 +8,17 @@
 //! scrape otherwise), so the series is what the next create is decided with. When that directory does not exist the ratio
 //! is unknown and its series is absent (never a made-up 1); when the file is
 //! malformed the collector fails naming it, as every create then does.
+//!
+//! Per directory it also tells whether the filesystem can take the plugin's
+//! writes (`filesystem_healthy`: 0 when it is shut down, read-only, or its
+//! probe does not answer within the timeout) and whether project quotas are
+//! enforced there (`quota_enforced`). The probe opens the directory by path
+//! at every scrape and closes it before returning: no descriptor outlives a
+//! scrape, so a filesystem unmounted and mounted again (log replay, a remount
+//! without `prjquota`) is the one reported at the next scrape. A change of
+//! either state is logged once, not at every scrape.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,6 +37,111 @@ pub struct Filesystem {
     plugin_dir: Option<PathBuf>,
     /// The ratio as last read, and the file it was read from.
     ratio: Mutex<Option<KeptRatio>>,
+    probe: ProbeFn,
+    /// Each directory's last [`Health`], to log a change once.
+    last_health: Mutex<HashMap<PathBuf, Health>>,
+}
+
+/// What a volumes directory's filesystem is fit for, as one probe saw it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Health {
+    /// Why the filesystem cannot take the plugin's writes; `None` when it can.
+    pub unhealthy: Option<String>,
+    /// Whether project quotas are enforced; `None` when the state could not
+    /// be read (the filesystem is then unhealthy, and says why).
+    pub enforced: Option<bool>,
+}
+
+pub type ProbeFn = Arc<dyn Fn(&Path) -> Health + Send + Sync>;
+
+/// The errnos of a filesystem that shut itself down: XFS answers EIO after
+/// a metadata I/O error and EUCLEAN (EFSCORRUPTED) on corruption; ext4's
+/// `errors=panic`-less shutdown answers EIO too.
+fn shut_down(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EIO | libc::EUCLEAN))
+}
+
+/// Probes the filesystem holding `dir`: open it, `fstatvfs` (read-only is
+/// `ST_RDONLY`), read one directory entry (XFS and ext4 refuse a readdir
+/// with EIO once shut down, even while statfs still answers from memory),
+/// ext4's error count, and the project-quota state (`Q_XGETQSTAT`, as the
+/// plugin does).
+/// ext4's count of errors since its last e2fsck
+/// (`/sys/fs/ext4/<device>/errors_count`); `None` on other filesystems.
+fn ext4_errors(f: &std::fs::File) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = f.metadata().ok()?.dev();
+    let node = std::fs::read_link(format!(
+        "/sys/dev/block/{}:{}",
+        libc::major(dev),
+        libc::minor(dev)
+    ))
+    .ok()?;
+    let name = node.file_name()?.to_str()?;
+    let text = std::fs::read_to_string(format!("/sys/fs/ext4/{name}/errors_count")).ok()?;
+    text.trim().parse().ok()
+}
+
+pub fn probe(dir: &Path) -> Health {
+    use std::os::fd::AsFd;
+    let why = |what: &str, e: &std::io::Error| {
+        if shut_down(e) {
+            format!("shut down ({what}: {e})")
+        } else {
+            format!("{what}: {e}")
+        }
+    };
+    let f = match std::fs::File::open(dir) {
+        Ok(f) => f,
+        Err(e) => {
+            return Health {
+                unhealthy: Some(why("open", &e)),
+                enforced: None,
+            }
+        }
+    };
+    let mut unhealthy = match nix::sys::statvfs::fstatvfs(&f) {
+        Ok(s) if s.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY) => {
+            Some("read-only".to_string())
+        }
+        Ok(_) => None,
+        Err(e) => Some(why("statfs", &std::io::Error::from_raw_os_error(e as i32))),
+    };
+    if unhealthy.is_none() {
+        let entry = std::fs::read_dir(dir).and_then(|mut d| d.next().transpose());
+        if let Err(e) = entry {
+            unhealthy = Some(why("readdir", &e));
+        }
+    }
+    // ext4 no longer sets ST_RDONLY after an error with errors=remount-ro
+    // (kernels with "ext4: don't set SB_RDONLY after filesystem errors",
+    // backported to 6.1): it refuses every change with EROFS while statfs,
+    // readdir and fsync answer as before. What it does keep is the count
+    // of errors in its superblock, which e2fsck clears.
+    if unhealthy.is_none() && ext4_errors(&f).is_some_and(|n| n > 0) {
+        unhealthy = Some(
+            "ext4 recorded errors (errors_count > 0): it refuses changes after one; unmount it and run e2fsck".into(),
+        );
+    }
+    let read_only = unhealthy
+        .as_deref()
+        .is_some_and(|u| u.starts_with("read-only"));
+    let enforced = match prjquota_core::quota::support(f.as_fd()) {
+        Ok(prjquota_core::quota::Support::Enforced) => Some(true),
+        // ext4 suspends its quotas while read-only and resumes them with
+        // the mount read-write: "off" then says nothing about the mount
+        // option, and the read-only state is reported already.
+        Ok(_) if read_only => None,
+        Ok(_) => Some(false),
+        Err(e) => {
+            unhealthy.get_or_insert_with(|| why("quota state", &e));
+            None
+        }
+    };
+    Health {
+        unhealthy,
+        enforced,
+    }
 }
 
 /// What a file is taken to be unchanged by: the same inode and ctime (which
@@ -44,12 +159,62 @@ impl Filesystem {
     }
 
     pub fn with_stat(timeout: Duration, plugin_dir: Option<PathBuf>, stat: StatFn) -> Filesystem {
+        Filesystem::with_probe(timeout, plugin_dir, stat, Arc::new(probe))
+    }
+
+    /// With another statfs and probe (tests simulate failing filesystems).
+    pub fn with_probe(
+        timeout: Duration,
+        plugin_dir: Option<PathBuf>,
+        stat: StatFn,
+        probe: ProbeFn,
+    ) -> Filesystem {
         Filesystem {
             timeout,
             inflight: InFlight::new("statfs of a volumes directory"),
             stat,
             plugin_dir,
             ratio: Mutex::default(),
+            probe,
+            last_health: Mutex::default(),
+        }
+    }
+
+    /// Logs `dir`'s health when it differs from the last scrape's.
+    fn note_health(&self, dir: &Path, h: &Health) {
+        let mut last = self.last_health.lock().unwrap_or_else(|e| e.into_inner());
+        let before = last.insert(dir.to_path_buf(), h.clone());
+        let shown = dir.display();
+        let (was_unhealthy, was_enforced) = match &before {
+            Some(b) => (b.unhealthy.clone(), b.enforced),
+            // A first probe logs only what is wrong.
+            None => (None, Some(true)),
+        };
+        if h.unhealthy != was_unhealthy {
+            match &h.unhealthy {
+                Some(reason) => crate::warn!(
+                    "volumes directory's filesystem unhealthy: volumes on it cannot be created, grown or deleted",
+                    volumes_dir = shown,
+                    reason = reason
+                ),
+                None => crate::info!(
+                    "volumes directory's filesystem healthy again",
+                    volumes_dir = shown
+                ),
+            }
+        }
+        if h.enforced.is_some() && h.enforced != was_enforced {
+            if h.enforced == Some(false) {
+                crate::warn!(
+                    "project quotas not enforced on the volumes directory's filesystem: mount it with prjquota",
+                    volumes_dir = shown
+                );
+            } else {
+                crate::info!(
+                    "project quotas enforced again on the volumes directory's filesystem",
+                    volumes_dir = shown
+                );
+            }
         }
     }
 }
@@ -141,6 +306,14 @@ impl Collector for Filesystem {
                 "nomad_host_volumes_used_bytes",
                 "Sum of the bytes the directory's Ready volumes use (their project quotas); absent when a quota could not be read.",
             );
+            let mut healthy = g(
+                "nomad_host_volumes_filesystem_healthy",
+                "1 when the filesystem holding the volumes directory takes writes; 0 when it is shut down, read-only or its probe timed out (the reason is logged).",
+            );
+            let mut enforced = g(
+                "nomad_host_volumes_quota_enforced",
+                "1 when project quotas are enforced on the filesystem holding the volumes directory, 0 when they are off or only accounted; absent when the state could not be read.",
+            );
             let mut ratio_f = g(
                 "nomad_host_volumes_overcommit_ratio",
                 "overcommit_ratio in the plugin's prjquota.toml (--plugin-dir): volumes may be promised this times the filesystem's room; absent when unknown.",
@@ -152,7 +325,7 @@ impl Collector for Filesystem {
                 let label = || vec![("volumes_dir", dir.path.display().to_string())];
                 let (stat, path) = (self.stat.clone(), dir.path.clone());
                 let key = path.display().to_string();
-                match self
+                let answered = match self
                     .inflight
                     .run(&key, self.timeout, move || stat(&path))
                     .await
@@ -165,9 +338,48 @@ impl Collector for Filesystem {
                     })) => {
                         size.labelled(label(), blocks.saturating_mul(frsize) as f64);
                         avail.labelled(label(), bavail.saturating_mul(frsize) as f64);
+                        true
                     }
-                    Ok(Err(e)) => errors.push(format!("statfs of {key}: {e}")),
-                    Err(blocked) => errors.push(format!("statfs of {key}: {blocked}")),
+                    Ok(Err(e)) => {
+                        errors.push(format!("statfs of {key}: {e}"));
+                        true
+                    }
+                    Err(blocked) => {
+                        errors.push(format!("statfs of {key}: {blocked}"));
+                        false
+                    }
+                };
+                // A statfs that did not answer leaves the probe unasked: it
+                // would block on the same filesystem.
+                let (probe, path) = (self.probe.clone(), dir.path.clone());
+                let health = match answered {
+                    true => self
+                        .inflight
+                        .run(&format!("{key} (probe)"), self.timeout, move || {
+                            probe(&path)
+                        })
+                        .await
+                        // A stable reason (not the blocked call's age), so
+                        // that it is logged once.
+                        .unwrap_or_else(|_| Health {
+                            unhealthy: Some(format!(
+                                "probe did not answer within {:?} (stuck)",
+                                self.timeout
+                            )),
+                            enforced: None,
+                        }),
+                    false => Health {
+                        unhealthy: Some(format!(
+                            "statfs did not answer within {:?} (stuck)",
+                            self.timeout
+                        )),
+                        enforced: None,
+                    },
+                };
+                self.note_health(&dir.path, &health);
+                healthy.labelled(label(), u8::from(health.unhealthy.is_none()) as f64);
+                if let Some(e) = health.enforced {
+                    enforced.labelled(label(), u8::from(e) as f64);
                 }
                 let mine = || (0..inv.volumes.len()).filter(|&i| inv.volumes[i].dir == d);
                 provisioned.labelled(
@@ -186,7 +398,7 @@ impl Collector for Filesystem {
                     ratio_f.labelled(label(), r);
                 }
             }
-            out.extend([size, avail, provisioned, used, ratio_f]);
+            out.extend([size, avail, provisioned, used, healthy, enforced, ratio_f]);
             if errors.is_empty() {
                 Ok(())
             } else {
@@ -357,6 +569,95 @@ mod tests {
             t.contains("nomad_host_volumes_filesystem_size_bytes{"),
             "{t}"
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn health_and_enforcement_follow_the_probe_per_directory() {
+        let state = Arc::new(Mutex::new(Health {
+            unhealthy: None,
+            enforced: Some(true),
+        }));
+        let seen = state.clone();
+        let probe: ProbeFn = Arc::new(move |_| seen.lock().unwrap().clone());
+        let c = Filesystem::with_probe(Duration::from_secs(5), None, stat(), probe);
+        let line = |t: &str, name: &str| {
+            t.lines()
+                .find(|l| l.starts_with(&format!("{name}{{volumes_dir=\"/srv/volumes\"}}")))
+                .map(|l| l.rsplit(' ').next().unwrap().to_string())
+        };
+        let (t, r) = text(&c, &scrape(true)).await;
+        r.unwrap();
+        assert_eq!(
+            line(&t, "nomad_host_volumes_filesystem_healthy").as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            line(&t, "nomad_host_volumes_quota_enforced").as_deref(),
+            Some("1")
+        );
+        *state.lock().unwrap() = Health {
+            unhealthy: Some("read-only".into()),
+            enforced: Some(false),
+        };
+        let (t, _) = text(&c, &scrape(true)).await;
+        assert_eq!(
+            line(&t, "nomad_host_volumes_filesystem_healthy").as_deref(),
+            Some("0")
+        );
+        assert_eq!(
+            line(&t, "nomad_host_volumes_quota_enforced").as_deref(),
+            Some("0")
+        );
+        // A state that cannot be read is absent, not a made-up 0 or 1.
+        state.lock().unwrap().enforced = None;
+        let (t, _) = text(&c, &scrape(true)).await;
+        assert_eq!(line(&t, "nomad_host_volumes_quota_enforced"), None);
+        assert_eq!(
+            line(&t, "nomad_host_volumes_filesystem_healthy").as_deref(),
+            Some("0")
+        );
+    }
+
+    /// A statfs that does not answer makes the directory unhealthy at once,
+    /// without asking the probe, which would block on the same filesystem.
+    #[tokio::test]
+    async fn a_stuck_statfs_is_unhealthy_within_the_timeout() {
+        let stuck: StatFn = Arc::new(|_| {
+            std::thread::sleep(Duration::from_millis(600));
+            Err(std::io::Error::from_raw_os_error(libc::EIO))
+        });
+        let probe: ProbeFn = Arc::new(|_| panic!("the probe is not asked while statfs is stuck"));
+        let c = Filesystem::with_probe(Duration::from_millis(100), None, stuck, probe);
+        let began = std::time::Instant::now();
+        let (t, r) = text(&c, &scrape(true)).await;
+        assert!(began.elapsed() < Duration::from_millis(500));
+        assert!(r
+            .unwrap_err()
+            .to_string()
+            .contains("statfs of /srv/volumes"));
+        assert!(
+            t.contains("nomad_host_volumes_filesystem_healthy{volumes_dir=\"/srv/volumes\"} 0\n"),
+            "{t}"
+        );
+        let h = c
+            .last_health
+            .lock()
+            .unwrap()
+            .values()
+            .next()
+            .cloned()
+            .unwrap();
+        assert!(h.unhealthy.unwrap().contains("stuck"));
+    }
+
+    #[test]
+    fn the_probe_of_a_writable_directory_says_healthy() {
+        let dir = scratch("probe", None);
+        let h = probe(&dir);
+        assert_eq!(h.unhealthy, None, "{h:?}");
+        let gone = probe(&dir.join("missing"));
+        assert!(gone.unhealthy.unwrap().starts_with("open:"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

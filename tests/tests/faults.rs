@@ -1,0 +1,356 @@
+//! Storage faults (issue 36): a disk that errors, stalls, fills or goes
+//! read-only, and a filesystem mounted without `prjquota`. Each test puts a
+//! filesystem of its own on device-mapper ([`DmDisk`]), makes a volume with
+//! data, starts the exporter on it and on an unaffected directory of the
+//! shared filesystem, injects the fault, and checks what the plugin answers,
+//! what the exporter shows, and that the volume's data and limit survive the
+//! recovery.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use prjquota_vmtests::dm::DmDisk;
+use prjquota_vmtests::fixture::{fill, Fixture, FsCase, MIB, XFS};
+use prjquota_vmtests::nomad::{Outcome, Spec};
+use prjquota_vmtests::on_every_fs;
+use prjquota_vmtests::prom::{Exporter, Exposition};
+
+/// Nomad kills a plugin after this long.
+const NOMAD_DEADLINE: Duration = Duration::from_secs(60);
+/// The longest a scrape may take under any fault.
+const SCRAPE_BOUND: Duration = Duration::from_secs(10);
+/// mkfs.xfs refuses filesystems below 300 MiB; the image is sparse.
+const DISK: u64 = 512 * MIB;
+const VOLUME: i64 = 64 * MIB as i64;
+
+struct Setup {
+    disk: DmDisk,
+    fx: Fixture,
+    spec: Spec,
+    path: PathBuf,
+    bytes: i64,
+    data: Vec<u8>,
+    /// A volumes directory on the shared filesystem, which no fault touches.
+    other: Fixture,
+    exporter: Exporter,
+}
+
+/// A megabyte no two runs share, so a stale file cannot pass for it.
+fn pattern() -> Vec<u8> {
+    let seed: String = prjquota_vmtests::nomad::uuid()
+        .chars()
+        .filter(char::is_ascii_hexdigit)
+        .take(12)
+        .collect();
+    let mut x = u64::from_str_radix(&seed, 16).unwrap() | 1;
+    (0..MIB)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn setup(case: &FsCase, tag: &str) -> Setup {
+    let disk = DmDisk::new(case, tag, DISK);
+    let fx = disk.fixture(tag);
+    // Admission as on a production node: promise no more than the disk.
+    fx.set_overcommit_ratio(1.0);
+    let spec = Spec::new(tag, VOLUME);
+    let (path, bytes) = fx.create(&spec);
+    let data = pattern();
+    std::fs::write(path.join("data"), &data).unwrap();
+    prjquota_vmtests::sh("sync");
+    let other = XFS.fixture(&format!("{tag}-other"));
+    other.create(&Spec::new("bystander", VOLUME));
+    let exporter = Exporter::start(&[&fx.node.volumes_dir, &other.node.volumes_dir]);
+    let s = Setup {
+        disk,
+        fx,
+        spec,
+        path,
+        bytes,
+        data,
+        other,
+        exporter,
+    };
+    s.wait_for(
+        &s.fx.node.volumes_dir,
+        Some(1.0),
+        Some(1.0),
+        "before the fault",
+    );
+    s
+}
+
+impl Setup {
+    /// One scrape, which must answer within [`SCRAPE_BOUND`].
+    fn scrape(&self) -> Exposition {
+        let (text, took) = self.exporter.scrape_text();
+        assert!(
+            took < SCRAPE_BOUND,
+            "a scrape took {took:?} under the fault\n{}",
+            self.exporter.log()
+        );
+        Exposition::parse(&text)
+    }
+
+    /// (healthy, quota_enforced) of `dir` in one scrape.
+    fn state(&self, dir: &Path) -> (Option<f64>, Option<f64>) {
+        let e = self.scrape();
+        let l = dir.display().to_string();
+        let labels = [("volumes_dir", l.as_str())];
+        (
+            e.get("nomad_host_volumes_filesystem_healthy", &labels),
+            e.get("nomad_host_volumes_quota_enforced", &labels),
+        )
+    }
+
+    /// Scrapes until `dir` shows `healthy` and `enforced` (`None`: any),
+    /// at most 15 s; the other directory must stay healthy throughout.
+    fn wait_for(&self, dir: &Path, healthy: Option<f64>, enforced: Option<f64>, when: &str) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let (h, q) = self.state(dir);
+            let other = self.state(&self.other.node.volumes_dir);
+            assert_eq!(
+                other,
+                (Some(1.0), Some(1.0)),
+                "the unaffected directory {when}"
+            );
+            if healthy.is_none_or(|w| h == Some(w)) && enforced.is_none_or(|w| q == Some(w)) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{when}: healthy {h:?}, quota_enforced {q:?}, wanted {healthy:?}, {enforced:?}\n{}",
+                self.exporter.log()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// A plugin run that must answer within Nomad's deadline.
+    fn timely(&self, what: &str, o: Outcome) -> Outcome {
+        assert!(
+            !o.killed && o.elapsed < NOMAD_DEADLINE,
+            "{what} took {:?} (killed: {})",
+            o.elapsed,
+            o.killed
+        );
+        o
+    }
+
+    fn restore(&self) -> Outcome {
+        self.timely("restore", self.fx.node.create(&self.spec))
+    }
+
+    /// The volume is restored with its data and limit: the kernel's limit
+    /// (the quota witness) is what Nomad was told.
+    fn assert_intact(&self, when: &str) {
+        let (path, bytes) = self.restore().created();
+        assert_eq!((path.as_path(), bytes), (self.path.as_path(), self.bytes));
+        let data = std::fs::read(self.path.join("data"))
+            .unwrap_or_else(|e| panic!("{when}: read the volume's data: {e}"));
+        assert!(data == self.data, "{when}: the volume's data changed");
+        let pid = self.fx.project_id(&self.spec.id);
+        assert_eq!(
+            self.fx.quota(pid).limits.bytes_hard,
+            self.bytes as u64,
+            "{when}: the kernel's limit"
+        );
+    }
+}
+
+/// An error that names the cause, in Nomad's `{"error"}` form.
+fn refused(o: &Outcome, names: &[&str]) -> String {
+    let e = o.error();
+    assert!(
+        names.iter().any(|n| e.contains(n)),
+        "the error names none of {names:?}: {e}"
+    );
+    e
+}
+
+/// Every I/O fails: XFS shuts down, ext4 remounts read-only. Every call
+/// answers in time with a clean error, a delete never reports success, the
+/// exporter says the filesystem is unhealthy and keeps answering; after the
+/// disk heals and the filesystem is mounted again (log replay), the volume
+/// is restored with its data, and the exporter reports it again without a
+/// restart.
+fn disk_errors(case: &FsCase) {
+    let s = setup(case, "error");
+    s.disk.fail();
+    let o = s.timely("create", s.fx.node.create(&Spec::new("new", VOLUME)));
+    refused(&o, &["Input/output error", "Read-only file system", "shut"]);
+    let o = s.timely("delete", s.fx.node.delete(&s.spec));
+    refused(&o, &["Input/output error", "Read-only file system", "shut"]);
+    // A restore may fail (the filesystem cannot be read), but in time and
+    // cleanly: one JSON value either way.
+    let o = s.restore();
+    let _ = o.json();
+    s.wait_for(
+        &s.fx.node.volumes_dir,
+        Some(0.0),
+        None,
+        "on the failed disk",
+    );
+    s.exporter
+        .wait_for_line("filesystem unhealthy", Duration::from_secs(5));
+
+    s.disk.heal_and_remount();
+    s.assert_intact("after the disk healed");
+    s.wait_for(
+        &s.fx.node.volumes_dir,
+        Some(1.0),
+        Some(1.0),
+        "after recovery",
+    );
+    s.exporter
+        .wait_for_line("filesystem healthy again", Duration::from_secs(5));
+    assert_eq!(
+        s.exporter.log().matches("filesystem unhealthy").count(),
+        1,
+        "one log line per change, not per scrape\n{}",
+        s.exporter.log()
+    );
+    // The volume can be deleted once the disk is back.
+    s.fx.node.delete(&s.spec).ok();
+}
+
+/// `mount -o remount,ro`: a restore of the unchanged volume succeeds (it
+/// writes nothing); a create, a grow and a delete fail naming the cause.
+fn read_only(case: &FsCase) {
+    let s = setup(case, "ro");
+    s.disk.remount_ro(true);
+    // ext4 suspends its quotas while read-only: the state is absent then,
+    // never a 0 that would page about quotas nobody turned off.
+    s.wait_for(&s.fx.node.volumes_dir, Some(0.0), None, "read-only");
+    assert_ne!(s.state(&s.fx.node.volumes_dir).1, Some(0.0));
+    let (path, bytes) = s.restore().created();
+    assert_eq!((path.as_path(), bytes), (s.path.as_path(), s.bytes));
+    let o = s.timely("create", s.fx.node.create(&Spec::new("new", VOLUME)));
+    refused(&o, &["Read-only file system"]);
+    let mut grown = s.spec.clone();
+    grown.max = 2 * VOLUME;
+    grown.min = 2 * VOLUME;
+    let o = s.timely("grow", s.fx.node.create(&grown));
+    refused(&o, &["Read-only file system"]);
+    let o = s.timely("delete", s.fx.node.delete(&s.spec));
+    refused(&o, &["Read-only file system"]);
+    s.disk.remount_ro(false);
+    s.wait_for(
+        &s.fx.node.volumes_dir,
+        Some(1.0),
+        Some(1.0),
+        "read-write again",
+    );
+    s.assert_intact("after read-only");
+}
+
+/// Mounted again without `prjquota`: every create and restore is refused
+/// naming the mount option, and the exporter says quotas are not enforced.
+fn quotas_off(case: &FsCase) {
+    let s = setup(case, "noquota");
+    s.disk.umount();
+    s.disk.mount_with(false);
+    s.wait_for(
+        &s.fx.node.volumes_dir,
+        Some(1.0),
+        Some(0.0),
+        "without prjquota",
+    );
+    s.exporter
+        .wait_for_line("project quotas not enforced", Duration::from_secs(5));
+    let o = s.timely("create", s.fx.node.create(&Spec::new("new", VOLUME)));
+    refused(&o, &["prjquota"]);
+    refused(&s.restore(), &["prjquota"]);
+    s.disk.umount();
+    s.disk.mount_with(true);
+    s.wait_for(
+        &s.fx.node.volumes_dir,
+        Some(1.0),
+        Some(1.0),
+        "with prjquota again",
+    );
+    s.assert_intact("after quotas came back");
+}
+
+/// The filesystem fills outside any volume: a new create is refused by
+/// admission naming the space, a restore succeeds, and no quota hit is
+/// counted for the volume.
+fn full_outside_volumes(case: &FsCase) {
+    let s = setup(case, "full");
+    let filler = s.disk.path().join("filler");
+    let f = fill(&filler, DISK, None);
+    assert_eq!(f.errno, Some(libc::ENOSPC), "the filler filled the disk");
+    let o = s.timely("create", s.fx.node.create(&Spec::new("new", VOLUME)));
+    refused(&o, &["not enough space", "No space left"]);
+    s.assert_intact("on a full disk");
+    let e = s.scrape();
+    let id = s.spec.id.clone();
+    let hits: f64 = e
+        .find(
+            "nomad_host_volume_quota_limit_hits_total",
+            &[("volume_id", &id)],
+        )
+        .map(|x| x.value)
+        .sum();
+    assert_eq!(hits, 0.0, "a full disk counted as the volume's quota hit");
+    std::fs::remove_file(&filler).unwrap();
+}
+
+/// The device stalls (`dmsetup suspend`): scrapes keep answering within
+/// 10 s; after the resume the directory's stats come back without a
+/// restart, and the volume restores.
+fn stall(case: &FsCase) {
+    let s = setup(case, "stall");
+    s.disk.suspend();
+    // A writer that the stall holds, so the filesystem has I/O queued.
+    let held = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "dd if=/dev/zero of={} bs=1M count=4 oflag=direct 2>/dev/null",
+            s.path.join("stalled").display()
+        ))
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(15);
+    let mut scrapes = 0;
+    while Instant::now() < until {
+        s.scrape();
+        scrapes += 1;
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    eprintln!("MEASURE faults_stalled_scrapes {scrapes}");
+    s.disk.resume();
+    let mut held = held;
+    held.wait().unwrap();
+    s.wait_for(
+        &s.fx.node.volumes_dir,
+        Some(1.0),
+        Some(1.0),
+        "after the resume",
+    );
+    let l = s.fx.node.volumes_dir.display().to_string();
+    assert!(
+        s.scrape()
+            .get(
+                "nomad_host_volumes_filesystem_size_bytes",
+                &[("volumes_dir", l.as_str())]
+            )
+            .is_some(),
+        "the directory's stats came back"
+    );
+    s.assert_intact("after the stall");
+}
+
+on_every_fs!(
+    disk_errors,
+    read_only,
+    quotas_off,
+    full_outside_volumes,
+    stall
+);
