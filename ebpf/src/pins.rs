@@ -310,28 +310,6 @@ pub fn remove_for(root: &Path, volumes_dirs: &[PathBuf]) -> io::Result<Removed> 
 mod tests {
     use super::*;
 
-    #[test]
-    fn paths_escape_as_systemd_escape_does() {
-        // As `systemd-escape --path` gives them, but for dots.
-        assert_eq!(
-            escape_path(Path::new("/opt/nomad/data/host_volumes")),
-            "opt-nomad-data-host_volumes"
-        );
-        assert_eq!(escape_path(Path::new("/")), "-");
-        assert_eq!(escape_path(Path::new("/a//b/")), "a-b");
-        assert_eq!(
-            escape_path(Path::new("/.hidden/x-y z")),
-            "\\x2ehidden-x\\x2dy\\x20z"
-        );
-        // Dots too (bpffs refuses them), unlike systemd-escape.
-        assert_eq!(escape_path(Path::new("/v/a.b:c")), "v-a\\x2eb:c");
-        assert!(!escape_path(Path::new("/srv/x.y/.z.")).contains('.'));
-        assert_ne!(
-            escape_path(Path::new("/a-b")),
-            escape_path(Path::new("/a/b"))
-        );
-    }
-
     /// The directory logic on a plain filesystem (bpffs only matters for
     /// what is pinned in it): swaps, what is removed and what is kept.
     #[test]
