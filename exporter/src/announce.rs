@@ -95,9 +95,13 @@ pub fn start(exporter: Arc<Exporter>, dirs: &[PathBuf]) {
     tokio::spawn(register_loop(exporter.clone(), rx));
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     for (i, dir) in dirs.iter().enumerate() {
+        // Bound before start() returns: a create that announces right after
+        // the exporter started finds the socket (and waits for the warm-up).
+        let first = bind(dir);
         tokio::spawn(listen(
             i,
             dir.clone(),
+            first,
             exporter.clone(),
             tx.clone(),
             permits.clone(),
@@ -113,13 +117,15 @@ const REBIND_EVERY: Duration = Duration::from_secs(5);
 async fn listen(
     i: usize,
     dir: PathBuf,
+    first: std::io::Result<UnixListener>,
     exporter: Arc<Exporter>,
     tx: mpsc::UnboundedSender<Waiter>,
     permits: Arc<Semaphore>,
 ) {
     let mut logged = false;
+    let mut attempt = Some(first);
     let listener = loop {
-        match bind(&dir) {
+        match attempt.take().unwrap_or_else(|| bind(&dir)) {
             Ok(listener) => break listener,
             Err(e) => {
                 if !logged {
