@@ -68,6 +68,14 @@ pub fn records_dir(volumes_dir: &Path) -> PathBuf {
 /// Records are a few hundred bytes; a larger file is not a record.
 pub const MAX_RECORD_BYTES: u64 = 1 << 20;
 
+/// The volume ID a file of the records directory is the record of: `<ID>.json`,
+/// not a temp file of a record being written (`.<ID>.json…`).
+pub fn record_stem(name: &std::ffi::OsStr) -> Option<&str> {
+    name.to_str()
+        .and_then(|n| n.strip_suffix(".json"))
+        .filter(|stem| !stem.starts_with('.'))
+}
+
 /// Reads one record file's content, at most [`MAX_RECORD_BYTES`] of it, and
 /// checks it with [`parse_record_bytes`]. The plugin and the exporter open
 /// the file each their own way (the exporter refuses FIFOs and caches per
@@ -102,4 +110,18 @@ pub fn parse_record_bytes(body: &[u8], expected_id: &str) -> Result<Record> {
         );
     }
     Ok(rec)
+}
+
+#[cfg(test)]
+mod record_stem_tests {
+    use super::record_stem;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn records_are_id_dot_json_and_temp_files_are_not() {
+        assert_eq!(record_stem(OsStr::new("a.json")), Some("a"));
+        assert_eq!(record_stem(OsStr::new(".a.json")), None);
+        assert_eq!(record_stem(OsStr::new("a.json.tmp")), None);
+        assert_eq!(record_stem(OsStr::new("a")), None);
+    }
 }

@@ -308,12 +308,9 @@ fn list<'a>(volumes_dir: &Path, cache: &'a mut DirCache) -> io::Result<&'a [Entr
     for entry in fs::read_dir(&registry)? {
         let entry = entry?;
         let name = entry.file_name();
-        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
+        let Some(stem) = record::record_stem(&name) else {
             continue;
         };
-        if stem.starts_with('.') {
-            continue;
-        }
         let f = match fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)

@@ -254,12 +254,9 @@ fn scan(cache: &mut DirCache, index: usize, volumes_dir: &Path) -> io::Result<Sn
         for entry in fs::read_dir(&registry)? {
             let entry = entry?;
             let name = entry.file_name();
-            let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
+            let Some(stem) = record::record_stem(&name) else {
                 continue;
             };
-            if stem.starts_with('.') {
-                continue; // a temp file of a record being written
-            }
             // lstat: a symlink is not a record.
             let m = match entry.metadata() {
                 Ok(m) => m,
