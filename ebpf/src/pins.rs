@@ -207,22 +207,66 @@ fn pointed_at(root: &Path) -> io::Result<BTreeSet<PathBuf>> {
 /// Unlinks a pin directory's pins, the links first (the programs stop),
 /// then the maps, then the directory. Returns how many pins went.
 pub fn remove_dir(dir: &Path) -> io::Result<usize> {
+    remove_dir_programs(dir).map(|(n, _)| n)
+}
+
+/// [`remove_dir`], and the kernel IDs of the programs its link pins held.
+fn remove_dir_programs(dir: &Path) -> io::Result<(usize, Vec<u32>)> {
     let mut names: Vec<PathBuf> = fs::read_dir(dir)
         .map_err(|e| ctx(dir, "cannot list", e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .collect();
     // Links before maps.
-    names.sort_by_key(|p| {
-        !p.file_name()
-            .is_some_and(|n| n.as_bytes().starts_with(LINK_PREFIX.as_bytes()))
-    });
+    names.sort_by_key(|p| !is_link_pin(p));
     let mut n = 0;
+    let mut programs = Vec::new();
     for p in &names {
+        if is_link_pin(p) {
+            programs.extend(program_of_link(p));
+        }
         fs::remove_file(p).map_err(|e| ctx(p, "cannot unpin", e))?;
         n += 1;
     }
     fs::remove_dir(dir).map_err(|e| ctx(dir, "cannot remove", e))?;
-    Ok(n)
+    Ok((n, programs))
+}
+
+fn is_link_pin(p: &Path) -> bool {
+    p.file_name()
+        .is_some_and(|n| n.as_bytes().starts_with(LINK_PREFIX.as_bytes()))
+}
+
+/// The kernel ID of the program a pinned link attaches (the descriptor is
+/// closed again before the pin goes, or it would keep the link alive).
+fn program_of_link(pin: &Path) -> Option<u32> {
+    let link =
+        aya::programs::links::FdLink::from(aya::programs::links::PinnedLink::from_pin(pin).ok()?);
+    link.info().ok().map(|i| i.program_id())
+}
+
+/// How long `--guard=off` waits for the kernel to detach what it unpinned.
+const DETACH_WAIT: Duration = Duration::from_secs(10);
+
+/// Waits until none of `programs` is loaded any more. The kernel frees a
+/// link whose last pin went from a workqueue, and detaches its program only
+/// then: until this returns, the old guard may still refuse changes.
+/// Returns the programs still loaded at the deadline.
+fn wait_unloaded(programs: &[u32], deadline: Duration) -> Vec<u32> {
+    let start = std::time::Instant::now();
+    loop {
+        let loaded: BTreeSet<u32> = aya::programs::loaded_programs()
+            .filter_map(|p| p.ok().map(|p| p.id()))
+            .collect();
+        let left: Vec<u32> = programs
+            .iter()
+            .copied()
+            .filter(|id| loaded.contains(id))
+            .collect();
+        if left.is_empty() || start.elapsed() >= deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Whether `dir` is a pin directory directly under `root`.
@@ -276,7 +320,8 @@ pub fn remove_unused(root: &Path, candidates: &[PathBuf], keep: &Path) -> io::Re
 }
 
 /// `--guard=off`: removes the symlinks of `volumes_dirs` and the pin
-/// directories no other symlink points at: the guard stops.
+/// directories no other symlink points at, and returns once the kernel has
+/// detached their programs: the guard has stopped.
 pub fn remove_for(root: &Path, volumes_dirs: &[PathBuf]) -> io::Result<Removed> {
     if !root.exists() {
         return Ok(Vec::new());
@@ -295,13 +340,23 @@ pub fn remove_for(root: &Path, volumes_dirs: &[PathBuf]) -> io::Result<Removed> 
     }
     let used = pointed_at(root)?;
     let mut removed = Vec::new();
+    let mut programs = Vec::new();
     targets.sort();
     targets.dedup();
     for t in targets {
         if is_pin_dir(root, &t) && !used.contains(&t) && t.exists() {
-            let n = remove_dir(&t)?;
+            let (n, p) = remove_dir_programs(&t)?;
+            programs.extend(p);
             removed.push((t, n));
         }
+    }
+    let left = wait_unloaded(&programs, DETACH_WAIT);
+    if !left.is_empty() {
+        return Err(io::Error::other(format!(
+            "unpinned the guard, but the kernel still has its programs {left:?} loaded after {}s; \
+             see `bpftool prog show` for what holds them",
+            DETACH_WAIT.as_secs()
+        )));
     }
     Ok(removed)
 }
