@@ -59,9 +59,11 @@
  * The volume of an inode: walk d_parent from the inode's own dentry (the
  * root's own attributes matter most) up to GUARD_MAX_DEPTH dentries, with
  * bpf_loop, to the first registered (dev, ino); a device without roots is
- * skipped after one lookup. Past the limit on a volume device the guard
- * cannot tell the volume: it treats every FS_IOC_FSSETXATTR and every
- * PROJINHERIT-less directory request there as an attempt (fail closed).
+ * skipped after one lookup. Past the limit on a volume device, or from a
+ * disconnected dentry (one a file handle opened, whose path is not known)
+ * the guard cannot tell the volume: it treats every FS_IOC_FSSETXATTR and
+ * every PROJINHERIT-less directory request there as an attempt (fail
+ * closed).
  *
  * Known gaps, documented in src/guard.rs: the LSM reads user memory that
  * another thread may change before the kernel copies it (then the fexit
@@ -240,7 +242,12 @@ static long walk_step(__u32 i, void *data)
 	}
 	up = BPF_CORE_READ(d, d_parent);
 	if (!up || (__u64)up == w->dentry) {
-		w->where = WHERE_OUTSIDE;
+		/* Only the filesystem's root is outside every volume. A
+		 * disconnected dentry (open_by_handle_at, NFS export) is its own
+		 * parent too, but its volume is unknown: WHERE_WALK_LIMIT
+		 * stays, and the attempt is judged fail-closed. */
+		if (up && (__u64)BPF_CORE_READ(d, d_sb, s_root) == w->dentry)
+			w->where = WHERE_OUTSIDE;
 		return 1;
 	}
 	w->dentry = (__u64)up;

@@ -44,7 +44,7 @@
 /* guard_event.where */
 #define GUARD_WHERE_OUTSIDE 1    /* outside every volume root, on a volume device */
 #define GUARD_WHERE_VOLUME 2     /* at or below a volume root */
-#define GUARD_WHERE_WALK_LIMIT 3 /* no volume root within GUARD_MAX_DEPTH */
+#define GUARD_WHERE_WALK_LIMIT 3 /* volume unknown: no root within GUARD_MAX_DEPTH, or a disconnected dentry */
 
 /* Key of the `guard_roots` map: a directory as the kernel names it, for
  * the life of the filesystem (an inode number alone is reused). 24 bytes. */

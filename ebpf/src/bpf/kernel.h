@@ -20,9 +20,12 @@
 /* Only ever a pointer here (bpf_get_current_task_btf). */
 struct task_struct;
 
+struct dentry;
+
 struct super_block {
 	__u32 s_dev; /* dev_t: MKDEV(major, minor) = major << 20 | minor */
 	unsigned long s_magic;
+	struct dentry *s_root;
 } __core;
 
 struct inode {

@@ -438,7 +438,7 @@ fn counter_families(scrape: &Scrape, c: &GuardCounters) -> Vec<Family> {
     }
     let mut unattributed = Family::counter(
         "prjquota_exporter_guard_unattributed_attempts_total",
-        "Project-ID changes on a volume filesystem too deep below its root for the guard to tell the volume (treated as attempts), by result.",
+        "Project-ID changes on a volume filesystem where the guard cannot tell the volume (too deep below the root, or through a file handle with no path: open_by_handle_at), treated as attempts, by result.",
     );
     unattributed.labelled(
         vec![("result", "allowed".into())],
