@@ -77,6 +77,13 @@ fn main() -> ExitCode {
         eprintln!("{USAGE}");
         return ExitCode::from(2);
     };
+    // `cargo xtask test --help`: the usage, whatever the command (the
+    // options of all of them are on one page).
+    let mut before_dashes = rest.iter().take_while(|a| a.as_str() != "--");
+    if before_dashes.any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     let result = match command.as_str() {
         "deps" => deps::main(rest),
         "vm" => vm::main(rest),
