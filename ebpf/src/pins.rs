@@ -86,6 +86,16 @@ pub fn ensure_root(root: &Path) -> io::Result<()> {
             )
         })?;
     }
+    // A missing root is made only on bpffs: a mistyped --guard.pin-root
+    // leaves nothing behind on another filesystem.
+    let on = if root.exists() { root } else { parent };
+    if fs_type(on)? != BPF_FS_MAGIC {
+        return Err(io::Error::other(format!(
+            "{} is not on a bpf filesystem: mount one (mount -t bpf bpf /sys/fs/bpf) or give \
+             --guard.pin-root on one",
+            root.display()
+        )));
+    }
     match fs::DirBuilder::new().mode(0o700).create(root) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}

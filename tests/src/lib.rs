@@ -22,6 +22,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 /// An environment variable set by the VM runner, or a panic explaining how to
 /// get it.
+/// Debian's own Python, which every user may run (not a per-user install
+/// that may come first on root's PATH).
+pub const PYTHON: &str = "/usr/bin/python3";
+
 pub fn vm_env(name: &str) -> String {
     match std::env::var(name) {
         Ok(v) if !v.is_empty() => v,

@@ -35,11 +35,12 @@ use prjquota_ebpf::guard::{
     bpf_lsm_active, root_identity, EventSource, Guard, GuardCounters, GuardEvent, GuardMode,
     Outcome, Outcomes, Place,
 };
+use prjquota_vmtests::dm::DmDisk;
 use prjquota_vmtests::fixture::{fill, Fixture, FsCase, MIB};
 use prjquota_vmtests::nomad::Spec;
 use prjquota_vmtests::pinned;
-use prjquota_vmtests::prom::Exporter;
-use prjquota_vmtests::{on_every_fs, scratch_dir};
+use prjquota_vmtests::prom::{command, run_to_refusal, Exporter};
+use prjquota_vmtests::{on_every_fs, scratch_dir, PYTHON};
 
 on_every_fs!(
     detect_counts_escapes_as_allowed_and_the_kernel_refusals_as_denied,
@@ -49,6 +50,7 @@ on_every_fs!(
     a_reused_inode_number_does_not_inherit_a_deleted_root,
     a_file_outside_the_volumes_cannot_take_a_volume_project,
     the_sync_timer_re_tags_a_root_changed_behind_its_back,
+    a_file_opened_by_handle_is_judged_fail_closed,
 );
 
 /// The file owner of the tests: a plain user of the host.
@@ -169,7 +171,10 @@ struct Volume {
 
 impl Volume {
     fn new(fs: &FsCase, tag: &str) -> Volume {
-        let f = fs.fixture(tag);
+        Volume::in_fixture(fs.fixture(tag), tag)
+    }
+
+    fn in_fixture(f: Fixture, tag: &str) -> Volume {
         let owner = OWNER.to_string();
         let spec = Spec::new(tag, 64 * MIB as i64)
             .param("uid", &owner)
@@ -1160,4 +1165,139 @@ fn the_sync_timer_re_tags_a_root_changed_behind_its_back(fs: &FsCase) {
         "{log}"
     );
     drop(exp);
+}
+
+/// Opens argv[1] by file handle (through the mount argv[2]) after the
+/// dentry cache was dropped, so that the file's dentry is disconnected
+/// (its own parent, not the filesystem's root); then, as uid argv[3] with
+/// no capability, sets its project ID to argv[4]. Prints the errno (0: the
+/// change went through).
+const BY_HANDLE: &str = r#"
+import ctypes, fcntl, os, struct, sys
+path, mount, uid, projid = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+libc = ctypes.CDLL(None, use_errno=True)
+class Handle(ctypes.Structure):
+    _fields_ = [("bytes", ctypes.c_uint), ("type", ctypes.c_int), ("f", ctypes.c_ubyte * 128)]
+h = Handle(bytes=128)
+mount_id = ctypes.c_int()
+if libc.name_to_handle_at(-100, path.encode(), ctypes.byref(h), ctypes.byref(mount_id), 0):
+    sys.exit("name_to_handle_at: errno %d" % ctypes.get_errno())
+os.sync()
+with open("/proc/sys/vm/drop_caches", "w") as f:
+    f.write("2")
+mfd = os.open(mount, os.O_RDONLY | os.O_DIRECTORY)
+fd = libc.open_by_handle_at(mfd, ctypes.byref(h), os.O_RDONLY)
+if fd < 0:
+    sys.exit("open_by_handle_at: errno %d" % ctypes.get_errno())
+os.setgroups([])
+os.setresgid(uid, uid, uid)
+os.setresuid(uid, uid, uid)
+a = bytearray(fcntl.ioctl(fd, 0x801C581F, bytes(28)))  # FS_IOC_FSGETXATTR
+struct.pack_into("I", a, 12, projid)
+try:
+    fcntl.ioctl(fd, 0x401C5820, bytes(a))  # FS_IOC_FSSETXATTR
+    print(0)
+except OSError as e:
+    print(e.errno)
+"#;
+
+/// A volume's file opened by handle (open_by_handle_at, as an NFS server
+/// or a process with CAP_DAC_READ_SEARCH does) has a disconnected dentry:
+/// the guard cannot tell its volume and refuses its owner's change as an
+/// unattributed attempt, never taking the file for one outside every
+/// volume (where project 0 is anyone's to set).
+fn a_file_opened_by_handle_is_judged_fail_closed(fs: &FsCase) {
+    // A filesystem of its own: every guard on a device counts the
+    // unattributed attempts made on it, and other tests' guards on the
+    // shared mounts expect none.
+    let disk = DmDisk::new(fs, "guard-handle", 400 * MIB);
+    let v = Volume::in_fixture(disk.fixture("guard-handle"), "guard-handle");
+    let mut g = load(GuardMode::Enforce);
+    g.set_roots(&[v.root()]).unwrap();
+    let used = v.used();
+    let data = v.path.join("data");
+    let out = Command::new(PYTHON)
+        .args(["-c", BY_HANDLE])
+        .arg(&data)
+        .arg(disk.path())
+        .args([OWNER.to_string(), "0".into()])
+        .output()
+        .expect("run python3");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}: by handle: {}{said}",
+        fs.name,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        said.trim(),
+        libc::EPERM.to_string(),
+        "{}: the owner's chproj 0 through a file handle (0: it went through)",
+        fs.name
+    );
+    assert_eq!(Fixture::project_of(&data), (v.projid, false));
+    assert_eq!(v.used(), used);
+    let c = g.read().unwrap();
+    assert_eq!(c.walk_limit, outcomes(0, 1), "{}: {c:?}", fs.name);
+}
+
+/// Pins the exporter cannot make (its pin root on a filesystem that is not
+/// bpffs) would cost the guard its life beyond the exporter. Under enforce
+/// the exporter refuses to start, naming the pin root and the fix; under
+/// detect it says so (an error line, `prjquota_exporter_guard_pinned 0`:
+/// the PrjquotaExporterGuardNotPinned alert's input) and counts while it
+/// runs.
+#[test]
+fn a_guard_that_cannot_pin_refuses_to_enforce_and_says_so() {
+    let v = Volume::new(&prjquota_vmtests::fixture::XFS, "guard-unpinned");
+    let not_bpffs = scratch_dir(&prjquota_vmtests::xfs_mount(), "guard-pin-root-not-bpffs");
+    let pin_root = not_bpffs.join("pins");
+    let pin_arg = pin_root.to_str().expect("a UTF-8 path");
+    let dirs = [v.f.node.volumes_dir.as_path()];
+
+    let (status, err) = run_to_refusal(
+        command(
+            &dirs,
+            &["--guard=enforce", "--ebpf=off", "--guard.pin-root", pin_arg],
+            false,
+        ),
+        "--guard=enforce and a pin root off bpffs",
+    );
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.lines().any(|l| l.contains("msg=exiting")
+            && l.contains("could not be pinned")
+            && l.contains(pin_arg)
+            && l.contains("--guard.pin-root")),
+        "{err}"
+    );
+    let data = open(&v.path.join("data"));
+    let (_, r) = chproj_as(Who::User(OWNER), &data, v.projid);
+    assert_eq!(r, Ok(()), "an owner setting the volume's own ID");
+
+    let exp = Exporter::start_with(
+        &dirs,
+        &["--guard=detect", "--ebpf=off", "--guard.pin-root", pin_arg],
+    );
+    let log = exp.log();
+    assert!(
+        log.lines().any(|l| l.contains("level=error")
+            && l.contains("could not be pinned")
+            && l.contains(pin_arg)),
+        "{log}"
+    );
+    let e = exp.scrape();
+    assert_eq!(
+        e.value("prjquota_exporter_guard_pinned", &[]),
+        0.0,
+        "{}",
+        e.text
+    );
+    assert!(
+        !pin_root.exists(),
+        "nothing is made in a pin root off bpffs"
+    );
+    drop(exp);
+    fs::remove_dir_all(&not_bpffs).unwrap();
 }

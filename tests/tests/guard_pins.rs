@@ -17,7 +17,7 @@ use prjquota_vmtests::fixture::{writable, Fixture, FsCase, MIB};
 use prjquota_vmtests::nomad::{run_plugin_with, Spec, TEST_DEADLINE};
 use prjquota_vmtests::pins::HandPins;
 use prjquota_vmtests::prom::Exporter;
-use prjquota_vmtests::{fault_bin, on_every_fs};
+use prjquota_vmtests::{fault_bin, on_every_fs, PYTHON};
 
 on_every_fs!(
     a_create_guards_its_root_before_it_returns,
@@ -134,10 +134,6 @@ enum Squatter {
     /// Root without CAP_SYS_ADMIN answering `ok` to everything at once.
     RootAnsweringOk,
 }
-
-/// Debian's own Python, which every user may run (not a per-user install
-/// that may come first on root's PATH).
-const PYTHON: &str = "/usr/bin/python3";
 
 const SQUAT: &str = r#"
 import socket, sys, time
