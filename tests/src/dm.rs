@@ -61,8 +61,10 @@ impl DmDisk {
             sectors: size / 512,
         };
         sh(&format!(
-            "set -e; dmsetup create {n} --table '{t}'; udevadm settle 2>/dev/null || true; \
-             {mkfs} {dev} >/dev/null",
+            // One dmsetup create at a time: the first ones of a boot race
+            // to make /dev/mapper/control ("mknod failed: File exists").
+            "set -e; flock /tmp/prjquota-dmsetup.lock dmsetup create {n} --table '{t}'; \
+             udevadm settle 2>/dev/null || true; {mkfs} {dev} >/dev/null",
             n = disk.name,
             t = disk.linear(),
             dev = disk.dev()

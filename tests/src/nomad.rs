@@ -232,6 +232,16 @@ impl Node {
         prjquota::ops::delete(&req)
     }
 
+    /// Starts a create and returns at once (its output discarded): for a
+    /// test that kills it as Nomad's deadline does.
+    pub fn spawn_create(&self, spec: &Spec) -> std::process::Child {
+        plugin_command(&self.plugin, "create", &self.create_vars(spec), &[])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the plugin")
+    }
+
     pub fn delete(&self, spec: &Spec) -> Outcome {
         let path = self.volumes_dir.join(&spec.id);
         self.run("delete", &self.delete_vars(spec, &path))
@@ -280,18 +290,8 @@ pub fn run_plugin_with(
     deadline: Duration,
     extra: &[(&str, String)],
 ) -> Outcome {
-    let mut cmd = Command::new("/usr/bin/env");
-    cmd.arg("-i");
-    for (k, v) in vars.iter().chain(extra) {
-        cmd.arg(format!("{k}={v}"));
-    }
-    cmd.arg(plugin)
-        .arg(op)
-        .env_clear()
-        .current_dir("/")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    let mut cmd = plugin_command(plugin, op, vars, extra);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let start = Instant::now();
     let mut child = cmd.spawn().expect("spawn the plugin");
     let mut out = child.stdout.take().expect("stdout piped");
@@ -324,6 +324,28 @@ pub fn run_plugin_with(
         }
     }
     outcome
+}
+
+/// The plugin's command line as Nomad runs it: `/usr/bin/env -i` sets
+/// exactly `vars` then `extra`, in this order (std's Command would sort
+/// them), and execs the plugin, so the plugin is still the direct child.
+fn plugin_command(
+    plugin: &Path,
+    op: &str,
+    vars: &[(&str, String)],
+    extra: &[(&str, String)],
+) -> Command {
+    let mut cmd = Command::new("/usr/bin/env");
+    cmd.arg("-i");
+    for (k, v) in vars.iter().chain(extra) {
+        cmd.arg(format!("{k}={v}"));
+    }
+    cmd.arg(plugin)
+        .arg(op)
+        .env_clear()
+        .current_dir("/")
+        .stdin(Stdio::null());
+    cmd
 }
 
 /// Nomad's rule for the size a create returns, applied to every create and

@@ -10,10 +10,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use prjquota_vmtests::dm::DmDisk;
-use prjquota_vmtests::fixture::{fill, Fixture, FsCase, MIB, XFS};
+use prjquota_vmtests::fixture::{fill, Fixture, FsCase, EXT4, MIB, XFS};
 use prjquota_vmtests::nomad::{Outcome, Spec};
 use prjquota_vmtests::on_every_fs;
 use prjquota_vmtests::prom::{Exporter, Exposition};
+use prjquota_vmtests::witness;
 
 /// Nomad kills a plugin after this long.
 const NOMAD_DEADLINE: Duration = Duration::from_secs(60);
@@ -161,6 +162,33 @@ impl Setup {
             self.bytes as u64,
             "{when}: the kernel's limit"
         );
+        self.assert_witness(&[(&self.spec, self.bytes)], when);
+    }
+
+    /// The filesystem's own quota tool (xfs_quota, repquota) reports a
+    /// limit for exactly these volumes' projects, of exactly their sizes:
+    /// no limit lost, none left behind by a failed call.
+    fn assert_witness(&self, volumes: &[(&Spec, i64)], when: &str) {
+        let case = if self.disk.fs == "xfs" { &XFS } else { &EXT4 };
+        let mut limited = witness::hard_limits(case, self.disk.path());
+        limited.retain(|_, hard| *hard > 0);
+        let records: std::collections::BTreeMap<u32, u64> = volumes
+            .iter()
+            .map(|(spec, bytes)| (self.fx.project_id(&spec.id), *bytes as u64))
+            .collect();
+        assert_eq!(limited, records, "{when}: the quota witness");
+    }
+
+    /// (threads, VmRSS in KiB) of the exporter.
+    fn exporter_resources(&self) -> (u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.exporter.pid()))
+            .expect("read the exporter's /proc/PID/status");
+        let threads = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Threads:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("Threads: in /proc/PID/status");
+        (threads, self.exporter.memory_kib().1)
     }
 }
 
@@ -317,14 +345,36 @@ fn stall(case: &FsCase) {
         ))
         .spawn()
         .unwrap();
-    let until = Instant::now() + Duration::from_secs(15);
-    let mut scrapes = 0;
+    let (threads_before, rss_before) = s.exporter_resources();
+    let until = Instant::now() + stall_duration();
+    let (mut scrapes, mut threads_max, mut rss_max) = (0, threads_before, rss_before);
     while Instant::now() < until {
         s.scrape();
         scrapes += 1;
-        std::thread::sleep(Duration::from_secs(1));
+        let (t, r) = s.exporter_resources();
+        threads_max = threads_max.max(t);
+        rss_max = rss_max.max(r);
+        std::thread::sleep(STALL_SCRAPE_EVERY);
     }
-    eprintln!("MEASURE faults_stalled_scrapes {scrapes}");
+    eprintln!(
+        "MEASURE faults_{}_stalled scrapes {scrapes} threads {threads_before} max {threads_max} \
+         rss_kib {rss_before} max {rss_max}",
+        case.name
+    );
+    // A stuck directory holds one blocked call of each kind at a time (the
+    // stuck-mount rule: statfs twice, quotactl, the registry, the roots'
+    // stat, the guard's sync round); scrapes must not add a thread each.
+    assert!(
+        threads_max <= threads_before + STUCK_CALL_KINDS,
+        "the exporter went from {threads_before} to {threads_max} threads over {scrapes} \
+         scrapes of a stalled disk\n{}",
+        s.exporter.log()
+    );
+    assert!(
+        rss_max <= rss_before + 16 * 1024,
+        "the exporter's memory went from {rss_before} KiB to {rss_max} KiB over {scrapes} \
+         scrapes of a stalled disk"
+    );
     s.disk.resume();
     let mut held = held;
     held.wait().unwrap();
@@ -347,7 +397,87 @@ fn stall(case: &FsCase) {
     s.assert_intact("after the stall");
 }
 
+/// The kinds of filesystem call the exporter makes per volumes directory,
+/// each of which a stalled disk may hold once.
+const STUCK_CALL_KINDS: u64 = 6;
+
+/// How often the stall test scrapes: faster than Prometheus does, so that
+/// a thread or buffer left per scrape shows within the stall.
+const STALL_SCRAPE_EVERY: Duration = Duration::from_millis(250);
+
+/// How long the stall test holds the disk: 15 s, or
+/// `PRJQUOTA_STALL_SECS` (the 5-minute measurement of the reliability
+/// docs runs it through `cargo xtask vm`).
+fn stall_duration() -> Duration {
+    let secs = std::env::var("PRJQUOTA_STALL_SECS")
+        .ok()
+        .map(|v| v.parse().expect("PRJQUOTA_STALL_SECS: a number of seconds"))
+        .unwrap_or(15);
+    Duration::from_secs(secs)
+}
+
+/// Nomad kills a create the disk holds (SIGKILL at its deadline), and the
+/// disk then fails the I/O it held. After the disk heals and the filesystem
+/// is mounted again, the same create, retried, converges; the existing
+/// volume keeps its data; the kernel's limits are exactly the records'.
+fn create_killed_while_the_disk_fails(case: &FsCase) {
+    let s = setup(case, "killed");
+    let new = Spec::new("killed", VOLUME);
+    s.disk.suspend();
+    let mut child = s.fx.node.spawn_create(&new);
+    // The create reaches the disk (a sync of its records) and waits there.
+    let start = Instant::now();
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id()))
+            .expect("read the create's /proc/PID/stat");
+        let state = stat.rsplit(") ").next().and_then(|r| r.chars().next());
+        if state == Some('D') {
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the create finished on a suspended disk without waiting for it"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the create never waited on the suspended disk (state {state:?})"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "MEASURE faults_{}_create_held_after_seconds {:.3}",
+        case.name,
+        start.elapsed().as_secs_f64()
+    );
+    child.kill().unwrap();
+    s.disk.fail();
+    let status = child.wait().unwrap();
+    assert!(!status.success(), "the killed create: {status:?}");
+
+    s.disk.heal_and_remount();
+    s.assert_intact("after the killed create and the disk's recovery");
+    let (path, bytes) = s
+        .timely("the create, retried", s.fx.node.create(&new))
+        .created();
+    assert_eq!(bytes, VOLUME);
+    let data = path.join("data");
+    assert_eq!(fill(&data, MIB, None).errno, None);
+    s.assert_witness(
+        &[(&s.spec, s.bytes), (&new, bytes)],
+        "after the retried create",
+    );
+    s.wait_for(
+        &s.fx.node.volumes_dir,
+        Some(1.0),
+        Some(1.0),
+        "after recovery",
+    );
+    s.timely("delete", s.fx.node.delete(&new)).ok();
+    s.assert_witness(&[(&s.spec, s.bytes)], "after the delete");
+}
+
 on_every_fs!(
+    create_killed_while_the_disk_fails,
     disk_errors,
     read_only,
     quotas_off,
