@@ -51,7 +51,8 @@ commands:
   demo                       deps, build, and tell the whole story in the VM (plugin, exporter, eBPF)
   stress [--secs N] [--seed S] [--kernel K]
                              the concurrency stress test for N seconds per filesystem (default 300)
-                             and the exporter's 10,000-volume churn soak
+                             and the exporter's 10,000-volume churn soak; a disk stalled under
+                             the exporter's scrapes for N seconds per filesystem
   bench [--quick]            plugin comparisons, exporter scrape cost and eBPF overhead in one VM
                              boot (release builds); writes bench/RESULTS.md and the docs' blocks
                              generated from it (README.md's comparison, docs/performance.md)

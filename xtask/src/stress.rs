@@ -38,6 +38,8 @@ pub fn main(args: &[String]) -> Result<u8> {
     }
     let mut guest_env = vec![
         ("PRJQUOTA_STRESS_SECS".to_string(), secs.to_string()),
+        // The stalled-disk test holds its disk as long, scraping.
+        ("PRJQUOTA_STALL_SECS".to_string(), secs.to_string()),
         (
             "PRJQUOTA_CHURN_VOLUMES".to_string(),
             SOAK_CHURN_VOLUMES.to_string(),
@@ -53,7 +55,11 @@ pub fn main(args: &[String]) -> Result<u8> {
     crate::test::run_opts(&crate::test::Opts {
         host: false,
         vm: true,
-        filter: Some("binary(stress) | test(a_churn_of_thousands) | test(restore_storm)".into()),
+        filter: Some(
+            "binary(stress) | test(a_churn_of_thousands) | test(restore_storm) \
+             | (binary(faults) & test(stall))"
+                .into(),
+        ),
         vm_threads: 2,
         // The rounds survived and the seed are the point of a long run:
         // show them for passing tests too.
