@@ -2,8 +2,8 @@
 //! both need, so the exporter depends on this contract and not on the
 //! plugin's admin, ops and request-handling code.
 //!
-//! [`sys`] is the only module allowed `unsafe` code (the workspace denies it
-//! everywhere else); [`quota`], [`mountinfo`], [`announce`] and [`guard_pins`]
+//! [`sys`] is this crate's only module allowed `unsafe` code (the workspace
+//! denies it everywhere but there and `prjquota-ebpf`'s `raw`); [`quota`], [`mountinfo`], [`announce`] and [`guard_pins`]
 //! are the safe layers above it. [`record`] is the registry record and its one reader,
 //! [`config`] the node configuration and its one reader; [`volume_id`],
 //! [`params`], [`units`] and [`quoted`] are what those two are made of.

@@ -811,6 +811,8 @@ const SYS_FILE_GETATTR: libc::c_long = 468;
 const SYS_FILE_SETATTR: libc::c_long = 469;
 
 /// `file_getattr(AT_FDCWD, path, &attr, sizeof attr, 0)`; ENOSYS before 6.17.
+/// For the tests only (the `test-syscalls` feature).
+#[cfg(feature = "test-syscalls")]
 pub fn file_getattr(path: &CStr) -> io::Result<FileAttr> {
     let mut a = FileAttr::default();
     // SAFETY: the kernel writes at most `usize` bytes into `a`, a live
@@ -866,6 +868,8 @@ pub fn file_setattr_at(dir: BorrowedFd<'_>, name: &CStr, a: &FileAttr) -> io::Re
 }
 
 /// `file_setattr(AT_FDCWD, path, &attr, sizeof attr, 0)`; ENOSYS before 6.17.
+/// For the tests only (the `test-syscalls` feature).
+#[cfg(feature = "test-syscalls")]
 pub fn file_setattr(path: &CStr, a: &FileAttr) -> io::Result<()> {
     // SAFETY: the kernel reads `usize` bytes from `a`; `path` is
     // NUL-terminated; both outlive the call.
@@ -887,7 +891,9 @@ pub fn file_setattr(path: &CStr, a: &FileAttr) -> io::Result<()> {
 /// compat path (`compat_sys_ioctl`, the `file_ioctl_compat` LSM hook). The
 /// argument is copied to a page below 4 GiB (`MAP_32BIT`), where a 32-bit
 /// pointer reaches it. ENOSYS where the kernel runs no 32-bit code.
-#[cfg(target_arch = "x86_64")]
+/// For the tests only (the `test-syscalls` feature): no product code makes
+/// a 32-bit system call.
+#[cfg(all(target_arch = "x86_64", feature = "test-syscalls"))]
 pub fn set_fsxattr_compat(fd: BorrowedFd<'_>, attr: &FsXattr) -> io::Result<()> {
     const NR_IOCTL_I386: i32 = 54;
     // SAFETY: an anonymous private mapping; checked for failure below.

@@ -7,8 +7,9 @@
 //! reports. The binary (`main.rs`) only parses flags and wires these up, so
 //! tests can run an exporter against any volumes directory in-process.
 //!
-//! No `unsafe` here: the project's syscalls live in the `prjquota-core` crate's `sys`
-//! module, netlink goes through nix's safe socket API.
+//! No `unsafe` here: the project's syscalls live in `prjquota-core`'s `sys`
+//! and `prjquota-ebpf`'s `raw` modules; netlink goes through nix's safe
+//! socket API.
 
 #![forbid(unsafe_code)]
 
