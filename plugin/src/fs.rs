@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::quota::{self, Support};
-use crate::sys;
+use prjquota_core::quota::{self, Support};
+use prjquota_core::sys;
 
 const XFS_SUPER_MAGIC: i64 = 0x5846_5342;
 const EXT4_SUPER_MAGIC: i64 = 0xEF53;

@@ -5,8 +5,8 @@
 //! node configuration, the quota layer) is in `prjquota-core`. Pure logic
 //! (the Nomad contract, capacity arithmetic, parameters) is free of syscalls and
 //! unit-tested on any host; everything that talks to the kernel goes through
-//! [`sys`] (the only `unsafe` code) and the thin safe layers above it
-//! ([`quota`], [`fs`], [`registry`], [`remove`]).
+//! core's `sys` (the plugin itself has no `unsafe` code) and the thin safe
+//! layers above it (core's `quota`; [`fs`], [`registry`], [`remove`]).
 
 pub mod admin;
 pub mod capacity;
@@ -21,5 +21,5 @@ pub mod registry;
 pub mod remove;
 
 // Moved to prjquota-core (shared with the exporter); re-exported so the
-// plugin's own `crate::sys` and `crate::config` paths keep working.
+// plugin's own `prjquota_core::sys` and `prjquota_core::config` paths keep working.
 pub use prjquota_core::{announce, config, mountinfo, quota, sys};

@@ -31,15 +31,15 @@ use prjquota_core::guard_pins::{kernel_dev, PinnedGuard, RootKey};
 use prjquota_core::units;
 
 use crate::capacity;
-use crate::config::{self, Config};
 use crate::contract::{CreateRequest, DeleteRequest, VolumeId};
 use crate::fault;
 use crate::fs::{FsType, VolumesFs};
 use crate::params::{self, VolumeParams};
-use crate::quota::{self, Limits, Support};
 use crate::registry::{self, Durable, Record, Registry, State};
 use crate::remove;
-use crate::sys;
+use prjquota_core::config::{self, Config};
+use prjquota_core::quota::{self, Limits, Support};
+use prjquota_core::sys;
 
 /// What `create` returns to Nomad.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -439,7 +439,7 @@ fn settled(
 /// before Nomad hears of it. The volume itself is made: a failure here is
 /// logged, and the exporter registers the volume at its next scrape.
 fn announce(vfs: &VolumesFs, id: &VolumeId) {
-    if let Err(e) = crate::announce::announce(&vfs.path, crate::announce::WAIT) {
+    if let Err(e) = prjquota_core::announce::announce(&vfs.path, prjquota_core::announce::WAIT) {
         log(id, format_args!("could not tell prjquota-exporter about the new volume ({e}): it is watched from the exporter's next scrape"));
     }
 }

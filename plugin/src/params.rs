@@ -11,8 +11,8 @@ use std::path::Path;
 
 pub use prjquota_core::params::{parse_mode, Parameters, VolumeParams, KNOWN, MAX_MODE};
 
-use crate::config::Config;
 use crate::input_error::InputError;
+use prjquota_core::config::Config;
 
 /// The node settings that decide what a volume spec's parameters may say:
 /// the few fields of [`Config`] this module reads, so checking parameters

@@ -49,7 +49,7 @@ pub use prjquota_core::record::{
 
 use crate::contract::VolumeId;
 use crate::fs::VolumesFs;
-use crate::sys;
+use prjquota_core::sys;
 
 const LOCKS: &str = "locks";
 const IDS: &str = "ids";

@@ -28,7 +28,7 @@ use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use crate::sys;
+use prjquota_core::sys;
 
 /// Descriptors kept open at once during a walk.
 const MAX_OPEN: usize = 64;

@@ -63,7 +63,7 @@ fn the_example_volume_spec_uses_the_plugin_and_its_parameters() {
 fn the_example_node_config_parses() {
     let path = deploy("prjquota.toml");
     let text = std::fs::read_to_string(&path).unwrap();
-    let cfg = prjquota::config::parse(&text, &path).unwrap();
+    let cfg = prjquota_core::config::parse(&text, &path).unwrap();
     assert_eq!(cfg.default_capacity, Some(10 << 30));
     assert_eq!(cfg.default_mode, 0o750);
 }

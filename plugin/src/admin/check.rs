@@ -12,12 +12,12 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::Flags;
-use crate::config::Config;
 use crate::fs::{FsType, VolumesFs};
 use crate::ops::load_config;
-use crate::quota::{self, Support};
 use crate::registry::{self, Entry, Registry};
-use crate::sys;
+use prjquota_core::config::Config;
+use prjquota_core::quota::{self, Support};
+use prjquota_core::sys;
 use prjquota_core::units::human;
 
 /// One line of the report.

@@ -7,8 +7,8 @@ use serde::Serialize;
 
 use super::Flags;
 use crate::fs::VolumesFs;
-use crate::quota;
 use crate::registry::{self, Entry, State};
+use prjquota_core::quota;
 use prjquota_core::units::human;
 
 /// One volume as listed.

@@ -18,9 +18,9 @@ use super::Flags;
 use crate::contract::VolumeId;
 use crate::fs::VolumesFs;
 use crate::ops::{self, load_config, Undo};
-use crate::quota::{self, Limits};
 use crate::registry::{Durable, Entry, Record, Registry, State, DIR_NAME};
-use crate::sys;
+use prjquota_core::quota::{self, Limits};
+use prjquota_core::sys;
 
 /// One disagreement, and what `--fix` did about it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
