@@ -52,10 +52,10 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::params;
 use crate::quoted::shown;
 use crate::trusted_file;
 use crate::units::parse_size;
+use crate::volume_params;
 
 /// Name of the configuration file, looked up in the plugin's directory.
 pub const FILE_NAME: &str = "prjquota.toml";
@@ -74,7 +74,7 @@ pub struct Config {
     pub default_capacity: Option<u64>,
     /// Mode of a volume's root when its spec sets none; at most `0o7777`.
     pub default_mode: u32,
-    /// Parameters volume authors may set; a subset of [`params::KNOWN`].
+    /// Parameters volume authors may set; a subset of [`volume_params::KNOWN`].
     pub allowed_parameters: BTreeSet<String>,
     /// How far the volumes' hard limits may exceed the filesystem's space
     /// for them; finite and above 0.
@@ -95,7 +95,7 @@ impl Default for Config {
             project_id_max: 1_999_999_999,
             default_capacity: None,
             default_mode: 0o700,
-            allowed_parameters: params::KNOWN.iter().map(|s| s.to_string()).collect(),
+            allowed_parameters: volume_params::KNOWN.iter().map(|s| s.to_string()).collect(),
             overcommit_ratio: 1.0,
             source: None,
         }
@@ -342,7 +342,7 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
 
     if let Some(v) = &raw.default_mode {
         cfg.default_mode = match v.get_ref() {
-            toml::Value::String(s) => params::parse_mode(s).map_err(|reason| {
+            toml::Value::String(s) => volume_params::parse_mode(s).map_err(|reason| {
                 invalid(
                     "default_mode",
                     v.span(),
@@ -366,14 +366,14 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
     if let Some(list) = &raw.allowed_parameters {
         let mut allowed = BTreeSet::new();
         for name in list {
-            if !params::KNOWN.contains(&name.get_ref().as_str()) {
+            if !volume_params::KNOWN.contains(&name.get_ref().as_str()) {
                 return Err(invalid(
                     "allowed_parameters",
                     name.span(),
                     format!(
                         "allowed_parameters: unknown parameter {}; the parameters are {}",
                         shown(name.get_ref()),
-                        params::KNOWN.join(", ")
+                        volume_params::KNOWN.join(", ")
                     ),
                 ));
             }

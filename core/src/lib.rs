@@ -6,16 +6,16 @@
 //! denies it everywhere but there and `prjquota-ebpf`'s `raw`); [`quota`], [`mountinfo`], [`announce`] and [`guard_pins`]
 //! are the safe layers above it. [`record`] is the registry record and its one reader,
 //! [`config`] the node configuration and its one reader; [`volume_id`],
-//! [`params`], [`units`] and [`quoted`] are what those two are made of.
+//! [`volume_params`], [`units`] and [`quoted`] are what those two are made of.
 
 pub mod announce;
 pub mod config;
 pub mod guard_pins;
 pub mod mountinfo;
-pub mod params;
 pub mod quota;
 pub mod quoted;
 pub mod record;
+pub mod volume_params;
 // The kernel boundary: raw syscalls and C layouts that libc lacks. Every
 // block states its SAFETY invariant (clippy::undocumented_unsafe_blocks).
 #[allow(unsafe_code)]

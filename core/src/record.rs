@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::params::{Parameters, VolumeParams};
 use crate::volume_id::VolumeId;
+use crate::volume_params::{Parameters, VolumeParams};
 
 /// The registry's directory below a volumes directory.
 pub const DIR_NAME: &str = ".prjquota";

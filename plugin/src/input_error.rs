@@ -6,7 +6,7 @@
 use prjquota_core::quoted::shown;
 use prjquota_core::units::{human, human_ceil};
 
-use crate::limits::{MAX_PARAMETERS_LEN, MAX_PARAMETER_VALUE_LEN};
+use crate::input_bounds::{MAX_PARAMETERS_LEN, MAX_PARAMETER_VALUE_LEN};
 
 /// Why the plugin refuses its input. `Display` is the whole message the
 /// operator sees in `nomad volume create` output: what, which value, and the fix.

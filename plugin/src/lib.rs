@@ -13,10 +13,10 @@ pub mod capacity;
 pub mod contract;
 pub mod fault;
 pub mod fs;
+pub mod input_bounds;
 pub mod input_error;
-pub mod limits;
 pub mod ops;
-pub mod params;
+pub mod param_check;
 pub mod registry;
 pub mod remove;
 

@@ -34,12 +34,13 @@ use crate::capacity;
 use crate::contract::{CreateRequest, DeleteRequest, VolumeId};
 use crate::fault;
 use crate::fs::{FsType, VolumesFs};
-use crate::params::{self, VolumeParams};
+use crate::param_check;
 use crate::registry::{self, Durable, Record, Registry, State};
 use crate::remove;
 use prjquota_core::config::{self, Config};
 use prjquota_core::quota::{self, Limits, Support};
 use prjquota_core::sys;
+use prjquota_core::volume_params::VolumeParams;
 
 /// What `create` returns to Nomad.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -347,8 +348,8 @@ pub fn create(req: &CreateRequest, plugin_id: &str) -> Result<Created> {
     // What today's config makes of the request. A recorded volume uses it
     // only for the parts of its spec that changed (see `settled`), so a
     // replay is not refused for what the config no longer allows.
-    let params =
-        params::parse(&req.parameters, &params::Policy::from(&cfg)).map_err(|e| anyhow!("{e}"));
+    let params = param_check::parse(&req.parameters, &param_check::Policy::from(&cfg))
+        .map_err(|e| anyhow!("{e}"));
     let sized = capacity::requested_limit(req.capacity_min, req.capacity_max, cfg.default_capacity)
         .map_err(|e| anyhow!("{e}"));
     // Refuse a request the config rejects before touching the filesystem,

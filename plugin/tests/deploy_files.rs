@@ -50,7 +50,7 @@ fn the_example_volume_spec_uses_the_plugin_and_its_parameters() {
     let params = v["parameters"].as_object().unwrap();
     for (k, val) in params {
         assert!(
-            prjquota::params::KNOWN.contains(&k.as_str()),
+            prjquota_core::volume_params::KNOWN.contains(&k.as_str()),
             "unknown parameter {k}"
         );
         assert!(val.is_string(), "parameter {k} must be a quoted string");

@@ -7,9 +7,9 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use prjquota::registry::{Durable, Registry};
-use prjquota_core::params::VolumeParams;
 use prjquota_core::record::{Record, State, RECORD_VERSION};
 use prjquota_core::volume_id::VolumeId;
+use prjquota_core::volume_params::VolumeParams;
 
 /// A record of volume `id` (a UUID) of 1 GiB with project ID `project_id`,
 /// named `vol-<project_id>`, on node `node-1` of pool `default`, mode 0755.

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use prjquota_core::volume_id::EXAMPLE_UUID;
 
 use super::{var, Operation, VolumeId};
+use crate::input_bounds::{MAX_LABEL_LEN, MAX_VOLUMES_DIR_LEN};
 use crate::input_error::InputError;
-use crate::limits::{MAX_LABEL_LEN, MAX_VOLUMES_DIR_LEN};
 
 /// The `DHV_*` part of the environment, each variable seen at most once.
 pub(super) struct Env {

@@ -18,10 +18,10 @@ use serde::Serialize;
 use crate::input_error::InputError;
 
 mod env;
-mod parameters;
+mod parameters_json;
 
 use env::{capacity, label, optional_path, volume_id, volume_name, volumes_dir, Env};
-use parameters::parameters;
+use parameters_json::parameters;
 
 /// Names of the variables Nomad sets, so no other module spells them.
 pub mod var {
@@ -93,8 +93,8 @@ impl fmt::Display for Operation {
 
 // The volume ID and the parameters map are embedded in the registry record,
 // which the exporter reads too, so they are defined in core.
-pub use prjquota_core::params::Parameters;
 pub use prjquota_core::volume_id::VolumeId;
+pub use prjquota_core::volume_params::Parameters;
 
 /// A checked `create` request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -259,7 +259,7 @@ fn to_json<T: Serialize>(value: &T) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limits::{
+    use crate::input_bounds::{
         MAX_LABEL_LEN, MAX_PARAMETER_KEY_LEN, MAX_PARAMETER_VALUE_LEN, MAX_VOLUMES_DIR_LEN,
     };
     use std::ffi::OsString;

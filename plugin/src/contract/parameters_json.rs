@@ -1,6 +1,6 @@
 //! `DHV_PARAMETERS`: a JSON object of strings, parsed strictly (no duplicate
 //! keys, no non-string values, bounded sizes) into [`Parameters`]. What the
-//! parameters mean is `crate::params`'s concern.
+//! parameters mean is `crate::param_check`'s concern.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -8,8 +8,8 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use super::Parameters;
+use crate::input_bounds::{MAX_PARAMETERS_LEN, MAX_PARAMETER_KEY_LEN, MAX_PARAMETER_VALUE_LEN};
 use crate::input_error::InputError;
-use crate::limits::{MAX_PARAMETERS_LEN, MAX_PARAMETER_KEY_LEN, MAX_PARAMETER_VALUE_LEN};
 
 pub(super) fn parameters(value: Option<&str>) -> Result<Parameters, InputError> {
     let Some(value) = value else {

@@ -9,7 +9,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-pub use prjquota_core::params::{parse_mode, Parameters, VolumeParams, KNOWN, MAX_MODE};
+use prjquota_core::volume_params::{parse_mode, Parameters, VolumeParams, KNOWN, MAX_MODE};
 
 use crate::input_error::InputError;
 use prjquota_core::config::Config;

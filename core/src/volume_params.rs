@@ -3,7 +3,7 @@
 //! In core because the record embeds them and the node configuration (which
 //! the exporter reads too) checks `allowed_parameters` and `default_mode`
 //! against them; checking a volume spec's parameters is the plugin's
-//! (`prjquota::params`).
+//! (`prjquota::param_check`).
 
 use std::collections::BTreeMap;
 
