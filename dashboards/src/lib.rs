@@ -47,8 +47,8 @@ pub fn dashboard() -> Value {
         .unwrap_or_else(|e| panic!("dashboards/{DASHBOARD} is not valid JSON: {e}"))
 }
 
-pub fn rules() -> serde_yaml::Value {
-    serde_yaml::from_str(&read(RULES))
+pub fn rules() -> serde_norway::Value {
+    serde_norway::from_str(&read(RULES))
         .unwrap_or_else(|e| panic!("dashboards/{RULES} is not valid YAML: {e}"))
 }
 
@@ -160,7 +160,7 @@ pub fn dashboard_exprs(dashboard: &Value) -> Vec<Expr> {
 }
 
 /// The rules of `alerts.yaml`: (group, rule) pairs in order.
-pub fn rule_list(rules: &serde_yaml::Value) -> Vec<&serde_yaml::Value> {
+pub fn rule_list(rules: &serde_norway::Value) -> Vec<&serde_norway::Value> {
     let mut out = Vec::new();
     for g in rules["groups"].as_sequence().into_iter().flatten() {
         for r in g["rules"].as_sequence().into_iter().flatten() {
@@ -171,7 +171,7 @@ pub fn rule_list(rules: &serde_yaml::Value) -> Vec<&serde_yaml::Value> {
 }
 
 /// Every rule's expression.
-pub fn rule_exprs(rules: &serde_yaml::Value) -> Vec<Expr> {
+pub fn rule_exprs(rules: &serde_norway::Value) -> Vec<Expr> {
     rule_list(rules)
         .into_iter()
         .map(|r| {
@@ -189,7 +189,7 @@ pub fn rule_exprs(rules: &serde_yaml::Value) -> Vec<Expr> {
 }
 
 /// The names the recording rules define.
-pub fn recorded(rules: &serde_yaml::Value) -> BTreeSet<String> {
+pub fn recorded(rules: &serde_norway::Value) -> BTreeSet<String> {
     rule_list(rules)
         .into_iter()
         .filter_map(|r| r["record"].as_str().map(str::to_string))

@@ -143,7 +143,7 @@ fn every_alert_has_tests_that_fire_it_and_tests_where_it_must_not() {
         .into_iter()
         .filter_map(|r| r["alert"].as_str().map(str::to_string))
         .collect();
-    let tests: serde_yaml::Value = serde_yaml::from_str(&read(RULES_TEST)).expect("YAML");
+    let tests: serde_norway::Value = serde_norway::from_str(&read(RULES_TEST)).expect("YAML");
     // alert name -> (evaluations expecting it to fire, evaluations expecting nothing)
     let mut seen: BTreeMap<String, (usize, usize)> = BTreeMap::new();
     for t in tests["tests"].as_sequence().expect("tests:") {
