@@ -352,6 +352,14 @@ pub struct GuardCounters {
     /// Attempts on a volume the counters map had no room for (counted here,
     /// never lost).
     pub map_full: u64,
+    /// Runs of the detecting fexit program the kernel skipped since it was
+    /// loaded (`recursion_misses`, Linux 5.12+; `None` where the kernel does
+    /// not report it): each an attribute change neither counted nor logged.
+    /// A tracing program is not re-entered on a CPU where it already runs,
+    /// and on a preemptible kernel (Debian's 7.x) a task preempted inside
+    /// it makes another task's change on that CPU go unseen. Refusals do
+    /// not depend on it: LSM programs are not skipped so.
+    pub missed_runs: Option<u64>,
 }
 
 impl GuardCounters {
@@ -1056,7 +1064,17 @@ impl Guard {
         };
         out.unreadable = sums[GSTAT_UNREADABLE as usize];
         out.map_full = sums[GSTAT_MAP_FULL as usize];
+        out.missed_runs = self.detect_missed_runs();
         Ok(out)
+    }
+
+    /// [`GuardCounters::missed_runs`] of the detecting program.
+    fn detect_missed_runs(&self) -> Option<u64> {
+        use std::os::fd::AsFd;
+        let prog = self.ebpf.program(DETECT_PROG)?;
+        let fd = prog.fd().ok()?;
+        let (info, filled) = crate::raw::prog_info(fd.as_fd()).ok()?;
+        crate::recursion_misses(&info, filled)
     }
 
     /// The events waiting in the ring buffer, oldest first (at most

@@ -516,6 +516,7 @@ fn enforce_refuses_escapes_and_the_volume_keeps_the_usage(fs: &FsCase) {
 
     // The plugin (and anyone with CAP_SYS_ADMIN) may: this process, as a
     // root child and in place, moves a file out and back.
+    let missed_before = g.read().unwrap().missed_runs;
     let (pid, r) = chproj_as(Who::Root, &data, 0);
     assert_eq!(r, Ok(()));
     assert_eq!(Fixture::project_of(&v.path.join("data")).0, 0);
@@ -523,6 +524,21 @@ fn enforce_refuses_escapes_and_the_volume_keeps_the_usage(fs: &FsCase) {
     assert_eq!(v.used(), used);
     let c = g.read().unwrap();
     assert_eq!(v.of(&c), outcomes(0, refused.len() as u64));
+    let missed = c
+        .missed_runs
+        .zip(missed_before)
+        .map_or(0, |(after, before)| after - before);
+    if c.privileged == 0 && missed > 0 {
+        // The kernel skipped the detecting program for this change (a task
+        // preempted inside it on the same CPU, as other tests' loops make
+        // on a preemptible kernel): unseen, but counted as missed, which
+        // is what the exporter exposes and alerts on.
+        eprintln!(
+            "{}: the privileged change was a missed run ({missed})",
+            fs.name
+        );
+        return;
+    }
     assert_eq!(c.privileged, 1, "{c:?}");
     let events = g.drain_events();
     let e = of(&events, pid);
@@ -773,6 +789,14 @@ fn the_exporter_counts_refuses_and_logs_attempts() {
     );
     assert_eq!(e.value(ATTEMPTS, &labels("denied")), 1.0, "{}", e.text);
     assert_eq!(e.value(ATTEMPTS, &labels("allowed")), 0.0);
+    // The kernels of the matrix that load the guard report skipped runs
+    // (5.12+): a count, never absent.
+    assert!(
+        e.get("prjquota_exporter_guard_missed_runs_total", &[])
+            .is_some(),
+        "{}",
+        e.text
+    );
     let log = exp.log();
     let line = log
         .lines()

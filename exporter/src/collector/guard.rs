@@ -463,7 +463,17 @@ fn counter_families(scrape: &Scrape, c: &GuardCounters) -> Vec<Family> {
         "Attempts on a volume the guard's counters map had no room for (beyond --ebpf.max-volumes): refused or counted all the same, but not per volume.",
     );
     full.plain(c.map_full as f64);
-    vec![attempts, unattributed, privileged, lost, full]
+    let mut out = vec![attempts, unattributed, privileged, lost, full];
+    // Absent, never 0, where the kernel does not report it (before 5.12).
+    if let Some(missed) = c.missed_runs {
+        let mut f = Family::counter(
+            "prjquota_exporter_guard_missed_runs_total",
+            "Runs of the guard's detecting program the kernel skipped (recursion_misses): each an attribute change neither counted nor logged. A tracing program is not re-entered on a CPU where it already runs; on a preemptible kernel (PREEMPT_LAZY or PREEMPT, as Debian's 7.x) a task preempted inside it makes another task's change on that CPU go unseen. Refusals under enforce do not depend on it.",
+        );
+        f.plain(missed as f64);
+        out.push(f);
+    }
+    out
 }
 
 /// `…_guard_off_reason{reason}`: why the guard is off.
@@ -547,7 +557,11 @@ fn keeping_families(pinned: bool, removed: usize, syncer: &Syncer) -> Vec<Family
 pub fn catalogue() -> Vec<Family> {
     let scrape = Scrape::new(crate::inventory::Inventory::default());
     let mut fams = mode_families(GuardMode::Enforce, Some("lsm_inactive"));
-    fams.extend(counter_families(&scrape, &GuardCounters::default()));
+    let counters = GuardCounters {
+        missed_runs: Some(0),
+        ..GuardCounters::default()
+    };
+    fams.extend(counter_families(&scrape, &counters));
     fams.extend(keeping_families(true, 0, &Syncer::new(&[])));
     fams.push(off_reason_family("disabled"));
     fams
