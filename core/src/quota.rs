@@ -157,18 +157,7 @@ pub fn get(fd: BorrowedFd<'_>, id: u32) -> io::Result<ProjectQuota> {
         Ok(q) => Ok(from_dqblk(&q)),
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(unknown()),
         Err(e) if e.raw_os_error() == Some(libc::EROFS) => match sys::get_project_quota(fd, id) {
-            Ok(q) => Ok(ProjectQuota {
-                id,
-                used_bytes: q.bcount.saturating_mul(512),
-                used_inodes: q.icount,
-                limits: Limits {
-                    // In whole KiB, as Q_GETQUOTA reports them.
-                    bytes_hard: kib_grain(q.blk_hardlimit),
-                    bytes_soft: kib_grain(q.blk_softlimit),
-                    inodes_hard: q.ino_hardlimit,
-                    inodes_soft: q.ino_softlimit,
-                },
-            }),
+            Ok(q) => Ok(from_fs_disk_quota(&q, id)),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(unknown()),
             Err(_) => Err(e),
         },
@@ -176,23 +165,60 @@ pub fn get(fd: BorrowedFd<'_>, id: u32) -> io::Result<ProjectQuota> {
     }
 }
 
+/// An XFS-style reading (512-byte blocks) as the generic interface gives
+/// it: limits in whole KiB, as `Q_GETQUOTA` reports them.
+fn from_fs_disk_quota(q: &sys::FsDiskQuota, id: u32) -> ProjectQuota {
+    ProjectQuota {
+        id,
+        used_bytes: q.bcount.saturating_mul(512),
+        used_inodes: q.icount,
+        limits: Limits {
+            bytes_hard: kib_grain(q.blk_hardlimit),
+            bytes_soft: kib_grain(q.blk_softlimit),
+            inodes_hard: q.ino_hardlimit,
+            inodes_soft: q.ino_softlimit,
+        },
+    }
+}
+
 /// Every project with a dquot whose ID lies in `range`, in ID order, in one
-/// pass (`Q_GETNEXTQUOTA`) instead of one call per volume.
+/// pass (`Q_GETNEXTQUOTA`) instead of one call per volume. On a read-only
+/// mount, where the kernel refuses that command with EROFS (it counts it as
+/// a write), the XFS-style `Q_XGETNEXTQUOTA` makes the pass instead; if that
+/// fails too, the EROFS is the error.
 pub fn list(
     fd: BorrowedFd<'_>,
     range: std::ops::RangeInclusive<u32>,
 ) -> io::Result<Vec<ProjectQuota>> {
+    match list_with(range.clone(), |id| {
+        sys::get_next_project_dqblk(fd, id).map(|q| from_dqblk(&q))
+    }) {
+        // ext4 suspends its quotas while read-only (ESRCH): the read-only
+        // mount is then the error that names the cause.
+        Err(e) if e.raw_os_error() == Some(libc::EROFS) => list_with(range, |id| {
+            sys::get_next_project_quota(fd, id).map(|q| from_fs_disk_quota(&q, q.id))
+        })
+        .map_err(|_| e),
+        other => other,
+    }
+}
+
+/// The pass of [`list`] over `next(id)`: the first dquot at or after `id`.
+fn list_with(
+    range: std::ops::RangeInclusive<u32>,
+    next: impl Fn(u32) -> io::Result<ProjectQuota>,
+) -> io::Result<Vec<ProjectQuota>> {
     let mut out = Vec::new();
-    let mut next = *range.start();
+    let mut id = *range.start();
     loop {
-        match sys::get_next_project_dqblk(fd, next) {
+        match next(id) {
             Ok(q) => {
                 if q.id > *range.end() {
                     break;
                 }
-                out.push(from_dqblk(&q));
+                out.push(q);
                 match q.id.checked_add(1) {
-                    Some(n) => next = n,
+                    Some(n) => id = n,
                     None => break,
                 }
             }
@@ -243,6 +269,29 @@ mod tests {
         q.limits = Limits::NONE;
         q.used_inodes = 1;
         assert!(!q.is_unused());
+    }
+
+    #[test]
+    fn a_list_pass_stops_past_the_range_and_at_the_last_dquot() {
+        let held = [3u32, 5, 9, u32::MAX];
+        let next = |id: u32| {
+            held.iter()
+                .find(|&&h| h >= id)
+                .map(|&h| ProjectQuota {
+                    id: h,
+                    ..Default::default()
+                })
+                .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))
+        };
+        let ids = |r: std::ops::RangeInclusive<u32>| -> Vec<u32> {
+            list_with(r, next).unwrap().iter().map(|q| q.id).collect()
+        };
+        assert_eq!(ids(1..=8), [3, 5]);
+        assert_eq!(ids(5..=9), [5, 9]);
+        assert_eq!(ids(10..=20), Vec::<u32>::new());
+        assert_eq!(ids(9..=u32::MAX), [9, u32::MAX]);
+        let eio = list_with(1..=8, |_| Err(io::Error::from_raw_os_error(libc::EIO)));
+        assert_eq!(eio.unwrap_err().raw_os_error(), Some(libc::EIO));
     }
 
     #[test]

@@ -105,6 +105,7 @@ const fn xqm_cmd(x: i32) -> i32 {
 const Q_XGETQUOTA: i32 = xqm_cmd(3);
 const Q_XSETQLIM: i32 = xqm_cmd(4);
 const Q_XGETQSTAT: i32 = xqm_cmd(5);
+const Q_XGETNEXTQUOTA: i32 = xqm_cmd(9);
 
 pub const FS_DQUOT_VERSION: i8 = 1;
 pub const FS_PROJ_QUOTA: i8 = 2;
@@ -333,6 +334,25 @@ pub fn get_project_quota(fd: BorrowedFd<'_>, id: u32) -> io::Result<FsDiskQuota>
         quotactl_fd(
             fd,
             qcmd(Q_XGETQUOTA, PRJQUOTA),
+            id,
+            (&mut q as *mut FsDiskQuota).cast(),
+        )?
+    };
+    Ok(q)
+}
+
+/// The first project with an ID `>= id` that the filesystem holds a dquot
+/// for, XFS-style units; ENOENT past the last one. Unlike
+/// `Q_GETNEXTQUOTA`, the kernel does not count it as a write, so it answers
+/// on a read-only mount.
+pub fn get_next_project_quota(fd: BorrowedFd<'_>, id: u32) -> io::Result<FsDiskQuota> {
+    let mut q = FsDiskQuota::default();
+    // SAFETY: Q_XGETNEXTQUOTA writes one `fs_disk_quota` (112 bytes,
+    // checked above).
+    unsafe {
+        quotactl_fd(
+            fd,
+            qcmd(Q_XGETNEXTQUOTA, PRJQUOTA),
             id,
             (&mut q as *mut FsDiskQuota).cast(),
         )?

@@ -85,13 +85,24 @@ mod tests {
         let st = terminate(&mut polite, Duration::from_secs(30)).expect("exits on SIGTERM");
         assert_eq!(st.signal(), Some(15));
 
+        // Says so once SIGTERM is ignored: a fixed wait raced the shell's
+        // start on a loaded machine, and SIGTERM killed it first.
         let mut deaf = Command::new("sh")
-            .args(["-c", "trap '' TERM; while :; do sleep 0.1; done"])
-            .stdout(Stdio::null())
+            .args([
+                "-c",
+                "trap '' TERM; echo ignoring; while :; do sleep 0.1; done",
+            ])
+            .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(200));
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(deaf.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line, "ignoring\n");
         assert_eq!(terminate(&mut deaf, Duration::from_millis(300)), None);
     }
 }

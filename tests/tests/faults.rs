@@ -257,6 +257,21 @@ fn read_only(case: &FsCase) {
     // never a 0 that would page about quotas nobody turned off.
     s.wait_for(&s.fx.node.volumes_dir, Some(0.0), None, "read-only");
     assert_ne!(s.state(&s.fx.node.volumes_dir).1, Some(0.0));
+    if case.name == "xfs" {
+        // XFS keeps enforcing and accounting while read-only: the quota
+        // collector still reads it (the kernel refuses Q_GETNEXTQUOTA there,
+        // not Q_XGETNEXTQUOTA).
+        let e = s.scrape();
+        assert_eq!(
+            e.get(
+                "prjquota_exporter_scrape_collector_success",
+                &[("collector", "quota")]
+            ),
+            Some(1.0),
+            "the quota collector on a read-only XFS\n{}",
+            s.exporter.log()
+        );
+    }
     let (path, bytes) = s.restore().created();
     assert_eq!((path.as_path(), bytes), (s.path.as_path(), s.bytes));
     let o = s.timely("create", s.fx.node.create(&Spec::new("new", VOLUME)));
