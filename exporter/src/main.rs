@@ -139,6 +139,35 @@ struct Flags {
     max_volumes: u32,
 }
 
+/// `prjquota-exporter --completion-script SHELL` prints the completion
+/// script for SHELL (bash, zsh, fish) and exits: the packages install its
+/// output, made by the very binary it completes (as node_exporter's hidden
+/// --completion-script-bash). Read before the flags, not one of them:
+/// clap_complete completes hidden flags too, and this one is for the
+/// packaging, not for operators.
+fn completion_request() -> Option<Result<clap_complete::Shell, String>> {
+    use clap::ValueEnum;
+    let args: Vec<String> = std::env::args().skip(1).take(3).collect();
+    match args.as_slice() {
+        [flag, shell] if flag == "--completion-script" => Some(
+            clap_complete::Shell::from_str(shell, false)
+                .map_err(|_| format!("--completion-script {shell:?}: give bash, zsh or fish")),
+        ),
+        [flag, ..] if flag == "--completion-script" => Some(Err(
+            "usage: prjquota-exporter --completion-script bash|zsh|fish".into(),
+        )),
+        _ => None,
+    }
+}
+
+/// The completion script for `shell`, from the flags above.
+fn completion_script(shell: clap_complete::Shell) -> Vec<u8> {
+    use clap::CommandFactory;
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut Flags::command(), "prjquota-exporter", &mut out);
+    out
+}
+
 fn parse_guard_mode(s: &str) -> Result<GuardMode, String> {
     s.parse()
 }
@@ -180,6 +209,25 @@ fn telemetry_path(s: &str) -> Result<String, String> {
 }
 
 fn main() {
+    match completion_request() {
+        Some(Ok(shell)) => {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            if let Err(e) = out
+                .write_all(&completion_script(shell))
+                .and_then(|()| out.flush())
+            {
+                error!("cannot write the completion script to stdout", err = e);
+                std::process::exit(1);
+            }
+            return;
+        }
+        Some(Err(e)) => {
+            error!("bad arguments", err = e);
+            std::process::exit(2);
+        }
+        None => {}
+    }
     let flags = Flags::parse();
     log::set_level(flags.log_level);
     log::set_format(flags.log_format);
@@ -438,5 +486,48 @@ mod tests {
         let f = Flags::parse_from(["prjquota-exporter", "--log.format=json"]);
         assert_eq!(f.log_format, log::Format::Json);
         assert!(Flags::try_parse_from(["prjquota-exporter", "--ebpf=maybe"]).is_err());
+    }
+
+    /// Every visible flag is completed, the hidden generator flag is not,
+    /// and bash (as /usr/share/bash-completion loads it) takes the script.
+    #[test]
+    fn completion_scripts_cover_every_flag_and_bash_loads_them() {
+        use clap::CommandFactory;
+        use clap_complete::Shell;
+        let longs: Vec<String> = Flags::command()
+            .get_arguments()
+            .filter(|a| !a.is_hide_set())
+            .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+            .collect();
+        assert!(longs.len() >= 14, "{longs:?}");
+        for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
+            let script = String::from_utf8(completion_script(shell)).unwrap();
+            for long in &longs {
+                // fish names a flag without its dashes (-l web.listen-address).
+                let name = long.trim_start_matches('-');
+                assert!(script.contains(name), "{shell}: {long} missing");
+            }
+            assert!(!script.contains("completion-script"), "{shell}");
+        }
+        let dir =
+            std::env::temp_dir().join(format!("prjquota-exporter-compl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("prjquota-exporter");
+        std::fs::write(&file, completion_script(Shell::Bash)).unwrap();
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                ". {}; complete -p prjquota-exporter",
+                file.display()
+            ))
+            .output()
+            .expect("run bash");
+        std::fs::remove_dir_all(&dir).unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("prjquota-exporter"),
+            "bash did not load the completion: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
