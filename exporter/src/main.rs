@@ -111,8 +111,12 @@ struct Flags {
     /// Quota-escape guard: off, detect (count and log attempts to change the
     /// project ID of files under a volume root) or enforce (also deny them
     /// with EPERM through a BPF LSM program, unless the caller has
-    /// CAP_SYS_ADMIN in the initial user namespace; falls back to detect,
-    /// and says so, when the BPF LSM is not active).
+    /// CAP_SYS_ADMIN in the initial user namespace). The guard is pinned
+    /// in bpffs (--guard.pin-root) and keeps working while no exporter
+    /// runs. With enforce the exporter refuses to start, saying why, when
+    /// it cannot enforce: the BPF LSM is not active (bpf missing from the
+    /// kernel's lsm= list), a guard program does not load, or the guard
+    /// cannot be pinned; use detect on such nodes.
     #[arg(long = "guard", value_name = "MODE", default_value = "detect", value_parser = parse_guard_mode)]
     guard: GuardMode,
 
