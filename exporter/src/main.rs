@@ -141,6 +141,87 @@ struct Flags {
     /// never lost.
     #[arg(long = "ebpf.max-volumes", value_name = "N", default_value = "16384", value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     max_volumes: u32,
+
+    /// Collector quota: nomad_host_volume_quota_hard_limit_inodes, a volume's inode hard limit (quotactl). On by default; --no-collector.quota switches it
+    /// off: it then publishes nothing and does none of its work.
+    #[arg(
+        long = "collector.quota",
+        help_heading = "Collectors",
+        overrides_with = "no_collector_quota"
+    )]
+    collector_quota: bool,
+    /// Switches the quota collector off (see --collector.quota).
+    #[arg(
+        long = "no-collector.quota",
+        help_heading = "Collectors",
+        overrides_with = "collector_quota"
+    )]
+    no_collector_quota: bool,
+
+    /// Collector statfs: a volume's capacity, usage and inodes (statfs on its root: 6 series per volume). On by default; --no-collector.statfs switches it
+    /// off: it then publishes nothing and does none of its work.
+    #[arg(
+        long = "collector.statfs",
+        help_heading = "Collectors",
+        overrides_with = "no_collector_statfs"
+    )]
+    collector_statfs: bool,
+    /// Switches the statfs collector off (see --collector.statfs).
+    #[arg(
+        long = "no-collector.statfs",
+        help_heading = "Collectors",
+        overrides_with = "collector_statfs"
+    )]
+    no_collector_statfs: bool,
+
+    /// Collector filesystem: the nomad_host_volumes_* series, per volumes directory: its filesystem's size, health and quota enforcement, provisioned and used bytes, overcommit ratio. On by default; --no-collector.filesystem switches it
+    /// off: it then publishes nothing and does none of its work.
+    #[arg(
+        long = "collector.filesystem",
+        help_heading = "Collectors",
+        overrides_with = "no_collector_filesystem"
+    )]
+    collector_filesystem: bool,
+    /// Switches the filesystem collector off (see --collector.filesystem).
+    #[arg(
+        long = "no-collector.filesystem",
+        help_heading = "Collectors",
+        overrides_with = "collector_filesystem"
+    )]
+    no_collector_filesystem: bool,
+
+    /// Collector quota_events: nomad_host_volume_quota_limit_hits_total from the kernel's quota netlink warnings (off: no netlink socket). On by default; --no-collector.quota_events switches it
+    /// off: it then publishes nothing and does none of its work.
+    #[arg(
+        long = "collector.quota_events",
+        help_heading = "Collectors",
+        overrides_with = "no_collector_quota_events"
+    )]
+    collector_quota_events: bool,
+    /// Switches the quota_events collector off (see --collector.quota_events).
+    #[arg(
+        long = "no-collector.quota_events",
+        help_heading = "Collectors",
+        overrides_with = "collector_quota_events"
+    )]
+    no_collector_quota_events: bool,
+}
+
+impl Flags {
+    /// The collectors switched off: the last of --collector.X and
+    /// --no-collector.X given wins, as in node_exporter.
+    fn disabled_collectors(&self) -> Vec<&'static str> {
+        [
+            ("quota", self.no_collector_quota),
+            ("statfs", self.no_collector_statfs),
+            ("filesystem", self.no_collector_filesystem),
+            ("quota_events", self.no_collector_quota_events),
+        ]
+        .into_iter()
+        .filter(|(_, off)| *off)
+        .map(|(name, _)| name)
+        .collect()
+    }
 }
 
 /// `prjquota-exporter --completion-script SHELL` prints the completion
@@ -268,10 +349,12 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     // an exporter by accident (systemd counts death by SIGHUP as a clean
     // exit, and does not restart it).
     let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+    let disabled_collectors = flags.disabled_collectors();
     let config = Config {
         volumes_dirs: flags.volumes_dirs,
         statfs_timeout: flags.statfs_timeout,
         quota_events: true,
+        disabled_collectors,
         ebpf: flags.ebpf,
         guard: flags.guard,
         guard_pin_root: flags.guard_pin_root,
@@ -347,6 +430,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         statfs_timeout = format!("{:?}", config.statfs_timeout),
         ebpf = config.ebpf,
         guard = config.guard,
+        disabled_collectors = config.disabled_collectors.join(","),
         tls = web.as_ref().is_some_and(|w| w.config().tls().is_some()),
         basic_auth = web.as_ref().is_some_and(|w| w.config().basic_auth()),
     );
@@ -490,6 +574,37 @@ mod tests {
         let f = Flags::parse_from(["prjquota-exporter", "--log.format=json"]);
         assert_eq!(f.log_format, log::Format::Json);
         assert!(Flags::try_parse_from(["prjquota-exporter", "--ebpf=maybe"]).is_err());
+    }
+
+    /// Each collector --no-collector.X can switch off has its pair of
+    /// flags, and the last one given wins.
+    #[test]
+    fn collector_switches_pair_up_and_the_last_wins() {
+        use clap::CommandFactory;
+        let mut names: Vec<String> = Flags::command()
+            .get_arguments()
+            .filter_map(|a| a.get_long()?.strip_prefix("collector.").map(str::to_string))
+            .collect();
+        names.sort();
+        let mut switchable: Vec<String> = prjquota_exporter::collector::SWITCHABLE
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        switchable.sort();
+        assert_eq!(names, switchable);
+        for name in prjquota_exporter::collector::SWITCHABLE {
+            let on = format!("--collector.{name}");
+            let off = format!("--no-collector.{name}");
+            let f = Flags::parse_from(["prjquota-exporter"]);
+            assert!(f.disabled_collectors().is_empty());
+            let f = Flags::parse_from(["prjquota-exporter", &off]);
+            assert_eq!(f.disabled_collectors(), vec![name]);
+            let f = Flags::parse_from(["prjquota-exporter", &off, &on]);
+            assert!(f.disabled_collectors().is_empty(), "{on} after {off}");
+            let f = Flags::parse_from(["prjquota-exporter", &on, &off]);
+            assert_eq!(f.disabled_collectors(), vec![name], "{off} after {on}");
+        }
+        assert!(Flags::try_parse_from(["prjquota-exporter", "--no-collector.registry"]).is_err());
     }
 
     /// Every visible flag is completed, the hidden generator flag is not,
