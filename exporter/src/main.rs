@@ -65,9 +65,11 @@ struct Flags {
     /// TLS and basic auth: a YAML file in exporter-toolkit's web
     /// configuration format (as node_exporter's --web.config.file):
     /// tls_server_config (cert_file, key_file, client_auth_type,
-    /// client_ca_file, min_version, max_version) and basic_auth_users (user:
-    /// bcrypt hash). Re-read on SIGHUP; a bad file stops the start-up, a bad
-    /// reload keeps the configuration in force.
+    /// client_ca_file, min_version, max_version), http_server_config
+    /// (headers: exporter-toolkit's five security headers on every answer;
+    /// http2) and basic_auth_users (user: bcrypt hash). Re-read on SIGHUP;
+    /// a bad file stops the start-up, a bad reload keeps the configuration
+    /// in force.
     #[arg(long = "web.config.file", value_name = "FILE")]
     web_config_file: Option<PathBuf>,
     /// Never gzip the metrics, even for a scraper that sends
