@@ -318,8 +318,78 @@ pub struct Use {
 /// The metric names an expression reads, each with the function it is
 /// passed to directly (so `rate(x[5m])` gives `x` in `rate`).
 pub fn metric_uses(expr: &str) -> Result<BTreeSet<Use>, String> {
+    Ok(scan(expr)?.into_iter().map(|s| s.used).collect())
+}
+
+/// A label matcher: `(label, operator, value)`, the value without quotes.
+pub type Matcher = (String, String, String);
+
+/// One selector of an expression: the metric and its label matchers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Selector {
+    pub used: Use,
+    /// `(label, operator, value)` of each matcher, in order; the value
+    /// without its quotes.
+    pub matchers: Vec<Matcher>,
+}
+
+impl Selector {
+    /// The matchers on `label`.
+    pub fn on(&self, label: &str) -> Vec<(&str, &str)> {
+        self.matchers
+            .iter()
+            .filter(|(l, _, _)| l == label)
+            .map(|(_, op, v)| (op.as_str(), v.as_str()))
+            .collect()
+    }
+}
+
+/// Every selector an expression reads, in order (a metric read twice is
+/// there twice).
+pub fn selectors(expr: &str) -> Result<Vec<Selector>, String> {
+    scan(expr)
+}
+
+/// `a="x", b=~"$y"` as `(label, operator, value)` triples.
+fn matchers(body: &str) -> Result<Vec<Matcher>, String> {
+    let b = body.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    loop {
+        while i < b.len() && (b[i].is_ascii_whitespace() || b[i] == b',') {
+            i += 1;
+        }
+        if i >= b.len() {
+            return Ok(out);
+        }
+        let start = i;
+        while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
+            i += 1;
+        }
+        let label = body[start..i].to_string();
+        while i < b.len() && b[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        let op_start = i;
+        while i < b.len() && matches!(b[i], b'=' | b'!' | b'~') {
+            i += 1;
+        }
+        let op = body[op_start..i].to_string();
+        while i < b.len() && b[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if label.is_empty() || op.is_empty() || !matches!(b.get(i), Some(b'"' | b'\'' | b'`')) {
+            return Err(format!("cannot read the matchers {{{body}}}"));
+        }
+        let end = skip_string(b, i).ok_or_else(|| format!("unterminated string in {{{body}}}"))?;
+        out.push((label, op, body[i + 1..end - 1].to_string()));
+        i = end;
+    }
+}
+
+fn scan(expr: &str) -> Result<Vec<Selector>, String> {
     let b = expr.as_bytes();
-    let mut out = BTreeSet::new();
+    let mut out = Vec::new();
     // The innermost open function call's name per parenthesis level, and
     // whether anything was read inside it yet (only a first argument that
     // is a bare selector counts as "passed to" it).
@@ -417,9 +487,25 @@ pub fn metric_uses(expr: &str) -> Result<BTreeSet<Use>, String> {
                         }
                         _ => None,
                     };
-                    out.insert(Use {
-                        metric: word.to_string(),
-                        function,
+                    let mut found = Vec::new();
+                    if b.get(next) == Some(&b'{') {
+                        let end = skip_until(b, next, b'}')
+                            .ok_or_else(|| format!("unterminated {{ in {expr:?}"))?;
+                        let body = &expr[next + 1..end - 1];
+                        if body.contains("__name__") {
+                            return Err(format!(
+                                "a __name__ matcher hides the metric name from the lint: {expr:?}"
+                            ));
+                        }
+                        found = matchers(body)?;
+                        i = end;
+                    }
+                    out.push(Selector {
+                        used: Use {
+                            metric: word.to_string(),
+                            function,
+                        },
+                        matchers: found,
                     });
                 }
             }
@@ -486,6 +572,29 @@ fn skip_until(b: &[u8], i: usize, close: u8) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn selectors_give_each_metric_its_matchers() {
+        let s = selectors(
+            r#"sum(rate(a_total{x="y,z", w=~"$v"}[5m])) / on (job) b and c{job!="n"} offset 1h"#,
+        )
+        .unwrap();
+        let got: Vec<(String, Vec<Matcher>)> =
+            s.into_iter().map(|s| (s.used.metric, s.matchers)).collect();
+        let t = |l: &str, o: &str, v: &str| (l.to_string(), o.to_string(), v.to_string());
+        assert_eq!(
+            got,
+            vec![
+                (
+                    "a_total".into(),
+                    vec![t("x", "=", "y,z"), t("w", "=~", "$v")]
+                ),
+                ("b".into(), vec![]),
+                ("c".into(), vec![t("job", "!=", "n")]),
+            ]
+        );
+        assert!(selectors("a{b}").is_err());
+    }
 
     fn names(e: &str) -> Vec<String> {
         metric_names(e).unwrap().into_iter().collect()

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use prjquota_dashboards::{
     dashboard, dashboard_exprs, label_values, metric_uses, panel_exprs, panels, recorded,
-    rule_exprs, rules, variable_query, variables, variables_in, Expr,
+    rule_exprs, rules, selectors, variable_query, variables, variables_in, Expr,
 };
 use prjquota_exporter::collector::quota_events::QuotaEvents;
 use prjquota_exporter::collector::{Collector, Scrape};
@@ -368,13 +368,30 @@ fn variables_are_chained_multi_valued_and_each_is_used() {
         .iter()
         .map(|v| (v["name"].as_str().expect("variable name"), *v))
         .collect();
-    // name -> (label, variables its query must be filtered by)
-    let want: [(&str, &str, &[&str]); 3] = [
-        ("node_pool", "node_pool", &[]),
-        ("namespace", "namespace", &["node_pool"]),
-        ("volume", "volume_id", &["node_pool", "namespace"]),
+    // name -> (label, metric it reads, variables its query must be
+    // filtered by)
+    const SCOPE: &[&str] = &["cluster", "job", "instance"];
+    const INFO: &str = "nomad_host_volume_info";
+    const BUILD: &str = "prjquota_exporter_build_info";
+    let want: [(&str, &str, &str, &[&str]); 6] = [
+        ("cluster", "cluster", BUILD, &[]),
+        ("job", "job", BUILD, &["cluster"]),
+        ("instance", "instance", BUILD, &["cluster", "job"]),
+        ("node_pool", "node_pool", INFO, SCOPE),
+        (
+            "namespace",
+            "namespace",
+            INFO,
+            &["cluster", "job", "instance", "node_pool"],
+        ),
+        (
+            "volume",
+            "volume_id",
+            INFO,
+            &["cluster", "job", "instance", "node_pool", "namespace"],
+        ),
     ];
-    for (name, label, filters) in want {
+    for (name, label, metric, filters) in want {
         let v = by_name
             .get(name)
             .unwrap_or_else(|| panic!("no `{name}` variable"));
@@ -387,13 +404,21 @@ fn variables_are_chained_multi_valued_and_each_is_used() {
             label_values(q).unwrap_or_else(|| panic!("{name}: {q:?} is not label_values(…)"));
         assert_eq!(l, label, "{name}: {q}");
         assert!(
-            selector.starts_with("nomad_host_volume_info"),
-            "{name}: values come from nomad_host_volume_info: {q}"
+            selector.starts_with(metric),
+            "{name}: values come from {metric}: {q}"
         );
         let used: BTreeSet<String> = variables_in(&selector);
         let filters: BTreeSet<String> = filters.iter().map(|s| s.to_string()).collect();
         assert_eq!(used, filters, "{name}: chained on {filters:?}: {q}");
     }
+    // All jobs is the list of jobs that export build_info (Grafana's
+    // default All), not `.*`: the `up` panel must not show node_exporter.
+    assert!(
+        by_name["job"].get("allValue").is_none(),
+        "job: no allValue, so All means the exporters' jobs"
+    );
+    // A series without a cluster label matches All clusters.
+    assert_eq!(by_name["cluster"]["allValue"], ".*");
 
     // Every variable is used by at least one panel.
     let exprs = panel_exprs(&d);
@@ -410,6 +435,63 @@ fn variables_are_chained_multi_valued_and_each_is_used() {
         };
         assert!(used, "variable {name} is used by no panel");
     }
+}
+
+/// Every selector of every panel and annotation is scoped by the cluster,
+/// job and instance variables, and by nothing else on those labels: a
+/// hard-coded `job="…"` (or a selector that forgets the variables) fails.
+#[test]
+fn every_panel_selector_honours_cluster_job_and_instance() {
+    let d = dashboard();
+    let mut problems = Vec::new();
+    let mut n = 0;
+    let exprs = dashboard_exprs(&d)
+        .into_iter()
+        .filter(|e| !e.place.starts_with("variable "));
+    for e in exprs {
+        let sels = selectors(&e.expr).unwrap_or_else(|err| panic!("{}: {err}", e.place));
+        for s in sels {
+            n += 1;
+            for label in ["cluster", "job", "instance"] {
+                let want = format!("${label}");
+                if s.on(label) != [("=~", want.as_str())] {
+                    problems.push(format!(
+                        "{}: {} has {label} matchers {:?}, not exactly {label}=~\"{want}\"",
+                        e.place,
+                        s.used.metric,
+                        s.on(label)
+                    ));
+                }
+            }
+        }
+    }
+    assert!(n >= 40, "only {n} selectors read");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The rules name no scrape target: no matcher on job, instance or cluster
+/// (an exporter is known by its own series), so they fire in whatever job
+/// scrapes it and in no Prometheus that scrapes none.
+#[test]
+fn no_rule_hard_codes_a_job_instance_or_cluster() {
+    let rules = rules();
+    let mut problems = Vec::new();
+    for e in rule_exprs(&rules) {
+        let sels = selectors(&e.expr).unwrap_or_else(|err| panic!("{}: {err}", e.place));
+        for s in sels {
+            for label in ["job", "instance", "cluster"] {
+                if !s.on(label).is_empty() {
+                    problems.push(format!(
+                        "{}: {}{{{label}…}}: {:?}",
+                        e.place,
+                        s.used.metric,
+                        s.on(label)
+                    ));
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
 #[test]

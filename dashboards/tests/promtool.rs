@@ -175,3 +175,54 @@ fn every_alert_has_tests_that_fire_it_and_tests_where_it_must_not() {
         "tests of alerts that do not exist: {unknown:?}"
     );
 }
+
+/// A Prometheus that scrapes only node_exporter (some targets down, one
+/// vanished, disks filling) fires no alert of the file: a unit test made
+/// here with one expectation per alert, run by promtool over two hours.
+#[test]
+fn a_prometheus_without_prjquota_targets_fires_nothing() {
+    let rules = rules();
+    let alerts: BTreeSet<&str> = rule_list(&rules)
+        .into_iter()
+        .filter_map(|r| r["alert"].as_str())
+        .collect();
+    assert!(alerts.len() >= 10, "{alerts:?}");
+    let series = [
+        ("up{job=\"node\",instance=\"node-1:9100\"}", "1x150"),
+        ("up{job=\"node\",instance=\"node-2:9100\"}", "0x150"),
+        ("up{job=\"node\",instance=\"node-3:9100\"}", "1x10 stale"),
+        (
+            "node_filesystem_avail_bytes{job=\"node\",instance=\"node-1:9100\",mountpoint=\"/\"}",
+            "1000000-1000x150",
+        ),
+        (
+            "node_filesystem_size_bytes{job=\"node\",instance=\"node-1:9100\",mountpoint=\"/\"}",
+            "10000000x150",
+        ),
+        (
+            "node_exporter_build_info{job=\"node\",instance=\"node-1:9100\",version=\"1.8.2\"}",
+            "1x150",
+        ),
+    ];
+    let mut test = format!(
+        "rule_files:\n  - {}\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n",
+        dir().join(RULES).display()
+    );
+    for (s, v) in series {
+        test += &format!("      - series: '{s}'\n        values: '{v}'\n");
+    }
+    test += "    alert_rule_test:\n";
+    for eval in ["20m", "2h"] {
+        for a in &alerts {
+            test += &format!(
+                "      - eval_time: {eval}\n        alertname: {a}\n        exp_alerts: []\n"
+            );
+        }
+    }
+    let file =
+        std::env::temp_dir().join(format!("prjquota-no-targets-{}.yaml", std::process::id()));
+    std::fs::write(&file, &test).unwrap();
+    let out = promtool(&["test", "rules", &file.to_string_lossy()]);
+    std::fs::remove_file(&file).unwrap();
+    assert!(out.contains("SUCCESS"), "{out}");
+}

@@ -475,9 +475,16 @@ async fn route(
 ) -> Result<Response<Body>, Infallible> {
     let handler = handler_of(&app, req.uri().path());
     let _in_flight = InFlight::enter(&app.requests.in_flight);
-    let resp = answer(req, app.clone(), conn).await;
-    if let Ok(r) = &resp {
+    let mut resp = answer(req, app.clone(), conn).await;
+    if let Ok(r) = &mut resp {
         app.requests.answered(handler, r.status());
+        // On every answer, refusals included, as exporter-toolkit does: a
+        // policy such as Strict-Transport-Security holds for the endpoint.
+        if let Some(web) = &app.options.web {
+            for (name, value) in web.config().headers() {
+                r.headers_mut().insert(name.clone(), value.clone());
+            }
+        }
     }
     resp
 }

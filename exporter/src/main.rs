@@ -65,9 +65,11 @@ struct Flags {
     /// TLS and basic auth: a YAML file in exporter-toolkit's web
     /// configuration format (as node_exporter's --web.config.file):
     /// tls_server_config (cert_file, key_file, client_auth_type,
-    /// client_ca_file, min_version, max_version) and basic_auth_users (user:
-    /// bcrypt hash). Re-read on SIGHUP; a bad file stops the start-up, a bad
-    /// reload keeps the configuration in force.
+    /// client_ca_file, min_version, max_version), http_server_config
+    /// (headers: exporter-toolkit's five security headers on every answer;
+    /// http2) and basic_auth_users (user: bcrypt hash). Re-read on SIGHUP;
+    /// a bad file stops the start-up, a bad reload keeps the configuration
+    /// in force.
     #[arg(long = "web.config.file", value_name = "FILE")]
     web_config_file: Option<PathBuf>,
     /// Never gzip the metrics, even for a scraper that sends
@@ -111,8 +113,12 @@ struct Flags {
     /// Quota-escape guard: off, detect (count and log attempts to change the
     /// project ID of files under a volume root) or enforce (also deny them
     /// with EPERM through a BPF LSM program, unless the caller has
-    /// CAP_SYS_ADMIN in the initial user namespace; falls back to detect,
-    /// and says so, when the BPF LSM is not active).
+    /// CAP_SYS_ADMIN in the initial user namespace). The guard is pinned
+    /// in bpffs (--guard.pin-root) and keeps working while no exporter
+    /// runs. With enforce the exporter refuses to start, saying why, when
+    /// it cannot enforce: the BPF LSM is not active (bpf missing from the
+    /// kernel's lsm= list), a guard program does not load, or the guard
+    /// cannot be pinned; use detect on such nodes.
     #[arg(long = "guard", value_name = "MODE", default_value = "detect", value_parser = parse_guard_mode)]
     guard: GuardMode,
 
@@ -137,6 +143,116 @@ struct Flags {
     /// never lost.
     #[arg(long = "ebpf.max-volumes", value_name = "N", default_value = "16384", value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     max_volumes: u32,
+
+    /// Collector quota: nomad_host_volume_quota_hard_limit_inodes, a volume's inode hard limit (quotactl). On by default; --no-collector.quota switches it
+    /// off: it then publishes nothing and does none of its work.
+    #[arg(
+        long = "collector.quota",
+        help_heading = "Collectors",
+        overrides_with = "no_collector_quota"
+    )]
+    collector_quota: bool,
+    /// Switches the quota collector off (see --collector.quota).
+    #[arg(
+        long = "no-collector.quota",
+        help_heading = "Collectors",
+        overrides_with = "collector_quota"
+    )]
+    no_collector_quota: bool,
+
+    /// Collector statfs: a volume's capacity, usage and inodes (statfs on its root: 6 series per volume). On by default; --no-collector.statfs switches it
+    /// off: it then publishes nothing and does none of its work.
+    #[arg(
+        long = "collector.statfs",
+        help_heading = "Collectors",
+        overrides_with = "no_collector_statfs"
+    )]
+    collector_statfs: bool,
+    /// Switches the statfs collector off (see --collector.statfs).
+    #[arg(
+        long = "no-collector.statfs",
+        help_heading = "Collectors",
+        overrides_with = "collector_statfs"
+    )]
+    no_collector_statfs: bool,
+
+    /// Collector filesystem: the nomad_host_volumes_* series, per volumes directory: its filesystem's size, health and quota enforcement, provisioned and used bytes, overcommit ratio. On by default; --no-collector.filesystem switches it
+    /// off: it then publishes nothing and does none of its work.
+    #[arg(
+        long = "collector.filesystem",
+        help_heading = "Collectors",
+        overrides_with = "no_collector_filesystem"
+    )]
+    collector_filesystem: bool,
+    /// Switches the filesystem collector off (see --collector.filesystem).
+    #[arg(
+        long = "no-collector.filesystem",
+        help_heading = "Collectors",
+        overrides_with = "collector_filesystem"
+    )]
+    no_collector_filesystem: bool,
+
+    /// Collector quota_events: nomad_host_volume_quota_limit_hits_total from the kernel's quota netlink warnings (off: no netlink socket). On by default; --no-collector.quota_events switches it
+    /// off: it then publishes nothing and does none of its work.
+    #[arg(
+        long = "collector.quota_events",
+        help_heading = "Collectors",
+        overrides_with = "no_collector_quota_events"
+    )]
+    collector_quota_events: bool,
+    /// Switches the quota_events collector off (see --collector.quota_events).
+    #[arg(
+        long = "no-collector.quota_events",
+        help_heading = "Collectors",
+        overrides_with = "collector_quota_events"
+    )]
+    no_collector_quota_events: bool,
+}
+
+impl Flags {
+    /// The collectors switched off: the last of --collector.X and
+    /// --no-collector.X given wins, as in node_exporter.
+    fn disabled_collectors(&self) -> Vec<&'static str> {
+        [
+            ("quota", self.no_collector_quota),
+            ("statfs", self.no_collector_statfs),
+            ("filesystem", self.no_collector_filesystem),
+            ("quota_events", self.no_collector_quota_events),
+        ]
+        .into_iter()
+        .filter(|(_, off)| *off)
+        .map(|(name, _)| name)
+        .collect()
+    }
+}
+
+/// `prjquota-exporter --completion-script SHELL` prints the completion
+/// script for SHELL (bash, zsh, fish) and exits: the packages install its
+/// output, made by the very binary it completes (as node_exporter's hidden
+/// --completion-script-bash). Read before the flags, not one of them:
+/// clap_complete completes hidden flags too, and this one is for the
+/// packaging, not for operators.
+fn completion_request() -> Option<Result<clap_complete::Shell, String>> {
+    use clap::ValueEnum;
+    let args: Vec<String> = std::env::args().skip(1).take(3).collect();
+    match args.as_slice() {
+        [flag, shell] if flag == "--completion-script" => Some(
+            clap_complete::Shell::from_str(shell, false)
+                .map_err(|_| format!("--completion-script {shell:?}: give bash, zsh or fish")),
+        ),
+        [flag, ..] if flag == "--completion-script" => Some(Err(
+            "usage: prjquota-exporter --completion-script bash|zsh|fish".into(),
+        )),
+        _ => None,
+    }
+}
+
+/// The completion script for `shell`, from the flags above.
+fn completion_script(shell: clap_complete::Shell) -> Vec<u8> {
+    use clap::CommandFactory;
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut Flags::command(), "prjquota-exporter", &mut out);
+    out
 }
 
 fn parse_guard_mode(s: &str) -> Result<GuardMode, String> {
@@ -180,6 +296,25 @@ fn telemetry_path(s: &str) -> Result<String, String> {
 }
 
 fn main() {
+    match completion_request() {
+        Some(Ok(shell)) => {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            if let Err(e) = out
+                .write_all(&completion_script(shell))
+                .and_then(|()| out.flush())
+            {
+                error!("cannot write the completion script to stdout", err = e);
+                std::process::exit(1);
+            }
+            return;
+        }
+        Some(Err(e)) => {
+            error!("bad arguments", err = e);
+            std::process::exit(2);
+        }
+        None => {}
+    }
     let flags = Flags::parse();
     log::set_level(flags.log_level);
     log::set_format(flags.log_format);
@@ -216,10 +351,12 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     // an exporter by accident (systemd counts death by SIGHUP as a clean
     // exit, and does not restart it).
     let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+    let disabled_collectors = flags.disabled_collectors();
     let config = Config {
         volumes_dirs: flags.volumes_dirs,
         statfs_timeout: flags.statfs_timeout,
         quota_events: true,
+        disabled_collectors,
         ebpf: flags.ebpf,
         guard: flags.guard,
         guard_pin_root: flags.guard_pin_root,
@@ -295,6 +432,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         statfs_timeout = format!("{:?}", config.statfs_timeout),
         ebpf = config.ebpf,
         guard = config.guard,
+        disabled_collectors = config.disabled_collectors.join(","),
         tls = web.as_ref().is_some_and(|w| w.config().tls().is_some()),
         basic_auth = web.as_ref().is_some_and(|w| w.config().basic_auth()),
     );
@@ -438,5 +576,79 @@ mod tests {
         let f = Flags::parse_from(["prjquota-exporter", "--log.format=json"]);
         assert_eq!(f.log_format, log::Format::Json);
         assert!(Flags::try_parse_from(["prjquota-exporter", "--ebpf=maybe"]).is_err());
+    }
+
+    /// Each collector --no-collector.X can switch off has its pair of
+    /// flags, and the last one given wins.
+    #[test]
+    fn collector_switches_pair_up_and_the_last_wins() {
+        use clap::CommandFactory;
+        let mut names: Vec<String> = Flags::command()
+            .get_arguments()
+            .filter_map(|a| a.get_long()?.strip_prefix("collector.").map(str::to_string))
+            .collect();
+        names.sort();
+        let mut switchable: Vec<String> = prjquota_exporter::collector::SWITCHABLE
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        switchable.sort();
+        assert_eq!(names, switchable);
+        for name in prjquota_exporter::collector::SWITCHABLE {
+            let on = format!("--collector.{name}");
+            let off = format!("--no-collector.{name}");
+            let f = Flags::parse_from(["prjquota-exporter"]);
+            assert!(f.disabled_collectors().is_empty());
+            let f = Flags::parse_from(["prjquota-exporter", &off]);
+            assert_eq!(f.disabled_collectors(), vec![name]);
+            let f = Flags::parse_from(["prjquota-exporter", &off, &on]);
+            assert!(f.disabled_collectors().is_empty(), "{on} after {off}");
+            let f = Flags::parse_from(["prjquota-exporter", &on, &off]);
+            assert_eq!(f.disabled_collectors(), vec![name], "{off} after {on}");
+        }
+        assert!(Flags::try_parse_from(["prjquota-exporter", "--no-collector.registry"]).is_err());
+    }
+
+    /// Every visible flag is completed, the hidden generator flag is not,
+    /// and bash (as /usr/share/bash-completion loads it) takes the script.
+    #[test]
+    fn completion_scripts_cover_every_flag_and_bash_loads_them() {
+        use clap::CommandFactory;
+        use clap_complete::Shell;
+        let longs: Vec<String> = Flags::command()
+            .get_arguments()
+            .filter(|a| !a.is_hide_set())
+            .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+            .collect();
+        assert!(longs.len() >= 14, "{longs:?}");
+        for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
+            let script = String::from_utf8(completion_script(shell)).unwrap();
+            for long in &longs {
+                // fish names a flag without its dashes (-l web.listen-address).
+                let name = long.trim_start_matches('-');
+                assert!(script.contains(name), "{shell}: {long} missing");
+            }
+            assert!(!script.contains("completion-script"), "{shell}");
+        }
+        let dir =
+            std::env::temp_dir().join(format!("prjquota-exporter-compl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("prjquota-exporter");
+        std::fs::write(&file, completion_script(Shell::Bash)).unwrap();
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                ". {}; complete -p prjquota-exporter",
+                file.display()
+            ))
+            .output()
+            .expect("run bash");
+        std::fs::remove_dir_all(&dir).unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("prjquota-exporter"),
+            "bash did not load the completion: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }

@@ -11,10 +11,13 @@
 //! for a filesystem, and a half-written certificate during rotation cannot
 //! fail handshakes.
 //!
-//! Fields of the format this exporter does not implement (cipher_suites,
-//! curve_preferences, client_allowed_sans, headers, rate_limit) are refused
-//! by name rather than ignored: a file that asks for client SAN checks must
-//! not be served without them.
+//! `http_server_config.headers` adds exporter-toolkit's security headers to
+//! every answer (the same five names, the same allowed values); `http2`
+//! is accepted either way, as only HTTP/1.1 is served. Fields of the format
+//! this exporter does not implement (cipher_suites, curve_preferences,
+//! client_allowed_sans, rate_limit) are refused by name rather than
+//! ignored: a file that asks for client SAN checks must not be served
+//! without them.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -32,6 +35,8 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
 use serde::Deserialize;
 use tokio::sync::Semaphore;
+
+use hyper::header::{HeaderName, HeaderValue};
 
 use crate::metrics::Family;
 
@@ -93,7 +98,54 @@ struct HttpSpec {
     // `http2: true` (the toolkit's default) asks for nothing a scraper needs.
     #[allow(dead_code)]
     http2: Option<bool>,
-    headers: Option<serde_norway::Value>,
+    headers: Option<HashMap<String, String>>,
+}
+
+/// The headers `http_server_config.headers` may set, and the values each
+/// takes (`None`: any), as exporter-toolkit allows them: names exactly as
+/// written here, enumerated values exactly.
+const ALLOWED_HEADERS: [(&str, Option<&[&str]>); 5] = [
+    ("Strict-Transport-Security", None),
+    ("X-Content-Type-Options", Some(&["nosniff"])),
+    ("X-Frame-Options", Some(&["deny", "sameorigin"])),
+    ("X-XSS-Protection", None),
+    ("Content-Security-Policy", None),
+];
+
+/// `http_server_config.headers`, checked as exporter-toolkit checks them,
+/// sorted by name.
+fn extra_headers(
+    map: &HashMap<String, String>,
+) -> Result<Vec<(HeaderName, HeaderValue)>, FieldError> {
+    let mut out = Vec::new();
+    for (name, value) in map {
+        let field = format!("http_server_config.headers.{name}");
+        let Some((_, allowed)) = ALLOWED_HEADERS.iter().find(|(n, _)| n == name) else {
+            return Err((
+                field,
+                format!(
+                    "this header cannot be configured; exporter-toolkit's format allows {}",
+                    ALLOWED_HEADERS.map(|(n, _)| n).join(", ")
+                ),
+            ));
+        };
+        if let Some(values) = allowed {
+            if !values.contains(&value.as_str()) {
+                return Err((field, format!("{value:?} is not one of {values:?}")));
+            }
+        }
+        let header_value = HeaderValue::from_str(value).map_err(|_| {
+            (
+                field.clone(),
+                format!("{value:?} is not a valid HTTP header value (control characters?)"),
+            )
+        })?;
+        let header_name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| (field, "not a valid HTTP header name".to_string()))?;
+        out.push((header_name, header_value));
+    }
+    out.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+    Ok(out)
 }
 
 /// A loaded, checked web config.
@@ -106,6 +158,8 @@ pub struct WebConfig {
     /// random secret at the highest cost of `users`, so that an unknown
     /// name costs as long as a known one and timing tells no names.
     dummy: String,
+    /// `http_server_config.headers`, set on every answer.
+    headers: Vec<(HeaderName, HeaderValue)>,
 }
 
 impl fmt::Debug for WebConfig {
@@ -139,11 +193,14 @@ impl WebConfig {
         if spec.rate_limit.is_some() {
             return Err(err("rate_limit", unsupported()));
         }
-        if let Some(h) = &spec.http_server_config {
-            if h.headers.is_some() {
-                return Err(err("http_server_config.headers", unsupported()));
-            }
-        }
+        let headers = match spec
+            .http_server_config
+            .as_ref()
+            .and_then(|h| h.headers.as_ref())
+        {
+            Some(map) => extra_headers(map).map_err(|(field, m)| err(&field, m))?,
+            None => Vec::new(),
+        };
         let dir = file.parent().unwrap_or(Path::new("."));
         let tls = match spec.tls_server_config {
             Some(t) => tls_config(&t, dir).map_err(|(field, m)| err(&field, m))?,
@@ -162,7 +219,12 @@ impl WebConfig {
             users.insert(user, hash);
         }
         let dummy = dummy_hash(&users);
-        Ok(WebConfig { tls, users, dummy })
+        Ok(WebConfig {
+            tls,
+            users,
+            dummy,
+            headers,
+        })
     }
 
     pub fn tls(&self) -> Option<&Arc<rustls::ServerConfig>> {
@@ -171,6 +233,11 @@ impl WebConfig {
 
     pub fn basic_auth(&self) -> bool {
         !self.users.is_empty()
+    }
+
+    /// The headers every answer carries (`http_server_config.headers`).
+    pub fn headers(&self) -> &[(HeaderName, HeaderValue)] {
+        &self.headers
     }
 }
 
@@ -823,6 +890,60 @@ mod tests {
         let d = temp_dir();
         let f = write(&d, "web.yml", text);
         WebConfig::load(&f).unwrap_err()
+    }
+
+    /// exporter-toolkit's rules: five names, exactly as written; two of
+    /// them with enumerated values; no control characters.
+    #[test]
+    fn headers_are_checked_as_exporter_toolkit_checks_them() {
+        let d = temp_dir();
+        let c = WebConfig::load(&write(
+            &d,
+            "web.yml",
+            "http_server_config:\n  http2: false\n  headers:\n    X-XSS-Protection: '0'\n    \
+             Content-Security-Policy: default-src 'none'\n    X-Frame-Options: sameorigin\n",
+        ))
+        .unwrap();
+        let got: Vec<(&str, &str)> = c
+            .headers()
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("content-security-policy", "default-src 'none'"),
+                ("x-frame-options", "sameorigin"),
+                ("x-xss-protection", "0"),
+            ]
+        );
+        for (text, field) in [
+            ("    Server: x\n", "http_server_config.headers.Server"),
+            (
+                "    x-frame-options: deny\n",
+                "http_server_config.headers.x-frame-options",
+            ),
+            (
+                "    X-Frame-Options: DENY\n",
+                "http_server_config.headers.X-Frame-Options",
+            ),
+            (
+                "    X-Content-Type-Options: sniff\n",
+                "http_server_config.headers.X-Content-Type-Options",
+            ),
+            (
+                "    Strict-Transport-Security: \"a\\r\\nSet-Cookie: x\"\n",
+                "http_server_config.headers.Strict-Transport-Security",
+            ),
+        ] {
+            let e = load_err(&format!("http_server_config:\n  headers:\n{text}"));
+            assert_eq!(e.field, field, "{text}: {e}");
+        }
+        let e = load_err("http_server_config:\n  headers:\n    X-Frame-Options: [deny]\n");
+        assert!(e.to_string().contains("headers"), "{e}");
+        let c =
+            WebConfig::load(&write(&d, "h2.yml", "http_server_config:\n  http2: true\n")).unwrap();
+        assert!(c.headers().is_empty());
     }
 
     #[test]

@@ -134,3 +134,63 @@ async fn quota_warnings_from_netlink_are_counted_per_volume() {
     }
     panic!("the injected warnings were not counted: last value {seen:?}");
 }
+
+/// `--no-collector.X` for every switchable collector: none of their
+/// series, no success series for them, and `collector_enabled` 0; the
+/// registry's series and the eBPF and guard collectors stay.
+#[tokio::test]
+async fn switched_off_collectors_publish_nothing() {
+    use prjquota_exporter::collector::SWITCHABLE;
+    let dir = fresh_dir(&std::env::temp_dir(), "switched-off");
+    add_volume(&dir, record(A, "default", 4242, State::Ready));
+    let on = Exporter::new(&config(&dir, false)).scrape().await.to_text();
+    let off = Exporter::new(&Config {
+        disabled_collectors: SWITCHABLE.to_vec(),
+        ..config(&dir, true)
+    })
+    .scrape()
+    .await
+    .to_text();
+    // What each collector publishes here (tmpfs: no quota, so nothing
+    // of the quota collector's own even when on).
+    let theirs = [
+        "nomad_host_volume_capacity_bytes{",
+        "nomad_host_volume_inodes_used{",
+        "nomad_host_volumes_filesystem_size_bytes{",
+        "nomad_host_volumes_provisioned_bytes{",
+        "nomad_host_volume_quota_limit_hits_total",
+        "prjquota_exporter_quota_events_subscribed",
+    ];
+    for name in theirs {
+        assert!(
+            on.contains(name),
+            "{name} missing with every collector on:\n{on}"
+        );
+        assert!(
+            !off.contains(name),
+            "{name} published while switched off:\n{off}"
+        );
+    }
+    for name in SWITCHABLE {
+        let success = format!("prjquota_exporter_scrape_collector_success{{collector=\"{name}\"}}");
+        assert!(on.contains(&success), "{on}");
+        assert!(!off.contains(&success), "{off}");
+        let enabled = format!("prjquota_exporter_collector_enabled{{collector=\"{name}\"}}");
+        assert_eq!(value(&on, &enabled), Some(1.0), "{on}");
+        assert_eq!(value(&off, &enabled), Some(0.0), "{off}");
+    }
+    for stays in ["registry", "ebpf", "guard"] {
+        let success =
+            format!("prjquota_exporter_scrape_collector_success{{collector=\"{stays}\"}}");
+        assert!(off.contains(&success), "{off}");
+    }
+    let labels = format!("{{namespace=\"default\",node_pool=\"default\",volume_id=\"{A}\"}}");
+    assert_eq!(
+        value(
+            &off,
+            &format!("nomad_host_volume_provisioned_bytes{labels}")
+        ),
+        Some(1073741824.0)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

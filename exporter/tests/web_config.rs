@@ -445,6 +445,10 @@ fn a_bad_web_config_stops_start_up_naming_the_file_and_the_field() {
             "tls_server_config:\n  min_version: TLS10\n",
             "tls_server_config.min_version",
         ),
+        (
+            "http_server_config:\n  headers:\n    Server: nginx\n",
+            "http_server_config.headers.Server",
+        ),
     ];
     for (text, field) in cases {
         let cfg = write_config(&dir, text);
@@ -693,4 +697,97 @@ fn a_sighup_during_start_up_does_not_kill_the_exporter() {
     }
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// The status line and headers of one answer (lower-cased names), from
+/// curl's header dump.
+fn answer_headers(url: &str, user: Option<&str>) -> (u16, Vec<String>) {
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "--max-time", "30", "-o", "/dev/null", "-D", "-"]);
+    if let Some(u) = user {
+        cmd.args(["-u", u]);
+    }
+    let out = cmd.arg(url).output().expect("run curl");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut lines = text.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let headers = lines
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .map(|l| match l.split_once(':') {
+            Some((n, v)) => format!("{}: {}", n.to_ascii_lowercase(), v.trim()),
+            None => l,
+        })
+        .collect();
+    (status, headers)
+}
+
+/// `http_server_config.headers` is on every answer, refusals included (as
+/// exporter-toolkit sets them before it checks credentials), and a SIGHUP
+/// that changes them applies to the next answer; `http2: false` is
+/// accepted (only HTTP/1.1 is served).
+#[test]
+fn configured_headers_are_on_every_answer_refusals_included() {
+    let dir = volumes_dir("headers");
+    let hash = bcrypt::hash("s3cret", 4).unwrap();
+    let users = format!("basic_auth_users:\n  prometheus: '{hash}'\n");
+    let cfg = write_config(
+        &dir,
+        &format!(
+            "http_server_config:\n  http2: false\n  headers:\n    X-Frame-Options: deny\n    \
+             Strict-Transport-Security: max-age=31536000; includeSubDomains\n    \
+             X-Content-Type-Options: nosniff\n{users}"
+        ),
+    );
+    let r = start(&dir, &cfg);
+    let want = [
+        "x-frame-options: deny",
+        "strict-transport-security: max-age=31536000; includeSubDomains",
+        "x-content-type-options: nosniff",
+    ];
+    for (user, path, status) in [
+        (None, "/metrics", 401),
+        (Some("prometheus:wrong"), "/", 401),
+        (Some("prometheus:s3cret"), "/metrics", 200),
+        (Some("prometheus:s3cret"), "/nowhere", 404),
+        (None, "/healthz", 200),
+    ] {
+        let (got, headers) = answer_headers(&http(&r, path), user);
+        assert_eq!(got, status, "{path} as {user:?}: {headers:?}");
+        for h in want {
+            assert!(
+                headers.iter().any(|l| l == h),
+                "{path} as {user:?} ({got}) lacks {h:?}: {headers:?}"
+            );
+        }
+    }
+    // A reload that drops two of them: the next answer has only the third.
+    write_config(
+        &dir,
+        &format!("http_server_config:\n  headers:\n    X-Frame-Options: sameorigin\n{users}"),
+    );
+    r.signal(nix::sys::signal::Signal::SIGHUP);
+    let started = Instant::now();
+    loop {
+        let (_, headers) = answer_headers(&http(&r, "/metrics"), None);
+        if headers.iter().any(|l| l == "x-frame-options: sameorigin") {
+            assert!(
+                !headers
+                    .iter()
+                    .any(|l| l.starts_with("strict-transport-security")),
+                "{headers:?}"
+            );
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the reload never applied: {headers:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    r.stop();
 }

@@ -66,18 +66,13 @@ fn plugin_id(argv0: Option<&OsString>) -> String {
 
 /// The operator commands. Their output is for people (or `--json`), not
 /// for Nomad, so errors are plain text on stderr with exit status 2.
-fn admin(op: &str, args: &[OsString]) -> ExitCode {
+fn admin(op: &str, booleans: &[&str], args: &[OsString]) -> ExitCode {
     let args: Vec<String> = match args.iter().map(|a| a.clone().into_string()).collect() {
         Ok(a) => a,
         Err(_) => {
             eprintln!("prjquota {op}: arguments must be UTF-8");
             return ExitCode::from(2);
         }
-    };
-    let booleans: &[&str] = match op {
-        "check" => &["--json"],
-        "list" => &["--json", "--bytes"],
-        _ => &["--json", "--fix"],
     };
     let flags = match admin::parse_flags(&args, booleans) {
         Ok(f) => f,
@@ -137,8 +132,10 @@ fn main() -> ExitCode {
             println!("prjquota {VERSION}");
             return ExitCode::SUCCESS;
         }
-        "check" | "list" | "reconcile" => return admin(op, &args[2..]),
         _ => {}
+    }
+    if let Some(booleans) = admin::booleans(op) {
+        return admin(op, booleans, &args[2..]);
     }
     let Some(operation) = Operation::parse(op) else {
         eprintln!("{USAGE}");

@@ -48,9 +48,12 @@ const EBPF_METRICS: &[&str] = &[
     "prjquota_exporter_ebpf_program_attached",
 ];
 
-/// The job name the rules expect (`PrjquotaExporterDown` matches
-/// `job=~".*prjquota.*"`; docs/dashboards.md tells operators to use this).
-const JOB: &str = "prjquota-exporter";
+/// The scrape job: no rule and no panel depends on its name, so it is one
+/// without "prjquota" in it.
+const JOB: &str = "nomad-volumes";
+/// The `cluster` target label the test's scrape config sets, which the
+/// dashboard's `cluster` variable finds.
+const CLUSTER: &str = "vm-cluster";
 
 /// How long to wait for the alerts (reported, never asserted).
 const ALERT_TIMEOUT: Duration = Duration::from_secs(900);
@@ -163,7 +166,17 @@ fn a_volume_filling_past_its_limit_shows_on_every_panel_and_fires_its_alerts() {
         &["--plugin-dir", plugin_dir.as_str()],
     );
     let rules = rules_with_short_for();
-    let prom = Prometheus::start(&[(JOB, exporter.addr)], std::slice::from_ref(&rules));
+    // The scrape config of the test's Prometheus, its one target labelled
+    // with a cluster as relabelling or static labels would.
+    let yaml = format!(
+        "{}        labels:\n          cluster: {CLUSTER}\n",
+        prom::config_yaml(&[(JOB, exporter.addr)], std::slice::from_ref(&rules))
+    );
+    let prom = Prometheus::start_config(
+        Path::new(prom::PROMETHEUS),
+        &yaml,
+        std::slice::from_ref(&rules),
+    );
     let has_data = |r: &Value| r.as_array().is_some_and(|a| !a.is_empty());
     prom.query_until(
         &format!("nomad_host_volume:used_ratio{{volume_id=\"{}\"}}", full.id),
@@ -267,6 +280,9 @@ fn a_volume_filling_past_its_limit_shows_on_every_panel_and_fires_its_alerts() {
     let ebpf_attached = has_data(&prom.query("prjquota_exporter_ebpf_program_attached == 1"));
     eprintln!("eBPF programs attached: {ebpf_attached}");
     let vars: Vec<(&str, String)> = vec![
+        ("cluster", CLUSTER.into()),
+        ("job", JOB.into()),
+        ("instance", exporter.addr.to_string()),
         ("node_pool", "pool-dash".into()),
         ("namespace", "team-dash".into()),
         ("volume", full.id.clone()),

@@ -41,6 +41,24 @@ const CONFFILE: &str = "etc/default/prjquota";
 const PLUGIN_DIR: &str = "opt/nomad/data/host_volume_plugins";
 const DASHBOARD: &str = "usr/share/prjquota/dashboards/prjquota.json";
 const RULES: &str = "usr/share/prjquota/rules/prjquota-alerts.yaml";
+/// Where Debian's zsh (zsh-common) and Fedora's look for packaged
+/// completions.
+const ZSH_DEB: &str = "usr/share/zsh/vendor-completions";
+const ZSH_RPM: &str = "usr/share/zsh/site-functions";
+
+/// Each command's bash, zsh and fish completions, zsh's in `zsh_dir`.
+fn completions(zsh_dir: &str) -> Vec<String> {
+    ["prjquota", "prjquota-exporter"]
+        .iter()
+        .flat_map(|c| {
+            [
+                format!("usr/share/bash-completion/completions/{c}"),
+                format!("{zsh_dir}/_{c}"),
+                format!("usr/share/fish/vendor_completions.d/{c}.fish"),
+            ]
+        })
+        .collect()
+}
 
 /// The guest's root under an overlay of its own, writable, its writes in a
 /// tmpfs; unmounted on drop.
@@ -300,6 +318,30 @@ fn the_deb_installs_its_unit_verifies_and_a_purge_leaves_nothing() {
         let p = format!("usr/share/man/man1/{page}.1.gz");
         assert_mode(&root.at(&p), 0o644);
     }
+    // Shell completions where each shell looks, and bash (as
+    // bash-completion would) loads them and completes both commands.
+    for p in completions(ZSH_DEB) {
+        assert_mode(&root.at(&p), 0o644);
+    }
+    for c in ["prjquota", "prjquota-exporter"] {
+        let loaded = root.chroot_ok(&[
+            "bash",
+            "-c",
+            &format!(". /usr/share/bash-completion/completions/{c} && complete -p {c}"),
+        ]);
+        assert!(
+            loaded.contains(&format!(" {c}")),
+            "bash loaded no completion for {c}: {loaded}"
+        );
+    }
+    let fish = std::fs::read_to_string(
+        root.at("usr/share/fish/vendor_completions.d/prjquota-exporter.fish"),
+    )
+    .unwrap();
+    assert!(
+        fish.contains("-l web.listen-address"),
+        "the exporter's fish completions lack its flags:\n{fish}"
+    );
     assert_mode(&root.at(UNIT), 0o644);
     assert_mode(&root.at(DASHBOARD), 0o644);
     assert_mode(&root.at(RULES), 0o644);
@@ -516,7 +558,15 @@ fn the_rpm_holds_the_debs_files_and_scripts() {
         .filter(|l| !l.starts_with('d'))
         .filter_map(|l| l.split_whitespace().last())
         .map(|p| p.trim_start_matches('.').to_string())
+        // zsh's completions have another home on Fedora.
+        .map(|p| p.replace(&format!("/{ZSH_DEB}/"), &format!("/{ZSH_RPM}/")))
         .collect();
+    for p in completions(ZSH_RPM) {
+        assert!(
+            deb_files.contains(&format!("/{p}")),
+            "no /{p} among {deb_files:?}"
+        );
+    }
     for f in &deb_files {
         assert!(
             rpm_files.contains(f),

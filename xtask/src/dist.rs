@@ -267,7 +267,15 @@ const SCRIPT_COMMON: &str = "deploy/package/common.sh";
 /// into Nomad's plugin directory (Nomad 2.0.1+ refuses symlinked plugins),
 /// the unit (shipped, not enabled) and its generator, the node's settings
 /// (a conffile), the dashboard, the rules and the Prometheus configuration.
-fn stage_files(root: &Path, plugin: &Path, exporter: &Path, d: &Path, epoch: &str) -> Result<()> {
+/// zsh's completions go to `zsh_dir` (Debian and Fedora differ).
+fn stage_files(
+    root: &Path,
+    plugin: &Path,
+    exporter: &Path,
+    d: &Path,
+    epoch: &str,
+    zsh_dir: &str,
+) -> Result<()> {
     install_file(exporter, &d.join("usr/bin/prjquota-exporter"), 0o755)?;
     install_file(plugin, &d.join(PLUGIN_PATH), 0o755)?;
     install_file(
@@ -310,6 +318,7 @@ fn stage_files(root: &Path, plugin: &Path, exporter: &Path, d: &Path, epoch: &st
         install_file(&root.join(from), &d.join(to), 0o644)?;
     }
     stage_man_pages(plugin, exporter, d, epoch)?;
+    crate::completions::stage(exporter, d, zsh_dir)?;
     // Debian policy: the changelog, gzipped with no timestamp.
     let changelog = d.join("usr/share/doc/prjquota/changelog.Debian");
     write(&changelog, &debian_changelog(epoch)?)?;
@@ -404,7 +413,14 @@ fn script(root: &Path, name: &str) -> Result<String> {
 /// The .deb's tree: the files, then `DEBIAN/` (control, conffiles,
 /// md5sums, the maintainer scripts).
 fn stage_deb(root: &Path, plugin: &Path, exporter: &Path, d: &Path, epoch: &str) -> Result<()> {
-    stage_files(root, plugin, exporter, d, epoch)?;
+    stage_files(
+        root,
+        plugin,
+        exporter,
+        d,
+        epoch,
+        crate::completions::ZSH_DEB,
+    )?;
     let size_kib = du_kib(d)?;
     let version = env!("CARGO_PKG_VERSION");
     let description = wrap_description(DESCRIPTION);
@@ -502,7 +518,14 @@ pub fn build_rpm(
     let dir = rpm.parent().context("the .rpm's directory")?;
     let top = fresh_dir(&dir.join("rpm-build"))?;
     let tree = top.join("tree");
-    stage_files(root, plugin, exporter, &tree, epoch)?;
+    stage_files(
+        root,
+        plugin,
+        exporter,
+        &tree,
+        epoch,
+        crate::completions::ZSH_RPM,
+    )?;
     normalise(&tree, epoch)?;
     let mut files = Vec::new();
     list_files(&tree, &tree, &mut files)?;

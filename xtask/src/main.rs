@@ -9,6 +9,7 @@
 //! - `bench` measures prjquota against its alternatives and floors, side by side.
 
 mod bench;
+mod completions;
 mod debian;
 mod demo;
 mod deps;

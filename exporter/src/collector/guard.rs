@@ -11,10 +11,10 @@
 //!   `nomad_host_volume_projid_change_attempts_total{result="allowed|denied"}`,
 //!   and log each one (process name, pid, uid, cgroup ID);
 //! - `enforce`: also refuse them with EPERM through a BPF LSM program. When
-//!   the BPF LSM is not active (or the program cannot attach) the guard
-//!   falls back to detect, logs why once, and reports
-//!   `prjquota_exporter_guard_enforcing 0` with
-//!   `prjquota_exporter_guard_fallback{reason}`;
+//!   the BPF LSM is not active (or the program cannot attach), the load
+//!   reports it ([`GuardReady::wait`]) and the exporter refuses to start:
+//!   an operator who asked for enforcement is not served detection under
+//!   the same name;
 //! - `off`: load nothing.
 //!
 //! `prjquota_exporter_guard_mode{mode}` has one series per mode, 1 for the
@@ -301,7 +301,7 @@ fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
             let fallback = g.not_enforcing().map(|why| (why.reason(), why.to_string()));
             match &fallback {
                 Some((reason, why)) => crate::warn!(
-                    "quota-escape guard: enforcement unavailable, detecting only: project-ID changes under volume roots are counted, not refused",
+                    "quota-escape guard: enforcement unavailable; with --guard=enforce the exporter does not start",
                     reason = reason,
                     err = why
                 ),
@@ -486,10 +486,10 @@ fn off_reason_family(reason: &str) -> Family {
     f
 }
 
-fn mode_families(mode: GuardMode, fallback: Option<&'static str>) -> Vec<Family> {
+fn mode_families(mode: GuardMode) -> Vec<Family> {
     let mut m = Family::gauge(
         "prjquota_exporter_guard_mode",
-        "The quota-escape guard's mode in force (1) among off, detect and enforce: off when disabled or when it could not load, detect when enforcement was asked for without an active BPF LSM.",
+        "The quota-escape guard's mode in force (1) among off, detect and enforce: off when disabled or when it could not load (with --guard=enforce the exporter refuses to start instead).",
     );
     for x in GuardMode::ALL {
         m.labelled(
@@ -502,16 +502,7 @@ fn mode_families(mode: GuardMode, fallback: Option<&'static str>) -> Vec<Family>
         "Whether the quota-escape guard refuses project-ID changes under volume roots (BPF LSM attached).",
     );
     e.plain(if mode == GuardMode::Enforce { 1.0 } else { 0.0 });
-    let mut out = vec![m, e];
-    if let Some(reason) = fallback {
-        let mut f = Family::gauge(
-            "prjquota_exporter_guard_fallback",
-            "Present while --guard=enforce runs as detect, with the reason (lsm_inactive: the BPF LSM is not in the kernel's lsm= list; lsm_unknown: securityfs unreadable; else why the LSM program failed).",
-        );
-        f.labelled(vec![("reason", reason.to_string())], 1.0);
-        out.push(f);
-    }
-    out
+    vec![m, e]
 }
 
 /// How the guard is kept: pinned, synced, drift repaired.
@@ -556,7 +547,7 @@ fn keeping_families(pinned: bool, removed: usize, syncer: &Syncer) -> Vec<Family
 /// the dashboards read (dashboards/tests/dashboard.rs).
 pub fn catalogue() -> Vec<Family> {
     let scrape = Scrape::new(crate::inventory::Inventory::default());
-    let mut fams = mode_families(GuardMode::Enforce, Some("lsm_inactive"));
+    let mut fams = mode_families(GuardMode::Enforce);
     let counters = GuardCounters {
         missed_runs: Some(0),
         ..GuardCounters::default()
@@ -584,12 +575,12 @@ impl Collector for GuardCollector {
             .await;
             match &*status {
                 Status::Loading => {
-                    out.extend(mode_families(GuardMode::Off, None));
+                    out.extend(mode_families(GuardMode::Off));
                     out.push(attempts_family(0));
                     Ok(())
                 }
                 Status::Off { reason, .. } => {
-                    out.extend(mode_families(GuardMode::Off, None));
+                    out.extend(mode_families(GuardMode::Off));
                     // No samples (nothing is counted), but the family is
                     // known: the dashboards' lint reads the catalogue.
                     out.push(attempts_family(0));
@@ -603,12 +594,12 @@ impl Collector for GuardCollector {
                 Status::Loaded {
                     guard,
                     mode,
-                    fallback,
                     pinned,
                     removed,
                     syncer,
+                    ..
                 } => {
-                    out.extend(mode_families(*mode, fallback.as_ref().map(|f| f.0)));
+                    out.extend(mode_families(*mode));
                     out.extend(keeping_families(pinned.is_ok(), *removed, syncer));
                     self.collect_guard(scrape, guard, out).await
                 }
@@ -657,7 +648,7 @@ mod tests {
             .insert((dev + 1, 2), prjquota_ebpf::guard::Outcomes::default());
         c.privileged = 1;
         let mut out = counter_families(&scrape, &c);
-        out.extend(mode_families(GuardMode::Detect, Some("lsm_inactive")));
+        out.extend(mode_families(GuardMode::Detect));
         let text = crate::metrics::encode_all(&out, &scrape.inventory);
         let v1 = &scrape.inventory.volumes[0].volume_id;
         for line in [
@@ -668,7 +659,6 @@ mod tests {
             "prjquota_exporter_guard_mode{mode=\"detect\"} 1".to_string(),
             "prjquota_exporter_guard_mode{mode=\"enforce\"} 0".to_string(),
             "prjquota_exporter_guard_enforcing 0".to_string(),
-            "prjquota_exporter_guard_fallback{reason=\"lsm_inactive\"} 1".to_string(),
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }

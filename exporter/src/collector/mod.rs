@@ -142,6 +142,13 @@ pub trait Collector: Send + Sync {
     }
 }
 
+/// The collectors `--no-collector.<name>` can switch off (node_exporter's
+/// flags), each with the families it alone publishes. The registry is what
+/// every other collector reads and stays; eBPF and the guard have their
+/// own switches, `--ebpf=off` and `--guard=off`, which also report that
+/// they are off.
+pub const SWITCHABLE: [&str; 4] = ["quota", "statfs", "filesystem", "quota_events"];
+
 /// Settings of an [`Exporter`].
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -152,6 +159,10 @@ pub struct Config {
     pub statfs_timeout: Duration,
     /// Subscribe to the kernel's quota netlink warnings.
     pub quota_events: bool,
+    /// Collectors switched off (`--no-collector.<name>`, names from
+    /// [`SWITCHABLE`]): not made, never run, nothing published
+    /// (`quota_events` off also opens no netlink socket).
+    pub disabled_collectors: Vec<&'static str>,
     /// Whether to load the eBPF write-telemetry programs (`--ebpf`).
     pub ebpf: EbpfMode,
     /// The quota-escape guard (`--guard`).
@@ -174,6 +185,7 @@ impl Default for Config {
             volumes_dirs: vec![PathBuf::from("/opt/nomad/data/host_volumes")],
             statfs_timeout: Duration::from_secs(5),
             quota_events: true,
+            disabled_collectors: Vec::new(),
             ebpf: EbpfMode::Auto,
             guard: GuardMode::Detect,
             guard_pin_root: PathBuf::from(prjquota_ebpf::pins::PIN_ROOT),
@@ -224,6 +236,8 @@ pub struct Exporter {
     roots_sync: tokio::sync::Mutex<()>,
     /// Plugin announcements of new volumes (see `crate::announce`).
     pub announcements: Arc<crate::announce::Stats>,
+    /// Of [`SWITCHABLE`], those switched off.
+    disabled: Vec<&'static str>,
 }
 
 pub const BUILD_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -232,10 +246,15 @@ pub const BUILD_REVISION: &str = env!("PRJQUOTA_REVISION");
 
 impl Exporter {
     pub fn new(config: &Config) -> Exporter {
-        let events = if config.quota_events {
-            quota_events::QuotaEvents::start()
+        let on = |name: &str| !config.disabled_collectors.contains(&name);
+        let events = if !on("quota_events") {
+            None
+        } else if config.quota_events {
+            Some(quota_events::QuotaEvents::start())
         } else {
-            quota_events::QuotaEvents::disabled("disabled by configuration")
+            Some(quota_events::QuotaEvents::disabled(
+                "disabled by configuration",
+            ))
         };
         let opts = prjquota_ebpf::LoadOptions {
             max_volumes: config.max_volumes,
@@ -262,20 +281,25 @@ impl Exporter {
             opts,
         );
         let guard_ready = guard.ready();
-        let mut exporter = Exporter::with_collectors(
-            config,
-            vec![
-                Box::new(quota::Quota),
-                Box::new(statfs::Statfs::new(config.statfs_timeout)),
-                Box::new(filesystem::Filesystem::new(
-                    config.statfs_timeout,
-                    config.plugin_dir.clone(),
-                )),
-                Box::new(events),
-                Box::new(ebpf),
-                Box::new(guard),
-            ],
-        );
+        let mut collectors: Vec<Box<dyn Collector>> = Vec::new();
+        if on("quota") {
+            collectors.push(Box::new(quota::Quota));
+        }
+        if on("statfs") {
+            collectors.push(Box::new(statfs::Statfs::new(config.statfs_timeout)));
+        }
+        if on("filesystem") {
+            collectors.push(Box::new(filesystem::Filesystem::new(
+                config.statfs_timeout,
+                config.plugin_dir.clone(),
+            )));
+        }
+        if let Some(events) = events {
+            collectors.push(Box::new(events));
+        }
+        collectors.push(Box::new(ebpf));
+        collectors.push(Box::new(guard));
+        let mut exporter = Exporter::with_collectors(config, collectors);
         exporter.ebpf = Some(ready);
         exporter.guard = Some(guard_ready);
         exporter
@@ -334,6 +358,10 @@ impl Exporter {
             quota_reader: Arc::new(quota::QuotaReader::new(config.statfs_timeout)),
             roots_sync: tokio::sync::Mutex::new(()),
             announcements: Arc::new(crate::announce::Stats::new(&config.volumes_dirs)),
+            disabled: SWITCHABLE
+                .into_iter()
+                .filter(|n| config.disabled_collectors.contains(n))
+                .collect(),
         }
     }
 
@@ -421,7 +449,7 @@ impl Exporter {
             outcomes.push((c.name(), took.as_secs_f64(), ok));
         }
 
-        families.extend(self_metrics(&scrape.inventory, &outcomes));
+        families.extend(self_metrics(&scrape.inventory, &outcomes, &self.disabled));
         families.extend(self.announcements.families());
         Scraped {
             inventory: scrape.inventory,
@@ -483,7 +511,11 @@ async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Out
         .collect()
 }
 
-fn self_metrics(inventory: &Inventory, outcomes: &[(&'static str, f64, bool)]) -> Vec<Family> {
+fn self_metrics(
+    inventory: &Inventory,
+    outcomes: &[(&'static str, f64, bool)],
+    disabled: &[&'static str],
+) -> Vec<Family> {
     let mut build = Family::gauge(
         "prjquota_exporter_build_info",
         "A metric with a constant '1' value labelled by the version of prjquota-exporter and the git revision it was built from.",
@@ -515,7 +547,20 @@ fn self_metrics(inventory: &Inventory, outcomes: &[(&'static str, f64, bool)]) -
         "Number of Ready volumes in the prjquota registries of the configured volumes directories.",
     );
     volumes.plain(inventory.volumes.len() as f64);
-    vec![build, duration, success, volumes]
+    // node_exporter leaves a switched-off collector out of
+    // scrape_collector_success, as here; this says it was switched off,
+    // rather than absent from an older exporter or a failed scrape.
+    let mut enabled = Family::gauge(
+        "prjquota_exporter_collector_enabled",
+        "Whether a collector that --no-collector.<name> can switch off is on (1) or off (0, publishing nothing).",
+    );
+    for name in SWITCHABLE {
+        enabled.labelled(
+            vec![("collector", name.to_string())],
+            if disabled.contains(&name) { 0.0 } else { 1.0 },
+        );
+    }
+    vec![build, duration, success, volumes, enabled]
 }
 
 #[cfg(test)]

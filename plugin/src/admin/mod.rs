@@ -15,6 +15,24 @@ use anyhow::{bail, Result};
 /// Nomad's default `host_volumes_dir` (`<data_dir>/host_volumes`).
 pub const DEFAULT_VOLUMES_DIR: &str = "/opt/nomad/data/host_volumes";
 
+/// The operator commands and the boolean flags each accepts; every one
+/// also takes the [`VALUE_FLAGS`]. The binary parses with this table, and
+/// the packages' shell completions are checked against it.
+pub const COMMANDS: [(&str, &[&str]); 3] = [
+    ("check", &["--json"]),
+    ("list", &["--json", "--bytes"]),
+    ("reconcile", &["--json", "--fix"]),
+];
+
+/// The flags every operator command takes, each with a directory.
+pub const VALUE_FLAGS: [&str; 2] = ["--volumes-dir", "--plugin-dir"];
+
+/// The boolean flags `op` accepts, or `None` when `op` is no operator
+/// command.
+pub fn booleans(op: &str) -> Option<&'static [&'static str]> {
+    COMMANDS.iter().find(|(c, _)| *c == op).map(|(_, b)| *b)
+}
+
 /// Flags shared by the operator commands.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Flags {
