@@ -42,6 +42,10 @@
 mod error;
 pub mod guard;
 pub mod pins;
+// The crate's kernel boundary: raw bpf(2) and the C layouts shared with
+// the programs. Every block states its SAFETY invariant
+// (clippy::undocumented_unsafe_blocks).
+#[allow(unsafe_code)]
 mod raw;
 mod roots;
 

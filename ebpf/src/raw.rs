@@ -267,8 +267,9 @@ pub(crate) fn statfs_type(path: &std::path::Path) -> std::io::Result<i64> {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: statfs succeeded and filled the struct.
+    let st = unsafe { st.assume_init() };
     #[allow(clippy::unnecessary_cast)] // __fsword_t is i64 on x86_64, i32 elsewhere
-    Ok(unsafe { st.assume_init() }.f_type as i64)
+    Ok(st.f_type as i64)
 }
 
 /// Mounts a bpf filesystem on `dir` (as systemd does at boot on
