@@ -717,7 +717,22 @@ impl Guard {
                     g.lsm = progs.iter().map(|(_, section, _)| *section).collect();
                     attached.extend(progs.into_iter().map(|(p, _, id)| (p, LinkId::Lsm(id))));
                 }
-                Err(why) => g.not_enforcing = Some(why),
+                Err(why) => {
+                    // The exporter refuses to start without enforcement: a
+                    // guard pinned before this start (one that enforces)
+                    // must go on, not give way to this detect-only one.
+                    if let (Some((root, _)), Some(Ok(_))) = (pin, &pinning) {
+                        if let Some(Ok((d, swapped))) = pinning.take() {
+                            swapped.undo(root);
+                            let _ = pins::remove_dir(&d);
+                        }
+                        pinning = Some(Err(format!(
+                            "not pinned: enforcement did not attach ({why}), so the guard pinned \
+                             before this start, if any, stays in place"
+                        )));
+                    }
+                    g.not_enforcing = Some(why);
+                }
             }
         }
         let Some((root, _)) = pin else {
@@ -1174,7 +1189,7 @@ fn attach_enforcement(
                 tried.push(f);
                 break;
             }
-            match attach_lsm(ebpf, btf, prog, enforcer.hook) {
+            match attach_lsm_or_fault(ebpf, btf, prog, enforcer.hook) {
                 Ok(id) => {
                     attached.push((prog, section, id));
                     tried.clear();
@@ -1204,6 +1219,25 @@ fn attach_enforcement(
         return Err(NotEnforcing::Program { failures });
     }
     Ok(attached)
+}
+
+/// [`attach_lsm`]; in the fault-injection build, with
+/// `PRJQUOTA_FAULT_GUARD_LSM` set, a refusal as the verifier's: the tests
+/// of a start whose enforcement fails while an earlier guard is pinned.
+fn attach_lsm_or_fault(
+    ebpf: &mut Ebpf,
+    btf: &Btf,
+    prog: &str,
+    hook: &str,
+) -> Result<aya::programs::lsm::LsmLinkId, ProgramError> {
+    #[cfg(feature = "fault-injection")]
+    if std::env::var_os("PRJQUOTA_FAULT_GUARD_LSM").is_some() {
+        return Err(ProgramError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_prog_load (PRJQUOTA_FAULT_GUARD_LSM)",
+            io_error: io::Error::from_raw_os_error(libc::EACCES),
+        }));
+    }
+    attach_lsm(ebpf, btf, prog, hook)
 }
 
 fn attach_lsm(
@@ -1459,20 +1493,20 @@ mod tests {
     /// from a snapshot leaves alone what was added after it.
     #[test]
     fn roots_projects_and_counters_through_real_maps() {
-        let (loader, btf) = match kernel_btf() {
-            Ok(b) => b,
-            Err(e) => return eprintln!("skipping: {e}"),
-        };
-        let mut g = match Guard::open(
+        // Never a silent pass: a host that cannot run it fails it.
+        let (loader, btf) = kernel_btf().unwrap_or_else(|e| {
+            panic!("this test reads real BPF maps and needs the kernel's BTF: {e}")
+        });
+        let mut g = Guard::open(
             loader,
             &btf,
             &LoadOptions::default(),
             GuardMode::Detect,
             None,
-        ) {
-            Ok(g) => g,
-            Err(e) => return eprintln!("skipping: BPF maps not available here: {e}"),
-        };
+        )
+        .unwrap_or_else(|e| {
+            panic!("this test needs BPF maps: run it as root (or with CAP_BPF): {e}")
+        });
         let loop0 = libc::makedev(7, 0);
         let nvme = libc::makedev(259, 3);
         let (k0, kn) = (7u64 << 20, (259u64 << 20) | 3);

@@ -452,9 +452,8 @@ fn the_self_test_passes_and_fails_a_hook_that_miscounts(fs: &FsCase) {
     assert_eq!(tested(&e), want, "{}", exp.log());
     drop(exp);
 
-    let faulty = std::env::var_os("PRJQUOTA_FAULT_EXPORTER")
-        .expect("PRJQUOTA_FAULT_EXPORTER: cargo xtask test builds the fault-injection exporter");
-    let exp = Exporter::start_binary(Path::new(&faulty), &[&f.node.volumes_dir], &[]);
+    let faulty = prjquota_vmtests::fault_exporter();
+    let exp = Exporter::start_binary(&faulty, &[&f.node.volumes_dir], &[]);
     let e = exp.scrape();
     let mut want = vec![
         (buffered.to_string(), 0.0),

@@ -39,7 +39,7 @@ use prjquota_vmtests::dm::DmDisk;
 use prjquota_vmtests::fixture::{fill, Fixture, FsCase, MIB};
 use prjquota_vmtests::nomad::Spec;
 use prjquota_vmtests::pinned;
-use prjquota_vmtests::prom::{command, run_to_refusal, Exporter};
+use prjquota_vmtests::prom::{command, command_of, run_to_refusal, Exporter};
 use prjquota_vmtests::{on_every_fs, scratch_dir, PYTHON};
 
 on_every_fs!(
@@ -1324,4 +1324,39 @@ fn a_guard_that_cannot_pin_refuses_to_enforce_and_says_so() {
     );
     drop(exp);
     fs::remove_dir_all(&not_bpffs).unwrap();
+}
+
+/// A start whose enforcement fails (an upgrade whose LSM program the
+/// kernel refuses) exits, and the guard pinned before it goes on
+/// enforcing: the new start's pins are undone, not left detecting only.
+#[test]
+fn a_start_that_cannot_enforce_leaves_the_pinned_guard_enforcing() {
+    let v = Volume::new(&prjquota_vmtests::fixture::XFS, "guard-failed-start");
+    let dir = v.f.node.volumes_dir.clone();
+    let _ = guarding(&v, &[]).stop_leaving_pins();
+    let before = pinned::dir_of(&dir).expect("the first start's pins");
+
+    let mut cmd = command_of(
+        &prjquota_vmtests::fault_exporter(),
+        &[&dir],
+        &["--guard=enforce", "--ebpf=off"],
+        false,
+    );
+    cmd.env("PRJQUOTA_FAULT_GUARD_LSM", "1");
+    let (status, err) = run_to_refusal(cmd, "PRJQUOTA_FAULT_GUARD_LSM under --guard=enforce");
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains("cannot enforce (--guard=enforce)")
+            && err.contains("PRJQUOTA_FAULT_GUARD_LSM"),
+        "{err}"
+    );
+    assert_eq!(
+        pinned::dir_of(&dir),
+        Some(before),
+        "the failed start replaced the pins\n{err}"
+    );
+    let data = open(&v.path.join("data"));
+    let (_, r) = chproj_as(Who::User(OWNER), &data, 0);
+    assert_eq!(r, Err(libc::EPERM), "the earlier guard enforces\n{err}");
+    pinned::remove(&[dir]);
 }
