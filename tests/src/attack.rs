@@ -15,9 +15,6 @@ use std::time::{Duration, Instant};
 /// The file owner of the tests: a plain user of the host.
 pub const OWNER: u32 = 1000;
 
-/// PROJINHERIT in fsxattr's flags, as `attr-act xflags-clear` takes it.
-pub const PROJINHERIT_HEX: &str = "200";
-
 /// Who an acting child is.
 #[derive(Clone, Copy, Debug)]
 pub enum Who {
