@@ -84,9 +84,9 @@ pub fn chproj_as(who: Who, file: &OwnedFd, id: u32) -> (u32, Result<(), i32>) {
     act(who, Some(file), &["chproj", &id.to_string()])
 }
 
-/// [`OWNER`] retrying one change (`attr-act loop ACTION ARG`: `chproj 0`,
-/// `xflags-clear 200`) on a file every millisecond, its attempts tallied
-/// per phase of the test: (refused, went through).
+/// [`OWNER`] retrying one change (`attr-act loop ACTION ARG [MS]`: `chproj
+/// 0`, `xflags-clear 200`) on a file every millisecond (or every MS), its
+/// attempts tallied per phase of the test: (refused, went through).
 pub struct Looper {
     child: std::process::Child,
     phase: Arc<AtomicUsize>,
@@ -100,7 +100,8 @@ impl Looper {
         Looper::start_action(file, &["chproj", &id.to_string()], phases)
     }
 
-    /// `attr-act loop ACTION…` in a loop, as [`OWNER`].
+    /// `attr-act loop ACTION ARG [MS]` (MS: milliseconds between attempts,
+    /// 1 when not given), as [`OWNER`].
     pub fn start_action(file: &OwnedFd, action: &[&str], phases: usize) -> Looper {
         use std::os::unix::process::CommandExt;
         let mut child = Command::new(crate::bin("attr-act"))

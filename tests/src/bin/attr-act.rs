@@ -13,8 +13,9 @@
 //!   `FS_IOC_SETFLAGS` (what e2fsprogs' `chattr` does)
 //! - `attr-act file-setattr PATH ID`: `file_getattr(2)`, new project ID,
 //!   `file_setattr(2)` (6.17+)
-//! - `attr-act loop ACTION ARG`: `ACTION ARG` (`chproj ID`, `xflags-clear
-//!   HEX`) every millisecond until killed, one byte per attempt on standard
+//! - `attr-act loop ACTION ARG [MS]`: `ACTION ARG` (`chproj ID`,
+//!   `xflags-clear HEX`) every MS (1) milliseconds until killed, one byte
+//!   per attempt on standard
 //!   output: `.` refused with EPERM, `!` went through, `e` another error
 //!
 //! All but `file-setattr` act on standard input: the test opens the file
@@ -73,8 +74,13 @@ fn main() {
             })
         }
         ("chproj", [id]) => xattr(fd, false, |a| a.projid = number(id)),
-        ("loop", [action, arg]) => {
+        ("loop", [action, arg, every @ ..]) => {
             use std::io::Write;
+            let every = match every {
+                [] => 1,
+                [ms] => number(ms),
+                _ => usage(),
+            };
             let mut out = std::io::stdout().lock();
             loop {
                 let r = match action.as_str() {
@@ -90,7 +96,7 @@ fn main() {
                 if out.write_all(b).and_then(|()| out.flush()).is_err() {
                     std::process::exit(0); // the test stopped reading
                 }
-                std::thread::sleep(std::time::Duration::from_millis(1));
+                std::thread::sleep(std::time::Duration::from_millis(every.into()));
             }
         }
         ("chproj-compat", [id]) => xattr(fd, true, |a| a.projid = number(id)),
