@@ -39,8 +39,10 @@ const ATTEMPTS: &str = "nomad_host_volume_projid_change_attempts_total";
 
 /// The node that reboots (a_node_with_volumes_is_set_up_for_a_reboot, then
 /// the_guard_holds_from_the_first_moment_of_a_boot): its volumes
-/// filesystem, an image kept in the root and mounted by fstab at boot.
-const BOOT_VOLUMES: &str = "/srv/boot-volumes";
+/// filesystem, an image kept in the root and mounted at boot by a mount
+/// unit (vng's root has no /etc/fstab that mount(8) reads).
+const BOOT_VOLUMES: &str = "/srv/bootvolumes";
+const BOOT_MOUNT: &str = "srv-bootvolumes.mount";
 const BOOT_IMAGE: &str = "/var/lib/prjquota-boot-volumes.img";
 /// What the first boot leaves for the second: the volume's path, ID,
 /// project ID and the bytes written.
@@ -749,11 +751,26 @@ fn assert_boot(n: u32) {
 fn a_node_with_volumes_is_set_up_for_a_reboot() {
     assert_boot(1);
     let t = Instant::now();
+    std::fs::write(
+        format!("/etc/systemd/system/{BOOT_MOUNT}"),
+        format!(
+            "[Unit]\n\
+             Description=The node's volumes filesystem\n\
+             [Mount]\n\
+             What={BOOT_IMAGE}\n\
+             Where={BOOT_VOLUMES}\n\
+             Type=xfs\n\
+             Options=loop,prjquota\n\
+             [Install]\n\
+             WantedBy=local-fs.target\n"
+        ),
+    )
+    .unwrap();
     sh_ok(&format!(
         "set -e; truncate -s 512M {BOOT_IMAGE}; mkfs.xfs -q -f {BOOT_IMAGE}; \
-         mkdir -p {BOOT_VOLUMES}; \
-         echo '{BOOT_IMAGE} {BOOT_VOLUMES} xfs loop,prjquota 0 0' >> /etc/fstab; \
-         systemctl daemon-reload; mount {BOOT_VOLUMES}; mkdir -p {PLUGIN_DIR}"
+         mkdir -p {BOOT_VOLUMES} {PLUGIN_DIR}; \
+         systemctl daemon-reload; systemctl enable --now {BOOT_MOUNT}; \
+         mountpoint {BOOT_VOLUMES}"
     ));
     sh_ok(&format!("dpkg -i {}", deb().display()));
     sh_ok(&format!(
