@@ -40,7 +40,8 @@ const ATTEMPTS: &str = "nomad_host_volume_projid_change_attempts_total";
 /// The node that reboots (a_node_with_volumes_is_set_up_for_a_reboot, then
 /// the_guard_holds_from_the_first_moment_of_a_boot): its volumes
 /// filesystem, an image kept in the root and mounted at boot by a mount
-/// unit (vng's root has no /etc/fstab that mount(8) reads).
+/// unit (in this guest, mount(8) does not find a line appended to the
+/// root's /etc/fstab).
 const BOOT_VOLUMES: &str = "/srv/bootvolumes";
 const BOOT_MOUNT: &str = "srv-bootvolumes.mount";
 const BOOT_IMAGE: &str = "/var/lib/prjquota-boot-volumes.img";
@@ -919,12 +920,17 @@ fn the_guard_holds_from_the_first_moment_of_a_boot() {
             Some(ESCAPES.len() as f64),
             "the guard did not count the boot's escapes as denied:\n{m}"
         );
-        let j = journal();
-        assert!(
-            j.lines()
-                .any(|l| l.contains("quota escape attempt refused") && l.contains("uid=1000")),
-            "no refusal logged:\n{j}"
-        );
+        // Logged by the scrape above; journald may take a moment.
+        let logged = || {
+            journal()
+                .lines()
+                .any(|l| l.contains("quota escape attempt refused") && l.contains("uid=1000"))
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !logged() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert!(logged(), "no refusal logged:\n{}", journal());
         assert_eq!(project_of(&path), (projid, true));
         assert_eq!(project_of(&path.join("data")).0, projid);
         let charged = charged(Path::new(BOOT_VOLUMES), projid);
