@@ -15,7 +15,8 @@
 //! The same copy boots once per entry of [`BOOTS`]: the first boot installs
 //! the package and leaves a node with volumes; the second is that node's
 //! reboot (empty bpffs, the unit and a stub `nomad.service` started by
-//! systemd in their boot order).
+//! systemd in their boot order: from the second boot on, the test's unit
+//! pulls in multi-user.target, which a `systemd.run=` boot leaves out).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -226,6 +227,19 @@ fn boot_once(
     std::fs::write(&run_sh, script)?;
     crate::quiet(Command::new("chmod").arg("0755").arg(&run_sh))?;
     let _ = std::fs::remove_file(dir.join("out.log"));
+    // systemd boots into the systemd.run= unit alone, not the default
+    // target. A reboot's tests need the node's boot: there the unit pulls
+    // in multi-user.target, which systemd brings up beside the tests in
+    // the units' own order.
+    if n > 1 {
+        let dropin = root.join("etc/systemd/system/kernel-command-line.service.d");
+        std::fs::create_dir_all(&dropin)?;
+        std::fs::write(
+            dropin.join("prjquota-reboot.conf"),
+            "# xtask/src/systemd.rs: a reboot brings the node up as at boot.\n\
+             [Unit]\nWants=multi-user.target\n",
+        )?;
+    }
 
     let vng =
         crate::deps::find_vng().context("`vng` (virtme-ng) not found: run `cargo xtask deps`")?;
