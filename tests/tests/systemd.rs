@@ -40,8 +40,7 @@ const ATTEMPTS: &str = "nomad_host_volume_projid_change_attempts_total";
 /// The node that reboots (a_node_with_volumes_is_set_up_for_a_reboot, then
 /// the_guard_holds_from_the_first_moment_of_a_boot): its volumes
 /// filesystem, an image kept in the root and mounted at boot by a mount
-/// unit (in this guest, mount(8) does not find a line appended to the
-/// root's /etc/fstab).
+/// unit (vng binds /dev/null over the guest's /etc/fstab).
 const BOOT_VOLUMES: &str = "/srv/bootvolumes";
 const BOOT_MOUNT: &str = "srv-bootvolumes.mount";
 const BOOT_IMAGE: &str = "/var/lib/prjquota-boot-volumes.img";
@@ -780,8 +779,9 @@ fn a_node_with_volumes_is_set_up_for_a_reboot() {
     if ebpf_kernel() {
         set_guard("enforce");
     }
+    // Enabled, not started: the reboot's exporter is the first to guard.
     sh_ok(&format!(
-        "systemctl daemon-reload && systemctl enable --now {UNIT}"
+        "systemctl daemon-reload && systemctl enable {UNIT}"
     ));
     let node = Node::new(
         Path::new(PLUGIN_DIR).join("prjquota"),
@@ -835,7 +835,6 @@ fn a_node_with_volumes_is_set_up_for_a_reboot() {
          --shell /usr/sbin/nologin workload; \
          systemctl daemon-reload; systemctl enable nomad.service"
     ));
-    assert_eq!(is_active(), "active", "journal:\n{}", journal());
     lap(t, "reboot_prepared");
 }
 
