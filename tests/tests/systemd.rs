@@ -235,10 +235,26 @@ fn assert_off_on_5_10(m: &str) {
         "{m}"
     );
     assert!(
-        journal().contains("quota-escape guard is off"),
-        "journal:\n{}",
-        journal()
+        journal_says(|l| l.contains("quota-escape guard is off")),
+        "the exporter did not log why the guard is off; journal:\n{}\nthe boot's last lines:\n{}",
+        journal(),
+        sh("journalctl -b --no-pager | tail -40").1
     );
+}
+
+/// Whether the exporter's journal has a line `is`, within 10 s (journald
+/// may lag behind the exporter).
+fn journal_says(is: impl Fn(&str) -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if journal().lines().any(&is) {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// What the exporter says about `volume_dir`'s volumes under the sandbox:
@@ -919,17 +935,13 @@ fn the_guard_holds_from_the_first_moment_of_a_boot() {
             Some(ESCAPES.len() as f64),
             "the guard did not count the boot's escapes as denied:\n{m}"
         );
-        // Logged by the scrape above; journald may take a moment.
-        let logged = || {
-            journal()
-                .lines()
-                .any(|l| l.contains("quota escape attempt refused") && l.contains("uid=1000"))
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !logged() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        assert!(logged(), "no refusal logged:\n{}", journal());
+        // Logged by the scrape above.
+        assert!(
+            journal_says(|l| l.contains("quota escape attempt refused") && l.contains("uid=1000")),
+            "no refusal logged; journal:\n{}\nthe boot's last lines:\n{}",
+            journal(),
+            sh("journalctl -b --no-pager | tail -40").1
+        );
         assert_eq!(project_of(&path), (projid, true));
         assert_eq!(project_of(&path.join("data")).0, projid);
         let charged = charged(Path::new(BOOT_VOLUMES), projid);
