@@ -6,6 +6,7 @@
 //! `tests/vm/guest-init.sh`). Outside the VM every helper panics with a message
 //! that says so, rather than letting a test pass against the wrong kernel.
 
+pub mod attack;
 pub mod child;
 pub mod dm;
 pub mod fixture;

@@ -19,13 +19,10 @@
 //! identify their events.
 
 use std::fs;
-use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{chown, MetadataExt};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::path::PathBuf;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use prjquota_core::sys::{
@@ -35,6 +32,7 @@ use prjquota_ebpf::guard::{
     bpf_lsm_active, root_identity, EventSource, Guard, GuardCounters, GuardEvent, GuardMode,
     Outcome, Outcomes, Place,
 };
+use prjquota_vmtests::attack::{act, chproj_as, open, Looper, Who, OWNER};
 use prjquota_vmtests::dm::DmDisk;
 use prjquota_vmtests::fixture::{fill, Fixture, FsCase, MIB};
 use prjquota_vmtests::nomad::Spec;
@@ -53,79 +51,9 @@ on_every_fs!(
     a_file_opened_by_handle_is_judged_fail_closed,
 );
 
-/// The file owner of the tests: a plain user of the host.
-const OWNER: u32 = 1000;
 /// Another user, who does not own the files.
 const STRANGER: u32 = 1001;
 const FS_XFLAG_NOATIME: u32 = 0x0000_0040;
-
-/// Who an acting child is.
-#[derive(Clone, Copy, Debug)]
-enum Who {
-    /// A plain user (no capabilities).
-    User(u32),
-    /// Root with every capability but CAP_SYS_ADMIN (effective, permitted,
-    /// inheritable and bounding set): like root in a Docker container
-    /// without user namespaces (which has CAP_FOWNER).
-    RootWithoutSysAdmin,
-    /// Root with every capability: the plugin, an administrator.
-    Root,
-}
-
-/// Runs `attr-act ARGS` as `who`, with `file` (opened by this process) as
-/// its standard input; returns its pid and what the kernel said
-/// (`Err(errno)`).
-fn act(who: Who, file: Option<&OwnedFd>, args: &[&str]) -> (u32, Result<(), i32>) {
-    use std::os::unix::process::CommandExt;
-    let exe = prjquota_vmtests::bin("attr-act");
-    let mut cmd = match who {
-        Who::User(uid) => {
-            let mut c = Command::new(&exe);
-            // std drops the supplementary groups when root changes uid.
-            c.uid(uid).gid(uid);
-            c
-        }
-        // Out of the bounding set, so the exec'd program has it in no set.
-        Who::RootWithoutSysAdmin => {
-            let mut c = Command::new("capsh");
-            c.args(["--drop=cap_sys_admin", "--", "-c", "exec \"$@\"", "capsh"])
-                .arg(&exe);
-            c
-        }
-        Who::Root => Command::new(&exe),
-    };
-    cmd.args(args)
-        .stdin(match file {
-            Some(f) => Stdio::from(f.try_clone().expect("dup the acted-on file")),
-            None => Stdio::null(),
-        })
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let child = cmd.spawn().expect("start attr-act");
-    let pid = child.id();
-    let out = child.wait_with_output().expect("wait for attr-act");
-    let result = match out.status.code() {
-        Some(0) => Ok(()),
-        Some(code) if code < 255 => Err(code),
-        _ => panic!(
-            "attr-act {args:?} as {who:?}: {}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    };
-    (pid, result)
-}
-
-/// `chproj ID` by `who` on `file`.
-fn chproj_as(who: Who, file: &OwnedFd, id: u32) -> (u32, Result<(), i32>) {
-    act(who, Some(file), &["chproj", &id.to_string()])
-}
-
-fn open(p: &Path) -> OwnedFd {
-    fs::File::open(p)
-        .unwrap_or_else(|e| panic!("open {}: {e}", p.display()))
-        .into()
-}
 
 fn errno_of(e: std::io::Error) -> i32 {
     e.raw_os_error().unwrap_or(255)
@@ -853,85 +781,6 @@ fn guarding(v: &Volume, args: &[&str]) -> Exporter {
     let mut all = vec!["--guard=enforce", "--ebpf=off"];
     all.extend_from_slice(args);
     Exporter::start_with(&[&v.f.node.volumes_dir], &all)
-}
-
-/// An owner looping on `chproj ID` (`attr-act chproj-loop`), its attempts
-/// tallied per phase of the test: (refused, went through).
-struct Looper {
-    child: std::process::Child,
-    phase: Arc<AtomicUsize>,
-    tally: Arc<Mutex<Vec<(u64, u64)>>>,
-    reader: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Looper {
-    fn start(file: &OwnedFd, id: u32, phases: usize) -> Looper {
-        use std::os::unix::process::CommandExt;
-        let mut child = Command::new(prjquota_vmtests::bin("attr-act"))
-            .args(["chproj-loop", &id.to_string()])
-            .uid(OWNER)
-            .gid(OWNER)
-            .stdin(Stdio::from(file.try_clone().unwrap()))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start attr-act chproj-loop");
-        let mut out = child.stdout.take().unwrap();
-        let phase = Arc::new(AtomicUsize::new(0));
-        let tally = Arc::new(Mutex::new(vec![(0u64, 0u64); phases]));
-        let (p, t) = (phase.clone(), tally.clone());
-        let reader = std::thread::spawn(move || {
-            let mut buf = [0u8; 256];
-            while let Ok(n) = out.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                let mut t = t.lock().unwrap();
-                let slot = &mut t[p.load(Ordering::SeqCst)];
-                for b in &buf[..n] {
-                    match b {
-                        b'.' => slot.0 += 1,
-                        b'!' => slot.1 += 1,
-                        other => panic!("chproj-loop: unexpected outcome {:?}", *other as char),
-                    }
-                }
-            }
-        });
-        Looper {
-            child,
-            phase,
-            tally,
-            reader: Some(reader),
-        }
-    }
-
-    fn enter(&self, phase: usize) {
-        self.phase.store(phase, Ordering::SeqCst);
-    }
-
-    /// Until at least `n` more attempts were made in the current phase.
-    fn wait_attempts(&self, n: u64) {
-        let phase = self.phase.load(Ordering::SeqCst);
-        let start = self.tally.lock().unwrap()[phase];
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let now = self.tally.lock().unwrap()[phase];
-            if now.0 + now.1 >= start.0 + start.1 + n {
-                return;
-            }
-            assert!(Instant::now() < deadline, "the looping owner stalled");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    fn stop(mut self) -> Vec<(u64, u64)> {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if let Some(r) = self.reader.take() {
-            r.join().unwrap();
-        }
-        self.tally.lock().unwrap().clone()
-    }
 }
 
 /// An owner loops on `chproj 0` while the exporter stops and starts again

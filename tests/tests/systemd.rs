@@ -1,20 +1,25 @@
 //! The package as an operator runs it, on a node booted with systemd as
 //! init: `dpkg -i`, `systemctl enable --now`, creates exactly as Nomad runs
 //! them, the volumes directory moved by /etc/default/prjquota, an upgrade
-//! while creates and writes run, `dpkg -r`, `dpkg -P`.
+//! while creates and writes run and a volume owner attacks the guard,
+//! `dpkg -r`, `dpkg -P`; then a node with volumes and a `nomad.service`
+//! that attacks the guard the moment it starts, rebooted.
 //!
 //! Runs only in the systemd pass of `cargo xtask test` (xtask/src/systemd.rs):
 //! a Debian root of its own booted with systemd as PID 1, this binary run
-//! by `systemd.run=`. One test, in order: each step is the state the next
-//! starts from, as on a node.
+//! by `systemd.run=`, one test after the other in the order of
+//! `systemd::BOOTS`: each step is the state the next starts from, as on a
+//! node, and the last test runs in a second boot of the same root.
 
 use std::io::Write;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use prjquota_vmtests::attack::{act, open, Looper, Who, OWNER};
 use prjquota_vmtests::http::http_get;
 use prjquota_vmtests::nomad::{Node, Spec};
 
@@ -29,6 +34,29 @@ const SETTINGS: &str = "/etc/default/prjquota";
 const MAX_INODES: &str = "1000";
 /// Creates (each with a write) that run while the upgrade does.
 const UPGRADE_CREATES: usize = 20;
+/// The guard's per-volume attempts counter.
+const ATTEMPTS: &str = "nomad_host_volume_projid_change_attempts_total";
+
+/// The node that reboots (a_node_with_volumes_is_set_up_for_a_reboot, then
+/// the_guard_holds_from_the_first_moment_of_a_boot): its volumes
+/// filesystem, an image kept in the root and mounted at boot by a mount
+/// unit (vng binds /dev/null over the guest's /etc/fstab).
+const BOOT_VOLUMES: &str = "/srv/bootvolumes";
+const BOOT_MOUNT: &str = "srv-bootvolumes.mount";
+const BOOT_IMAGE: &str = "/var/lib/prjquota-boot-volumes.img";
+/// What the first boot leaves for the second: the volume's path, ID,
+/// project ID and the bytes written.
+const BOOT_STATE: &str = "/var/lib/prjquota-boot-state";
+/// The stub Nomad agent's script and what it records.
+const STUB: &str = "/usr/local/lib/stub-nomad";
+const STUB_LOG: &str = "/var/lib/stub-nomad.log";
+/// The three changes a volume owner tries, as `attr-act` arguments, and on
+/// what: the data file's project ID, the root's, the root's PROJINHERIT.
+const ESCAPES: [(&str, &str, &str); 3] = [
+    ("file_chproj", "data", "chproj 0"),
+    ("root_chproj", "", "chproj 0"),
+    ("root_projinherit", "", "xflags-clear 200"),
+];
 
 /// Runs `cmd` with sh; (success, stdout and stderr).
 fn sh(cmd: &str) -> (bool, String) {
@@ -109,6 +137,124 @@ fn ebpf_kernel() -> bool {
         .map(|p| p.parse::<u32>().unwrap_or(0));
     let (major, minor) = (it.next().unwrap(), it.next().unwrap());
     (major, minor) >= (5, 17)
+}
+
+/// One series' value in the exporter's /metrics text: the first line that
+/// starts with `name{` (or is `name value`) and holds every `labels` pair.
+fn value(m: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    m.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| {
+            let (series, _) = l.rsplit_once(' ').unwrap_or((l, ""));
+            (series == name || series.starts_with(&format!("{name}{{")))
+                && labels
+                    .iter()
+                    .all(|(k, v)| series.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Sets `--guard MODE` in /etc/default/prjquota's EXPORTER_ARGS (an
+/// operator's edit: the package's default has no --guard, which is
+/// detect).
+fn set_guard(mode: &str) {
+    let text = std::fs::read_to_string(SETTINGS).unwrap();
+    let mut found = false;
+    let lines: Vec<String> = text
+        .lines()
+        .map(|l| match l.strip_prefix("EXPORTER_ARGS=\"") {
+            Some(rest) if rest.ends_with('"') => {
+                found = true;
+                let args = rest.trim_end_matches('"');
+                let kept = args.split(" --guard ").next().unwrap_or_default();
+                format!("EXPORTER_ARGS=\"{kept} --guard {mode}\"")
+            }
+            _ => l.to_string(),
+        })
+        .collect();
+    assert!(found, "no EXPORTER_ARGS=\"…\" line in {SETTINGS}:\n{text}");
+    std::fs::write(SETTINGS, lines.join("\n") + "\n").unwrap();
+}
+
+/// A volume of `node` owned by [`OWNER`], holding `data` (`bytes`, owned by
+/// OWNER): its path and project ID.
+fn owned_volume(node: &Node, name: &str, bytes: usize) -> (Spec, PathBuf, u32, Vec<u8>) {
+    let owner = OWNER.to_string();
+    let spec = Spec::new(name, 64 << 20)
+        .param("uid", &owner)
+        .param("gid", &owner);
+    let (path, _) = node.create(&spec).created();
+    let data = write_data(&path, bytes, 7);
+    std::os::unix::fs::chown(path.join("data"), Some(OWNER), Some(OWNER)).unwrap();
+    let (projid, inherit) = project_of(&path);
+    assert!(projid != 0 && inherit, "{} is not tagged", path.display());
+    (spec, path, projid, data)
+}
+
+/// Project ID and PROJINHERIT of `p`.
+fn project_of(p: &Path) -> (u32, bool) {
+    prjquota_core::quota::project_of(open(p).as_fd()).expect("FS_IOC_FSGETXATTR")
+}
+
+/// Bytes charged to project `id` on the filesystem of `dir`.
+fn charged(dir: &Path, id: u32) -> u64 {
+    prjquota_core::quota::get(open(dir).as_fd(), id)
+        .expect("quotactl")
+        .used_bytes
+}
+
+/// Puts a volume the owner escaped from (5.10: nothing refuses) back into
+/// its project, as an administrator would.
+fn retag(path: &Path, projid: u32) {
+    for p in [path.join("data"), path.to_path_buf()] {
+        let f = open(&p);
+        let mut a = prjquota_core::sys::get_fsxattr(f.as_fd()).unwrap();
+        a.projid = projid;
+        if p == path {
+            a.xflags |= prjquota_core::sys::FS_XFLAG_PROJINHERIT;
+        }
+        prjquota_core::sys::set_fsxattr(f.as_fd(), &a).unwrap();
+    }
+}
+
+/// On 5.10 the guard is off, and the exporter says why: the kernel, by
+/// name, in its metrics and (`logged`) its journal.
+fn assert_off_on_5_10(m: &str, logged: bool) {
+    assert_eq!(
+        value(m, "prjquota_exporter_guard_mode", &[("mode", "off")]),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        value(
+            m,
+            "prjquota_exporter_guard_off_reason",
+            &[("reason", "kernel_too_old")]
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert!(
+        !logged || journal_says(|l| l.contains("quota-escape guard is off")),
+        "the exporter did not log why the guard is off; journal:\n{}\nthe boot's last lines:\n{}",
+        journal(),
+        sh("journalctl -b --no-pager | tail -40").1
+    );
+}
+
+/// Whether the exporter's journal has a line `is`, within 10 s (journald
+/// may lag behind the exporter).
+fn journal_says(is: impl Fn(&str) -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if journal().lines().any(&is) {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// What the exporter says about `volume_dir`'s volumes under the sandbox:
@@ -272,6 +418,38 @@ fn the_package_installs_runs_moves_upgrades_and_purges_under_systemd() {
     assert_exporter_sees(&first.id, 1 << 20);
     lap(t, "default_dir_checked");
 
+    // What the package's settings give an operator: no --guard in
+    // EXPORTER_ARGS, so the exporter's default, detect. An owner's escape
+    // goes through and is counted as allowed (5.10: the guard is off,
+    // refused by name, and the escape goes through uncounted).
+    let (owned, owned_path, owned_projid, _) = owned_volume(&node, "owned", 1 << 20);
+    let (_, r) = act(
+        Who::User(OWNER),
+        Some(&open(&owned_path.join("data"))),
+        &["chproj", "0"],
+    );
+    assert_eq!(r, Ok(()), "the package's default refused an owner's escape");
+    let m = metrics();
+    if ebpf_kernel() {
+        assert_eq!(
+            value(&m, "prjquota_exporter_guard_mode", &[("mode", "detect")]),
+            Some(1.0),
+            "the package's default guard mode is not detect:\n{m}"
+        );
+        assert_eq!(
+            value(
+                &m,
+                ATTEMPTS,
+                &[("volume_id", &owned.id), ("result", "allowed")]
+            ),
+            Some(1.0),
+            "the default (detect) did not count the escape:\n{m}"
+        );
+    } else {
+        assert_off_on_5_10(&m, true);
+    }
+    retag(&owned_path, owned_projid);
+
     // Move the volumes directory: /etc/default/prjquota, daemon-reload,
     // restart. A restart without the daemon-reload refuses, saying so.
     xfs("moved", MOVED, 512);
@@ -307,11 +485,63 @@ fn the_package_installs_runs_moves_upgrades_and_purges_under_systemd() {
     assert_exporter_sees(&second.id, 2 << 20);
     lap(t, "moved_dir_checked");
 
+    // The operator turns enforcement on (docs/security.md). 5.10 refuses
+    // it by name: the exporter does not start, and says why.
+    set_guard("enforce");
+    let (started, out) = sh(&format!("systemctl restart {UNIT}"));
+    if ebpf_kernel() {
+        assert!(
+            started,
+            "--guard enforce did not start: {out}\n{}",
+            journal()
+        );
+        assert_eq!(
+            value(&metrics(), "prjquota_exporter_guard_enforcing", &[]),
+            Some(1.0),
+            "journal:\n{}",
+            journal()
+        );
+    } else {
+        assert!(
+            !started,
+            "--guard enforce started on a kernel without the BPF LSM helpers"
+        );
+        let j = journal();
+        assert!(
+            j.contains("--guard=enforce") && j.contains("kernel too old"),
+            "the refused start does not name --guard=enforce and the kernel:\n{j}"
+        );
+        set_guard("detect");
+        sh_ok(&format!(
+            "systemctl reset-failed {UNIT}; systemctl restart {UNIT}"
+        ));
+    }
+    lap(t, "guard_mode_set");
+
     // Upgrade while creates and writes run as Nomad runs them: 20 creates
     // on two workers, paced so that they span dpkg's unpack, its swap of
-    // the plugin and the exporter's restart.
+    // the plugin and the exporter's restart. Meanwhile the owner of a
+    // volume loops on every escape (its file's and its root's project ID,
+    // the root's PROJINHERIT), before, during and after dpkg -i.
     let newer = newer_deb();
     lap(t, "newer_package_built");
+    let (_, attacked, attacked_projid, attacked_data) =
+        owned_volume(&moved_node, "attacked", 4 << 20);
+    const PHASES: [&str; 3] = ["before", "during", "after"];
+    let loopers: Vec<(&str, Looper)> = ESCAPES
+        .iter()
+        .map(|(name, file, action)| {
+            let f = open(&attacked.join(file));
+            // Every 5 ms, not 1: three owners at 1 ms load the emulated
+            // CPUs enough to slow dpkg markedly; 5 ms still makes
+            // thousands of attempts while it runs.
+            let args: Vec<&str> = action.split(' ').chain(["5"]).collect();
+            (*name, Looper::start_action(&f, &args, PHASES.len()))
+        })
+        .collect();
+    for (_, l) in &loopers {
+        l.wait_attempts(20);
+    }
     let old_pid = main_pid();
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Timed>> = Mutex::new(Vec::new());
@@ -342,11 +572,73 @@ fn the_package_installs_runs_moves_upgrades_and_purges_under_systemd() {
                 std::thread::sleep(Duration::from_millis(500));
             });
         }
+        for (_, l) in &loopers {
+            l.enter(1);
+        }
         let from = Instant::now();
         let out = sh(&format!("timeout 600 dpkg -i {}", newer.display()));
-        (from, Instant::now(), out)
+        let to = Instant::now();
+        for (_, l) in &loopers {
+            l.enter(2);
+        }
+        (from, to, out)
     });
     lap(t, "upgraded");
+    for (_, l) in &loopers {
+        l.wait_attempts(20);
+    }
+    let tallies: Vec<(&str, Vec<(u64, u64)>)> =
+        loopers.into_iter().map(|(n, l)| (n, l.stop())).collect();
+    for (name, tally) in &tallies {
+        for (phase, (refused, through)) in PHASES.iter().zip(tally) {
+            eprintln!(
+                "MEASURE systemd_upgrade_{name}_{phase}: attempts {} went_through {through}",
+                refused + through
+            );
+        }
+    }
+    if ebpf_kernel() {
+        for (name, tally) in &tallies {
+            for (phase, (refused, through)) in PHASES.iter().zip(tally) {
+                assert_eq!(
+                    *through,
+                    0,
+                    "{name} {phase} the upgrade: the owner's changes went through \
+                     ({refused} refused)\njournal:\n{}",
+                    journal()
+                );
+                assert!(
+                    *refused > 0,
+                    "{name} {phase} the upgrade: no attempt was made"
+                );
+            }
+        }
+        assert_eq!(project_of(&attacked), (attacked_projid, true));
+        assert_eq!(project_of(&attacked.join("data")).0, attacked_projid);
+        let bytes = charged(Path::new(MOVED), attacked_projid);
+        assert!(
+            bytes >= attacked_data.len() as u64,
+            "project {attacked_projid} is charged {bytes} bytes after the upgrade, its \
+             volume holds {}",
+            attacked_data.len()
+        );
+    } else {
+        // No guard on 5.10 (refused by name above): the kernel lets the
+        // owner change the IDs. Said here so that it cannot pass unseen.
+        for (name, tally) in &tallies {
+            let refused: u64 = tally.iter().map(|t| t.0).sum();
+            let through: u64 = tally.iter().map(|t| t.1).sum();
+            assert!(
+                refused == 0 && through > 0,
+                "{name}: {refused} refused, {through} went through on a kernel without the guard"
+            );
+        }
+        retag(&attacked, attacked_projid);
+    }
+    made.push(Made {
+        path: attacked,
+        data: attacked_data,
+    });
     assert!(dpkg_out.0, "the upgrade failed:\n{}", dpkg_out.1);
     eprintln!(
         "dpkg -i (upgrade) took {:.1}s:\n{}",
@@ -452,4 +744,212 @@ fn the_package_installs_runs_moves_upgrades_and_purges_under_systemd() {
         "{} volumes and their data intact after the purge",
         made.len()
     );
+}
+
+/// The boot this test runs in: `PRJQUOTA_SYSTEMD_BOOT`, set by
+/// xtask/src/systemd.rs.
+fn assert_boot(n: u32) {
+    let boot = prjquota_vmtests::vm_env("PRJQUOTA_SYSTEMD_BOOT");
+    assert_eq!(
+        boot,
+        n.to_string(),
+        "this test runs in boot {n} of the systemd pass (xtask/src/systemd.rs BOOTS)"
+    );
+}
+
+/// The first boot of a node that reboots: the volumes filesystem in fstab,
+/// the package installed with the guard in the mode an operator sets (6.1:
+/// enforce; 5.10, which refuses it by name: the default), a volume owned
+/// by a workload's user, and a stub `nomad.service` that, as that user,
+/// tries every escape the moment systemd starts it at the next boot and
+/// records what the kernel said. Runs after the package test's purge.
+#[test]
+fn a_node_with_volumes_is_set_up_for_a_reboot() {
+    assert_boot(1);
+    let t = Instant::now();
+    std::fs::write(
+        format!("/etc/systemd/system/{BOOT_MOUNT}"),
+        format!(
+            "[Unit]\n\
+             Description=The node's volumes filesystem\n\
+             [Mount]\n\
+             What={BOOT_IMAGE}\n\
+             Where={BOOT_VOLUMES}\n\
+             Type=xfs\n\
+             Options=loop,prjquota\n\
+             [Install]\n\
+             WantedBy=local-fs.target\n"
+        ),
+    )
+    .unwrap();
+    sh_ok(&format!(
+        "set -e; truncate -s 512M {BOOT_IMAGE}; mkfs.xfs -q -f {BOOT_IMAGE}; \
+         mkdir -p {BOOT_VOLUMES} {PLUGIN_DIR}; \
+         systemctl daemon-reload; systemctl enable --now {BOOT_MOUNT}; \
+         mountpoint {BOOT_VOLUMES}"
+    ));
+    sh_ok(&format!("dpkg -i {}", deb().display()));
+    sh_ok(&format!(
+        "sed -i 's|^VOLUMES_DIR=.*|VOLUMES_DIR={BOOT_VOLUMES}|' {SETTINGS}"
+    ));
+    if ebpf_kernel() {
+        set_guard("enforce");
+    }
+    // Enabled, not started: the reboot's exporter is the first to guard.
+    sh_ok(&format!(
+        "systemctl daemon-reload && systemctl enable {UNIT}"
+    ));
+    let node = Node::new(
+        Path::new(PLUGIN_DIR).join("prjquota"),
+        BOOT_VOLUMES.into(),
+        PLUGIN_DIR.into(),
+    );
+    let (spec, path, projid, data) = owned_volume(&node, "rebooted", 2 << 20);
+    std::fs::write(
+        BOOT_STATE,
+        format!(
+            "{}\n{}\n{projid}\n{}\n",
+            path.display(),
+            spec.id,
+            data.len()
+        ),
+    )
+    .unwrap();
+
+    // The stub agent: a oneshot as the volume's owner, ordered by nothing
+    // but what the units say (the exporter's Before=nomad.service).
+    let mut script =
+        String::from("#!/bin/sh\n# tests/tests/systemd.rs: a workload's first act at boot.\n");
+    for (name, file, action) in ESCAPES {
+        script += &format!(
+            "/prjquota-test/attr-act {action} < '{}'; echo \"{name} $?\"\n",
+            path.join(file).display()
+        );
+    }
+    std::fs::write(STUB, script).unwrap();
+    std::fs::write(
+        "/etc/systemd/system/nomad.service",
+        format!(
+            "[Unit]\n\
+             Description=A stub Nomad agent whose first act is a workload's escape\n\
+             [Service]\n\
+             Type=oneshot\n\
+             RemainAfterExit=yes\n\
+             User={OWNER}\n\
+             Group={OWNER}\n\
+             ExecStart={STUB}\n\
+             StandardOutput=append:{STUB_LOG}\n\
+             [Install]\n\
+             WantedBy=multi-user.target\n"
+        ),
+    )
+    .unwrap();
+    // The workload's user, as a node has one (systemd resolves User=).
+    sh_ok(&format!(
+        "set -e; chmod 0755 {STUB}; : > {STUB_LOG}; \
+         getent passwd {OWNER} || useradd --uid {OWNER} --user-group --no-create-home \
+         --shell /usr/sbin/nologin workload; \
+         systemctl daemon-reload; systemctl enable nomad.service"
+    ));
+    lap(t, "reboot_prepared");
+}
+
+/// The node of [a_node_with_volumes_is_set_up_for_a_reboot], rebooted:
+/// bpffs is empty, systemd mounts the volumes, starts the exporter and
+/// then the stub agent, whose escapes at its very first moment were
+/// refused (5.10: the guard is off, by name, and they went through) and
+/// counted.
+#[test]
+fn the_guard_holds_from_the_first_moment_of_a_boot() {
+    assert_boot(2);
+    let state = std::fs::read_to_string(BOOT_STATE).expect("the first boot's state");
+    let mut it = state.lines();
+    let (path, id) = (PathBuf::from(it.next().unwrap()), it.next().unwrap());
+    let projid: u32 = it.next().unwrap().parse().unwrap();
+    let bytes: u64 = it.next().unwrap().parse().unwrap();
+
+    // The stub ran (a oneshot: active once its script returned).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let log = loop {
+        let log = std::fs::read_to_string(STUB_LOG).unwrap_or_default();
+        if log.lines().count() >= ESCAPES.len() {
+            break log;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the stub nomad.service recorded {log:?} in 120 s:\n{}",
+            sh("systemctl status nomad.service; journalctl -b -u nomad.service --no-pager").1
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    eprintln!("stub nomad.service recorded:\n{log}");
+    let mono = |unit: &str, prop: &str| -> u64 {
+        sh_ok(&format!("systemctl show -p {prop} --value {unit}"))
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{unit} {prop}"))
+    };
+    let ready = mono(UNIT, "ActiveEnterTimestampMonotonic");
+    let nomad = mono("nomad.service", "ExecMainStartTimestampMonotonic");
+    eprintln!(
+        "MEASURE systemd_boot_exporter_ready_to_nomad_start_ms {:.1}",
+        (nomad as f64 - ready as f64) / 1000.0
+    );
+    assert!(
+        ready > 0 && ready <= nomad,
+        "nomad.service started (at {nomad} µs) before the exporter was ready (at {ready} µs)\n{}",
+        journal()
+    );
+    let results: Vec<(&str, i32)> = log
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(n, rc)| (n, rc.trim().parse().unwrap_or(-1)))
+        .collect();
+    assert_eq!(
+        results.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+        ESCAPES.iter().map(|(n, _, _)| *n).collect::<Vec<_>>(),
+        "{log}"
+    );
+    let through = results.iter().filter(|(_, rc)| *rc == 0).count();
+    eprintln!(
+        "MEASURE systemd_boot_escapes: attempts {} went_through {through}",
+        results.len()
+    );
+    let m = metrics();
+    if ebpf_kernel() {
+        for (name, rc) in &results {
+            assert_eq!(
+                *rc,
+                libc::EPERM,
+                "{name} at boot: the kernel said {rc}, not EPERM\njournal:\n{}",
+                journal()
+            );
+        }
+        assert_eq!(
+            value(&m, "prjquota_exporter_guard_enforcing", &[]),
+            Some(1.0),
+            "{m}"
+        );
+        assert_eq!(
+            value(&m, ATTEMPTS, &[("volume_id", id), ("result", "denied")]),
+            Some(ESCAPES.len() as f64),
+            "the guard did not count the boot's escapes as denied:\n{m}"
+        );
+        assert_eq!(project_of(&path), (projid, true));
+        assert_eq!(project_of(&path.join("data")).0, projid);
+        let charged = charged(Path::new(BOOT_VOLUMES), projid);
+        assert!(
+            charged >= bytes,
+            "project {projid} is charged {charged} bytes after the boot, {bytes} were written"
+        );
+    } else {
+        // The rebooted guest's journald kept no journal files ("No
+        // journal files were found"): the metrics say it here.
+        assert_off_on_5_10(&m, false);
+        assert_eq!(
+            through,
+            ESCAPES.len(),
+            "nothing guards on 5.10, yet escapes were refused: {log}"
+        );
+    }
 }

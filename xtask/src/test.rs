@@ -759,7 +759,12 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
             .context("the systemd pass needs the .deb (built above)")?;
         let test_bin = rust_binary_path(&binaries_json, &format!("{VM_PACKAGE}::systemd"))?;
         for kernel in systemd_kernels {
-            passes.push(systemd_pass(kernel, &test_bin, &d.deb));
+            passes.push(systemd_pass(
+                kernel,
+                &test_bin,
+                &d.deb,
+                &bin_dir.join("attr-act"),
+            ));
         }
     }
     Ok(())
@@ -799,72 +804,96 @@ fn lists_any(expr: &str) -> Result<bool> {
         .any(|l| l.starts_with(VM_PACKAGE)))
 }
 
-/// One systemd boot (xtask/src/systemd.rs) as a pass: the libtest summary
-/// of tests/tests/systemd.rs in the guest.
-fn systemd_pass(kernel: Kernel, test_bin: &Path, deb: &Path) -> Pass {
+/// The systemd boots (xtask/src/systemd.rs) of one kernel as a pass: the
+/// libtest summaries of tests/tests/systemd.rs in the guest, every test of
+/// every boot of `systemd::BOOTS` passed.
+fn systemd_pass(kernel: Kernel, test_bin: &Path, deb: &Path, attr_act: &Path) -> Pass {
     header(&format!(
-        "systemd pass on kernel {}: the .deb installed, run, moved, upgraded and purged on a \
+        "systemd pass on kernel {}: the .deb installed, run, moved, upgraded (an owner \
+         attacking the guard meanwhile) and purged, then a node with volumes rebooted, on a \
          Debian root booted with systemd as init",
         kernel.name()
     ));
     let name = format!("systemd {}", kernel.name());
     let t = Instant::now();
     let guest_deb = format!("/prjquota-test/{}", crate::dist::deb_name());
-    let boot = crate::systemd::boot(kernel, test_bin, &[deb], &[("PRJQUOTA_DEB", guest_deb)]);
+    let boots = crate::systemd::boots(
+        kernel,
+        test_bin,
+        &[deb, attr_act],
+        &[
+            ("PRJQUOTA_DEB", guest_deb),
+            ("PRJQUOTA_BIN_DIR", "/prjquota-test".into()),
+        ],
+    );
     let secs = t.elapsed().as_secs_f64();
     println!(
         "xtask: systemd pass on kernel {} took {secs:.0}s",
         kernel.name()
     );
-    match boot {
-        Ok(b) => {
-            // libtest: "test result: ok. 1 passed; 0 failed; …"
-            let summary = b
-                .lines
-                .iter()
-                .rev()
-                .find(|l| l.starts_with("test result: "))
-                .cloned();
-            let count = |word: &str| {
-                summary
-                    .as_deref()
-                    .and_then(|l| {
-                        l.split(';')
-                            .find(|p| p.trim_end().ends_with(word))
-                            .and_then(|p| p.split_whitespace().rev().nth(1))
-                            .and_then(|n| n.parse::<u64>().ok())
-                    })
-                    .unwrap_or(0)
-            };
-            let (passed, failed) = (count("passed"), count("failed"));
-            let mut problems = Vec::new();
-            if b.status != Some(0) {
-                problems.push(format!(
-                    "the guest's test binary exited with {:?}",
-                    b.status
-                ));
-            }
-            Pass {
+    let boots = match boots {
+        Ok(b) => b,
+        Err(e) => {
+            return Pass {
                 name,
-                ok: b.status == Some(0) && failed == 0 && passed > 0,
-                summary,
-                counts: Counts {
-                    run: passed + failed,
-                    passed,
-                    failed,
-                },
+                summary: None,
+                counts: Counts::default(),
+                ok: false,
                 secs,
-                problems,
+                problems: vec![format!("systemd VM: {e:#}")],
             }
         }
-        Err(e) => Pass {
-            name,
-            summary: None,
-            counts: Counts::default(),
-            ok: false,
-            secs,
-            problems: vec![format!("systemd VM: {e:#}")],
+    };
+    // libtest: "test result: ok. 1 passed; 0 failed; …", one per test run.
+    let count = |line: &str, word: &str| {
+        line.split(';')
+            .find(|p| p.trim_end().ends_with(word))
+            .and_then(|p| p.split_whitespace().rev().nth(1))
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let (mut passed, mut failed) = (0, 0);
+    let mut problems = Vec::new();
+    let mut summaries = Vec::new();
+    for (n, b) in boots.iter().enumerate() {
+        for l in b.lines.iter().filter(|l| l.starts_with("test result: ")) {
+            passed += count(l, "passed");
+            failed += count(l, "failed");
+        }
+        summaries.push(format!("boot {} {:.0}s", n + 1, b.secs));
+        if b.status != Some(0) {
+            problems.push(format!(
+                "boot {}: a test of the guest's test binary exited with {:?}",
+                n + 1,
+                b.status
+            ));
+        }
+    }
+    let expected: usize = crate::systemd::BOOTS.iter().map(|b| b.len()).sum();
+    if boots.len() < crate::systemd::BOOTS.len() {
+        problems.push(format!(
+            "{} of {} boots ran: each starts from the state the one before left",
+            boots.len(),
+            crate::systemd::BOOTS.len()
+        ));
+    }
+    if passed != expected as u64 {
+        problems.push(format!("{passed} of {expected} tests passed"));
+    }
+    Pass {
+        name,
+        ok: problems.is_empty() && failed == 0,
+        summary: Some(format!(
+            "{passed} passed; {failed} failed ({})",
+            summaries.join(", ")
+        )),
+        counts: Counts {
+            run: passed + failed,
+            passed,
+            failed,
         },
+        secs,
+        problems,
     }
 }
 

@@ -13,9 +13,10 @@
 //!   `FS_IOC_SETFLAGS` (what e2fsprogs' `chattr` does)
 //! - `attr-act file-setattr PATH ID`: `file_getattr(2)`, new project ID,
 //!   `file_setattr(2)` (6.17+)
-//! - `attr-act chproj-loop ID`: `chproj ID` every millisecond until killed,
-//!   one byte per attempt on standard output: `.` refused with EPERM, `!`
-//!   went through, `e` another error
+//! - `attr-act loop ACTION ARG [MS]`: `ACTION ARG` (`chproj ID`,
+//!   `xflags-clear HEX`) every MS (1) milliseconds until killed, one byte
+//!   per attempt on standard
+//!   output: `.` refused with EPERM, `!` went through, `e` another error
 //!
 //! All but `file-setattr` act on standard input: the test opens the file
 //! (as root) and hands it over, as a workload holds an open file, so the
@@ -73,12 +74,21 @@ fn main() {
             })
         }
         ("chproj", [id]) => xattr(fd, false, |a| a.projid = number(id)),
-        ("chproj-loop", [id]) => {
+        ("loop", [action, arg, every @ ..]) => {
             use std::io::Write;
-            let id = number(id);
+            let every = match every {
+                [] => 1,
+                [ms] => number(ms),
+                _ => usage(),
+            };
             let mut out = std::io::stdout().lock();
             loop {
-                let b: &[u8] = match xattr(fd, false, |a| a.projid = id) {
+                let r = match action.as_str() {
+                    "chproj" => xattr(fd, false, |a| a.projid = number(arg)),
+                    "xflags-clear" => xattr(fd, false, |a| a.xflags &= !hex(arg)),
+                    _ => usage(),
+                };
+                let b: &[u8] = match r {
                     Ok(()) => b"!",
                     Err(libc::EPERM) => b".",
                     Err(_) => b"e",
@@ -86,7 +96,7 @@ fn main() {
                 if out.write_all(b).and_then(|()| out.flush()).is_err() {
                     std::process::exit(0); // the test stopped reading
                 }
-                std::thread::sleep(std::time::Duration::from_millis(1));
+                std::thread::sleep(std::time::Duration::from_millis(every.into()));
             }
         }
         ("chproj-compat", [id]) => xattr(fd, true, |a| a.projid = number(id)),
