@@ -58,6 +58,21 @@ pub const BOOTS: [&[&str]; 2] = [
     &["the_guard_holds_from_the_first_moment_of_a_boot"],
 ];
 
+/// The boots on 5.10: the package's, without the reboot. The guard cannot
+/// enforce there (its LSM needs newer helpers), so a reboot would prove
+/// only that it is off, which the package test already asserts; CI's
+/// budget has no room for a boot that proves nothing more.
+const BOOTS_WITHOUT_ENFORCEMENT: [&[&str]; 1] =
+    [&["the_package_installs_runs_moves_upgrades_and_purges_under_systemd"]];
+
+/// The boots of a pass on `kernel`.
+pub fn boots_of(kernel: Kernel) -> &'static [&'static [&'static str]] {
+    match kernel {
+        Kernel::V5_10 => &BOOTS_WITHOUT_ENFORCEMENT,
+        _ => &BOOTS,
+    }
+}
+
 /// The cached Debian root, made when missing or made for another package
 /// list.
 pub fn debian_root() -> Result<PathBuf> {
@@ -115,7 +130,7 @@ pub struct Boot {
 }
 
 /// Boots `kernel` with systemd as init on a copy of the Debian root, once
-/// per entry of [`BOOTS`], and runs that boot's tests of `test_bin` there
+/// per entry of [`boots_of`] it, and runs that boot's tests of `test_bin` there
 /// with `env`; `files` are copied into `/prjquota-test/` of the guest first.
 /// The boots until the first that failed.
 pub fn boots(
@@ -178,7 +193,7 @@ pub fn boots(
         started.elapsed().as_secs_f64()
     );
     let mut done = Vec::new();
-    for (n, tests) in BOOTS.iter().enumerate() {
+    for (n, tests) in boots_of(kernel).iter().enumerate() {
         let b = boot_once(kernel, &image, &root, n + 1, tests, env)?;
         let failed = b.status != Some(0);
         done.push(b);
