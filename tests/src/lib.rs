@@ -103,19 +103,16 @@ pub fn scratch_dir(mount: &Path, tag: &str) -> PathBuf {
 /// its buffered-write hooks miscount, and `PRJQUOTA_FAULT_GUARD_LSM` makes
 /// the guard's LSM programs fail to load.
 pub fn fault_exporter() -> PathBuf {
-    let path = PathBuf::from(vm_env("PRJQUOTA_FAULT_EXPORTER"));
-    assert!(
-        path.is_file(),
-        "{} does not exist: `cargo xtask test` builds it with --features fault-injection",
-        path.display()
-    );
-    path
+    fault_build("PRJQUOTA_FAULT_EXPORTER")
 }
 
-/// The `prjquota` binary built with the `fault-injection` feature: it aborts
-/// at the step named by `PRJQUOTA_FAULT`, as abruptly as `kill -9`.
 pub fn fault_bin() -> PathBuf {
-    let path = PathBuf::from(vm_env("PRJQUOTA_FAULT_BIN"));
+    fault_build("PRJQUOTA_FAULT_BIN")
+}
+
+/// The fault-injection build whose path `cargo xtask test` puts in `var`.
+fn fault_build(var: &str) -> PathBuf {
+    let path = PathBuf::from(vm_env(var));
     assert!(
         path.is_file(),
         "{} does not exist: `cargo xtask test` builds it with --features fault-injection",
