@@ -340,14 +340,19 @@ fn unlock_entry(dir: BorrowedFd<'_>, name: &CStr, dev: u64, mnt: u64) -> io::Res
 }
 
 /// Clears the flags of `name` with `file_setattr(2)`, without following a
-/// link; `Ok(false)` where the kernel lacks it (before 6.17).
+/// link; `Ok(false)` where the kernel lacks it (before 6.17) or the file
+/// cannot carry flags.
 fn unlock_by_name(dir: BorrowedFd<'_>, name: &CStr, st_dev: u64, dev: u64) -> io::Result<bool> {
     if st_dev != dev {
         return Ok(false);
     }
     let mut a = match sys::file_getattr_at(dir, name) {
         Ok(a) => a,
-        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) || gone(&e) => return Ok(false),
+        // EOPNOTSUPP: the filesystem keeps no attributes for this kind of
+        // file (ext4's special files), so it carries no flag to clear.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EOPNOTSUPP)) || gone(&e) => {
+            return Ok(false)
+        }
         Err(e) => return Err(e),
     };
     if a.xflags & u64::from(LOCK_FLAGS) == 0 {

@@ -33,6 +33,7 @@ on_every_fs!(
     bad_input_changes_nothing_on_disk,
     a_volume_with_many_files_is_deleted_completely,
     delete_clears_immutable_and_append_only_flags,
+    delete_under_an_append_only_root_passes_every_kind_of_file,
     a_plugin_run_without_any_environment_fails_cleanly,
     create_and_delete_sync_only_where_the_journal_needs_it,
 );
@@ -627,6 +628,44 @@ fn delete_clears_immutable_and_append_only_flags(fs: &FsCase) {
     assert!(!path.exists(), "{}", out.stderr);
     assert!(f.record(&spec.id).is_none());
     assert!(f.quota(pid).is_unused());
+}
+
+/// Under an append-only root, the first entry the delete meets is refused
+/// for the root's flag, not its own; whatever kind of file it is, the
+/// delete clears the root and goes on. A directory's listing order is the
+/// filesystem's (ext4 hashes names), so each kind is the only entry once.
+fn delete_under_an_append_only_root_passes_every_kind_of_file(fs: &FsCase) {
+    let f = fs.fixture("aroot");
+    use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+    let make = |kind: &str, p: &Path| match kind {
+        "file" => std::fs::write(p, b"x").unwrap(),
+        "dir" => std::fs::create_dir(p).unwrap(),
+        "fifo" => nix::unistd::mkfifo(p, Mode::from_bits_truncate(0o600)).unwrap(),
+        "socket" => drop(std::os::unix::net::UnixListener::bind(p).unwrap()),
+        "chardev" => mknod(
+            p,
+            SFlag::S_IFCHR,
+            Mode::from_bits_truncate(0o600),
+            makedev(1, 3),
+        )
+        .unwrap(),
+        _ => unreachable!("{kind}"),
+    };
+    for kind in ["file", "dir", "fifo", "socket", "chardev"] {
+        let spec = Spec::new(&format!("aroot-{kind}"), 16 * MIB as i64);
+        let (path, _) = f.create(&spec);
+        let pid = f.project_id(&spec.id);
+        make(kind, &path.join(kind));
+        sh(&format!("chattr +a {}", path.display()));
+        let out = f.node.delete(&spec);
+        assert!(
+            out.status.success(),
+            "deleting a volume whose append-only root holds only a {kind}: {}",
+            out.stderr
+        );
+        assert!(!path.exists(), "{kind}: {}", out.stderr);
+        assert!(f.quota(pid).is_unused(), "{kind}");
+    }
 }
 
 /// The peak resident memory of the largest child this test process has
