@@ -863,8 +863,15 @@ impl WriteTelemetry {
         let mut first = 0u32;
         while first <= last {
             let n = BATCH.min(last - first + 1);
-            let got = raw::lookup_counters(fd, first, n, ncpu, &mut buf)
-                .map_err(|e| syscall("bpf_map_lookup_batch", e))?;
+            let got = match raw::lookup_counters(fd, first, n, ncpu, &mut buf) {
+                Ok(got) => got,
+                // ENOTSUPP (524): the kernel has no batch lookup for per-CPU
+                // arrays (5.10 has none): one lookup per volume instead.
+                Err(e) if e.raw_os_error() == Some(524) => {
+                    return self.read_volumes_one_by_one(volumes);
+                }
+                Err(e) => return Err(syscall("bpf_map_lookup_batch", e)),
+            };
             for (index, sum) in volumes.range_mut(first..first + got) {
                 let i = (index - first) as usize;
                 for c in &buf[i * ncpu..(i + 1) * ncpu] {
@@ -875,6 +882,21 @@ impl WriteTelemetry {
                 break; // the array's end
             }
             first += n;
+        }
+        Ok(())
+    }
+
+    /// [`Self::read_volumes`] a lookup per volume.
+    fn read_volumes_one_by_one(
+        &self,
+        volumes: &mut BTreeMap<u32, VolumeCounters>,
+    ) -> Result<(), TelemetryError> {
+        let counters: PerCpuArray<&MapData, RawCounters> =
+            map_err(MAP_COUNTERS, PerCpuArray::try_from(self.map(MAP_COUNTERS)?))?;
+        for (index, sum) in volumes.range_mut(..self.max_volumes) {
+            for c in map_err(MAP_COUNTERS, counters.get(index, 0))?.iter() {
+                sum.add(c);
+            }
         }
         Ok(())
     }
