@@ -37,8 +37,21 @@ fn main() {
         let obj = out
             .join(c.file_stem().expect("file stem"))
             .with_extension("o");
-        compile(&clang, c, &obj, &src, multiarch, target_arch);
+        compile(&clang, c, &obj, &src, multiarch, target_arch, None);
     }
+    // The write telemetry for kernels without bpf_get_func_ret (before 5.17):
+    // the same source, each return value read from the program's context.
+    let c = src.join("write_telemetry.c");
+    let obj = out.join("write_telemetry_compat.o");
+    compile(
+        &clang,
+        &c,
+        &obj,
+        &src,
+        multiarch,
+        target_arch,
+        Some("-DPRJQUOTA_COMPAT"),
+    );
 }
 
 fn compile(
@@ -48,12 +61,14 @@ fn compile(
     include: &Path,
     multiarch: &str,
     target_arch: &str,
+    define: Option<&str>,
 ) {
     let status = Command::new(clang)
         .args(["-target", "bpf", "-mcpu=v3", "-O2", "-g", "-c"])
         .arg(format!("-D__TARGET_ARCH_{target_arch}"))
         .args(["-Wall", "-Werror"])
         .args(env::var_os("CARGO_FEATURE_FAULT_INJECTION").map(|_| "-DPRJQUOTA_FAULT_WRONG_RET"))
+        .args(define)
         // The object's BTF names its source file and build directory; without
         // the map those carry the checkout's path and two checkouts of one
         // commit would ship different exporters (`cargo xtask dist` promises

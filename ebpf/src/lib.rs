@@ -59,7 +59,6 @@ use std::time::Duration;
 
 use aya::maps::{Array, Map, MapData, PerCpuArray};
 use aya::programs::{FEntry, FExit, ProgramError};
-use aya::util::KernelVersion;
 use aya::{Btf, BtfError, Ebpf, EbpfError, EbpfLoader};
 
 use error::{chain, errno_name, errno_of};
@@ -284,6 +283,9 @@ pub struct LoadOptions {
     pub max_roots: u32,
     /// Fail unless every program attaches ([`Mode::Required`]).
     pub require_all: bool,
+    /// The program build to load; `None` (the default) picks by what the
+    /// kernel offers. Set to compare both on one kernel.
+    pub variant: Option<Variant>,
 }
 
 impl Default for LoadOptions {
@@ -292,6 +294,7 @@ impl Default for LoadOptions {
             max_volumes: raw::MAX_VOLUMES,
             max_roots: raw::MAX_ROOTS,
             require_all: false,
+            variant: None,
         }
     }
 }
@@ -311,9 +314,11 @@ enum Kind {
     FExit,
 }
 
-/// One BPF program: the symbol in the object and the kernel function.
+/// One BPF program: the kernel function and the symbols in the object that
+/// can trace it, tried in order until one loads (one per signature the
+/// function has had).
 struct Part {
-    prog: &'static str,
+    progs: &'static [&'static str],
     func: &'static str,
     kind: Kind,
 }
@@ -322,57 +327,132 @@ struct Part {
 /// programs that attach together or not at all.
 struct Hook {
     name: &'static str,
-    /// First kernel whose signature of `func` the program expects.
-    min_kernel: (u8, u8),
     parts: &'static [Part],
 }
 
-// bpf_get_func_ret (used by every program) arrived in 5.17;
-// generic_perform_write takes a kiocb since 5.19.
+/// Which build of the write-telemetry programs runs: chosen at load time by
+/// what the kernel offers, never by its version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    /// `bpf_get_func_ret` and task-local storage (Linux 5.17 on): one
+    /// program per hook whatever the function's arity.
+    Helpers,
+    /// Each return value read from the fexit context (Linux 5.5 on), one
+    /// program per signature; O_DIRECT hands its start over in a hash map
+    /// alone.
+    Context,
+}
+
+impl Variant {
+    /// `helpers` or `context`, as logged and labelled.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Variant::Helpers => "helpers",
+            Variant::Context => "context",
+        }
+    }
+
+    fn object(self) -> &'static [u8] {
+        match self {
+            Variant::Helpers => raw::object(),
+            Variant::Context => raw::object_compat(),
+        }
+    }
+
+    fn hooks(self) -> &'static [Hook] {
+        match self {
+            Variant::Helpers => HOOKS,
+            Variant::Context => HOOKS_COMPAT,
+        }
+    }
+}
+
 const HOOKS: &[Hook] = &[
     // First: the attribution cache is turned on once this is attached (see
     // `attr_cache` in write_telemetry.c). Without it the write hooks count
     // exactly as well, walking every time.
     Hook {
         name: HOOK_RENAME,
-        min_kernel: (5, 17),
         parts: &[Part {
-            prog: "vfs_rename_exit",
+            progs: &["vfs_rename_exit"],
             func: "vfs_rename",
             kind: Kind::FExit,
         }],
     },
     Hook {
         name: "iomap_file_buffered_write",
-        min_kernel: (5, 17),
         parts: &[Part {
-            prog: "iomap_buffered_write_exit",
+            progs: &["iomap_buffered_write_exit"],
             func: "iomap_file_buffered_write",
             kind: Kind::FExit,
         }],
     },
     Hook {
         name: "generic_perform_write",
-        min_kernel: (5, 19),
         parts: &[Part {
-            prog: "generic_perform_write_exit",
+            progs: &["generic_perform_write_exit"],
             func: "generic_perform_write",
             kind: Kind::FExit,
         }],
     },
     Hook {
         name: "iomap_dio_complete",
-        min_kernel: (5, 17),
         // fexit first: an fentry without its fexit would only fill the
         // hand-off map.
         parts: &[
             Part {
-                prog: "iomap_dio_complete_exit",
+                progs: &["iomap_dio_complete_exit"],
                 func: "iomap_dio_complete",
                 kind: Kind::FExit,
             },
             Part {
-                prog: "iomap_dio_complete_entry",
+                progs: &["iomap_dio_complete_entry"],
+                func: "iomap_dio_complete",
+                kind: Kind::FEntry,
+            },
+        ],
+    },
+];
+
+/// [`Variant::Context`]: longest signature first (write_telemetry.c says why).
+const HOOKS_COMPAT: &[Hook] = &[
+    Hook {
+        name: HOOK_RENAME,
+        parts: &[Part {
+            progs: &["vfs_rename_exit6", "vfs_rename_exit1"],
+            func: "vfs_rename",
+            kind: Kind::FExit,
+        }],
+    },
+    Hook {
+        name: "iomap_file_buffered_write",
+        parts: &[Part {
+            progs: &["iomap_buffered_write_exit4", "iomap_buffered_write_exit3"],
+            func: "iomap_file_buffered_write",
+            kind: Kind::FExit,
+        }],
+    },
+    Hook {
+        name: "generic_perform_write",
+        parts: &[Part {
+            progs: &[
+                "generic_perform_write_exit_file",
+                "generic_perform_write_exit_kiocb",
+            ],
+            func: "generic_perform_write",
+            kind: Kind::FExit,
+        }],
+    },
+    Hook {
+        name: "iomap_dio_complete",
+        parts: &[
+            Part {
+                progs: &["iomap_dio_complete_exit"],
+                func: "iomap_dio_complete",
+                kind: Kind::FExit,
+            },
+            Part {
+                progs: &["iomap_dio_complete_entry"],
                 func: "iomap_dio_complete",
                 kind: Kind::FEntry,
             },
@@ -392,6 +472,9 @@ const MAP_UNATTRIBUTED: &str = "unattributed";
 /// everything.
 pub struct WriteTelemetry {
     ebpf: Ebpf,
+    variant: Variant,
+    /// The programs loaded, one per attached part.
+    loaded: Vec<&'static str>,
     hooks: Vec<(&'static str, bool)>,
     failures: Vec<ProgramFailure>,
     /// Volume indexes currently in `roots`.
@@ -443,28 +526,42 @@ impl WriteTelemetry {
     }
 
     fn load_attach(opts: &LoadOptions) -> Result<WriteTelemetry, LoadError> {
-        let kernel = KernelVersion::current().ok();
-        let (loader, btf) = kernel_btf()?;
-        let mut t = match Self::open(loader, &btf, opts) {
-            Ok(t) => t,
-            // Some maps (task-local storage, 5.11) do not exist on a kernel
-            // too old for every hook: say that, not the map it refused. A
-            // refusal for want of privileges is still told as such.
-            Err(e) if e.reason() != "permission" => {
-                let too_old: Vec<ProgramFailure> =
-                    HOOKS.iter().filter_map(|h| too_old(h, kernel)).collect();
-                if too_old.len() < HOOKS.len() {
-                    return Err(e);
-                }
-                return Err(LoadError::NoProgram {
-                    component: COMPONENT,
-                    failures: too_old,
-                });
+        let (_, btf) = kernel_btf()?;
+        if let Some(v) = opts.variant {
+            return Self::load_variant(v, &btf, opts);
+        }
+        // Task-local storage (5.11) is the helpers build's one map the
+        // context build lacks: without it that object cannot even open.
+        let storage = aya::sys::is_map_supported(aya::maps::MapType::TaskStorage).unwrap_or(false);
+        if !storage {
+            return Self::load_variant(Variant::Context, &btf, opts);
+        }
+        match Self::load_variant(Variant::Helpers, &btf, opts) {
+            // Probed by loading: a verifier that does not know
+            // bpf_get_func_ret (before 5.17) refuses it by name.
+            Ok(t) if !t.failures.iter().any(unknown_helper) => Ok(t),
+            Err(LoadError::NoProgram { failures, .. } | LoadError::Incomplete { failures, .. })
+                if failures.iter().any(unknown_helper) =>
+            {
+                Self::load_variant(Variant::Context, &btf, opts)
             }
-            Err(e) => return Err(e),
-        };
-        for hook in HOOKS {
-            let attached = attach_hook(&mut t.ebpf, &btf, hook, kernel).and_then(|()| {
+            Ok(t) => {
+                drop(t);
+                Self::load_variant(Variant::Context, &btf, opts)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn load_variant(
+        variant: Variant,
+        btf: &Btf,
+        opts: &LoadOptions,
+    ) -> Result<WriteTelemetry, LoadError> {
+        let mut t = Self::open(variant, btf, opts)?;
+        for hook in variant.hooks() {
+            let attached = attach_hook(&mut t.ebpf, btf, hook).and_then(|progs| {
+                t.loaded.extend(progs);
                 if hook.name != HOOK_RENAME {
                     return Ok(());
                 }
@@ -499,23 +596,26 @@ impl WriteTelemetry {
         Ok(t)
     }
 
+    /// Which build of the programs is loaded.
+    pub fn variant(&self) -> Variant {
+        self.variant
+    }
+
     /// Parses the object and creates its maps, attaching nothing.
-    fn open<'a>(
-        mut loader: EbpfLoader<'a>,
-        btf: &'a Btf,
-        opts: &LoadOptions,
-    ) -> Result<WriteTelemetry, LoadError> {
-        let ebpf = loader
+    fn open(variant: Variant, btf: &Btf, opts: &LoadOptions) -> Result<WriteTelemetry, LoadError> {
+        let ebpf = EbpfLoader::new()
             .btf(Some(btf))
             // dio_task, task-local storage: aya creates it but has no
             // userspace type for it, and userspace never reads it.
             .allow_unsupported_maps()
             .map_max_entries(MAP_COUNTERS, opts.max_volumes)
             .map_max_entries(MAP_ROOTS, opts.max_roots)
-            .load(raw::object())
+            .load(variant.object())
             .map_err(|e| object_error(COMPONENT, e))?;
         Ok(WriteTelemetry {
             ebpf,
+            variant,
+            loaded: Vec::new(),
             hooks: Vec::new(),
             failures: Vec::new(),
             indexes: BTreeSet::new(),
@@ -557,13 +657,13 @@ impl WriteTelemetry {
     /// statistics are on: [`Self::enable_stats`] or the sysctl).
     pub fn program_stats(&self) -> Vec<(&'static str, ProgramStats)> {
         let mut out = Vec::new();
-        for hook in HOOKS {
+        for hook in self.variant.hooks() {
             if !self.hooks.contains(&(hook.name, true)) {
                 continue;
             }
             let mut sum = ProgramStats::default();
-            for part in hook.parts {
-                if let Some(Ok(info)) = self.ebpf.program(part.prog).map(|p| p.info()) {
+            for prog in hook.parts.iter().filter_map(|p| self.loaded_prog(p)) {
+                if let Some(Ok(info)) = self.ebpf.program(prog).map(|p| p.info()) {
                     sum.run_count += info.run_count();
                     sum.run_time += info.run_time();
                 }
@@ -583,15 +683,15 @@ impl WriteTelemetry {
     pub fn missed_runs(&self) -> Vec<(&'static str, Option<u64>)> {
         use std::os::fd::AsFd;
         let mut out = Vec::new();
-        for hook in HOOKS {
+        for hook in self.variant.hooks() {
             if !self.hooks.contains(&(hook.name, true)) {
                 continue;
             }
             let mut sum = Some(0u64);
             for part in hook.parts {
                 let misses = self
-                    .ebpf
-                    .program(part.prog)
+                    .loaded_prog(part)
+                    .and_then(|prog| self.ebpf.program(prog))
                     .and_then(|p| p.fd().ok())
                     .and_then(|fd| raw::prog_info(fd.as_fd()).ok())
                     .and_then(|(info, filled)| recursion_misses(&info, filled));
@@ -767,8 +867,15 @@ impl WriteTelemetry {
         let mut first = 0u32;
         while first <= last {
             let n = BATCH.min(last - first + 1);
-            let got = raw::lookup_counters(fd, first, n, ncpu, &mut buf)
-                .map_err(|e| syscall("bpf_map_lookup_batch", e))?;
+            let got = match raw::lookup_counters(fd, first, n, ncpu, &mut buf) {
+                Ok(got) => got,
+                // ENOTSUPP (524): the kernel has no batch lookup for per-CPU
+                // arrays (5.10 has none): one lookup per volume instead.
+                Err(e) if e.raw_os_error() == Some(524) => {
+                    return self.read_volumes_one_by_one(volumes);
+                }
+                Err(e) => return Err(syscall("bpf_map_lookup_batch", e)),
+            };
             for (index, sum) in volumes.range_mut(first..first + got) {
                 let i = (index - first) as usize;
                 for c in &buf[i * ncpu..(i + 1) * ncpu] {
@@ -781,6 +888,26 @@ impl WriteTelemetry {
             first += n;
         }
         Ok(())
+    }
+
+    /// [`Self::read_volumes`] a lookup per volume.
+    fn read_volumes_one_by_one(
+        &self,
+        volumes: &mut BTreeMap<u32, VolumeCounters>,
+    ) -> Result<(), TelemetryError> {
+        let counters: PerCpuArray<&MapData, RawCounters> =
+            map_err(MAP_COUNTERS, PerCpuArray::try_from(self.map(MAP_COUNTERS)?))?;
+        for (index, sum) in volumes.range_mut(..self.max_volumes) {
+            for c in map_err(MAP_COUNTERS, counters.get(index, 0))?.iter() {
+                sum.add(c);
+            }
+        }
+        Ok(())
+    }
+
+    /// The program that runs for `part`, if one was loaded.
+    fn loaded_prog(&self, part: &Part) -> Option<&'static str> {
+        part.progs.iter().copied().find(|p| self.loaded.contains(p))
     }
 
     fn map(&self, name: &'static str) -> Result<&Map, TelemetryError> {
@@ -892,54 +1019,65 @@ fn failure(hook: &Hook, part: &Part, reason: FailureReason, detail: String) -> P
                 Kind::FExit => "fexit",
             },
             part.func,
-            part.prog
+            part.progs.join(" or ")
         ),
         reason,
         detail,
     }
 }
 
-/// The hook's failure on a kernel older than it needs.
-fn too_old(hook: &Hook, kernel: Option<KernelVersion>) -> Option<ProgramFailure> {
-    let (maj, min) = hook.min_kernel;
-    let k = kernel?;
-    (k < KernelVersion::new(maj, min, 0)).then(|| {
-        failure(
-            hook,
-            &hook.parts[0],
-            FailureReason::KernelTooOld,
-            format!("running {k}, the program needs {maj}.{min} or later"),
-        )
-    })
+/// A refusal by a verifier that does not know a helper the program calls.
+fn unknown_helper(f: &ProgramFailure) -> bool {
+    f.reason == FailureReason::Verifier
+        && (f.detail.contains("unknown func") || f.detail.contains("invalid func"))
 }
 
+/// Attaches every part of `hook` (all or nothing); returns the programs
+/// that loaded.
 fn attach_hook(
     ebpf: &mut Ebpf,
     btf: &Btf,
     hook: &Hook,
-    kernel: Option<KernelVersion>,
-) -> Result<(), ProgramFailure> {
-    if let Some(f) = too_old(hook, kernel) {
-        return Err(f);
-    }
-    for (i, part) in hook.parts.iter().enumerate() {
-        if let Err(e) = load_part(ebpf, btf, part) {
-            // All or nothing: undo the parts already attached.
-            for done in &hook.parts[..i] {
-                unload_part(ebpf, done);
+) -> Result<Vec<&'static str>, ProgramFailure> {
+    let mut done: Vec<(&Part, &'static str)> = Vec::new();
+    for part in hook.parts {
+        let mut first_err = None;
+        let mut loaded = None;
+        for prog in part.progs {
+            match load_part(ebpf, btf, part, prog) {
+                Ok(()) => {
+                    loaded = Some(*prog);
+                    break;
+                }
+                Err(e) => {
+                    unload_part(ebpf, part, prog);
+                    first_err.get_or_insert(e);
+                }
             }
-            let (reason, detail) = classify(&e);
-            return Err(failure(hook, part, reason, detail));
+        }
+        match (loaded, first_err) {
+            (Some(prog), _) => done.push((part, prog)),
+            (None, e) => {
+                // All or nothing: undo the parts already attached.
+                for (p, prog) in &done {
+                    unload_part(ebpf, p, prog);
+                }
+                let (reason, detail) = match e {
+                    Some(e) => classify(&e),
+                    None => (FailureReason::Other, "no program".to_string()),
+                };
+                return Err(failure(hook, part, reason, detail));
+            }
         }
     }
-    Ok(())
+    Ok(done.into_iter().map(|(_, prog)| prog).collect())
 }
 
-fn load_part(ebpf: &mut Ebpf, btf: &Btf, part: &Part) -> Result<(), ProgramError> {
+fn load_part(ebpf: &mut Ebpf, btf: &Btf, part: &Part, prog: &str) -> Result<(), ProgramError> {
     let program = ebpf
-        .program_mut(part.prog)
+        .program_mut(prog)
         .ok_or_else(|| ProgramError::InvalidName {
-            name: part.prog.to_string(),
+            name: prog.to_string(),
         })?;
     match part.kind {
         Kind::FExit => {
@@ -956,8 +1094,8 @@ fn load_part(ebpf: &mut Ebpf, btf: &Btf, part: &Part) -> Result<(), ProgramError
     Ok(())
 }
 
-fn unload_part(ebpf: &mut Ebpf, part: &Part) {
-    let Some(program) = ebpf.program_mut(part.prog) else {
+fn unload_part(ebpf: &mut Ebpf, part: &Part, prog: &str) {
+    let Some(program) = ebpf.program_mut(prog) else {
         return;
     };
     // Unloading also drops the program's links (detaches it).

@@ -11,6 +11,12 @@ pub(crate) fn object() -> &'static [u8] {
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/write_telemetry.o"))
 }
 
+/// The same source built with `-DPRJQUOTA_COMPAT`: no `bpf_get_func_ret`,
+/// no task-local storage.
+pub(crate) fn object_compat() -> &'static [u8] {
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/write_telemetry_compat.o"))
+}
+
 pub(crate) const BUCKET_ENOSPC: usize = 0;
 pub(crate) const BUCKET_EDQUOT: usize = 1;
 pub(crate) const BUCKET_EIO: usize = 2;

@@ -232,10 +232,10 @@ fn set_counters(t: &mut WriteTelemetry, index: u32, per_cpu: impl Fn(usize) -> R
 /// kernel with BTF, as CI's does: where the maps cannot be made the test
 /// fails, naming why, rather than passing untested.
 fn open_maps(opts: &LoadOptions) -> WriteTelemetry {
-    let (loader, btf) = kernel_btf().unwrap_or_else(|e| {
+    let (_, btf) = kernel_btf().unwrap_or_else(|e| {
         panic!("this test reads real BPF maps and needs the kernel's BTF: {e}")
     });
-    WriteTelemetry::open(loader, &btf, opts).unwrap_or_else(|e| {
+    WriteTelemetry::open(opts.variant.unwrap_or(Variant::Helpers), &btf, opts).unwrap_or_else(|e| {
         panic!("this test needs BPF maps: run it as root (or with CAP_BPF): {e}")
     })
 }

@@ -71,11 +71,13 @@ pub const COMPAT_FILTER: &str = "(binary(vm_smoke) | binary(plugin) | binary(cra
      test(deleting_a_directory_of_100k_entries) - \
      test(prometheus_scrapes_every_volume) - test(promtool_check_metrics)";
 
-/// Linux 5.10 runs the plugin's paths and the exporter end to end, and
-/// instead of the eBPF binaries (whose programs need 5.17+) the checks that
-/// it refuses eBPF and the guard by name (`old_kernel`).
+/// Linux 5.10 runs the plugin's paths, the exporter end to end and the
+/// write telemetry (the context-read build of its programs), and instead of
+/// the guard binaries (its detect hook, vfs_fileattr_set, arrived in 5.13)
+/// the checks that it refuses the guard by name (`old_kernel`).
 pub const OLD_KERNEL_FILTER: &str = "(binary(vm_smoke) | binary(plugin) | binary(crash) | \
-     binary(exporter) | binary(old_kernel)) - test(restore_storm) - \
+     binary(exporter) | binary(exporter_ebpf) | binary(ebpf) | binary(old_kernel)) - \
+     test(restore_storm) - \
      test(deleting_a_directory_of_100k_entries) - \
      test(prometheus_scrapes_every_volume) - test(promtool_check_metrics)";
 

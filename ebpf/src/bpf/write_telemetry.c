@@ -140,12 +140,14 @@ struct dio_slot {
 	struct dio_start s;
 };
 
+#ifndef PRJQUOTA_COMPAT
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
 	__type(value, struct dio_slot);
 } dio_task SEC(".maps");
+#endif
 
 /* A buffered XFS write that failed with ENOSPC/EDQUOT, awaiting its retry. */
 struct retry_mark {
@@ -370,15 +372,8 @@ static __always_inline void account_buffered(struct kiocb *iocb, __s64 ret, __u3
 	account(kind, volume, ret, ret > 0 ? ret : 0);
 }
 
-SEC("fexit/iomap_file_buffered_write")
-int BPF_PROG(iomap_buffered_write_exit, struct kiocb *iocb)
+static __always_inline void buffered_write_exit(struct kiocb *iocb, __s64 ret)
 {
-	__s64 ret = 0;
-
-	/* The return value, whatever the arity (6.1 has 3 parameters, later
-	 * kernels 4): only the kiocb, parameter 0, is read. */
-	bpf_get_func_ret(ctx, (__u64 *)&ret);
-
 	if ((ret == -ENOSPC || ret == -EDQUOT) &&
 	    iocb->ki_filp->f_path.dentry->d_sb->s_magic == XFS_SUPER_MAGIC) {
 		__u64 tid = bpf_get_current_pid_tgid();
@@ -388,11 +383,23 @@ int BPF_PROG(iomap_buffered_write_exit, struct kiocb *iocb)
 		if (!seen || seen->iocb != mark.iocb || seen->pos != mark.pos) {
 			/* First attempt: XFS frees space and retries once. */
 			bpf_map_update_elem(&xfs_retry, &tid, &mark, BPF_ANY);
-			return 0;
+			return;
 		}
 		bpf_map_delete_elem(&xfs_retry, &tid);
 	}
 	account_buffered(iocb, ret, CACHE_BUFFERED);
+}
+
+#ifndef PRJQUOTA_COMPAT
+SEC("fexit/iomap_file_buffered_write")
+int BPF_PROG(iomap_buffered_write_exit, struct kiocb *iocb)
+{
+	__s64 ret = 0;
+
+	/* The return value, whatever the arity (6.1 has 3 parameters, later
+	 * kernels 4): only the kiocb, parameter 0, is read. */
+	bpf_get_func_ret(ctx, (__u64 *)&ret);
+	buffered_write_exit(iocb, ret);
 	return 0;
 }
 
@@ -405,6 +412,59 @@ int BPF_PROG(generic_perform_write_exit, struct kiocb *iocb)
 	account_buffered(iocb, ret, CACHE_GENERIC);
 	return 0;
 }
+#else
+/*
+ * Without bpf_get_func_ret (before 5.17) an fexit program finds the return
+ * value in its context right after the parameters, so each arity is its own
+ * program. The loader tries the longest first: the verifier refuses a read
+ * past the function's return value, so a program never loads against a
+ * signature shorter than its own (a shorter one would read a parameter as
+ * the return value).
+ */
+SEC("fexit/iomap_file_buffered_write")
+int BPF_PROG(iomap_buffered_write_exit4, struct kiocb *iocb, void *from, void *ops, void *private,
+	     long ret)
+{
+	buffered_write_exit(iocb, ret);
+	return 0;
+}
+
+SEC("fexit/iomap_file_buffered_write")
+int BPF_PROG(iomap_buffered_write_exit3, struct kiocb *iocb, void *from, void *ops, long ret)
+{
+	buffered_write_exit(iocb, ret);
+	return 0;
+}
+
+/*
+ * Before 5.19: generic_perform_write(file, iter, pos). The kiocb is not
+ * passed, but ext4 (its only caller among the volume filesystems) never
+ * gets here with IOCB_NOWAIT: ext4_buffered_write_iter() refuses those
+ * writes before, so there is no EAGAIN attempt to leave out.
+ */
+SEC("fexit/generic_perform_write")
+int BPF_PROG(generic_perform_write_exit_file, struct file *file, void *i, long long pos, long ret)
+{
+	__u32 volume = 0, kind;
+
+	if (ret == 0)
+		return 0;
+	kind = attribute(file, &volume, CACHE_GENERIC);
+#ifdef PRJQUOTA_FAULT_WRONG_RET
+	ret = ret > 1 ? (__s64)((__u64)ret >> 1) : ret;
+#endif
+	account(kind, volume, ret, ret > 0 ? ret : 0);
+	return 0;
+}
+
+/* 5.19 and later: generic_perform_write(iocb, iter). */
+SEC("fexit/generic_perform_write")
+int BPF_PROG(generic_perform_write_exit_kiocb, struct kiocb *iocb, void *i, long ret)
+{
+	account_buffered(iocb, ret, CACHE_GENERIC);
+	return 0;
+}
+#endif
 
 SEC("fentry/iomap_dio_complete")
 int BPF_PROG(iomap_dio_complete_entry, struct iomap_dio *dio)
@@ -421,6 +481,7 @@ int BPF_PROG(iomap_dio_complete_entry, struct iomap_dio *dio)
 	s.nowait = (iocb->ki_flags & IOCB_NOWAIT) ? 1 : 0;
 	if (bpf_core_field_exists(dio->done_before))
 		s.done_before = dio->done_before;
+#ifndef PRJQUOTA_COMPAT
 	slot = bpf_task_storage_get(&dio_task, bpf_get_current_task_btf(), 0,
 				    BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (slot && (slot->dio == 0 || slot->dio == (__u64)dio)) {
@@ -431,22 +492,32 @@ int BPF_PROG(iomap_dio_complete_entry, struct iomap_dio *dio)
 		slot->s = s;
 		return 0;
 	}
+#else
+	(void)slot;
+#endif
 	key.dio = (__u64)dio;
 	key.pid_tgid = bpf_get_current_pid_tgid();
 	bpf_map_update_elem(&dio_inflight, &key, &s, BPF_ANY);
 	return 0;
 }
 
+#ifndef PRJQUOTA_COMPAT
 SEC("fexit/iomap_dio_complete")
 int BPF_PROG(iomap_dio_complete_exit, struct iomap_dio *dio)
+#else
+/* iomap_dio_complete(dio) has had one parameter since it came (4.10). */
+SEC("fexit/iomap_dio_complete")
+int BPF_PROG(iomap_dio_complete_exit, struct iomap_dio *dio, long func_ret)
+#endif
 {
 	/* dio is freed by now: only its address is used. */
 	struct dio_key key = { .dio = (__u64)dio, .pid_tgid = bpf_get_current_pid_tgid() };
-	struct dio_slot *slot = bpf_task_storage_get(&dio_task, bpf_get_current_task_btf(), 0, 0);
 	struct dio_start *p;
 	struct dio_start s;
 	__s64 ret = 0;
 	__u64 bytes = 0;
+#ifndef PRJQUOTA_COMPAT
+	struct dio_slot *slot = bpf_task_storage_get(&dio_task, bpf_get_current_task_btf(), 0, 0);
 
 	if (slot && slot->dio == (__u64)dio) {
 		s = slot->s;
@@ -461,6 +532,14 @@ int BPF_PROG(iomap_dio_complete_exit, struct iomap_dio *dio)
 		bpf_map_delete_elem(&dio_inflight, &key);
 	}
 	bpf_get_func_ret(ctx, (__u64 *)&ret);
+#else
+	p = bpf_map_lookup_elem(&dio_inflight, &key);
+	if (!p)
+		return 0;
+	s = *p;
+	bpf_map_delete_elem(&dio_inflight, &key);
+	ret = func_ret;
+#endif
 	if (ret == 0 || (ret == -EAGAIN && s.nowait))
 		return 0;
 	/* On success the result includes what earlier partial submissions of
@@ -478,17 +557,43 @@ int BPF_PROG(iomap_dio_complete_exit, struct iomap_dio *dio)
  * all the time, mostly elsewhere): no attribution there can be cached, and
  * a device that gains its first root bumps GEN_ROOTS after root_devs.
  */
-SEC("fexit/vfs_rename")
-int BPF_PROG(vfs_rename_exit, struct renamedata *rd)
+static __always_inline void renamed(struct dentry *old_dentry)
 {
 	__u32 which = GEN_RENAMES;
-	__u64 dev = rd->old_dentry->d_sb->s_dev;
+	__u64 dev = old_dentry->d_sb->s_dev;
 	__u64 *g;
 
 	if (!bpf_map_lookup_elem(&root_devs, &dev))
-		return 0;
+		return;
 	g = bpf_map_lookup_elem(&attr_gen, &which);
 	if (g)
 		__sync_fetch_and_add(g, 1);
+}
+
+#ifndef PRJQUOTA_COMPAT
+SEC("fexit/vfs_rename")
+int BPF_PROG(vfs_rename_exit, struct renamedata *rd)
+{
+	renamed(rd->old_dentry);
 	return 0;
 }
+#else
+/* Before 5.12 vfs_rename() took its six arguments one by one. */
+SEC("fexit/vfs_rename")
+int BPF_PROG(vfs_rename_exit6, void *old_dir, struct dentry *old_dentry, void *new_dir,
+	     void *new_dentry, void *delegated, unsigned int flags, int ret)
+{
+	/* Read, so that the verifier checks this arity (see above). */
+	asm volatile("" ::"r"(ret));
+	renamed(old_dentry);
+	return 0;
+}
+
+SEC("fexit/vfs_rename")
+int BPF_PROG(vfs_rename_exit1, struct renamedata *rd, int ret)
+{
+	asm volatile("" ::"r"(ret));
+	renamed(rd->old_dentry);
+	return 0;
+}
+#endif
