@@ -253,3 +253,19 @@ pub(crate) fn chain(e: &(dyn StdError + 'static)) -> String {
     }
     out
 }
+
+pub(crate) fn map_err<T>(
+    map: &'static str,
+    r: Result<T, aya::maps::MapError>,
+) -> Result<T, TelemetryError> {
+    r.map_err(|source| TelemetryError::Map { map, source })
+}
+
+/// A key that vanished meanwhile is as good as removed.
+pub(crate) fn remove_ok(r: Result<(), aya::maps::MapError>) -> Result<(), aya::maps::MapError> {
+    match r {
+        Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+        Err(e) if errno_of(&e) == Some(libc::ENOENT) => Ok(()),
+        other => other,
+    }
+}

@@ -89,12 +89,15 @@ use aya::programs::{FExit, Lsm, ProgramError};
 use aya::util::KernelVersion;
 use aya::{Btf, Ebpf, EbpfLoader};
 
-use crate::error::{chain, errno_of};
+use crate::error::{chain, errno_of, map_err, remove_ok};
+use crate::loader::{
+    classify, has_function, kernel_btf, object_error, one_load_at_a_time, recursion_misses,
+};
 pub use crate::raw::{GuardProject, GuardRawRoot as GuardRootValue, GuardRootKey};
 use crate::raw::{GuardRawCounters as RawCounters, GuardRawRoot as RawRoot};
 use crate::{
-    classify, kernel_btf, kernel_dev, map_err, object_error, pins, remove_ok, FailureReason,
-    LoadError, LoadOptions, ProgramFailure, RootsUpdate, TelemetryError,
+    kernel_dev, pins, FailureReason, LoadError, LoadOptions, ProgramFailure, RootsUpdate,
+    TelemetryError,
 };
 
 /// Dentries the guard looks at: the changed inode's own, then its
@@ -617,9 +620,7 @@ impl Guard {
 
     /// [`Guard::load`] with map sizes from `opts` (`require_all` is unused).
     pub fn load_with(mode: GuardMode, opts: &LoadOptions) -> Result<Guard, LoadError> {
-        crate::one_load_at_a_time(|| {
-            Guard::load_attach(mode, opts, None, &mut |_| {}).map(|(g, _)| g)
-        })
+        one_load_at_a_time(|| Guard::load_attach(mode, opts, None, &mut |_| {}).map(|(g, _)| g))
     }
 
     /// Loads the guard pinned under `pin_root` for `volumes_dirs` (see
@@ -639,7 +640,7 @@ impl Guard {
         volumes_dirs: &[PathBuf],
         fill: &mut dyn FnMut(&mut Guard),
     ) -> Result<(Guard, Result<Pinned, String>), LoadError> {
-        crate::one_load_at_a_time(|| {
+        one_load_at_a_time(|| {
             Guard::load_attach(mode, opts, Some((pin_root, volumes_dirs)), fill)
                 .map(|(g, p)| (g, p.expect("pinned load")))
         })
@@ -1089,7 +1090,7 @@ impl Guard {
         let prog = self.ebpf.program(DETECT_PROG)?;
         let fd = prog.fd().ok()?;
         let (info, filled) = crate::raw::prog_info(fd.as_fd()).ok()?;
-        crate::recursion_misses(&info, filled)
+        recursion_misses(&info, filled)
     }
 
     /// The events waiting in the ring buffer, oldest first (at most
@@ -1157,9 +1158,9 @@ fn load_fexit(
 /// The hooks that together cover every path that can change a project ID
 /// on this kernel.
 fn enforcement_plan(btf: &Btf) -> Vec<&'static Enforcer> {
-    if crate::has_function(btf, "bpf_lsm_inode_file_setattr") {
+    if has_function(btf, "bpf_lsm_inode_file_setattr") {
         vec![&FILEATTR]
-    } else if crate::has_function(btf, "bpf_lsm_file_ioctl_compat") {
+    } else if has_function(btf, "bpf_lsm_file_ioctl_compat") {
         vec![&IOCTL, &IOCTL_COMPAT]
     } else {
         vec![&IOCTL]

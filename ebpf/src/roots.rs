@@ -6,8 +6,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use aya::Ebpf;
 
+use crate::error::{map_err, remove_ok};
 use crate::raw::{RootKey, MAX_DEVS};
-use crate::{kernel_dev, map_err, remove_ok, RootsUpdate, TelemetryError};
+use crate::{kernel_dev, RootsUpdate, TelemetryError};
 
 /// The volume indexes of `wanted` that are not in `current` and below
 /// `slots`: those entering the roots, whose counters a program clears before
