@@ -61,7 +61,10 @@ use std::time::Duration;
 use raw::RawCounters;
 
 pub use error::{FailureReason, LoadError, ProgramFailure, TelemetryError};
-pub use write_telemetry::{Variant, WriteTelemetry, HOOK_NAMES};
+pub use write_telemetry::{
+    Variant, WriteTelemetry, HOOK_BUFFERED_GENERIC, HOOK_BUFFERED_IOMAP, HOOK_DIRECT, HOOK_NAMES,
+    HOOK_RENAME,
+};
 
 /// Where aya reads the kernel's BTF.
 pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";

@@ -59,13 +59,13 @@ impl Variant {
 }
 
 /// The rename hook: it keeps the attribution cache right.
-const HOOK_RENAME: &str = "vfs_rename";
+pub const HOOK_RENAME: &str = "vfs_rename";
 /// Buffered writes on XFS (and ext4 from 6.x on, where it moved to iomap).
-const HOOK_BUFFERED_IOMAP: &str = "iomap_file_buffered_write";
+pub const HOOK_BUFFERED_IOMAP: &str = "iomap_file_buffered_write";
 /// Buffered writes on ext4 before iomap.
-const HOOK_BUFFERED_GENERIC: &str = "generic_perform_write";
+pub const HOOK_BUFFERED_GENERIC: &str = "generic_perform_write";
 /// O_DIRECT writes, io_uring's and aio's included.
-const HOOK_DIRECT: &str = "iomap_dio_complete";
+pub const HOOK_DIRECT: &str = "iomap_dio_complete";
 
 /// Every hook point of write telemetry, in the order both builds attach and
 /// [`WriteTelemetry::programs`] reports them: the names of
