@@ -10,6 +10,7 @@
 
 mod bench;
 mod completions;
+mod deadline;
 mod debian;
 mod demo;
 mod deps;

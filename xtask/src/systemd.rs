@@ -44,7 +44,7 @@ pub const KERNELS: [Kernel; 2] = [Kernel::V6_1, Kernel::V5_10];
 /// on 6.1 on a loaded 2-core machine (the package test about 250 s, the
 /// upgrade's creates and looping owners beside dpkg about 60 s, the boot
 /// about a minute); the reboot about two minutes.
-const BOOT_LIMIT: Duration = Duration::from_secs(10 * 60);
+pub const BOOT_LIMIT_SECS: u64 = 10 * 60;
 
 /// The boots of one pass, on one copy of the root, and the tests of
 /// tests/tests/systemd.rs each runs, in order (a test that fails ends its
@@ -294,7 +294,11 @@ fn boot_once(
         )
         .stdin(Stdio::null());
     println!("$ {}", crate::display(&cmd));
-    let tee = crate::run_tee_prefixed(&mut cmd, Some(BOOT_LIMIT), "")?;
+    let limit = crate::deadline::cut_for(
+        &format!("systemd boot {n} on kernel {}", kernel.name()),
+        Duration::from_secs(BOOT_LIMIT_SECS),
+    );
+    let tee = crate::run_tee_prefixed(&mut cmd, Some(limit), "")?;
     let secs = started.elapsed().as_secs_f64();
     if tee.timed_out {
         bail!(
