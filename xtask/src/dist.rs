@@ -1,7 +1,8 @@
 //! `cargo xtask dist`: what an operator installs, all in `target/dist/`:
 //! - `prjquota-<version>-x86_64-linux.tar.gz`: statically linked `prjquota`
-//!   and `prjquota-exporter`, `deploy/`, the dashboard, the rules, the
-//!   runbooks, README and LICENSE;
+//!   and `prjquota-exporter`, their man pages and completions under
+//!   `share/` (as under `/usr/local`), `deploy/`, the dashboard, the rules,
+//!   the runbooks, README and LICENSE;
 //! - `prjquota_<version>-1_amd64.deb`, built by Debian's own `dpkg-deb`;
 //! - `prjquota-<version>-1.x86_64.rpm`, built by `rpmbuild` (Debian's `rpm`)
 //!   from the same files and the same scripts (deploy/package);
@@ -117,8 +118,15 @@ pub fn build() -> Result<Dist> {
     ] {
         copy_tree(&root.join(item), &stage.join(item))?;
     }
+    stage_share(
+        &bin_dir.join("prjquota"),
+        &bin_dir.join("prjquota-exporter"),
+        &stage,
+        &epoch,
+    )?;
     let tarball = format!("{name}.tar.gz");
     tar_gz(&out, &name, &out.join(&tarball), &epoch)?;
+    check_tarball(&out.join(&tarball), &name)?;
 
     header("deb");
     let deb = deb_name();
@@ -323,6 +331,49 @@ fn stage_files(
     let changelog = d.join("usr/share/doc/prjquota/changelog.Debian");
     write(&changelog, &debian_changelog(epoch)?)?;
     run(Command::new("gzip").args(["-n", "-9"]).arg(&changelog))
+}
+
+/// The tarball's `share/`, laid out as under `/usr/local`: man pages and
+/// completions (zsh's in `site-functions`, on zsh's default fpath there).
+fn stage_share(plugin: &Path, exporter: &Path, stage: &Path, epoch: &str) -> Result<()> {
+    stage_man_pages(plugin, exporter, stage, epoch)?;
+    crate::completions::stage(exporter, stage, crate::completions::ZSH_RPM)?;
+    std::fs::rename(stage.join("usr/share"), stage.join("share"))
+        .context("move the tarball's usr/share to share")?;
+    std::fs::remove_dir(stage.join("usr")).context("remove the tarball's empty usr")
+}
+
+/// Fails unless the tarball holds both commands' man pages and every
+/// shell's completions.
+fn check_tarball(tarball: &Path, name: &str) -> Result<()> {
+    let o = Command::new("tar")
+        .arg("-tzf")
+        .arg(tarball)
+        .output()
+        .context("run tar -tzf")?;
+    if !o.status.success() {
+        bail!("tar -tzf {} failed", tarball.display());
+    }
+    let listed = String::from_utf8_lossy(&o.stdout);
+    let mut want: Vec<String> = ["prjquota", "prjquota-exporter"]
+        .iter()
+        .map(|bin| format!("{name}/share/man/man1/{bin}.1.gz"))
+        .collect();
+    for shell in crate::completions::SHELLS {
+        for bin in ["prjquota", "prjquota-exporter"] {
+            let path = crate::completions::path(shell, bin, crate::completions::ZSH_RPM);
+            let path = path.strip_prefix("usr/").unwrap_or(&path);
+            want.push(format!("{name}/{path}"));
+        }
+    }
+    let missing: Vec<&String> = want
+        .iter()
+        .filter(|w| !listed.lines().any(|l| l == w.as_str()))
+        .collect();
+    if !missing.is_empty() {
+        bail!("{} lacks {missing:?}", tarball.display());
+    }
+    Ok(())
 }
 
 /// Man pages made by help2man from the binaries' own --help and
