@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use prjquota_core::quota::{self, Limits};
 use prjquota_ebpf::{
-    kernel_dev, root_of, ErrnoBucket, LoadOptions, VolumeCounters, WriteTelemetry, MAX_DEPTH,
+    kernel_dev, root_of, ErrnoBucket, LoadOptions, Variant, VolumeCounters, WriteTelemetry,
+    HOOK_BUFFERED_IOMAP, HOOK_DIRECT, MAX_DEPTH,
 };
 use prjquota_vmtests::fixture::{fill, FsCase, MIB, WRITER, XFS};
 use prjquota_vmtests::{median, on_every_cpu, on_every_fs, scratch_dir, sh, xfs_mount};
@@ -791,24 +792,35 @@ fn overhead_of_the_attached_programs() {
     }
     // The programs' own cost, from the kernel's BPF run-time statistics
     // (robust to the emulator's scheduling noise that dominates the A/B
-    // times): ns per write of the hook each workload goes through.
-    let mut probe = Probe::new();
-    probe.add_root(&root, 1);
-    probe.t.enable_stats().expect("BPF_ENABLE_STATS");
+    // times): ns per write of the hook each workload goes through, for
+    // each build of the programs, loads interleaved; medians.
     let hook_ns = |t: &WriteTelemetry, hook: &str| {
         let s = t.program_stats();
         let (_, st) = s.iter().find(|(h, _)| *h == hook).expect("hook attached");
         st.run_time.as_nanos() as f64
     };
-    settle();
-    let before = hook_ns(&probe.t, "iomap_file_buffered_write");
-    bench_buffered(&dir, BUFFERED, 4096);
-    let ns_b = (hook_ns(&probe.t, "iomap_file_buffered_write") - before) / BUFFERED as f64;
-    settle();
-    let before = hook_ns(&probe.t, "iomap_dio_complete");
-    bench_direct(&direct, DIRECT);
-    let ns_d = (hook_ns(&probe.t, "iomap_dio_complete") - before) / DIRECT as f64;
-    drop(probe);
+    let variants = [Variant::Helpers, Variant::Context];
+    let mut ns: [[Vec<f64>; 2]; 2] = Default::default();
+    for round in 0..4 {
+        for i in [round % 2, 1 - round % 2] {
+            let mut probe = Probe::with(&LoadOptions {
+                variant: Some(variants[i]),
+                ..LoadOptions::default()
+            });
+            assert_eq!(probe.t.variant(), variants[i]);
+            probe.add_root(&root, 1);
+            probe.t.enable_stats().expect("BPF_ENABLE_STATS");
+            settle();
+            let before = hook_ns(&probe.t, HOOK_BUFFERED_IOMAP);
+            bench_buffered(&dir, BUFFERED, 4096);
+            ns[i][0].push((hook_ns(&probe.t, HOOK_BUFFERED_IOMAP) - before) / BUFFERED as f64);
+            settle();
+            let before = hook_ns(&probe.t, HOOK_DIRECT);
+            bench_direct(&direct, DIRECT);
+            ns[i][1].push((hook_ns(&probe.t, HOOK_DIRECT) - before) / DIRECT as f64);
+        }
+    }
+    let [[ns_b, ns_d], [ctx_b, ctx_d]] = ns.map(|w| w.map(median));
 
     eprintln!("buffered s: attached {on_b:.3?} detached {off_b:.3?}");
     eprintln!("buffered 1 MiB s: attached {on_l:.3?} detached {off_l:.3?}");
@@ -854,6 +866,8 @@ fn overhead_of_the_attached_programs() {
     let per_d = off_d / DIRECT as f64 * 1e9;
     println!("MEASURE ebpf_program_ns_per_buffered_4k_write {ns_b:.0}");
     println!("MEASURE ebpf_program_ns_per_direct_4k_write {ns_d:.0}");
+    println!("MEASURE ebpf_context_build_ns_per_buffered_4k_write {ctx_b:.0}");
+    println!("MEASURE ebpf_context_build_ns_per_direct_4k_write {ctx_d:.0}");
     println!("MEASURE ebpf_detached_ns_per_buffered_4k_write {per_b:.0}");
     println!("MEASURE ebpf_detached_ns_per_direct_4k_write {per_d:.0}");
     println!(

@@ -296,6 +296,28 @@ fn exporter_tables(measures: &[&str]) -> String {
             .map_or("".to_string(), |r| format!("{r:.3}"));
         s += &format!("| {label} | {off:.1} MB/s | {on:.1} MB/s | {ratio:.3} | {stats} |\n");
     }
+    s += "\n### The two builds of the programs\n\n\
+          The programs' run time per write from the kernel's BPF statistics, for the build \
+          that uses `bpf_get_func_ret` and task storage (chosen from Linux 5.17) and for the \
+          context-read build (chosen before), both loaded on this kernel, interleaved; \
+          medians.\n\n\
+          | workload | helpers build | context-read build | context / helpers |\n\
+          | --- | --- | --- | --- |\n";
+    for (label, key) in [
+        ("4 KiB buffered", "buffered_4k"),
+        ("4 KiB O_DIRECT", "direct_4k"),
+    ] {
+        let (Some(helpers), Some(context)) = (
+            get(format!("ebpf_program_ns_per_{key}_write")),
+            get(format!("ebpf_context_build_ns_per_{key}_write")),
+        ) else {
+            continue;
+        };
+        s += &format!(
+            "| {label} | {helpers:.0} ns | {context:.0} ns | {:.2} |\n",
+            context / helpers
+        );
+    }
     s
 }
 
@@ -353,6 +375,8 @@ mod tests {
             "ebpf_buffered_4k_attached_mb_per_s 190.00",
             "ebpf_overhead_buffered_4k_ratio 1.053",
             "ebpf_overhead_buffered_4k_ratio_from_bpf_stats 1.0400",
+            "ebpf_program_ns_per_direct_4k_write 800",
+            "ebpf_context_build_ns_per_direct_4k_write 1000",
         ];
         let t = exporter_tables(&measures);
         assert!(
@@ -367,5 +391,7 @@ mod tests {
             "{t}"
         );
         assert!(!t.contains("1 MiB buffered |"), "{t}");
+        assert!(t.contains("| 4 KiB O_DIRECT | 800 ns | 1000 ns | 1.25 |"), "{t}");
+        assert!(!t.contains("| 4 KiB buffered | 0"), "{t}");
     }
 }
