@@ -25,6 +25,9 @@ pub struct Volume {
     pub capacity_max_bytes: u64,
     pub provisioned_bytes: u64,
     pub max_inodes: Option<u64>,
+    /// When the plugin last wrote the record (a create, a restore, a resize):
+    /// the newest record carries the node's current pool.
+    pub updated_unix: u64,
     /// The volume root, `<volumes dir>/<volume ID>`: built from the validated
     /// ID, never taken from the record, so a tampered record cannot point the
     /// exporter's statfs at another path.
@@ -47,6 +50,7 @@ impl Volume {
             capacity_max_bytes: r.capacity_max_bytes,
             provisioned_bytes: r.provisioned_bytes,
             max_inodes: r.params.max_inodes,
+            updated_unix: r.updated_unix,
             root: volumes_dir.join(r.volume_id.as_str()),
         }
     }
@@ -146,6 +150,16 @@ impl Inventory {
             .map(|(i, _)| i)
     }
 
+    /// The node ID and node pool that directory `dir`'s newest record
+    /// carries (Nomad's restore at each agent start rewrites them all); `None`
+    /// while the directory has no volume.
+    pub fn node_of(&self, dir: usize) -> Option<(&str, &str)> {
+        self.volumes_of(dir)
+            .map(|i| &self.volumes[i])
+            .max_by_key(|v| v.updated_unix)
+            .map(|v| (v.node_id.as_str(), v.node_pool.as_str()))
+    }
+
     #[cfg(test)]
     pub fn for_tests(volumes: Vec<Volume>) -> Inventory {
         Inventory {
@@ -195,6 +209,7 @@ pub mod tests {
             capacity_max_bytes: 2 << 30,
             provisioned_bytes: 2 << 30,
             max_inodes: None,
+            updated_unix: 0,
         }
     }
 

@@ -231,6 +231,30 @@ fn the_exporter_publishes_the_filesystem_the_promises_and_the_ratio(fs: &FsCase)
     assert!(used >= 8 * MIB, "{used}");
     assert_eq!(m.value("nomad_host_volumes_used_bytes", &at), used as f64);
     assert_eq!(m.value("nomad_host_volumes_overcommit_ratio", &at), 1.5);
+    // The join labels of Nomad's client telemetry, from the records.
+    let node = [
+        ("volumes_dir", dir.as_str()),
+        ("node_id", f.node.node_id.as_str()),
+        ("node_pool", "default"),
+    ];
+    assert_eq!(m.value("nomad_host_volumes_filesystem_healthy", &node), 1.0);
+
+    // The node moves to another pool: Nomad's restore at the agent's start
+    // rewrites the records, and the series follow the newest.
+    let mut moved = f.node.clone();
+    moved.node_pool = "gpu".into();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    moved.create(&a).ok();
+    let m = exp.scrape();
+    let node = [
+        ("volumes_dir", dir.as_str()),
+        ("node_id", f.node.node_id.as_str()),
+        ("node_pool", "gpu"),
+    ];
+    assert_eq!(
+        m.value("nomad_host_volumes_provisioned_bytes", &node),
+        (2 * twenty) as f64
+    );
 
     // A plugin dir that does not exist: the ratio is unknown, not 1.
     drop(exp);

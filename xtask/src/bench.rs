@@ -391,7 +391,10 @@ mod tests {
             "{t}"
         );
         assert!(!t.contains("1 MiB buffered |"), "{t}");
-        assert!(t.contains("| 4 KiB O_DIRECT | 800 ns | 1000 ns | 1.25 |"), "{t}");
+        assert!(
+            t.contains("| 4 KiB O_DIRECT | 800 ns | 1000 ns | 1.25 |"),
+            "{t}"
+        );
         assert!(!t.contains("| 4 KiB buffered | 0"), "{t}");
     }
 }

@@ -322,7 +322,17 @@ impl Collector for Filesystem {
                 if dir.dev.is_none() {
                     continue;
                 }
-                let label = || vec![("volumes_dir", dir.path.display().to_string())];
+                // The join labels of Nomad's own client telemetry, once the
+                // directory has a volume whose record names them.
+                let node = inv.node_of(d);
+                let label = || {
+                    let mut l = vec![("volumes_dir", dir.path.display().to_string())];
+                    if let Some((id, pool)) = node {
+                        l.push(("node_id", id.to_string()));
+                        l.push(("node_pool", pool.to_string()));
+                    }
+                    l
+                };
                 let (stat, path) = (self.stat.clone(), dir.path.clone());
                 let key = path.display().to_string();
                 let answered = match self
@@ -467,6 +477,38 @@ mod tests {
         (crate::metrics::encode_all(&out, &s.inventory), r)
     }
 
+    /// The per-directory series carry the node's ID and pool, as Nomad's
+    /// client telemetry does, from the directory's newest record (a node
+    /// moved to another pool restores every volume with the new one); a
+    /// directory without volumes has no record to name them.
+    #[tokio::test]
+    async fn the_node_labels_come_from_the_newest_record() {
+        let c = Filesystem::with_stat(Duration::from_secs(5), None, stat());
+        let mut old = volume("default", "old-pool", 1001);
+        old.updated_unix = 100;
+        let mut new = volume("default", "gpu", 1002);
+        new.updated_unix = 200;
+        new.node_id = "node-2".into();
+        for vols in [vec![old.clone(), new.clone()], vec![new, old]] {
+            let (t, r) = text(&c, &Scrape::new(Inventory::for_tests(vols))).await;
+            r.unwrap();
+            assert!(
+                t.contains(
+                    "nomad_host_volumes_filesystem_size_bytes{volumes_dir=\"/srv/volumes\",node_id=\"node-2\",node_pool=\"gpu\"} 4096000\n"
+                ),
+                "{t}"
+            );
+        }
+        let (t, r) = text(&c, &Scrape::new(Inventory::for_tests(vec![]))).await;
+        r.unwrap();
+        assert!(
+            t.contains(
+                "nomad_host_volumes_filesystem_size_bytes{volumes_dir=\"/srv/volumes\"} 4096000\n"
+            ),
+            "{t}"
+        );
+    }
+
     #[tokio::test]
     async fn one_series_each_per_volumes_dir_with_the_ratio_from_the_plugin_dir() {
         let dir = scratch("ok", Some("overcommit_ratio = 2.5\n"));
@@ -474,11 +516,11 @@ mod tests {
         let (t, r) = text(&c, &scrape(true)).await;
         r.unwrap();
         for line in [
-            "nomad_host_volumes_filesystem_size_bytes{volumes_dir=\"/srv/volumes\"} 4096000\n",
-            "nomad_host_volumes_filesystem_available_bytes{volumes_dir=\"/srv/volumes\"} 2048000\n",
-            "nomad_host_volumes_provisioned_bytes{volumes_dir=\"/srv/volumes\"} 4294967296\n",
-            "nomad_host_volumes_used_bytes{volumes_dir=\"/srv/volumes\"} 4096\n",
-            "nomad_host_volumes_overcommit_ratio{volumes_dir=\"/srv/volumes\"} 2.5\n",
+            "nomad_host_volumes_filesystem_size_bytes{volumes_dir=\"/srv/volumes\",node_id=\"node-1\",node_pool=\"default\"} 4096000\n",
+            "nomad_host_volumes_filesystem_available_bytes{volumes_dir=\"/srv/volumes\",node_id=\"node-1\",node_pool=\"default\"} 2048000\n",
+            "nomad_host_volumes_provisioned_bytes{volumes_dir=\"/srv/volumes\",node_id=\"node-1\",node_pool=\"default\"} 4294967296\n",
+            "nomad_host_volumes_used_bytes{volumes_dir=\"/srv/volumes\",node_id=\"node-1\",node_pool=\"default\"} 4096\n",
+            "nomad_host_volumes_overcommit_ratio{volumes_dir=\"/srv/volumes\",node_id=\"node-1\",node_pool=\"default\"} 2.5\n",
         ] {
             assert!(t.contains(line), "{line} in {t}");
         }
@@ -486,7 +528,7 @@ mod tests {
         std::fs::remove_file(dir.join("prjquota.toml")).unwrap();
         let (t, _) = text(&c, &scrape(true)).await;
         assert!(
-            t.contains("nomad_host_volumes_overcommit_ratio{volumes_dir=\"/srv/volumes\"} 1\n"),
+            t.contains("nomad_host_volumes_overcommit_ratio{volumes_dir=\"/srv/volumes\",node_id=\"node-1\",node_pool=\"default\"} 1\n"),
             "{t}"
         );
         std::fs::remove_dir_all(&dir).unwrap();
@@ -583,7 +625,7 @@ mod tests {
         let c = Filesystem::with_probe(Duration::from_secs(5), None, stat(), probe);
         let line = |t: &str, name: &str| {
             t.lines()
-                .find(|l| l.starts_with(&format!("{name}{{volumes_dir=\"/srv/volumes\"}}")))
+                .find(|l| l.starts_with(&format!("{name}{{volumes_dir=\"/srv/volumes\",node_id=\"node-1\",node_pool=\"default\"}}")))
                 .map(|l| l.rsplit(' ').next().unwrap().to_string())
         };
         let (t, r) = text(&c, &scrape(true)).await;
@@ -637,7 +679,7 @@ mod tests {
             .to_string()
             .contains("statfs of /srv/volumes"));
         assert!(
-            t.contains("nomad_host_volumes_filesystem_healthy{volumes_dir=\"/srv/volumes\"} 0\n"),
+            t.contains("nomad_host_volumes_filesystem_healthy{volumes_dir=\"/srv/volumes\",node_id=\"node-1\",node_pool=\"default\"} 0\n"),
             "{t}"
         );
         let h = c
