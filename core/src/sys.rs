@@ -193,6 +193,36 @@ fn cvt(ret: libc::c_long) -> io::Result<libc::c_long> {
     }
 }
 
+/// The descriptors `first .. first + count` that the parent handed this
+/// process (systemd's socket activation, `sd_listen_fds(3)`), owned from
+/// here on and marked close-on-exec. Refused with EBADF for one that is not
+/// open: nothing is taken then.
+pub fn take_inherited_fds(first: i32, count: usize) -> io::Result<Vec<OwnedFd>> {
+    let fds: Vec<i32> = (0..count)
+        .map(|i| i32::try_from(i).ok().and_then(|i| first.checked_add(i)))
+        .collect::<Option<_>>()
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+    for &fd in &fds {
+        // SAFETY: F_GETFD reads the descriptor's flags and changes nothing;
+        // an fd that is not open answers EBADF.
+        cvt(i64::from(unsafe { libc::fcntl(fd, libc::F_GETFD) }))?;
+    }
+    fds.into_iter()
+        .map(|fd| {
+            // SAFETY: `fd` is open (checked above) and, by the activation
+            // protocol, handed to this process alone: nothing else in it
+            // owns or closes it, so the OwnedFd is its only owner. The
+            // caller takes each range once (the environment names it once).
+            let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+            // SAFETY: F_SETFD on a descriptor this process owns.
+            cvt(i64::from(unsafe {
+                libc::fcntl(owned.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC)
+            }))?;
+            Ok(owned)
+        })
+        .collect()
+}
+
 /// Whether this kernel has `quotactl_fd(2)` (Linux 5.14+), asked once per
 /// process: with fd -1 the syscall answers EBADF when it exists and ENOSYS
 /// when it does not. Asking on a real descriptor could not tell the two apart:

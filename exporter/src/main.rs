@@ -59,6 +59,11 @@ struct Flags {
     /// every address, IPv4 and IPv6. Repeat to listen on several.
     #[arg(long = "web.listen-address", value_name = "ADDR", default_value = DEFAULT_LISTEN)]
     listen_addresses: Vec<String>,
+    /// Serve on the sockets systemd passes (socket activation, from a
+    /// .socket unit) instead of --web.listen-address, which is then
+    /// ignored.
+    #[arg(long = "web.systemd-socket")]
+    systemd_socket: bool,
     /// Path to serve the metrics on.
     #[arg(long = "web.telemetry-path", value_name = "PATH", default_value = "/metrics", value_parser = telemetry_path)]
     telemetry_path: String,
@@ -374,11 +379,20 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         None => None,
     };
     let mut listeners = Vec::new();
-    for addr in &flags.listen_addresses {
-        let l = prjquota_exporter::listen::bind(addr)
-            .and_then(tokio::net::TcpListener::from_std)
-            .with_context(|| format!("cannot listen on {addr} (--web.listen-address)"))?;
-        listeners.push(l);
+    if flags.systemd_socket {
+        for l in prjquota_exporter::listen::systemd_sockets().context("--web.systemd-socket")? {
+            listeners.push(
+                tokio::net::TcpListener::from_std(l)
+                    .context("a socket systemd passed (--web.systemd-socket)")?,
+            );
+        }
+    } else {
+        for addr in &flags.listen_addresses {
+            let l = prjquota_exporter::listen::bind(addr)
+                .and_then(tokio::net::TcpListener::from_std)
+                .with_context(|| format!("cannot listen on {addr} (--web.listen-address)"))?;
+            listeners.push(l);
+        }
     }
     // Starts loading the eBPF programs in the background.
     let exporter = Arc::new(Exporter::new(&config));
@@ -650,5 +664,34 @@ mod tests {
             "bash did not load the completion: {text} {}",
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+
+    /// docs/configuration.md's flags table lists exactly the flags `--help`
+    /// shows: a flag added, renamed or removed fails here until the page
+    /// follows.
+    #[test]
+    fn the_flags_table_of_the_docs_is_the_binarys() {
+        use clap::CommandFactory;
+        let mut help: Vec<String> = Flags::command()
+            .get_arguments()
+            .filter(|a| !a.is_hide_set())
+            .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+            .filter(|l| !l.starts_with("--no-collector.") && l != "--help" && l != "--version")
+            .collect();
+        help.sort();
+        let page = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/configuration.md"),
+        )
+        .expect("read docs/configuration.md");
+        let mut documented: Vec<String> = page
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `--"))
+            .map(|l| {
+                let flag = l.split(['`', ' ']).next().unwrap_or_default();
+                format!("--{}", flag.replace("[no-]", ""))
+            })
+            .collect();
+        documented.sort();
+        assert_eq!(documented, help, "docs/configuration.md's flags table");
     }
 }

@@ -36,7 +36,7 @@ const APT_PACKAGES: &[(&str, &str)] = &[
     ),
     (
         "systemd",
-        "systemd-analyze verify and systemctl --root, run on the .deb's unit in the VM (tests/tests/package.rs)",
+        "systemd-analyze verify and systemctl --root, run on the .deb's unit in the VM (tests/tests/package.rs); systemd-socket-activate (exporter/tests/systemd_socket.rs)",
     ),
     (
         "quota",
