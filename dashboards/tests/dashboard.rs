@@ -247,16 +247,27 @@ fn every_metric_the_dashboard_and_rules_read_is_exported() {
 /// range, whose whole value is what the range added and which increase()
 /// cannot see (it needs a sample before the first increment). The counter is
 /// read bare there by design.
+/// `c{…} unless last_over_time(c{…}[1h] offset 5m)` is the same pattern
+/// with a longer memory (a scrape gap does not make an old series new).
 fn appeared_within(expr: &str, metric: &str) -> bool {
     let flat = expr.split_whitespace().collect::<Vec<_>>().join(" ");
-    let needle = format!("unless {metric}");
-    flat.match_indices(&needle).any(|(i, m)| {
-        let rest = &flat[i + m.len()..];
-        let rest = match rest.strip_prefix('{') {
-            Some(r) => r.split_once('}').map_or("", |(_, after)| after),
-            None => rest,
-        };
-        rest.trim_start().starts_with("offset ")
+    let after_selector = |rest: &str| -> String {
+        match rest.strip_prefix('{') {
+            Some(r) => r.split_once('}').map_or("", |(_, after)| after).to_string(),
+            None => rest.to_string(),
+        }
+    };
+    let plain = format!("unless {metric}");
+    let over = format!("unless last_over_time({metric}");
+    flat.match_indices(&plain).any(|(i, m)| {
+        after_selector(&flat[i + m.len()..])
+            .trim_start()
+            .starts_with("offset ")
+    }) || flat.match_indices(&over).any(|(i, m)| {
+        let rest = after_selector(&flat[i + m.len()..]);
+        rest.strip_prefix('[')
+            .and_then(|r| r.split_once(']'))
+            .is_some_and(|(_, after)| after.trim_start().starts_with("offset "))
     })
 }
 
@@ -268,6 +279,14 @@ fn the_appeared_within_pattern_is_recognised_only_as_written() {
         c
     ));
     assert!(appeared_within(&format!("{c} unless {c} offset 5m"), c));
+    assert!(appeared_within(
+        &format!("{c} > 0 unless last_over_time({c}{{a=\"x\"}}[1h] offset 5m)"),
+        c
+    ));
+    assert!(
+        !appeared_within(&format!("{c} unless last_over_time({c}[1h])"), c),
+        "no offset"
+    );
     assert!(!appeared_within(&format!("sum({c})"), c), "bare");
     assert!(!appeared_within(&format!("{c} unless {c}"), c), "no offset");
     assert!(!appeared_within(
