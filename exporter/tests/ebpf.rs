@@ -18,7 +18,7 @@ use prjquota_ebpf::WriteTelemetry;
 use prjquota_vmtests::prom::{command_of, run_to_refusal, Exporter};
 
 const A: &str = "aaaaaaaa-2222-4000-8000-000000000001";
-const PROGRAMS: [&str; 4] = prjquota_exporter::collector::ebpf::PROGRAMS;
+const PROGRAMS: [&str; 4] = prjquota_ebpf::HOOK_NAMES;
 
 fn exe() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_prjquota-exporter"))

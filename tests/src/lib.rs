@@ -128,6 +128,19 @@ pub fn median<T: Copy + PartialOrd>(mut v: Vec<T>) -> T {
     v[v.len() / 2]
 }
 
+/// The running kernel's (major, minor).
+pub fn kernel_version() -> (u32, u32) {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
+    let mut parts = release.trim().split(['.', '-']);
+    let mut next = || {
+        parts
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("a numeric release")
+    };
+    (next(), next())
+}
+
 /// Runs `cmd` with bash; panics with its output unless it succeeds.
 pub fn sh(cmd: &str) {
     let out = std::process::Command::new("bash")

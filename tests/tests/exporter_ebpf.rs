@@ -450,6 +450,13 @@ fn the_self_test_passes_and_fails_a_hook_that_miscounts(fs: &FsCase) {
     ];
     want.sort_by(|a, b| a.0.cmp(&b.0));
     assert_eq!(tested(&e), want, "{}", exp.log());
+    // The log names the build the kernel's offer chose.
+    let build = if prjquota_vmtests::kernel_version() >= (5, 17) {
+        "build=helpers"
+    } else {
+        "build=context"
+    };
+    assert!(exp.log().contains(build), "{build} in {}", exp.log());
     drop(exp);
 
     let faulty = prjquota_vmtests::fault_exporter();

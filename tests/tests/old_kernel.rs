@@ -10,21 +10,9 @@
 //! ```
 
 use prjquota_vmtests::fixture::XFS;
+use prjquota_vmtests::kernel_version;
 use prjquota_vmtests::nomad::Spec;
 use prjquota_vmtests::prom::{command, run_to_refusal, Exporter};
-
-/// The running kernel's (major, minor).
-fn kernel_version() -> (u32, u32) {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
-    let mut parts = release.trim().split(['.', '-']);
-    let mut next = || {
-        parts
-            .next()
-            .and_then(|p| p.parse().ok())
-            .expect("a numeric release")
-    };
-    (next(), next())
-}
 
 fn assert_old_kernel() {
     let v = kernel_version();

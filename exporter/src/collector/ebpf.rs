@@ -27,22 +27,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::anyhow;
-use prjquota_ebpf::{Counters, ErrnoBucket, LoadOptions, Mode, ProgramFailure, WriteTelemetry};
+use prjquota_ebpf::{
+    Counters, ErrnoBucket, LoadOptions, Mode, ProgramFailure, WriteTelemetry, HOOK_NAMES,
+};
 use tokio::sync::watch;
 
 use super::{kernel_maps, BoxFuture, Collector, Scrape};
 use crate::metrics::{Extra, Family};
-
-/// The crate's hook points, reported (as not attached) when no telemetry
-/// was loaded to list them: `--ebpf=off`, or a failure before any program
-/// was tried (no BTF, no bpf(2), no permission to create maps). Checked
-/// against a loaded telemetry's list in the VM tests.
-pub const PROGRAMS: [&str; 4] = [
-    "vfs_rename",
-    "iomap_file_buffered_write",
-    "generic_perform_write",
-    "iomap_dio_complete",
-];
 
 /// How long a scrape waits for a start-up load still in progress before
 /// reporting `loading`.
@@ -111,7 +102,7 @@ impl Ebpf {
             Status::Detached {
                 reason: "disabled",
                 error: None,
-                programs: PROGRAMS.iter().map(|p| (*p, false)).collect(),
+                programs: HOOK_NAMES.iter().map(|p| (*p, false)).collect(),
             }
         } else {
             Status::Loading
@@ -173,9 +164,12 @@ fn load(mode: Mode, opts: &LoadOptions, volumes_dirs: &[std::path::PathBuf]) -> 
             let programs = t.programs();
             let partial = (!t.failures().is_empty()).then(|| shared_reason(t.failures()));
             let attached: Vec<&str> = programs.iter().filter(|p| p.1).map(|p| p.0).collect();
+            // Which build loaded: helpers (5.17+) or context reads (older
+            // kernels), chosen by what this kernel offers.
             crate::info!(
                 "eBPF write telemetry attached",
-                programs = attached.join(",")
+                programs = attached.join(","),
+                build = t.variant().as_str()
             );
             for f in t.failures() {
                 crate::warn!(
@@ -195,14 +189,14 @@ fn load(mode: Mode, opts: &LoadOptions, volumes_dirs: &[std::path::PathBuf]) -> 
         Ok(None) => Status::Detached {
             reason: "disabled",
             error: None,
-            programs: PROGRAMS.iter().map(|p| (*p, false)).collect(),
+            programs: HOOK_NAMES.iter().map(|p| (*p, false)).collect(),
         },
         Err(e) => {
             let reason = e.reason();
             let mut programs: Vec<(&'static str, bool)> =
                 e.failures().iter().map(|f| (f.program, false)).collect();
             if programs.is_empty() {
-                programs = PROGRAMS.iter().map(|p| (*p, false)).collect();
+                programs = HOOK_NAMES.iter().map(|p| (*p, false)).collect();
             }
             if mode != Mode::Required {
                 // Logged once, here; scrapes only report it as metrics.
@@ -257,7 +251,7 @@ impl Collector for Ebpf {
             .await;
             match &*status {
                 Status::Loading => {
-                    let programs: Vec<_> = PROGRAMS.iter().map(|p| (*p, false)).collect();
+                    let programs: Vec<_> = HOOK_NAMES.iter().map(|p| (*p, false)).collect();
                     out.extend(status_families(&programs, Some("loading")));
                     Ok(())
                 }
@@ -474,7 +468,7 @@ fn counter_families(counters: &Counters, index_of: &[Option<u32>]) -> Vec<Family
 /// (with no volumes), so that a host without eBPF can still check that what
 /// the dashboards read exists (dashboards/tests/dashboard.rs).
 pub fn catalogue() -> Vec<Family> {
-    let programs: Vec<(&'static str, bool)> = PROGRAMS.iter().map(|p| (*p, false)).collect();
+    let programs: Vec<(&'static str, bool)> = HOOK_NAMES.iter().map(|p| (*p, false)).collect();
     let mut fams = status_families(&programs, Some("other"));
     fams.extend(counter_families(&Counters::default(), &[]));
     fams.push(selftest_family(&[]));
@@ -601,7 +595,7 @@ mod tests {
         let mut out = Vec::new();
         e.collect(&s, &mut out).await.unwrap();
         let t = text(&out, &s);
-        for p in PROGRAMS {
+        for p in HOOK_NAMES {
             let line = format!("prjquota_exporter_ebpf_program_attached{{program=\"{p}\"}} 0");
             assert!(t.lines().any(|l| l == line), "{t}");
         }
@@ -624,7 +618,7 @@ mod tests {
         assert_eq!(
             t.matches("prjquota_exporter_ebpf_program_attached{")
                 .count(),
-            PROGRAMS.len()
+            HOOK_NAMES.len()
         );
     }
 

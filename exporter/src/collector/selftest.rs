@@ -57,11 +57,11 @@ pub fn run(t: &mut WriteTelemetry, volumes_dirs: &[PathBuf]) -> Vec<Outcome> {
             continue; // no registry yet: nothing of ours to write into
         };
         let buffered = match fs {
-            XFS_MAGIC => "iomap_file_buffered_write",
-            EXT4_MAGIC => "generic_perform_write",
+            XFS_MAGIC => prjquota_ebpf::HOOK_BUFFERED_IOMAP,
+            EXT4_MAGIC => prjquota_ebpf::HOOK_BUFFERED_GENERIC,
             _ => continue,
         };
-        for (program, direct) in [(buffered, false), ("iomap_dio_complete", true)] {
+        for (program, direct) in [(buffered, false), (prjquota_ebpf::HOOK_DIRECT, true)] {
             if !attached.contains(&program) || out.iter().any(|o| o.program == program) {
                 continue;
             }
