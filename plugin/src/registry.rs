@@ -266,7 +266,13 @@ impl Registry {
             }
             Err(e) => return Err(e).with_context(ctx),
         };
-        let volumes = open_subdir(root.as_fd(), VOLUMES, create).with_context(ctx)?;
+        // The exporter makes the registry's directory alone on a node with
+        // no volume yet (its start-up self-test writes its probe there):
+        // without the records' directory no volume was ever made here.
+        let volumes = match open_subdir(root.as_fd(), VOLUMES, create) {
+            Err(e) if !create && e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            r => r.with_context(ctx)?,
+        };
         let locks = open_subdir(root.as_fd(), LOCKS, create).with_context(ctx)?;
         check_lock_dir(root.as_fd(), &path.display())?;
         check_lock_dir(locks.as_fd(), &path.join(LOCKS).display())?;
@@ -591,6 +597,19 @@ mod tests {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
         let err = check_lock_dir(fd.as_fd(), &dir.display()).unwrap_err();
         assert!(err.to_string().contains("writable by root only"), "{err}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// What the exporter's self-test leaves on a node with no volume yet:
+    /// the registry's directory holding its probe's and nothing else. A
+    /// delete, `check` or `reconcile` there finds no registry; a create
+    /// completes it.
+    #[test]
+    fn a_registry_with_no_records_directory_is_no_registry() {
+        let (dir, fd) = scratch("selftest-only");
+        std::fs::create_dir_all(dir.join(DIR_NAME).join("selftest")).unwrap();
+        let reg = Registry::open(fd.as_fd(), &dir, false).unwrap();
+        assert!(reg.is_none(), "{reg:?}");
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

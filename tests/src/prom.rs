@@ -31,6 +31,13 @@ use crate::http::{asking_gzip, get_head_keep_alive, http_get, url_encode, KeepAl
 pub const PROMETHEUS: &str = "/usr/bin/prometheus";
 pub const PROMTOOL: &str = "/usr/bin/promtool";
 
+/// Prometheus 3 (`PRJQUOTA_PROMETHEUS3`, which `cargo xtask test` sets to
+/// the binary `cargo xtask deps` unpacks under target/prometheus3; the
+/// systemd pass installs it in its root as /usr/bin/prometheus).
+pub fn prometheus3() -> Option<PathBuf> {
+    std::env::var_os("PRJQUOTA_PROMETHEUS3").map(PathBuf::from)
+}
+
 /// The guest boots with only a loopback interface, possibly down; bring it
 /// up once per process (best effort: outside a fresh VM it is up already).
 pub fn ensure_loopback() {
@@ -958,6 +965,59 @@ impl Prometheus {
     /// `data.groups` of `/api/v1/rules`.
     pub fn rules(&self) -> Value {
         self.api("/api/v1/rules")["groups"].clone()
+    }
+
+    /// `data.groups` of `/api/v1/rules` once every rule was evaluated
+    /// `evaluations` more times (counted by each group's `lastEvaluation`)
+    /// and none failed; panics naming a rule whose health is not `ok`.
+    pub fn rules_evaluated(&self, evaluations: usize) -> Value {
+        let stamps = |g: &Value| -> Vec<String> {
+            g.as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|g| g["lastEvaluation"].as_str().unwrap_or("").to_string())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let start = Instant::now();
+        let mut seen = stamps(&self.rules());
+        let mut left = evaluations;
+        loop {
+            let groups = self.rules();
+            let now = stamps(&groups);
+            if now.len() == seen.len() && now.iter().zip(&seen).all(|(a, b)| a != b) {
+                left -= 1;
+                seen = now;
+            }
+            for g in groups.as_array().into_iter().flatten() {
+                for r in g["rules"].as_array().into_iter().flatten() {
+                    let health = r["health"].as_str().unwrap_or("");
+                    assert!(
+                        health == "ok" || (health == "unknown" && left > 0),
+                        "rule {} of group {} is {health}: {}\n{}",
+                        r["name"],
+                        g["name"],
+                        r["lastError"],
+                        self.log()
+                    );
+                }
+            }
+            if left == 0 {
+                eprintln!(
+                    "MEASURE prometheus_rules_evaluated_seconds {:.2}",
+                    start.elapsed().as_secs_f64()
+                );
+                return groups;
+            }
+            assert!(
+                start.elapsed() < QUERY_TIMEOUT,
+                "the rule groups were not evaluated {evaluations} times in {}s: {groups}\n{}",
+                QUERY_TIMEOUT.as_secs(),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
     }
 
     /// `data.activeTargets` of `/api/v1/targets`.

@@ -420,14 +420,21 @@ fn assert_exact_or_reported(
 }
 
 /// The start-up self-test, per hook this filesystem exercises: 1 with the
-/// real programs; with the fault-injection build, whose buffered-write hooks
-/// read half the return value, the buffered hook fails and says so, and the
-/// O_DIRECT hook still passes. A kernel that changes a hooked function shows
-/// up the same way, never as silent zeros.
+/// real programs, already on a node with no volume yet (the exporter makes
+/// the registry's directory for its probe, root's and 0700 as the plugin
+/// makes it, and the plugin then works in it); with the fault-injection
+/// build, whose buffered-write hooks read half the return value, the
+/// buffered hook fails and says so, and the O_DIRECT hook still passes. A
+/// kernel that changes a hooked function shows up the same way, never as
+/// silent zeros.
 fn the_self_test_passes_and_fails_a_hook_that_miscounts(fs: &FsCase) {
+    use std::os::unix::fs::MetadataExt;
     const SELFTEST: &str = "prjquota_exporter_ebpf_selftest_success";
     let f = fs.fixture("exporter-ebpf-selftest");
-    f.create(&Spec::new("selftest", (8 * MIB) as i64));
+    // A fresh node: Nomad made the volumes directory, no plugin ran yet.
+    std::fs::create_dir_all(&f.node.volumes_dir).unwrap();
+    let registry = f.node.volumes_dir.join(".prjquota");
+    assert!(!registry.exists(), "{}", registry.display());
     let buffered = if fs.name == XFS.name {
         "iomap_file_buffered_write"
     } else {
@@ -449,7 +456,12 @@ fn the_self_test_passes_and_fails_a_hook_that_miscounts(fs: &FsCase) {
         ("iomap_dio_complete".to_string(), 1.0),
     ];
     want.sort_by(|a, b| a.0.cmp(&b.0));
-    assert_eq!(tested(&e), want, "{}", exp.log());
+    assert_eq!(
+        tested(&e),
+        want,
+        "the self-test on a node with no volume yet\n{}",
+        exp.log()
+    );
     // The log names the build the kernel's offer chose.
     let build = if prjquota_vmtests::kernel_version() >= (5, 17) {
         "build=helpers"
@@ -458,6 +470,20 @@ fn the_self_test_passes_and_fails_a_hook_that_miscounts(fs: &FsCase) {
     };
     assert!(exp.log().contains(build), "{build} in {}", exp.log());
     drop(exp);
+    let meta = std::fs::symlink_metadata(&registry).unwrap();
+    assert!(
+        meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o7777 == 0o700,
+        "the exporter made {} with uid {} mode {:o}, not root's 0700 as the plugin does",
+        registry.display(),
+        meta.uid(),
+        meta.mode() & 0o7777
+    );
+    // The plugin in the registry the exporter began: a delete of a volume
+    // it never made finds nothing to do, a create completes the registry.
+    let spec = Spec::new("selftest", (8 * MIB) as i64);
+    f.node.delete(&spec).ok();
+    f.create(&spec);
+    assert!(f.record(&spec.id).is_some(), "no record for {}", spec.id);
 
     let faulty = prjquota_vmtests::fault_exporter();
     let exp = Exporter::start_binary(&faulty, &[&f.node.volumes_dir], &[]);

@@ -71,8 +71,8 @@ fn prometheus_2_and_3_scrape_over_tls_with_basic_auth() {
     );
 
     let mut servers = vec![("prometheus 2".to_string(), PathBuf::from(prom::PROMETHEUS))];
-    match std::env::var_os("PRJQUOTA_PROMETHEUS3") {
-        Some(p) => servers.push(("prometheus 3".into(), PathBuf::from(p))),
+    match prom::prometheus3() {
+        Some(p) => servers.push(("prometheus 3".into(), p)),
         None => eprintln!(
             "PRJQUOTA_PROMETHEUS3 is not set (`cargo xtask deps` fetches Prometheus 3): \
              only Prometheus 2 is tested"

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use prjquota_vmtests::attack::{act, open, Looper, Who, OWNER};
 use prjquota_vmtests::http::http_get;
 use prjquota_vmtests::nomad::{Node, Spec};
+use prjquota_vmtests::prom::{self, Prometheus};
 
 const VOLUMES: &str = "/opt/nomad/data/host_volumes";
 const PLUGIN_DIR: &str = "/opt/nomad/data/host_volume_plugins";
@@ -36,6 +37,17 @@ const MAX_INODES: &str = "1000";
 const UPGRADE_CREATES: usize = 20;
 /// The guard's per-volume attempts counter.
 const ATTEMPTS: &str = "nomad_host_volume_projid_change_attempts_total";
+/// What the package ships for Prometheus, and where its config loads the
+/// rules from.
+const SHIPPED_PROMETHEUS_CONFIG: &str = "/usr/share/prjquota/prometheus/prometheus.yml";
+const SHIPPED_RULES: &str = "/usr/share/prjquota/rules/prjquota-alerts.yaml";
+const RULES_AT: &str = "/etc/prometheus/rules/prjquota-alerts.yaml";
+/// The shipped config's example targets, which an operator replaces with
+/// the node's address.
+const SHIPPED_TARGETS: &str = r#"["client-1:14646", "client-2:14646"]"#;
+/// Alerts that a 5.10 node has pending from its first scrape (their `for:`
+/// is 30 minutes): the eBPF write telemetry and the guard are off by name.
+const PENDING_ON_5_10: [&str; 2] = ["PrjquotaExporterEbpfDetached", "PrjquotaExporterGuardOff"];
 
 /// The node that reboots (a_node_with_volumes_is_set_up_for_a_reboot, then
 /// the_guard_holds_from_the_first_moment_of_a_boot): its volumes
@@ -326,6 +338,131 @@ fn write_data(dir: &Path, bytes: usize, seed: u8) -> Vec<u8> {
     data
 }
 
+/// The start-up self-test's result on a node with no volume yet: 1 per
+/// hook the volumes filesystem exercises (XFS: the buffered and the
+/// O_DIRECT hook), under the unit's sandbox; the exporter made the
+/// registry's directory for its probe, root's and 0700 as the plugin
+/// makes it. 5.10 runs no eBPF (refused by name): no series.
+fn assert_selftest_before_the_first_volume() {
+    use std::os::unix::fs::MetadataExt;
+    let m = metrics();
+    let selftest: Vec<&str> = m
+        .lines()
+        .filter(|l| l.starts_with("prjquota_exporter_ebpf_selftest_success{"))
+        .collect();
+    if !ebpf_kernel() {
+        assert!(selftest.is_empty(), "{selftest:?}");
+        return;
+    }
+    for hook in ["iomap_file_buffered_write", "iomap_dio_complete"] {
+        assert_eq!(
+            value(
+                &m,
+                "prjquota_exporter_ebpf_selftest_success",
+                &[("program", hook)]
+            ),
+            Some(1.0),
+            "the self-test of {hook} on a node with no volume yet: {selftest:?}\njournal:\n{}",
+            journal()
+        );
+    }
+    let registry = Path::new(VOLUMES).join(".prjquota");
+    let meta = std::fs::symlink_metadata(&registry).expect("the registry's directory");
+    assert!(
+        meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o7777 == 0o700,
+        "{} is uid {} mode {:o}, not root's 0700 as the plugin makes it",
+        registry.display(),
+        meta.uid(),
+        meta.mode() & 0o7777
+    );
+}
+
+/// The real Prometheus (3, as `cargo xtask deps` fetches it) with the
+/// package's rules and its `deploy/prometheus` config, changed only where
+/// an operator changes it: the targets, this node's exporter. The config
+/// ships without a `global:` section, so an operator's own comes first;
+/// here it scrapes and evaluates every 2 s instead of every minute, so the
+/// checks take seconds. The rules load and evaluate without error, the
+/// service is up, `volume_id`'s provisioned bytes are queried back, and
+/// the healthy node fires no alert (pending on 5.10 only those that say
+/// what is off by name there).
+fn prometheus_scrapes_the_service(volume_id: &str, provisioned: u64) {
+    let binary = prom::prometheus3().expect(
+        "PRJQUOTA_PROMETHEUS3 is not set: the systemd pass installs Prometheus 3 from \
+         target/prometheus3 (`cargo xtask deps` fetches it)",
+    );
+    let shipped = std::fs::read_to_string(SHIPPED_PROMETHEUS_CONFIG).expect("the shipped config");
+    assert!(
+        shipped.contains(SHIPPED_TARGETS) && shipped.contains(RULES_AT),
+        "{SHIPPED_PROMETHEUS_CONFIG} no longer names the targets {SHIPPED_TARGETS} and the rules \
+         {RULES_AT} this test adapts:\n{shipped}"
+    );
+    assert!(
+        !shipped.lines().any(|l| l.starts_with("global:")),
+        "{SHIPPED_PROMETHEUS_CONFIG} has a global: section of its own:\n{shipped}"
+    );
+    // The operator's step: the rules where the config loads them from.
+    std::fs::create_dir_all(Path::new(RULES_AT).parent().unwrap()).unwrap();
+    std::fs::copy(SHIPPED_RULES, RULES_AT).unwrap();
+    let yaml = format!(
+        "global:\n  scrape_interval: 2s\n  scrape_timeout: 2s\n  evaluation_interval: 2s\n{}",
+        shipped.replace(SHIPPED_TARGETS, r#"["127.0.0.1:14646"]"#)
+    );
+    let p = Prometheus::start_config(&binary, &yaml, &[RULES_AT.into()]);
+    let up = p.query_until(r#"up{job="prjquota-exporter"}"#, |r| {
+        prom::vector(r).iter().any(|(_, v)| *v == 1.0)
+    });
+    let up = prom::vector(&up);
+    assert!(
+        up.len() == 1 && up[0].0["instance"] == "127.0.0.1:14646" && up[0].1 == 1.0,
+        "{up:?}"
+    );
+    let q = format!(r#"nomad_host_volume_provisioned_bytes{{volume_id="{volume_id}"}}"#);
+    let r = prom::vector(&p.query_until(&q, |r| !prom::vector(r).is_empty()));
+    assert_eq!(r.len(), 1, "{q}: {r:?}");
+    assert_eq!(r[0].1, provisioned as f64, "{q}: {r:?}");
+    // Two evaluations of every group after the volume was seen: the
+    // alerts have looked at the node's series.
+    let groups = p.rules_evaluated(2);
+    let text = std::fs::read_to_string(RULES_AT).unwrap();
+    let shipped_rules = text
+        .lines()
+        .filter(|l| {
+            l.trim_start().starts_with("- alert:") || l.trim_start().starts_with("- record:")
+        })
+        .count();
+    let loaded: usize = groups
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|g| g["rules"].as_array().map_or(0, |r| r.len()))
+        .sum();
+    assert_eq!(
+        loaded, shipped_rules,
+        "rules loaded of the shipped file: {groups}"
+    );
+    let alerts = p.alerts();
+    let unexpected: Vec<&serde_json::Value> = alerts
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|a| {
+            ebpf_kernel()
+                || a["state"] != "pending"
+                || !PENDING_ON_5_10.contains(&a["labels"]["alertname"].as_str().unwrap_or(""))
+        })
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "alerts of a healthy node: {unexpected:#?}\nmetrics:\n{}",
+        metrics()
+    );
+    eprintln!(
+        "Prometheus 3 loaded {loaded} shipped rules, scraped {UNIT} and fired nothing ({} pending)",
+        alerts.as_array().map_or(0, |a| a.len())
+    );
+}
+
 fn deb() -> PathBuf {
     PathBuf::from(prjquota_vmtests::vm_env("PRJQUOTA_DEB"))
 }
@@ -397,14 +534,12 @@ fn the_package_installs_runs_moves_upgrades_and_purges_under_systemd() {
     );
     assert_eq!(is_active(), "inactive", "the install started the exporter");
 
-    // A first volume, created as Nomad creates it, then the service.
-    let node = Node::new(nomads.clone(), VOLUMES.into(), PLUGIN_DIR.into());
-    let first = Spec::new("first", 64 << 20).param("max_inodes", MAX_INODES);
-    let (path, _) = node.create(&first).created();
-    made.push(Made {
-        data: write_data(&path, 1 << 20, 1),
-        path,
-    });
+    // The service on a node with no volume yet (Nomad made its volumes
+    // directory), then a first volume, created as Nomad creates it.
+    assert!(
+        !Path::new(VOLUMES).join(".prjquota").exists(),
+        "a registry before the first create"
+    );
     let out = sh_ok(&format!("systemctl enable --now {UNIT}"));
     eprintln!("systemctl enable --now: {out}");
     lap(t, "ready");
@@ -415,8 +550,18 @@ fn the_package_installs_runs_moves_upgrades_and_purges_under_systemd() {
         rw.contains(VOLUMES) && rw.contains("/sys/fs/bpf"),
         "the sandbox's writable paths are {rw:?}: the generator did not follow VOLUMES_DIR"
     );
+    assert_selftest_before_the_first_volume();
+    let node = Node::new(nomads.clone(), VOLUMES.into(), PLUGIN_DIR.into());
+    let first = Spec::new("first", 64 << 20).param("max_inodes", MAX_INODES);
+    let (path, _) = node.create(&first).created();
+    made.push(Made {
+        data: write_data(&path, 1 << 20, 1),
+        path,
+    });
     assert_exporter_sees(&first.id, 1 << 20);
     lap(t, "default_dir_checked");
+    prometheus_scrapes_the_service(&first.id, 64 << 20);
+    lap(t, "prometheus_checked");
 
     // What the package's settings give an operator: no --guard in
     // EXPORTER_ARGS, so the exporter's default, detect. An owner's escape

@@ -131,12 +131,15 @@ pub struct Boot {
 
 /// Boots `kernel` with systemd as init on a copy of the Debian root, once
 /// per entry of [`boots_of`] it, and runs that boot's tests of `test_bin` there
-/// with `env`; `files` are copied into `/prjquota-test/` of the guest first.
+/// with `env`; `files` are copied into `/prjquota-test/` of the guest first,
+/// and each of `installs` (a host file, its absolute path in the guest)
+/// put in place as a package would have.
 /// The boots until the first that failed.
 pub fn boots(
     kernel: Kernel,
     test_bin: &Path,
     files: &[&Path],
+    installs: &[(&Path, &str)],
     env: &[(&str, String)],
 ) -> Result<Vec<Boot>> {
     let base = debian_root()?;
@@ -180,6 +183,18 @@ pub fn boots(
         crate::quiet(Command::new("cp").arg("-a").arg(&modules).arg(&into))?;
     }
 
+    // Linked where they can be (the same filesystem: Prometheus's 100 MB
+    // would take seconds to copy, and the guest only runs it).
+    for (from, to) in installs {
+        let to = root.join(to.trim_start_matches('/'));
+        if let Some(d) = to.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        if std::fs::hard_link(from, &to).is_err() {
+            std::fs::copy(from, &to)
+                .with_context(|| format!("copy {} into the root", from.display()))?;
+        }
+    }
     let dir = root.join("prjquota-test");
     std::fs::create_dir_all(&dir)?;
     std::fs::copy(test_bin, dir.join("systemd-test"))?;

@@ -834,7 +834,7 @@ fn lists_any(expr: &str) -> Result<bool> {
 /// every boot of `systemd::boots_of(kernel)` passed.
 fn systemd_pass(kernel: Kernel, test_bin: &Path, deb: &Path, attr_act: &Path) -> Pass {
     header(&format!(
-        "systemd pass on kernel {}: the .deb installed, run, moved, upgraded (an owner \
+        "systemd pass on kernel {}: the .deb installed, run, scraped by Prometheus, moved, upgraded (an owner \
          attacking the guard meanwhile) and purged, then a node with volumes rebooted, on a \
          Debian root booted with systemd as init",
         kernel.name()
@@ -842,15 +842,33 @@ fn systemd_pass(kernel: Kernel, test_bin: &Path, deb: &Path, attr_act: &Path) ->
     let name = format!("systemd {}", kernel.name());
     let t = Instant::now();
     let guest_deb = format!("/prjquota-test/{}", crate::dist::deb_name());
-    let boots = crate::systemd::boots(
-        kernel,
-        test_bin,
-        &[deb, attr_act],
-        &[
-            ("PRJQUOTA_DEB", guest_deb),
-            ("PRJQUOTA_BIN_DIR", "/prjquota-test".into()),
-        ],
-    );
+    // The real Prometheus scrapes the packaged service with the shipped
+    // rules and config: Prometheus 3 from `cargo xtask deps`, installed in
+    // the root where its Debian package puts it.
+    let prometheus = crate::deps::prometheus3_binary();
+    let promtool = prometheus.with_file_name("promtool");
+    let boots = if !crate::is_executable(&prometheus) || !crate::is_executable(&promtool) {
+        Err(anyhow::anyhow!(
+            "{} or {} is missing: run `cargo xtask deps` (the systemd pass runs Prometheus 3)",
+            prometheus.display(),
+            promtool.display()
+        ))
+    } else {
+        crate::systemd::boots(
+            kernel,
+            test_bin,
+            &[deb, attr_act],
+            &[
+                (&prometheus, "/usr/bin/prometheus"),
+                (&promtool, "/usr/bin/promtool"),
+            ],
+            &[
+                ("PRJQUOTA_DEB", guest_deb),
+                ("PRJQUOTA_BIN_DIR", "/prjquota-test".into()),
+                ("PRJQUOTA_PROMETHEUS3", "/usr/bin/prometheus".into()),
+            ],
+        )
+    };
     let secs = t.elapsed().as_secs_f64();
     println!(
         "xtask: systemd pass on kernel {} took {secs:.0}s",

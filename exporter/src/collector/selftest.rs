@@ -10,7 +10,16 @@
 //! through `iomap_file_buffered_write` on XFS and `generic_perform_write`
 //! on ext4, O_DIRECT through `iomap_dio_complete` on both. A hook no
 //! volumes filesystem of this node exercises is not tested (no series), so
-//! a 0 always means "tested and wrong", never "not tested".
+//! a 0 always means "tested and wrong", never "not tested": a probe the
+//! filesystem refused (read-only, full, a sandbox without the directory)
+//! tested no hook, and is logged as an error with no series.
+//!
+//! A node with no volume yet has no registry: the plugin makes it at the
+//! first create. The exporter then makes `<volumes dir>/.prjquota` itself,
+//! as the plugin would (root's, mode 0700), so that a freshly installed
+//! node proves its hooks before its first volume. Only on XFS and ext4
+//! (the plugin refuses any other filesystem), and only as root (the plugin
+//! refuses a registry that is not root's).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -53,8 +62,16 @@ pub fn run(t: &mut WriteTelemetry, volumes_dirs: &[PathBuf]) -> Vec<Outcome> {
         .collect();
     for dir in volumes_dirs {
         let registry = dir.join(prjquota_core::record::DIR_NAME);
-        let Ok(fs) = fs_magic(&registry) else {
-            continue; // no registry yet: nothing of ours to write into
+        let fs = match registry_for_probe(dir, &registry) {
+            Ok(fs) => fs,
+            Err(why) => {
+                crate::warn!(
+                    "eBPF self-test: not run in this volumes directory, its hooks are not proven by it",
+                    dir = dir.display(),
+                    why = why
+                );
+                continue;
+            }
         };
         let buffered = match fs {
             XFS_MAGIC => prjquota_ebpf::HOOK_BUFFERED_IOMAP,
@@ -84,7 +101,18 @@ pub fn run(t: &mut WriteTelemetry, volumes_dirs: &[PathBuf]) -> Vec<Outcome> {
                         ),
                     }
                 }
-                Err(e) => Outcome {
+                // The filesystem refused the probe: no hook was tested, and
+                // a 0 would blame the kernel.
+                Err(ProbeError::Fs(e)) => {
+                    crate::error!(
+                        "eBPF self-test: the probe could not be written, so this hook is not tested (no series); let the exporter write in the volumes directory (the unit's ReadWritePaths= follows VOLUMES_DIR after systemctl daemon-reload)",
+                        program = program,
+                        dir = probe_dir.display(),
+                        err = e
+                    );
+                    continue;
+                }
+                Err(ProbeError::Bpf(e)) => Outcome {
                     program,
                     ok: false,
                     detail: format!("the probe in {} failed: {e}", probe_dir.display()),
@@ -99,35 +127,78 @@ pub fn run(t: &mut WriteTelemetry, volumes_dirs: &[PathBuf]) -> Vec<Outcome> {
     out
 }
 
+/// The filesystem magic of `registry`, the registry of volumes directory
+/// `dir`, made when missing (as the plugin makes it: root's, mode 0700);
+/// or why the self-test cannot write there.
+fn registry_for_probe(dir: &Path, registry: &Path) -> Result<i64, String> {
+    let fs = fs_magic(dir).map_err(|e| format!("cannot stat the volumes directory: {e}"))?;
+    if fs != XFS_MAGIC && fs != EXT4_MAGIC {
+        return Err(format!(
+            "the volumes directory is on a filesystem of type {fs:#x}, neither XFS nor ext4"
+        ));
+    }
+    match fs::symlink_metadata(registry) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if !nix::unistd::geteuid().is_root() {
+                return Err(
+                    "no registry yet, and only root may make it (the plugin refuses one that is not root's): run the exporter as root, or create a volume first".into(),
+                );
+            }
+            match fs::DirBuilder::new().mode(0o700).create(registry) {
+                Ok(()) => crate::info!(
+                    "eBPF self-test: made the registry directory for its probe (no volume yet)",
+                    dir = registry.display()
+                ),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(format!("cannot make {}: {e}", registry.display())),
+            }
+        }
+        Err(e) => return Err(format!("cannot stat {}: {e}", registry.display())),
+    }
+    fs_magic(registry).map_err(|e| format!("cannot stat {}: {e}", registry.display()))
+}
+
+/// Why a probe told nothing about its hook.
+enum ProbeError {
+    /// The filesystem refused the probe's directory or write: no hook ran.
+    Fs(std::io::Error),
+    /// The eBPF side (its roots map, its counters) failed.
+    Bpf(String),
+}
+
 /// Registers `dir` as the probe root, writes, and returns the probe's
 /// counters before and after.
 fn probe(
     t: &mut WriteTelemetry,
     dir: &Path,
     direct: bool,
-) -> std::io::Result<(VolumeCounters, VolumeCounters)> {
+) -> Result<(VolumeCounters, VolumeCounters), ProbeError> {
     match fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e),
+        Err(e) => return Err(ProbeError::Fs(e)),
     }
-    let meta = fs::symlink_metadata(dir)?;
+    let meta = fs::symlink_metadata(dir).map_err(ProbeError::Fs)?;
     if !meta.is_dir() {
-        return Err(std::io::Error::other("not a directory"));
+        return Err(ProbeError::Fs(std::io::Error::other(format!(
+            "{} is not a directory",
+            dir.display()
+        ))));
     }
     t.set_roots(&[(meta.dev(), meta.ino(), PROBE_INDEX)])
-        .map_err(std::io::Error::other)?;
+        .map_err(|e| ProbeError::Bpf(e.to_string()))?;
     let read = |t: &WriteTelemetry| {
         t.read()
             .map(|c| c.volume(PROBE_INDEX))
-            .map_err(std::io::Error::other)
+            .map_err(|e| ProbeError::Bpf(e.to_string()))
     };
     let before = read(t)?;
     let path = dir.join("probe");
     let _ = fs::remove_file(&path);
-    write_probe(&path, direct)?;
+    write_probe(&path, direct).map_err(ProbeError::Fs)?;
     let after = read(t)?;
-    fs::remove_file(&path)?;
+    fs::remove_file(&path).map_err(ProbeError::Fs)?;
     Ok((before, after))
 }
 
