@@ -17,6 +17,7 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use prjquota_core::fs_type::FsType;
 use prjquota_ebpf::{VolumeCounters, WriteTelemetry};
 
 /// The probe's volume index. The probe runs right after the load, before
@@ -25,8 +26,6 @@ use prjquota_ebpf::{VolumeCounters, WriteTelemetry};
 /// and the first volume to get it starts from zero (`set_roots` zeroes an
 /// index that enters the roots).
 const PROBE_INDEX: u32 = 0;
-const XFS_MAGIC: i64 = 0x5846_5342;
-const EXT4_MAGIC: i64 = 0xef53;
 /// Writes of one probe: `COUNT` requests of `BLOCK` bytes, the size
 /// O_DIRECT needs aligned.
 const BLOCK: usize = 4096;
@@ -56,10 +55,10 @@ pub fn run(t: &mut WriteTelemetry, volumes_dirs: &[PathBuf]) -> Vec<Outcome> {
         let Ok(fs) = fs_magic(&registry) else {
             continue; // no registry yet: nothing of ours to write into
         };
-        let buffered = match fs {
-            XFS_MAGIC => "iomap_file_buffered_write",
-            EXT4_MAGIC => "generic_perform_write",
-            _ => continue,
+        let buffered = match FsType::from_magic(fs) {
+            FsType::Xfs => "iomap_file_buffered_write",
+            FsType::Ext4 => "generic_perform_write",
+            FsType::Other(_) => continue,
         };
         for (program, direct) in [(buffered, false), ("iomap_dio_complete", true)] {
             if !attached.contains(&program) || out.iter().any(|o| o.program == program) {
