@@ -19,6 +19,7 @@
 //! The eBPF programs load once, in the background, when the [`Exporter`] is
 //! made; [`Exporter::ebpf_ready`] waits for that (`--ebpf=required`).
 
+pub mod announcements;
 pub mod ebpf;
 pub mod filesystem;
 pub mod guard;
@@ -235,7 +236,7 @@ pub struct Exporter {
     /// the maps after a registration that saw it, dropping the new volume.
     roots_sync: tokio::sync::Mutex<()>,
     /// Plugin announcements of new volumes (see `crate::announce`).
-    pub announcements: Arc<crate::announce::Stats>,
+    pub announcements: Arc<announcements::Stats>,
     /// Of [`SWITCHABLE`], those switched off.
     disabled: Vec<&'static str>,
 }
@@ -357,7 +358,7 @@ impl Exporter {
             root_stat: Arc::new(roots::RootStat::new(config.statfs_timeout)),
             quota_reader: Arc::new(quota::QuotaReader::new(config.statfs_timeout)),
             roots_sync: tokio::sync::Mutex::new(()),
-            announcements: Arc::new(crate::announce::Stats::new(&config.volumes_dirs)),
+            announcements: Arc::new(announcements::Stats::new(&config.volumes_dirs)),
             disabled: SWITCHABLE
                 .into_iter()
                 .filter(|n| config.disabled_collectors.contains(n))
