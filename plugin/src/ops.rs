@@ -358,7 +358,7 @@ pub fn create(req: &CreateRequest, plugin_id: &str) -> Result<Created> {
     // unless it may be the replay of a recorded volume (decided under its
     // lock below).
     if params.is_err() || sized.is_err() {
-        let record = registry::records_dir(&req.volumes_dir).join(record_file_name(&id));
+        let record = registry::records_dir(&req.volumes_dir).join(record_file_name(id));
         if std::fs::symlink_metadata(record).is_err() {
             params.as_ref().map_err(|e| anyhow!("{e}"))?;
             sized.as_ref().map_err(|e| anyhow!("{e}"))?;
