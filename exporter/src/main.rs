@@ -383,14 +383,14 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     // Starts loading the eBPF programs in the background.
     let exporter = Arc::new(Exporter::new(&config));
     if config.ebpf == EbpfMode::Required {
-        exporter.ebpf_ready().await.map_err(|e| {
+        exporter.collector_ready("ebpf").await.map_err(|e| {
             anyhow::anyhow!(
                 "eBPF write telemetry is required (--ebpf=required) but did not load: {e}"
             )
         })?;
     }
     if config.guard == GuardMode::Enforce {
-        exporter.guard_ready().await.map_err(|e| {
+        exporter.collector_ready("guard").await.map_err(|e| {
             anyhow::anyhow!(
                 "the quota-escape guard cannot enforce (--guard=enforce): {e}; fix that, or run \
                  with --guard=detect to count attempts without refusing them (a guard pinned \

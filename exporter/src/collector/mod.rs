@@ -16,10 +16,13 @@
 //! when the error first appears (and one when it clears), never into a failed
 //! scrape: whatever a failing collector produced before failing is served.
 //!
-//! The eBPF programs load once, in the background, when the [`Exporter`] is
-//! made; [`Exporter::ebpf_ready`] waits for that (`--ebpf=required`).
+//! The eBPF programs and the guard load once, in the background, when the
+//! [`Exporter`] is made (`background`); [`Exporter::collector_ready`] waits
+//! for one (`--ebpf=required`, `--guard=enforce`), [`Exporter::warm_up`]
+//! for every collector's [`Collector::ready`].
 
 pub mod announcements;
+mod background;
 pub mod ebpf;
 pub mod filesystem;
 pub mod guard;
@@ -106,22 +109,6 @@ impl Scrape {
     }
 }
 
-/// The latest start-up load status of an eBPF collector: waits at most
-/// `wait` while `loading` holds (a scrape right at start-up gives the
-/// programs a moment, never a long one), then takes whatever it is.
-pub async fn load_status<S>(
-    status: &tokio::sync::watch::Receiver<Arc<S>>,
-    wait: Duration,
-    loading: impl Fn(&S) -> bool,
-) -> Arc<S> {
-    let mut rx = status.clone();
-    let settled = match tokio::time::timeout(wait, rx.wait_for(|s| !loading(s))).await {
-        Ok(Ok(s)) => Some(s.clone()),
-        _ => None,
-    };
-    settled.unwrap_or_else(|| status.borrow().clone())
-}
-
 /// One source of metrics.
 pub trait Collector: Send + Sync {
     /// The `collector` label value.
@@ -134,6 +121,13 @@ pub trait Collector: Send + Sync {
         scrape: &'a Scrape,
         out: &'a mut Vec<Family>,
     ) -> BoxFuture<'a, anyhow::Result<()>>;
+
+    /// Waits until this collector's start-up work is done (the eBPF loads
+    /// run in the background): `Err` with the reason when it does not run
+    /// as its flags asked. Most have none.
+    fn ready(&self) -> BoxFuture<'static, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
 
     /// Registers the volumes of `scrape` with whatever kernel state this
     /// collector keeps per volume (the eBPF maps), without collecting:
@@ -220,10 +214,6 @@ pub struct Exporter {
     /// The last error of each failing collector, so that a persistent
     /// failure is logged once, not at every scrape.
     failing: Mutex<HashMap<&'static str, String>>,
-    /// The start-up load of the eBPF programs, when there is one.
-    ebpf: Option<ebpf::Ready>,
-    /// The start-up load of the guard, when there is one.
-    guard: Option<guard::GuardReady>,
     /// Set once the programs are loaded and every volume of the registry
     /// is registered with them ([`Exporter::warm_up`]): before that, a
     /// scrape would report zeros that mean "not measured".
@@ -270,7 +260,6 @@ impl Exporter {
             opts.clone(),
             config.volumes_dirs.clone(),
         );
-        let ready = ebpf.ready();
         let guard = guard::GuardCollector::start(
             guard::GuardSetup {
                 mode: config.guard,
@@ -281,7 +270,6 @@ impl Exporter {
             config.statfs_timeout,
             opts,
         );
-        let guard_ready = guard.ready();
         let mut collectors: Vec<Box<dyn Collector>> = Vec::new();
         if on("quota") {
             collectors.push(Box::new(quota::Quota));
@@ -300,17 +288,16 @@ impl Exporter {
         }
         collectors.push(Box::new(ebpf));
         collectors.push(Box::new(guard));
-        let mut exporter = Exporter::with_collectors(config, collectors);
-        exporter.ebpf = Some(ready);
-        exporter.guard = Some(guard_ready);
-        exporter
+        Exporter::with_collectors(config, collectors)
     }
 
-    /// Waits until the guard is loaded (or known not to load): `Err` with
-    /// the reason when it did not load or cannot enforce as asked.
-    pub async fn guard_ready(&self) -> Result<(), String> {
-        match &self.guard {
-            Some(r) => r.clone().wait().await,
+    /// Waits until the collector called `name` has done its start-up work
+    /// ([`Collector::ready`]): `Err` with the reason when it does not run
+    /// as asked (the eBPF programs did not load; the guard cannot enforce
+    /// or be pinned). `Ok` when there is no such collector.
+    pub async fn collector_ready(&self, name: &str) -> Result<(), String> {
+        match self.collectors.iter().find(|c| c.name() == name) {
+            Some(c) => c.ready().await,
             None => Ok(()),
         }
     }
@@ -322,8 +309,9 @@ impl Exporter {
     pub async fn warm_up(&self) -> Duration {
         let start = Instant::now();
         // Failures are reported by the scrape itself; only the wait matters.
-        let _ = self.ebpf_ready().await;
-        let _ = self.guard_ready().await;
+        for c in &self.collectors {
+            let _ = c.ready().await;
+        }
         drop(self.scrape().await);
         self.ready.send_replace(true);
         start.elapsed()
@@ -334,16 +322,6 @@ impl Exporter {
         *self.ready.borrow()
     }
 
-    /// Waits until the eBPF programs are loaded (or known not to load):
-    /// `Err` with the reason when loading failed, `Ok` when they are
-    /// attached or `--ebpf=off`.
-    pub async fn ebpf_ready(&self) -> Result<(), String> {
-        match &self.ebpf {
-            Some(r) => r.clone().wait().await,
-            None => Ok(()),
-        }
-    }
-
     /// An exporter with the registry of `config` and the given collectors
     /// after it (tests replace sources with fakes this way).
     pub fn with_collectors(config: &Config, collectors: Vec<Box<dyn Collector>>) -> Exporter {
@@ -352,8 +330,6 @@ impl Exporter {
             collectors,
             deadline: (config.statfs_timeout * 3).max(Duration::from_secs(10)),
             failing: Mutex::default(),
-            ebpf: None,
-            guard: None,
             ready: tokio::sync::watch::Sender::new(false),
             root_stat: Arc::new(roots::RootStat::new(config.statfs_timeout)),
             quota_reader: Arc::new(quota::QuotaReader::new(config.statfs_timeout)),
