@@ -11,7 +11,7 @@
 //!
 //! Each scrape syncs the programs' map of volume roots with the inventory:
 //! the root `<volumes dir>/<volume ID>` is `lstat`ed (on the blocking pool,
-//! one call per volumes directory at a time, with the statfs timeout; a
+//! one call per volumes directory at a time, with `--collector.mount-timeout`; a
 //! pass over unchanged volumes is reused for up to a minute, see
 //! [`super::roots`]) for its `(st_dev, st_ino)`, and each volume ID keeps
 //! one index, assigned at first sight (a freed one only long after its

@@ -149,9 +149,10 @@ pub const SWITCHABLE: [&str; 4] = ["quota", "statfs", "filesystem", "quota_event
 pub struct Config {
     /// Nomad `host_volumes_dir`s whose prjquota registries to export.
     pub volumes_dirs: Vec<PathBuf>,
-    /// How long a statfs (or quotactl, or registry read) may take before its
-    /// directory is treated as stuck.
-    pub statfs_timeout: Duration,
+    /// How long a collector's call into a volumes directory's filesystem
+    /// (statfs, quotactl, a registry read, a root's stat) may take before
+    /// its directory is treated as stuck (`--collector.mount-timeout`).
+    pub mount_timeout: Duration,
     /// Subscribe to the kernel's quota netlink warnings.
     pub quota_events: bool,
     /// Collectors switched off (`--no-collector.<name>`, names from
@@ -178,7 +179,7 @@ impl Default for Config {
     fn default() -> Config {
         Config {
             volumes_dirs: vec![PathBuf::from("/opt/nomad/data/host_volumes")],
-            statfs_timeout: Duration::from_secs(5),
+            mount_timeout: Duration::from_secs(5),
             quota_events: true,
             disabled_collectors: Vec::new(),
             ebpf: EbpfMode::Auto,
@@ -256,7 +257,7 @@ impl Exporter {
         };
         let ebpf = ebpf::Ebpf::start(
             config.ebpf,
-            config.statfs_timeout,
+            config.mount_timeout,
             opts.clone(),
             config.volumes_dirs.clone(),
         );
@@ -267,7 +268,7 @@ impl Exporter {
                 pin_root: config.guard_pin_root.clone(),
                 sync_interval: config.guard_sync_interval,
             },
-            config.statfs_timeout,
+            config.mount_timeout,
             opts,
         );
         let mut collectors: Vec<Box<dyn Collector>> = Vec::new();
@@ -275,11 +276,11 @@ impl Exporter {
             collectors.push(Box::new(quota::Quota));
         }
         if on("statfs") {
-            collectors.push(Box::new(statfs::Statfs::new(config.statfs_timeout)));
+            collectors.push(Box::new(statfs::Statfs::new(config.mount_timeout)));
         }
         if on("filesystem") {
             collectors.push(Box::new(filesystem::Filesystem::new(
-                config.statfs_timeout,
+                config.mount_timeout,
                 config.plugin_dir.clone(),
             )));
         }
@@ -326,13 +327,13 @@ impl Exporter {
     /// after it (tests replace sources with fakes this way).
     pub fn with_collectors(config: &Config, collectors: Vec<Box<dyn Collector>>) -> Exporter {
         Exporter {
-            registry: registry::Registry::new(&config.volumes_dirs, config.statfs_timeout),
+            registry: registry::Registry::new(&config.volumes_dirs, config.mount_timeout),
             collectors,
-            deadline: (config.statfs_timeout * 3).max(Duration::from_secs(10)),
+            deadline: (config.mount_timeout * 3).max(Duration::from_secs(10)),
             failing: Mutex::default(),
             ready: tokio::sync::watch::Sender::new(false),
-            root_stat: Arc::new(roots::RootStat::new(config.statfs_timeout)),
-            quota_reader: Arc::new(quota::QuotaReader::new(config.statfs_timeout)),
+            root_stat: Arc::new(roots::RootStat::new(config.mount_timeout)),
+            quota_reader: Arc::new(quota::QuotaReader::new(config.mount_timeout)),
             roots_sync: tokio::sync::Mutex::new(()),
             announcements: Arc::new(announcements::Stats::new(&config.volumes_dirs)),
             disabled: SWITCHABLE
