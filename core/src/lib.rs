@@ -5,11 +5,13 @@
 //! [`sys`] is this crate's only module allowed `unsafe` code (the workspace
 //! denies it everywhere but there and `prjquota-ebpf`'s `raw`); [`quota`], [`mountinfo`], [`announce`] and [`guard_pins`]
 //! are the safe layers above it. [`record`] is the registry record and its one reader,
-//! [`config`] the node configuration and its one reader; [`volume_id`],
+//! [`config`] the node configuration and its one reader, [`fs_type`] the
+//! filesystems it runs on; [`volume_id`],
 //! [`volume_params`], [`units`] and [`quoted`] are what those two are made of.
 
 pub mod announce;
 pub mod config;
+pub mod fs_type;
 pub mod guard_pins;
 pub mod mountinfo;
 pub mod quota;

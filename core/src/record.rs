@@ -68,12 +68,30 @@ pub fn records_dir(volumes_dir: &Path) -> PathBuf {
 /// Records are a few hundred bytes; a larger file is not a record.
 pub const MAX_RECORD_BYTES: u64 = 1 << 20;
 
+/// The file name of volume `id`'s record in the records directory.
+pub fn record_file_name(id: &VolumeId) -> String {
+    format!("{id}.json")
+}
+
+/// The temp file a record of volume `id` is written to before it is
+/// renamed over [`record_file_name`]: hidden, so no reader takes it for a
+/// record.
+pub fn temp_file_name(id: &VolumeId) -> String {
+    format!(".{id}.json.tmp")
+}
+
 /// The volume ID a file of the records directory is the record of: `<ID>.json`,
 /// not a temp file of a record being written (`.<ID>.json…`).
 pub fn record_stem(name: &std::ffi::OsStr) -> Option<&str> {
     name.to_str()
         .and_then(|n| n.strip_suffix(".json"))
         .filter(|stem| !stem.starts_with('.'))
+}
+
+/// Whether a file of the records directory is a leftover temp file of an
+/// interrupted record write ([`temp_file_name`]).
+pub fn is_temp_file(name: &str) -> bool {
+    name.starts_with('.') && name.ends_with(".json.tmp")
 }
 
 /// Reads one record file's content, at most [`MAX_RECORD_BYTES`] of it, and
@@ -114,7 +132,8 @@ pub fn parse_record_bytes(body: &[u8], expected_id: &str) -> Result<Record> {
 
 #[cfg(test)]
 mod record_stem_tests {
-    use super::record_stem;
+    use super::{is_temp_file, record_file_name, record_stem, temp_file_name};
+    use crate::volume_id::VolumeId;
     use std::ffi::OsStr;
 
     #[test]
@@ -123,5 +142,21 @@ mod record_stem_tests {
         assert_eq!(record_stem(OsStr::new(".a.json")), None);
         assert_eq!(record_stem(OsStr::new("a.json.tmp")), None);
         assert_eq!(record_stem(OsStr::new("a")), None);
+    }
+
+    /// What the writer names is what the readers take, and nothing else.
+    #[test]
+    fn the_writers_names_are_the_readers_rule() {
+        const ID: &str = "0b6f3c1e-5d2a-4f8b-9c7d-1e2f3a4b5c6d";
+        let id = VolumeId::parse(ID).unwrap();
+        let (rec, tmp) = (record_file_name(&id), temp_file_name(&id));
+        assert_eq!(record_stem(OsStr::new(&rec)), Some(ID));
+        assert_eq!(record_stem(OsStr::new(&tmp)), None);
+        assert!(is_temp_file(&tmp));
+        assert!(!is_temp_file(&rec));
+        assert!(
+            !is_temp_file(&format!("{ID}.json.tmp")),
+            "not hidden: not ours"
+        );
     }
 }

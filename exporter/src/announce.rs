@@ -12,7 +12,6 @@
 
 use std::os::linux::net::SocketAddrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,65 +21,12 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::collector::Exporter;
-use crate::metrics::Family;
 
 /// How long a connected client has to send its line.
 const READ_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Announcements served at once; more wait to be accepted.
 const MAX_CONNECTIONS: usize = 64;
-
-/// What the announcements did, for `/metrics`.
-#[derive(Debug)]
-pub struct Stats {
-    /// Per volumes directory: whether its socket is listening.
-    listening: Vec<(PathBuf, AtomicBool)>,
-    registered: AtomicU64,
-    failed: AtomicU64,
-    refused: AtomicU64,
-}
-
-impl Stats {
-    pub fn new(dirs: &[PathBuf]) -> Stats {
-        Stats {
-            listening: dirs
-                .iter()
-                .map(|d| (d.clone(), AtomicBool::new(false)))
-                .collect(),
-            registered: AtomicU64::new(0),
-            failed: AtomicU64::new(0),
-            refused: AtomicU64::new(0),
-        }
-    }
-
-    pub fn families(&self) -> Vec<Family> {
-        let mut listening = Family::gauge(
-            "prjquota_exporter_announce_listening",
-            "Whether the exporter listens for the plugin's announcements of new volumes for this volumes directory (1); at 0 a new volume is watched only from the next scrape, and the log says why.",
-        );
-        for (dir, on) in &self.listening {
-            listening.labelled(
-                vec![("volumes_dir", dir.display().to_string())],
-                if on.load(Ordering::Relaxed) { 1.0 } else { 0.0 },
-            );
-        }
-        let mut total = Family::counter(
-            "prjquota_exporter_announcements_total",
-            "Announcements of new volumes from the plugin, by result: registered (the volume's root is in the eBPF maps), failed (registration failed: see the log), refused (not from root, or not a valid request).",
-        );
-        for (result, c) in [
-            ("registered", &self.registered),
-            ("failed", &self.failed),
-            ("refused", &self.refused),
-        ] {
-            total.labelled(
-                vec![("result", result.to_string())],
-                c.load(Ordering::Relaxed) as f64,
-            );
-        }
-        vec![listening, total]
-    }
-}
 
 type Waiter = oneshot::Sender<Result<(), String>>;
 
@@ -146,9 +92,7 @@ async fn listen(
             volumes_dir = dir.display().to_string()
         );
     }
-    exporter.announcements.listening[i]
-        .1
-        .store(true, Ordering::Relaxed);
+    exporter.announcements.set_listening(i);
     accept_loop(listener, dir, exporter, tx, permits).await;
 }
 
@@ -188,18 +132,14 @@ async fn register_loop(exporter: Arc<Exporter>, mut rx: mpsc::UnboundedReceiver<
             .map_err(|e| format!("{e:#}"));
         let stats = &exporter.announcements;
         match &result {
-            Ok(()) => stats
-                .registered
-                .fetch_add(batch.len() as u64, Ordering::Relaxed),
+            Ok(()) => stats.registered(batch.len()),
             Err(e) => {
                 crate::warn!(
                     "registering announced volumes failed: they are retried at the next scrape",
                     announcements = batch.len(),
                     err = e
                 );
-                stats
-                    .failed
-                    .fetch_add(batch.len() as u64, Ordering::Relaxed)
+                stats.failed(batch.len())
             }
         };
         crate::debug!("announced volumes registered", announcements = batch.len());
@@ -236,10 +176,7 @@ async fn accept_loop(
         tokio::spawn(async move {
             let _permit = permit;
             if let Err(why) = serve(stream, &dir, &tx).await {
-                exporter
-                    .announcements
-                    .refused
-                    .fetch_add(1, Ordering::Relaxed);
+                exporter.announcements.refused();
                 crate::warn!(
                     "refused a plugin announcement",
                     volumes_dir = dir.display().to_string(),

@@ -100,12 +100,15 @@ struct Flags {
     )]
     log_format: log::Format,
 
-    /// How long statfs (and quotactl, and reading the registry) of a volumes
-    /// directory may take before that directory is reported as stuck
+    /// How long any collector's call into a volumes directory's filesystem
+    /// (statfs, quotactl, reading the registry, the roots' stat) may take
+    /// before that directory is reported as stuck
     /// (nomad_host_volume_stats_error{reason="timeout"}) and not queried again
-    /// until the blocked call returns. E.g. 5s, 1500ms, 1m.
-    #[arg(long = "statfs-timeout", value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
-    statfs_timeout: Duration,
+    /// until the blocked call returns, as node_exporter's
+    /// --collector.filesystem.mount-timeout. E.g. 5s, 1500ms, 1m.
+    /// (--statfs-timeout, its name before, still works.)
+    #[arg(long = "collector.mount-timeout", alias = "statfs-timeout", value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    mount_timeout: Duration,
 
     /// eBPF write telemetry (written bytes, write operations and write
     /// errors per volume): off (do not load), auto (load; if the kernel
@@ -359,7 +362,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     let disabled_collectors = flags.disabled_collectors();
     let config = Config {
         volumes_dirs: flags.volumes_dirs,
-        statfs_timeout: flags.statfs_timeout,
+        mount_timeout: flags.mount_timeout,
         quota_events: true,
         disabled_collectors,
         ebpf: flags.ebpf,
@@ -397,14 +400,14 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     // Starts loading the eBPF programs in the background.
     let exporter = Arc::new(Exporter::new(&config));
     if config.ebpf == EbpfMode::Required {
-        exporter.ebpf_ready().await.map_err(|e| {
+        exporter.collector_ready("ebpf").await.map_err(|e| {
             anyhow::anyhow!(
                 "eBPF write telemetry is required (--ebpf=required) but did not load: {e}"
             )
         })?;
     }
     if config.guard == GuardMode::Enforce {
-        exporter.guard_ready().await.map_err(|e| {
+        exporter.collector_ready("guard").await.map_err(|e| {
             anyhow::anyhow!(
                 "the quota-escape guard cannot enforce (--guard=enforce): {e}; fix that, or run \
                  with --guard=detect to count attempts without refusing them (a guard pinned \
@@ -443,7 +446,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
             .map(|d| d.display().to_string())
             .collect::<Vec<_>>()
             .join(","),
-        statfs_timeout = format!("{:?}", config.statfs_timeout),
+        mount_timeout = format!("{:?}", config.mount_timeout),
         ebpf = config.ebpf,
         guard = config.guard,
         disabled_collectors = config.disabled_collectors.join(","),
@@ -564,7 +567,7 @@ mod tests {
             vec![PathBuf::from("/opt/nomad/data/host_volumes")]
         );
         assert_eq!(f.listen_addresses, vec![":14646"]);
-        assert_eq!(f.statfs_timeout, Duration::from_secs(5));
+        assert_eq!(f.mount_timeout, Duration::from_secs(5));
         assert_eq!(f.log_level, Level::Info);
         assert_eq!(f.ebpf, EbpfMode::Auto);
         let f = Flags::parse_from([
@@ -592,13 +595,39 @@ mod tests {
         assert!(Flags::try_parse_from(["prjquota-exporter", "--ebpf=maybe"]).is_err());
     }
 
+    /// The timeout's name before --collector.mount-timeout still sets it,
+    /// and neither --help nor the completions show it.
+    #[test]
+    fn the_mount_timeout_keeps_its_old_name_hidden() {
+        use clap::CommandFactory;
+        let f = Flags::parse_from(["prjquota-exporter", "--collector.mount-timeout=2s"]);
+        assert_eq!(f.mount_timeout, Duration::from_secs(2));
+        let f = Flags::parse_from(["prjquota-exporter", "--statfs-timeout", "1500ms"]);
+        assert_eq!(f.mount_timeout, Duration::from_millis(1500));
+        assert!(Flags::try_parse_from(["prjquota-exporter", "--statfs-timeout=0s"]).is_err());
+        let help = Flags::command().render_long_help().to_string();
+        assert!(
+            help.contains("--collector.mount-timeout <DURATION>"),
+            "{help}"
+        );
+        assert!(!help.contains("--statfs-timeout <"), "{help}");
+        let bash = String::from_utf8(completion_script(clap_complete::Shell::Bash)).unwrap();
+        assert!(bash.contains("--collector.mount-timeout"));
+        assert!(
+            !bash.contains("statfs-timeout"),
+            "a hidden alias is not completed"
+        );
+    }
+
     /// Each collector --no-collector.X can switch off has its pair of
     /// flags, and the last one given wins.
     #[test]
     fn collector_switches_pair_up_and_the_last_wins() {
         use clap::CommandFactory;
+        // The switches; --collector.mount-timeout is a setting of them all.
         let mut names: Vec<String> = Flags::command()
             .get_arguments()
+            .filter(|a| matches!(a.get_action(), clap::ArgAction::SetTrue))
             .filter_map(|a| a.get_long()?.strip_prefix("collector.").map(str::to_string))
             .collect();
         names.sort();

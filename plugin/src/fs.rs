@@ -3,7 +3,6 @@
 //! errors that name the device, the mount and the exact fix.
 
 use std::ffi::CString;
-use std::fmt;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -11,48 +10,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 
+use prjquota_core::fs_type::FsType;
 use prjquota_core::quota::{self, Support};
 use prjquota_core::sys;
-
-const XFS_SUPER_MAGIC: i64 = 0x5846_5342;
-const EXT4_SUPER_MAGIC: i64 = 0xEF53;
-
-/// Filesystem type, from the statfs magic.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FsType {
-    Xfs,
-    Ext4,
-    Other(i64),
-}
-
-impl FsType {
-    pub fn from_magic(magic: i64) -> FsType {
-        match magic {
-            XFS_SUPER_MAGIC => FsType::Xfs,
-            EXT4_SUPER_MAGIC => FsType::Ext4,
-            m => FsType::Other(m),
-        }
-    }
-
-    /// The name used in records and metric labels.
-    pub fn name(&self) -> &'static str {
-        match self {
-            FsType::Xfs => "xfs",
-            FsType::Ext4 => "ext4",
-            FsType::Other(_) => "other",
-        }
-    }
-}
-
-impl fmt::Display for FsType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            FsType::Xfs => f.write_str("XFS"),
-            FsType::Ext4 => f.write_str("ext4"),
-            FsType::Other(m) => write!(f, "a filesystem with magic {m:#x}"),
-        }
-    }
-}
 
 /// One line of /proc/self/mountinfo, the parts error messages need.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -426,13 +386,6 @@ mod tests {
         )
         .unwrap();
         assert_eq!(m.mount_point, Path::new("/mnt/with space"));
-    }
-
-    #[test]
-    fn magic_numbers_name_the_filesystem() {
-        assert_eq!(FsType::from_magic(0x5846_5342), FsType::Xfs);
-        assert_eq!(FsType::from_magic(0xEF53), FsType::Ext4);
-        assert_eq!(FsType::from_magic(0x0102_1994).name(), "other");
     }
 
     #[test]

@@ -33,12 +33,14 @@ use prjquota_core::units;
 use crate::capacity;
 use crate::contract::{CreateRequest, DeleteRequest, VolumeId};
 use crate::fault;
-use crate::fs::{FsType, VolumesFs};
+use crate::fs::VolumesFs;
 use crate::param_check;
 use crate::registry::{self, Durable, Record, Registry, State};
 use crate::remove;
 use prjquota_core::config::{self, Config};
+use prjquota_core::fs_type::FsType;
 use prjquota_core::quota::{self, Limits, Support};
+use prjquota_core::record::record_file_name;
 use prjquota_core::sys;
 use prjquota_core::volume_params::VolumeParams;
 
@@ -356,7 +358,7 @@ pub fn create(req: &CreateRequest, plugin_id: &str) -> Result<Created> {
     // unless it may be the replay of a recorded volume (decided under its
     // lock below).
     if params.is_err() || sized.is_err() {
-        let record = registry::records_dir(&req.volumes_dir).join(format!("{id}.json"));
+        let record = registry::records_dir(&req.volumes_dir).join(record_file_name(id));
         if std::fs::symlink_metadata(record).is_err() {
             params.as_ref().map_err(|e| anyhow!("{e}"))?;
             sized.as_ref().map_err(|e| anyhow!("{e}"))?;

@@ -41,7 +41,7 @@ use anyhow::{anyhow, Context, Result};
 
 // The record format and its one reader are core's, shared with the
 // exporter; this module owns the directory around them (locks, IDs, writes).
-use prjquota_core::record::VOLUMES;
+use prjquota_core::record::{is_temp_file, record_file_name, record_stem, temp_file_name, VOLUMES};
 pub use prjquota_core::record::{
     parse_record_bytes, read_record, records_dir, Record, State, DIR_NAME, MAX_RECORD_BYTES,
     RECORD_VERSION,
@@ -63,10 +63,6 @@ pub fn now_unix() -> u64 {
 
 fn c(name: &str) -> CString {
     CString::new(name).expect("registry names never contain NUL")
-}
-
-fn record_name(id: &VolumeId) -> String {
-    format!("{id}.json")
 }
 
 /// Opens (creating if asked) a directory below `parent`, never following a
@@ -334,7 +330,7 @@ impl Registry {
 
     /// The record of one volume, if there is one.
     pub fn load(&self, id: &VolumeId) -> Result<Option<Record>> {
-        let name = record_name(id);
+        let name = record_file_name(id);
         let fd = match sys::openat(
             self.volumes.as_fd(),
             &c(&name),
@@ -362,8 +358,8 @@ impl Registry {
     /// file's content is always synced before the rename, so that no crash
     /// can leave the new name on an empty file.
     pub fn store(&self, rec: &Record, when: Durable) -> Result<()> {
-        let name = record_name(&rec.volume_id);
-        let tmp = format!(".{name}.tmp");
+        let name = record_file_name(&rec.volume_id);
+        let tmp = temp_file_name(&rec.volume_id);
         let ctx = || format!("cannot write {}/{VOLUMES}/{name}", self.path.display());
         let mut body = serde_json::to_vec_pretty(rec).with_context(ctx)?;
         body.push(b'\n');
@@ -386,8 +382,8 @@ impl Registry {
 
     /// Removes a volume's record (and any temp file of it), durably.
     pub fn remove(&self, id: &VolumeId) -> Result<()> {
-        let name = record_name(id);
-        for n in [format!(".{name}.tmp"), name.clone()] {
+        let name = record_file_name(id);
+        for n in [temp_file_name(id), name.clone()] {
             match sys::unlinkat(self.volumes.as_fd(), &c(&n), false) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -457,7 +453,7 @@ impl Registry {
             .with_context(|| format!("cannot list {}/{VOLUMES}", self.path.display()))?
             .into_iter()
             .filter_map(|e| e.name.into_string().ok())
-            .filter(|n| n.starts_with('.') && n.ends_with(".json.tmp"))
+            .filter(|n| is_temp_file(n))
             .collect())
     }
 
@@ -503,12 +499,12 @@ fn load_all_from(dir: BorrowedFd<'_>) -> io::Result<Vec<Entry>> {
     let mut names: Vec<String> = sys::read_dir(dir)?
         .into_iter()
         .filter_map(|e| e.name.into_string().ok())
-        .filter(|n| n.ends_with(".json") && !n.starts_with('.'))
+        .filter(|n| record_stem(std::ffi::OsStr::new(n)).is_some())
         .collect();
     names.sort();
     let mut out = Vec::with_capacity(names.len());
     for name in names {
-        let id = &name[..name.len() - ".json".len()];
+        let id = record_stem(std::ffi::OsStr::new(&name)).expect("filtered above");
         let fd = match sys::openat(dir, &c(&name), libc::O_RDONLY | libc::O_NOFOLLOW, 0) {
             Ok(fd) => fd,
             // Deleted between listing and opening: the volume is gone.

@@ -179,7 +179,10 @@ fn a_churn_of_thousands_of_volumes_while_scraping_leaves_nothing_behind() {
     // `cargo xtask test` other tests run 200 plugins at once in the same
     // emulated guest, and a registry read starved past the default 5 s was
     // reported as stuck (seen). A hang would still show, at 120 s.
-    let exp = Exporter::start_with(&[&f.node.volumes_dir], &["--statfs-timeout", "120s"]);
+    let exp = Exporter::start_with(
+        &[&f.node.volumes_dir],
+        &["--collector.mount-timeout", "120s"],
+    );
     check_churn_scrape(&exp.scrape(), &keep.id);
     let (_, rss_before) = exp.memory_kib();
 

@@ -4,14 +4,14 @@
 //! The programs are loaded once, at start-up, on the blocking pool (parsing
 //! the kernel's BTF takes a while); `--ebpf` says what happens then:
 //! `auto` (default) runs without them when they cannot load, logging why
-//! once; `required` makes start-up fail ([`Exporter::ebpf_ready`]); `off`
+//! once; `required` makes start-up fail ([`Exporter::collector_ready`]); `off`
 //! loads nothing. Whatever happens, every scrape reports
 //! `prjquota_exporter_ebpf_program_attached{program}` per hook point and,
 //! while any is not attached, `prjquota_exporter_ebpf_detached_reason{reason}`.
 //!
 //! Each scrape syncs the programs' map of volume roots with the inventory:
 //! the root `<volumes dir>/<volume ID>` is `lstat`ed (on the blocking pool,
-//! one call per volumes directory at a time, with the statfs timeout; a
+//! one call per volumes directory at a time, with `--collector.mount-timeout`; a
 //! pass over unchanged volumes is reused for up to a minute, see
 //! [`super::roots`]) for its `(st_dev, st_ino)`, and each volume ID keeps
 //! one index, assigned at first sight (a freed one only long after its
@@ -21,19 +21,18 @@
 //! and a root whose stat timed out keeps its last known identity. The map
 //! is rewritten only when the roots changed.
 //!
-//! [`Exporter::ebpf_ready`]: crate::Exporter::ebpf_ready
+//! [`Exporter::collector_ready`]: crate::Exporter::collector_ready
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::background::{self, Background};
+use super::{kernel_maps, BoxFuture, Collector, Scrape};
+use crate::metrics::{Extra, Family};
 use anyhow::anyhow;
 use prjquota_ebpf::{
     Counters, ErrnoBucket, LoadOptions, Mode, ProgramFailure, WriteTelemetry, HOOK_NAMES,
 };
-use tokio::sync::watch;
-
-use super::{kernel_maps, BoxFuture, Collector, Scrape};
-use crate::metrics::{Extra, Family};
 
 /// How long a scrape waits for a start-up load still in progress before
 /// reporting `loading`.
@@ -51,28 +50,29 @@ fn errno_labels(b: ErrnoBucket) -> Extra {
     }
 }
 
-/// Where the programs stand.
-enum Status {
-    /// Start-up has not finished loading them.
-    Loading,
-    /// Not loaded: `reason` is the bounded label (`disabled` for
-    /// `--ebpf=off`, else the crate's `LoadError::reason`), `error` the
-    /// crate's words (`None` when disabled).
-    Detached {
-        reason: &'static str,
-        error: Option<String>,
-        programs: Vec<(&'static str, bool)>,
-    },
-    /// Loaded, with at least one hook attached.
-    Attached {
-        telemetry: Arc<Mutex<WriteTelemetry>>,
-        programs: Vec<(&'static str, bool)>,
-        /// The start-up self-test of each hook a volumes filesystem here
-        /// exercises.
-        selftest: Vec<super::selftest::Outcome>,
-        /// Why the hooks that are not attached failed (`None`: all attached).
-        partial: Option<&'static str>,
-    },
+/// Where the programs stand: when not loaded (`reason`: `disabled` for
+/// `--ebpf=off`, else the crate's `LoadError::reason`), each hook point as
+/// not attached.
+type Status = background::Status<Attached, Vec<(&'static str, bool)>>;
+
+/// Loaded, with at least one hook attached.
+struct Attached {
+    telemetry: Arc<Mutex<WriteTelemetry>>,
+    programs: Vec<(&'static str, bool)>,
+    /// The start-up self-test of each hook a volumes filesystem here
+    /// exercises.
+    selftest: Vec<super::selftest::Outcome>,
+    /// Why the hooks that are not attached failed (`None`: all attached).
+    partial: Option<&'static str>,
+}
+
+/// Attached is what `--ebpf=auto` and `--ebpf=required` ask for, whatever
+/// the hooks that did not attach (reported per hook).
+impl background::Loaded for Attached {}
+
+/// Each hook point, as not attached.
+fn none_attached() -> Vec<(&'static str, bool)> {
+    HOOK_NAMES.iter().map(|p| (*p, false)).collect()
 }
 
 /// The write telemetry's slots: `(st_dev, st_ino, index)` per root.
@@ -83,10 +83,12 @@ fn new_roots() -> Roots {
 }
 
 pub struct Ebpf {
-    status: watch::Receiver<Arc<Status>>,
-    timeout: Duration,
+    status: Background<Attached, Vec<(&'static str, bool)>>,
     roots: Arc<Mutex<Roots>>,
 }
+
+/// Who loads, for the error when it stopped without a result.
+const LOADER: &str = "the eBPF loader";
 
 impl Ebpf {
     /// Starts loading the programs on the blocking pool (nothing for
@@ -97,38 +99,26 @@ impl Ebpf {
         opts: LoadOptions,
         volumes_dirs: Vec<std::path::PathBuf>,
     ) -> Ebpf {
-        let initial = if mode == Mode::Off {
+        let wait = timeout.min(LOAD_WAIT);
+        let status = if mode == Mode::Off {
             crate::info!("eBPF write telemetry disabled (--ebpf=off)");
-            Status::Detached {
-                reason: "disabled",
-                error: None,
-                programs: HOOK_NAMES.iter().map(|p| (*p, false)).collect(),
-            }
+            Background::off(none_attached(), wait, LOADER)
         } else {
-            Status::Loading
+            Background::load(
+                wait,
+                LOADER,
+                move || load(mode, &opts, &volumes_dirs),
+                |_| {},
+            )
         };
-        let (tx, rx) = watch::channel(Arc::new(initial));
-        if mode != Mode::Off {
-            let work = move || {
-                let status = load(mode, &opts, &volumes_dirs);
-                let _ = tx.send(Arc::new(status));
-            };
-            kernel_maps::spawn_load(work);
-        }
-        Ebpf::with_status(rx, timeout)
+        Ebpf::with_status(status)
     }
 
-    fn with_status(status: watch::Receiver<Arc<Status>>, timeout: Duration) -> Ebpf {
+    fn with_status(status: Background<Attached, Vec<(&'static str, bool)>>) -> Ebpf {
         Ebpf {
             status,
-            timeout,
             roots: Arc::new(Mutex::new(new_roots())),
         }
-    }
-
-    /// A handle that waits for start-up loading to finish.
-    pub fn ready(&self) -> Ready {
-        Ready(self.status.clone())
     }
 }
 
@@ -179,24 +169,24 @@ fn load(mode: Mode, opts: &LoadOptions, volumes_dirs: &[std::path::PathBuf]) -> 
                     err = f
                 );
             }
-            Status::Attached {
+            Status::Loaded(Attached {
                 telemetry: Arc::new(Mutex::new(t)),
                 programs,
                 selftest,
                 partial,
-            }
+            })
         }
-        Ok(None) => Status::Detached {
+        Ok(None) => Status::Off {
             reason: "disabled",
             error: None,
-            programs: HOOK_NAMES.iter().map(|p| (*p, false)).collect(),
+            detail: none_attached(),
         },
         Err(e) => {
             let reason = e.reason();
             let mut programs: Vec<(&'static str, bool)> =
                 e.failures().iter().map(|f| (f.program, false)).collect();
             if programs.is_empty() {
-                programs = HOOK_NAMES.iter().map(|p| (*p, false)).collect();
+                programs = none_attached();
             }
             if mode != Mode::Required {
                 // Logged once, here; scrapes only report it as metrics.
@@ -206,30 +196,11 @@ fn load(mode: Mode, opts: &LoadOptions, volumes_dirs: &[std::path::PathBuf]) -> 
                     err = e
                 );
             }
-            Status::Detached {
+            Status::Off {
                 reason,
                 error: Some(e.to_string()),
-                programs,
+                detail: programs,
             }
-        }
-    }
-}
-
-/// Waits for the start-up load (see [`Ebpf::ready`]).
-#[derive(Clone)]
-pub struct Ready(watch::Receiver<Arc<Status>>);
-
-impl Ready {
-    /// `Err` with the crate's explanation when loading failed; `Ok` when
-    /// attached or disabled.
-    pub async fn wait(mut self) -> Result<(), String> {
-        let status = match self.0.wait_for(|s| !matches!(**s, Status::Loading)).await {
-            Ok(s) => s.clone(),
-            Err(_) => return Err("the eBPF loader stopped without a result".into()),
-        };
-        match &*status {
-            Status::Detached { error: Some(e), .. } => Err(e.clone()),
-            _ => Ok(()),
         }
     }
 }
@@ -245,30 +216,28 @@ impl Collector for Ebpf {
         out: &'a mut Vec<Family>,
     ) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(async move {
-            let status = super::load_status(&self.status, self.timeout.min(LOAD_WAIT), |s| {
-                matches!(s, Status::Loading)
-            })
-            .await;
+            let status = self.status.status().await;
             match &*status {
                 Status::Loading => {
-                    let programs: Vec<_> = HOOK_NAMES.iter().map(|p| (*p, false)).collect();
-                    out.extend(status_families(&programs, Some("loading")));
+                    out.extend(status_families(&none_attached(), Some("loading")));
                     Ok(())
                 }
-                Status::Detached {
-                    reason, programs, ..
+                Status::Off {
+                    reason,
+                    detail: programs,
+                    ..
                 } => {
                     // Logged once at start-up; a detached collector has
                     // nothing more to report, which is not a failure.
                     out.extend(status_families(programs, Some(reason)));
                     Ok(())
                 }
-                Status::Attached {
+                Status::Loaded(Attached {
                     telemetry,
                     programs,
                     selftest,
                     partial,
-                } => {
+                }) => {
                     out.extend(status_families(programs, *partial));
                     out.push(selftest_family(selftest));
                     self.collect_counters(scrape, telemetry, out).await
@@ -277,10 +246,14 @@ impl Collector for Ebpf {
         })
     }
 
+    fn ready(&self) -> BoxFuture<'static, Result<(), String>> {
+        Box::pin(self.status.ready())
+    }
+
     fn register<'a>(&'a self, scrape: &'a Scrape) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(async move {
-            let status = self.status.borrow().clone();
-            let Status::Attached { telemetry, .. } = &*status else {
+            let status = self.status.now();
+            let Status::Loaded(Attached { telemetry, .. }) = &*status else {
                 // Loading: the warm-up registers every volume once loaded.
                 return Ok(());
             };
@@ -468,8 +441,7 @@ fn counter_families(counters: &Counters, index_of: &[Option<u32>]) -> Vec<Family
 /// (with no volumes), so that a host without eBPF can still check that what
 /// the dashboards read exists (dashboards/tests/dashboard.rs).
 pub fn catalogue() -> Vec<Family> {
-    let programs: Vec<(&'static str, bool)> = HOOK_NAMES.iter().map(|p| (*p, false)).collect();
-    let mut fams = status_families(&programs, Some("other"));
+    let mut fams = status_families(&none_attached(), Some("other"));
     fams.extend(counter_families(&Counters::default(), &[]));
     fams.push(selftest_family(&[]));
     fams.push(missed_family(&[]));
@@ -590,7 +562,7 @@ mod tests {
             LoadOptions::default(),
             Vec::new(),
         );
-        e.ready().wait().await.unwrap();
+        e.ready().await.unwrap();
         let s = scrape(&[1], false);
         let mut out = Vec::new();
         e.collect(&s, &mut out).await.unwrap();
@@ -605,8 +577,9 @@ mod tests {
 
     #[tokio::test]
     async fn still_loading_is_reported_as_loading() {
-        let (_tx, rx) = watch::channel(Arc::new(Status::Loading));
-        let e = Ebpf::with_status(rx, Duration::from_millis(10));
+        let (status, _tx) =
+            Background::with_status(Status::Loading, Duration::from_millis(10), LOADER);
+        let e = Ebpf::with_status(status);
         let s = scrape(&[1], false);
         let mut out = Vec::new();
         e.collect(&s, &mut out).await.unwrap();

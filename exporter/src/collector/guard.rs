@@ -12,7 +12,7 @@
 //!   and log each one (process name, pid, uid, cgroup ID);
 //! - `enforce`: also refuse them with EPERM through a BPF LSM program. When
 //!   the BPF LSM is not active (or the program cannot attach), the load
-//!   reports it ([`GuardReady::wait`]) and the exporter refuses to start:
+//!   reports it ([`Collector::ready`]) and the exporter refuses to start:
 //!   an operator who asked for enforcement is not served detection under
 //!   the same name;
 //! - `off`: load nothing.
@@ -42,14 +42,13 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::background::{self, Background};
+use super::guard_sync::Syncer;
+use super::{BoxFuture, Collector, Scrape};
+use crate::metrics::{Extra, Family};
 use anyhow::anyhow;
 use prjquota_ebpf::guard::{Guard, GuardCounters, GuardEvent, GuardMode, Outcome};
 use prjquota_ebpf::{kernel_dev, pins, LoadOptions};
-use tokio::sync::watch;
-
-use super::guard_sync::Syncer;
-use super::{kernel_maps, BoxFuture, Collector, Scrape};
-use crate::metrics::{Extra, Family};
 
 /// How long a scrape waits for the start-up load at most.
 const LOAD_WAIT: Duration = Duration::from_secs(2);
@@ -59,26 +58,38 @@ const MAX_LOGGED_EVENTS: usize = 50;
 const ALLOWED: Extra = &[("result", "allowed")];
 const DENIED: Extra = &[("result", "denied")];
 
-/// Where the guard stands.
-enum Status {
-    Loading,
-    /// Nothing loaded: `--guard=off` (`error` None) or loading failed.
-    Off {
-        reason: &'static str,
-        error: Option<String>,
-    },
-    Loaded {
-        guard: Arc<Mutex<Guard>>,
-        mode: GuardMode,
-        /// Enforcement asked for and not in force: (label, words).
-        fallback: Option<(&'static str, String)>,
-        /// The pin directory, or why the guard is not pinned.
-        pinned: Result<PathBuf, String>,
-        /// Pin directories of earlier starts removed at this start.
-        removed: usize,
-        syncer: Arc<Syncer>,
-    },
+/// Where the guard stands: off is `--guard=off` (`error` None) or a load
+/// that failed.
+type Status = background::Status<Loaded>;
+
+/// A guard loaded.
+struct Loaded {
+    guard: Arc<Mutex<Guard>>,
+    mode: GuardMode,
+    /// Enforcement asked for and not in force: (label, words).
+    fallback: Option<(&'static str, String)>,
+    /// The pin directory, or why the guard is not pinned.
+    pinned: Result<PathBuf, String>,
+    /// Pin directories of earlier starts removed at this start.
+    removed: usize,
+    syncer: Arc<Syncer>,
 }
+
+/// A guard runs as asked when it runs in the mode asked for and is pinned.
+impl background::Loaded for Loaded {
+    fn shortfall(&self) -> Option<String> {
+        match (&self.fallback, &self.pinned) {
+            (Some((_, why)), _) => Some(why.clone()),
+            (None, Err(why)) => Some(format!(
+                "the guard could not be pinned, so it would stop with this process: {why}"
+            )),
+            (None, Ok(_)) => None,
+        }
+    }
+}
+
+/// Who loads, for the error when it stopped without a result.
+const LOADER: &str = "the guard loader";
 
 /// Where and how the guard is kept (`--guard.*` flags).
 #[derive(Clone, Debug)]
@@ -92,45 +103,27 @@ pub struct GuardSetup {
 }
 
 pub struct GuardCollector {
-    status: watch::Receiver<Arc<Status>>,
-    timeout: Duration,
+    status: Background<Loaded>,
 }
 
 impl GuardCollector {
     /// Starts loading the guard on the blocking pool, then its sync timer;
     /// for [`GuardMode::Off`], removes the pins of the volumes directories.
     pub fn start(setup: GuardSetup, timeout: Duration, opts: LoadOptions) -> GuardCollector {
-        let mode = setup.mode;
-        let initial = if mode == GuardMode::Off {
-            Status::Off {
-                reason: "disabled",
-                error: None,
-            }
-        } else {
-            Status::Loading
-        };
-        let (tx, rx) = watch::channel(Arc::new(initial));
-        if mode == GuardMode::Off {
-            kernel_maps::spawn_load(move || unpin(&setup));
+        let wait = timeout.min(LOAD_WAIT);
+        let status = if setup.mode == GuardMode::Off {
+            background::spawn_load(move || unpin(&setup));
+            Background::off((), wait, LOADER)
         } else {
             let interval = setup.sync_interval;
-            kernel_maps::spawn_load(move || {
-                let status = Arc::new(load(&setup, &opts));
-                let _ = tx.send(status.clone());
-                if let Status::Loaded { guard, syncer, .. } = &*status {
-                    spawn_sync(guard.clone(), syncer.clone(), interval);
-                }
-            });
-        }
-        GuardCollector {
-            status: rx,
-            timeout,
-        }
-    }
-
-    /// A handle that waits for start-up loading to finish.
-    pub fn ready(&self) -> GuardReady {
-        GuardReady(self.status.clone())
+            Background::load(
+                wait,
+                LOADER,
+                move || load(&setup, &opts),
+                move |l: &Loaded| spawn_sync(l.guard.clone(), l.syncer.clone(), interval),
+            )
+        };
+        GuardCollector { status }
     }
 
     async fn collect_guard(
@@ -220,35 +213,6 @@ fn spawn_sync(guard: Arc<Mutex<Guard>>, syncer: Arc<Syncer>, interval: Duration)
     });
 }
 
-/// Waits for the guard's start-up load.
-#[derive(Clone)]
-pub struct GuardReady(watch::Receiver<Arc<Status>>);
-
-impl GuardReady {
-    /// `Ok` once the guard runs in the mode asked for (or is off as asked);
-    /// `Err` with the reason when it could not load, or runs as detect
-    /// although enforcement was asked for.
-    pub async fn wait(mut self) -> Result<(), String> {
-        let status = match self.0.wait_for(|s| !matches!(**s, Status::Loading)).await {
-            Ok(s) => s.clone(),
-            Err(_) => return Err("the guard loader stopped without a result".into()),
-        };
-        match &*status {
-            Status::Off { error: Some(e), .. } => Err(e.clone()),
-            Status::Loaded {
-                fallback: Some((_, why)),
-                ..
-            } => Err(why.clone()),
-            Status::Loaded {
-                pinned: Err(why), ..
-            } => Err(format!(
-                "the guard could not be pinned, so it would stop with this process: {why}"
-            )),
-            _ => Ok(()),
-        }
-    }
-}
-
 fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
     let mode = setup.mode;
     let syncer = Arc::new(Syncer::new(&setup.volumes_dirs));
@@ -311,14 +275,14 @@ fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
                     lsm = g.lsm_programs().join(",")
                 ),
             }
-            Status::Loaded {
+            Status::Loaded(Loaded {
                 mode: g.mode(),
                 guard: Arc::new(Mutex::new(g)),
                 fallback,
                 pinned,
                 removed,
                 syncer,
-            }
+            })
         }
         Err(e) => {
             crate::warn!(
@@ -330,6 +294,7 @@ fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
             Status::Off {
                 reason: e.reason(),
                 error: Some(e.to_string()),
+                detail: (),
             }
         }
     }
@@ -569,10 +534,7 @@ impl Collector for GuardCollector {
         out: &'a mut Vec<Family>,
     ) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(async move {
-            let status = super::load_status(&self.status, self.timeout.min(LOAD_WAIT), |s| {
-                matches!(s, Status::Loading)
-            })
-            .await;
+            let status = self.status.status().await;
             match &*status {
                 Status::Loading => {
                     out.extend(mode_families(GuardMode::Off));
@@ -591,20 +553,24 @@ impl Collector for GuardCollector {
                     out.push(off_reason_family(reason));
                     Ok(())
                 }
-                Status::Loaded {
+                Status::Loaded(Loaded {
                     guard,
                     mode,
                     pinned,
                     removed,
                     syncer,
                     ..
-                } => {
+                }) => {
                     out.extend(mode_families(*mode));
                     out.extend(keeping_families(pinned.is_ok(), *removed, syncer));
                     self.collect_guard(scrape, guard, out).await
                 }
             }
         })
+    }
+
+    fn ready(&self) -> BoxFuture<'static, Result<(), String>> {
+        Box::pin(self.status.ready())
     }
 }
 
@@ -702,8 +668,7 @@ mod tests {
             LoadOptions::default(),
         );
         // Parsing the kernel's BTF takes a while in a debug build.
-        let mut rx = c.status.clone();
-        let _ = rx.wait_for(|s| !matches!(**s, Status::Loading)).await;
+        let _ = c.ready().await;
         let scrape = Scrape::new(Inventory::for_tests(vec![]));
         let mut out = Vec::new();
         let r = c.collect(&scrape, &mut out).await;

@@ -1,6 +1,6 @@
-//! What the two kernel-map collectors (ebpf, guard) share: the start-up
-//! load off the async threads, and each volume's slot in a program's roots
-//! map, synced with the inventory.
+//! What the two kernel-map collectors (ebpf, guard) share besides their
+//! lifecycle (`background`): each volume's slot in a program's roots map,
+//! synced with the inventory.
 //!
 //! Each volume ID keeps one index, assigned at first sight, for as long as
 //! it is in the inventory. Indexes stay low (the write counters are an
@@ -20,15 +20,6 @@ use std::time::{Duration, Instant};
 use prjquota_ebpf::{RootsUpdate, TelemetryError};
 
 use super::Scrape;
-
-/// Runs a program's start-up load on the runtime's blocking pool when there
-/// is a runtime (always, in the exporter), on a thread of its own otherwise.
-pub(super) fn spawn_load(work: impl FnOnce() + Send + 'static) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) => drop(rt.spawn_blocking(work)),
-        Err(_) => drop(std::thread::spawn(work)),
-    }
-}
 
 /// How long an index rests after its volume left before another volume
 /// gets it. A program holds an index from a root lookup to its count: the

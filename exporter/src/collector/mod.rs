@@ -16,9 +16,13 @@
 //! when the error first appears (and one when it clears), never into a failed
 //! scrape: whatever a failing collector produced before failing is served.
 //!
-//! The eBPF programs load once, in the background, when the [`Exporter`] is
-//! made; [`Exporter::ebpf_ready`] waits for that (`--ebpf=required`).
+//! The eBPF programs and the guard load once, in the background, when the
+//! [`Exporter`] is made (`background`); [`Exporter::collector_ready`] waits
+//! for one (`--ebpf=required`, `--guard=enforce`), [`Exporter::warm_up`]
+//! for every collector's [`Collector::ready`].
 
+pub mod announcements;
+mod background;
 pub mod ebpf;
 pub mod filesystem;
 pub mod guard;
@@ -105,22 +109,6 @@ impl Scrape {
     }
 }
 
-/// The latest start-up load status of an eBPF collector: waits at most
-/// `wait` while `loading` holds (a scrape right at start-up gives the
-/// programs a moment, never a long one), then takes whatever it is.
-pub async fn load_status<S>(
-    status: &tokio::sync::watch::Receiver<Arc<S>>,
-    wait: Duration,
-    loading: impl Fn(&S) -> bool,
-) -> Arc<S> {
-    let mut rx = status.clone();
-    let settled = match tokio::time::timeout(wait, rx.wait_for(|s| !loading(s))).await {
-        Ok(Ok(s)) => Some(s.clone()),
-        _ => None,
-    };
-    settled.unwrap_or_else(|| status.borrow().clone())
-}
-
 /// One source of metrics.
 pub trait Collector: Send + Sync {
     /// The `collector` label value.
@@ -133,6 +121,13 @@ pub trait Collector: Send + Sync {
         scrape: &'a Scrape,
         out: &'a mut Vec<Family>,
     ) -> BoxFuture<'a, anyhow::Result<()>>;
+
+    /// Waits until this collector's start-up work is done (the eBPF loads
+    /// run in the background): `Err` with the reason when it does not run
+    /// as its flags asked. Most have none.
+    fn ready(&self) -> BoxFuture<'static, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
 
     /// Registers the volumes of `scrape` with whatever kernel state this
     /// collector keeps per volume (the eBPF maps), without collecting:
@@ -154,9 +149,10 @@ pub const SWITCHABLE: [&str; 4] = ["quota", "statfs", "filesystem", "quota_event
 pub struct Config {
     /// Nomad `host_volumes_dir`s whose prjquota registries to export.
     pub volumes_dirs: Vec<PathBuf>,
-    /// How long a statfs (or quotactl, or registry read) may take before its
-    /// directory is treated as stuck.
-    pub statfs_timeout: Duration,
+    /// How long a collector's call into a volumes directory's filesystem
+    /// (statfs, quotactl, a registry read, a root's stat) may take before
+    /// its directory is treated as stuck (`--collector.mount-timeout`).
+    pub mount_timeout: Duration,
     /// Subscribe to the kernel's quota netlink warnings.
     pub quota_events: bool,
     /// Collectors switched off (`--no-collector.<name>`, names from
@@ -183,7 +179,7 @@ impl Default for Config {
     fn default() -> Config {
         Config {
             volumes_dirs: vec![PathBuf::from("/opt/nomad/data/host_volumes")],
-            statfs_timeout: Duration::from_secs(5),
+            mount_timeout: Duration::from_secs(5),
             quota_events: true,
             disabled_collectors: Vec::new(),
             ebpf: EbpfMode::Auto,
@@ -219,10 +215,6 @@ pub struct Exporter {
     /// The last error of each failing collector, so that a persistent
     /// failure is logged once, not at every scrape.
     failing: Mutex<HashMap<&'static str, String>>,
-    /// The start-up load of the eBPF programs, when there is one.
-    ebpf: Option<ebpf::Ready>,
-    /// The start-up load of the guard, when there is one.
-    guard: Option<guard::GuardReady>,
     /// Set once the programs are loaded and every volume of the registry
     /// is registered with them ([`Exporter::warm_up`]): before that, a
     /// scrape would report zeros that mean "not measured".
@@ -235,7 +227,7 @@ pub struct Exporter {
     /// the maps after a registration that saw it, dropping the new volume.
     roots_sync: tokio::sync::Mutex<()>,
     /// Plugin announcements of new volumes (see `crate::announce`).
-    pub announcements: Arc<crate::announce::Stats>,
+    pub announcements: Arc<announcements::Stats>,
     /// Of [`SWITCHABLE`], those switched off.
     disabled: Vec<&'static str>,
 }
@@ -265,11 +257,10 @@ impl Exporter {
         };
         let ebpf = ebpf::Ebpf::start(
             config.ebpf,
-            config.statfs_timeout,
+            config.mount_timeout,
             opts.clone(),
             config.volumes_dirs.clone(),
         );
-        let ready = ebpf.ready();
         let guard = guard::GuardCollector::start(
             guard::GuardSetup {
                 mode: config.guard,
@@ -277,20 +268,19 @@ impl Exporter {
                 pin_root: config.guard_pin_root.clone(),
                 sync_interval: config.guard_sync_interval,
             },
-            config.statfs_timeout,
+            config.mount_timeout,
             opts,
         );
-        let guard_ready = guard.ready();
         let mut collectors: Vec<Box<dyn Collector>> = Vec::new();
         if on("quota") {
             collectors.push(Box::new(quota::Quota));
         }
         if on("statfs") {
-            collectors.push(Box::new(statfs::Statfs::new(config.statfs_timeout)));
+            collectors.push(Box::new(statfs::Statfs::new(config.mount_timeout)));
         }
         if on("filesystem") {
             collectors.push(Box::new(filesystem::Filesystem::new(
-                config.statfs_timeout,
+                config.mount_timeout,
                 config.plugin_dir.clone(),
             )));
         }
@@ -299,17 +289,16 @@ impl Exporter {
         }
         collectors.push(Box::new(ebpf));
         collectors.push(Box::new(guard));
-        let mut exporter = Exporter::with_collectors(config, collectors);
-        exporter.ebpf = Some(ready);
-        exporter.guard = Some(guard_ready);
-        exporter
+        Exporter::with_collectors(config, collectors)
     }
 
-    /// Waits until the guard is loaded (or known not to load): `Err` with
-    /// the reason when it did not load or cannot enforce as asked.
-    pub async fn guard_ready(&self) -> Result<(), String> {
-        match &self.guard {
-            Some(r) => r.clone().wait().await,
+    /// Waits until the collector called `name` has done its start-up work
+    /// ([`Collector::ready`]): `Err` with the reason when it does not run
+    /// as asked (the eBPF programs did not load; the guard cannot enforce
+    /// or be pinned). `Ok` when there is no such collector.
+    pub async fn collector_ready(&self, name: &str) -> Result<(), String> {
+        match self.collectors.iter().find(|c| c.name() == name) {
+            Some(c) => c.ready().await,
             None => Ok(()),
         }
     }
@@ -321,8 +310,9 @@ impl Exporter {
     pub async fn warm_up(&self) -> Duration {
         let start = Instant::now();
         // Failures are reported by the scrape itself; only the wait matters.
-        let _ = self.ebpf_ready().await;
-        let _ = self.guard_ready().await;
+        for c in &self.collectors {
+            let _ = c.ready().await;
+        }
         drop(self.scrape().await);
         self.ready.send_replace(true);
         start.elapsed()
@@ -333,31 +323,19 @@ impl Exporter {
         *self.ready.borrow()
     }
 
-    /// Waits until the eBPF programs are loaded (or known not to load):
-    /// `Err` with the reason when loading failed, `Ok` when they are
-    /// attached or `--ebpf=off`.
-    pub async fn ebpf_ready(&self) -> Result<(), String> {
-        match &self.ebpf {
-            Some(r) => r.clone().wait().await,
-            None => Ok(()),
-        }
-    }
-
     /// An exporter with the registry of `config` and the given collectors
     /// after it (tests replace sources with fakes this way).
     pub fn with_collectors(config: &Config, collectors: Vec<Box<dyn Collector>>) -> Exporter {
         Exporter {
-            registry: registry::Registry::new(&config.volumes_dirs, config.statfs_timeout),
+            registry: registry::Registry::new(&config.volumes_dirs, config.mount_timeout),
             collectors,
-            deadline: (config.statfs_timeout * 3).max(Duration::from_secs(10)),
+            deadline: (config.mount_timeout * 3).max(Duration::from_secs(10)),
             failing: Mutex::default(),
-            ebpf: None,
-            guard: None,
             ready: tokio::sync::watch::Sender::new(false),
-            root_stat: Arc::new(roots::RootStat::new(config.statfs_timeout)),
-            quota_reader: Arc::new(quota::QuotaReader::new(config.statfs_timeout)),
+            root_stat: Arc::new(roots::RootStat::new(config.mount_timeout)),
+            quota_reader: Arc::new(quota::QuotaReader::new(config.mount_timeout)),
             roots_sync: tokio::sync::Mutex::new(()),
-            announcements: Arc::new(crate::announce::Stats::new(&config.volumes_dirs)),
+            announcements: Arc::new(announcements::Stats::new(&config.volumes_dirs)),
             disabled: SWITCHABLE
                 .into_iter()
                 .filter(|n| config.disabled_collectors.contains(n))

@@ -419,9 +419,9 @@ pub mod tests {
     pub fn write_record(volumes_dir: &Path, rec: &Record) {
         let dir = records_dir(volumes_dir);
         fs::create_dir_all(&dir).unwrap();
-        let tmp = dir.join(format!(".{}.json.tmp", rec.volume_id));
+        let tmp = dir.join(record::temp_file_name(&rec.volume_id));
         fs::write(&tmp, serde_json::to_vec_pretty(rec).unwrap()).unwrap();
-        fs::rename(&tmp, dir.join(format!("{}.json", rec.volume_id))).unwrap();
+        fs::rename(&tmp, dir.join(record::record_file_name(&rec.volume_id))).unwrap();
     }
 
     pub fn temp_dir(tag: &str) -> PathBuf {

@@ -26,6 +26,7 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use prjquota_core::fs_type::FsType;
 use prjquota_ebpf::{VolumeCounters, WriteTelemetry};
 
 /// The probe's volume index. The probe runs right after the load, before
@@ -34,8 +35,6 @@ use prjquota_ebpf::{VolumeCounters, WriteTelemetry};
 /// and the first volume to get it starts from zero (`set_roots` zeroes an
 /// index that enters the roots).
 const PROBE_INDEX: u32 = 0;
-const XFS_MAGIC: i64 = 0x5846_5342;
-const EXT4_MAGIC: i64 = 0xef53;
 /// Writes of one probe: `COUNT` requests of `BLOCK` bytes, the size
 /// O_DIRECT needs aligned.
 const BLOCK: usize = 4096;
@@ -73,10 +72,10 @@ pub fn run(t: &mut WriteTelemetry, volumes_dirs: &[PathBuf]) -> Vec<Outcome> {
                 continue;
             }
         };
-        let buffered = match fs {
-            XFS_MAGIC => prjquota_ebpf::HOOK_BUFFERED_IOMAP,
-            EXT4_MAGIC => prjquota_ebpf::HOOK_BUFFERED_GENERIC,
-            _ => continue,
+        let buffered = match FsType::from_magic(fs) {
+            FsType::Xfs => prjquota_ebpf::HOOK_BUFFERED_IOMAP,
+            FsType::Ext4 => prjquota_ebpf::HOOK_BUFFERED_GENERIC,
+            FsType::Other(_) => continue,
         };
         for (program, direct) in [(buffered, false), (prjquota_ebpf::HOOK_DIRECT, true)] {
             if !attached.contains(&program) || out.iter().any(|o| o.program == program) {
@@ -132,7 +131,7 @@ pub fn run(t: &mut WriteTelemetry, volumes_dirs: &[PathBuf]) -> Vec<Outcome> {
 /// or why the self-test cannot write there.
 fn registry_for_probe(dir: &Path, registry: &Path) -> Result<i64, String> {
     let fs = fs_magic(dir).map_err(|e| format!("cannot stat the volumes directory: {e}"))?;
-    if fs != XFS_MAGIC && fs != EXT4_MAGIC {
+    if let FsType::Other(fs) = FsType::from_magic(fs) {
         return Err(format!(
             "the volumes directory is on a filesystem of type {fs:#x}, neither XFS nor ext4"
         ));

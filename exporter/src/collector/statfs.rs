@@ -14,7 +14,7 @@
 //! per volumes directory at a time, on two threads from [`SPLIT_FROM`]
 //! volumes (node_exporter's filesystem collector stats on several workers
 //! too). If no statfs on a directory completes
-//! within `--statfs-timeout`, the directory is stuck: the volumes not yet
+//! within `--collector.mount-timeout`, the directory is stuck: the volumes not yet
 //! answered report `nomad_host_volume_stats_error{reason="timeout"}`, and the
 //! directory is not queried again until the blocked call returns
 //! (node_exporter's stuckMounts).
@@ -326,7 +326,7 @@ pub fn families(
     );
     let mut errors = Family::gauge(
         "nomad_host_volume_stats_error",
-        "1 when statfs of the volume root failed at this scrape, by reason: timeout (its filesystem did not answer within --statfs-timeout and is not queried again until the blocked call returns), not_found, permission, other. No series when statfs succeeded.",
+        "1 when statfs of the volume root failed at this scrape, by reason: timeout (its filesystem did not answer within --collector.mount-timeout and is not queried again until the blocked call returns), not_found, permission, other. No series when statfs succeeded.",
     );
     for (i, r) in results.iter().enumerate() {
         match r {

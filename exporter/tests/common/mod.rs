@@ -13,7 +13,7 @@ use std::time::Duration;
 pub fn host_config(dir: &Path) -> prjquota_exporter::Config {
     prjquota_exporter::Config {
         volumes_dirs: vec![dir.to_path_buf()],
-        statfs_timeout: std::time::Duration::from_secs(5),
+        mount_timeout: std::time::Duration::from_secs(5),
         quota_events: false,
         ebpf: prjquota_exporter::collector::EbpfMode::Off,
         guard: prjquota_exporter::collector::GuardMode::Off,

@@ -12,10 +12,11 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::Flags;
-use crate::fs::{FsType, VolumesFs};
+use crate::fs::VolumesFs;
 use crate::ops::load_config;
 use crate::registry::{self, Entry, Registry};
 use prjquota_core::config::Config;
+use prjquota_core::fs_type::FsType;
 use prjquota_core::quota::{self, Support};
 use prjquota_core::sys;
 use prjquota_core::units::human;
