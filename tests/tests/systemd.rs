@@ -46,8 +46,8 @@ const RULES_AT: &str = "/etc/prometheus/rules/prjquota-alerts.yaml";
 /// the node's address.
 const SHIPPED_TARGETS: &str = r#"["client-1:14646", "client-2:14646"]"#;
 /// Alerts that a 5.10 node has pending from its first scrape (their `for:`
-/// is 30 minutes): the eBPF write telemetry and the guard are off by name.
-const PENDING_ON_5_10: [&str; 2] = ["PrjquotaExporterEbpfDetached", "PrjquotaExporterGuardOff"];
+/// is 30 minutes): the guard is off by name (write telemetry runs).
+const PENDING_ON_5_10: [&str; 1] = ["PrjquotaExporterGuardOff"];
 
 /// The node that reboots (a_node_with_volumes_is_set_up_for_a_reboot, then
 /// the_guard_holds_from_the_first_moment_of_a_boot): its volumes
@@ -139,9 +139,9 @@ fn metrics() -> String {
     r.body
 }
 
-/// Whether this kernel runs the eBPF programs (5.17+; 5.10 refuses them by
-/// name, and reads quotas through the block device instead).
-fn ebpf_kernel() -> bool {
+/// Whether this kernel runs the quota-escape guard (5.17+; 5.10 refuses it
+/// by name). Write telemetry and its self-test run on every kernel here.
+fn guard_kernel() -> bool {
     let r = sh_ok("uname -r");
     let mut it = r
         .trim()
@@ -270,22 +270,20 @@ fn journal_says(is: impl Fn(&str) -> bool) -> bool {
 }
 
 /// What the exporter says about `volume_dir`'s volumes under the sandbox:
-/// the self-test passed (on eBPF kernels), and the volume's usage, read by
+/// the self-test passed, and the volume's usage, read by
 /// quotactl, is there.
 fn assert_exporter_sees(volume_id: &str, at_least: u64) {
     let m = metrics();
-    if ebpf_kernel() {
-        let selftest: Vec<&str> = m
-            .lines()
-            .filter(|l| l.starts_with("prjquota_exporter_ebpf_selftest_success{"))
-            .collect();
-        assert!(
-            !selftest.is_empty() && selftest.iter().all(|l| l.ends_with(" 1")),
-            "the start-up self-test did not pass under the unit's sandbox: {selftest:?}\n\
-             journal:\n{}",
-            journal()
-        );
-    }
+    let selftest: Vec<&str> = m
+        .lines()
+        .filter(|l| l.starts_with("prjquota_exporter_ebpf_selftest_success{"))
+        .collect();
+    assert!(
+        !selftest.is_empty() && selftest.iter().all(|l| l.ends_with(" 1")),
+        "the start-up self-test did not pass under the unit's sandbox: {selftest:?}\n\
+         journal:\n{}",
+        journal()
+    );
     // The quota collector read the project quotas: quotactl_fd on 5.14+,
     // quotactl(2) on the filesystem's block device before, which the
     // sandbox must leave visible (no PrivateDevices=). Its inode limit is
@@ -342,7 +340,7 @@ fn write_data(dir: &Path, bytes: usize, seed: u8) -> Vec<u8> {
 /// hook the volumes filesystem exercises (XFS: the buffered and the
 /// O_DIRECT hook), under the unit's sandbox; the exporter made the
 /// registry's directory for its probe, root's and 0700 as the plugin
-/// makes it. 5.10 runs no eBPF (refused by name): no series.
+/// makes it. 5.10 runs the context-read build: the same.
 fn assert_selftest_before_the_first_volume() {
     use std::os::unix::fs::MetadataExt;
     let m = metrics();
@@ -350,10 +348,6 @@ fn assert_selftest_before_the_first_volume() {
         .lines()
         .filter(|l| l.starts_with("prjquota_exporter_ebpf_selftest_success{"))
         .collect();
-    if !ebpf_kernel() {
-        assert!(selftest.is_empty(), "{selftest:?}");
-        return;
-    }
     for hook in ["iomap_file_buffered_write", "iomap_dio_complete"] {
         assert_eq!(
             value(
@@ -447,7 +441,7 @@ fn prometheus_scrapes_the_service(volume_id: &str, provisioned: u64) {
         .into_iter()
         .flatten()
         .filter(|a| {
-            ebpf_kernel()
+            guard_kernel()
                 || a["state"] != "pending"
                 || !PENDING_ON_5_10.contains(&a["labels"]["alertname"].as_str().unwrap_or(""))
         })
@@ -575,7 +569,7 @@ fn the_package_installs_runs_moves_upgrades_and_purges_under_systemd() {
     );
     assert_eq!(r, Ok(()), "the package's default refused an owner's escape");
     let m = metrics();
-    if ebpf_kernel() {
+    if guard_kernel() {
         assert_eq!(
             value(&m, "prjquota_exporter_guard_mode", &[("mode", "detect")]),
             Some(1.0),
@@ -634,7 +628,7 @@ fn the_package_installs_runs_moves_upgrades_and_purges_under_systemd() {
     // it by name: the exporter does not start, and says why.
     set_guard("enforce");
     let (started, out) = sh(&format!("systemctl restart {UNIT}"));
-    if ebpf_kernel() {
+    if guard_kernel() {
         assert!(
             started,
             "--guard enforce did not start: {out}\n{}",
@@ -742,7 +736,7 @@ fn the_package_installs_runs_moves_upgrades_and_purges_under_systemd() {
             );
         }
     }
-    if ebpf_kernel() {
+    if guard_kernel() {
         for (name, tally) in &tallies {
             for (phase, (refused, through)) in PHASES.iter().zip(tally) {
                 assert_eq!(
@@ -937,7 +931,7 @@ fn a_node_with_volumes_is_set_up_for_a_reboot() {
     sh_ok(&format!(
         "sed -i 's|^VOLUMES_DIR=.*|VOLUMES_DIR={BOOT_VOLUMES}|' {SETTINGS}"
     ));
-    if ebpf_kernel() {
+    if guard_kernel() {
         set_guard("enforce");
     }
     // Enabled, not started: the reboot's exporter is the first to guard.
@@ -1061,7 +1055,7 @@ fn the_guard_holds_from_the_first_moment_of_a_boot() {
         results.len()
     );
     let m = metrics();
-    if ebpf_kernel() {
+    if guard_kernel() {
         for (name, rc) in &results {
             assert_eq!(
                 *rc,
