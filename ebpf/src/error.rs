@@ -269,3 +269,21 @@ pub(crate) fn remove_ok(r: Result<(), aya::maps::MapError>) -> Result<(), aya::m
         other => other,
     }
 }
+
+/// The object's map called `name`; missing is an error naming it.
+pub(crate) fn named_map<'a>(
+    ebpf: &'a aya::Ebpf,
+    name: &'static str,
+) -> Result<&'a aya::maps::Map, TelemetryError> {
+    ebpf.map(name)
+        .ok_or(TelemetryError::MissingMap { map: name })
+}
+
+/// [`named_map`], to write.
+pub(crate) fn named_map_mut<'a>(
+    ebpf: &'a mut aya::Ebpf,
+    name: &'static str,
+) -> Result<&'a mut aya::maps::Map, TelemetryError> {
+    ebpf.map_mut(name)
+        .ok_or(TelemetryError::MissingMap { map: name })
+}

@@ -89,7 +89,7 @@ use aya::programs::{FExit, Lsm, ProgramError};
 use aya::util::KernelVersion;
 use aya::{Btf, Ebpf, EbpfLoader};
 
-use crate::error::{chain, errno_of, map_err, remove_ok};
+use crate::error::{chain, errno_of, map_err, named_map, named_map_mut, remove_ok};
 use crate::loader::{
     classify, has_function, kernel_btf, object_error, one_load_at_a_time, recursion_misses,
 };
@@ -1109,15 +1109,11 @@ impl Guard {
     }
 
     fn map(&self, name: &'static str) -> Result<&Map, TelemetryError> {
-        self.ebpf
-            .map(name)
-            .ok_or(TelemetryError::MissingMap { map: name })
+        named_map(&self.ebpf, name)
     }
 
     fn map_mut(&mut self, name: &'static str) -> Result<&mut Map, TelemetryError> {
-        self.ebpf
-            .map_mut(name)
-            .ok_or(TelemetryError::MissingMap { map: name })
+        named_map_mut(&mut self.ebpf, name)
     }
 }
 

@@ -9,7 +9,7 @@ use std::os::fd::OwnedFd;
 use aya::maps::{Array, Map, MapData, PerCpuArray};
 use aya::{Btf, Ebpf, EbpfLoader};
 
-use crate::error::map_err;
+use crate::error::{map_err, named_map, named_map_mut};
 use crate::loader::{
     attach_hook, kernel_btf, object_error, one_load_at_a_time, recursion_misses, unknown_helper,
     Hook, Kind, Part,
@@ -77,6 +77,25 @@ pub const HOOK_NAMES: [&str; 4] = [
     HOOK_DIRECT,
 ];
 
+/// O_DIRECT's hook, the same in both builds (`iomap_dio_complete` has kept
+/// its one argument). fexit first: an fentry without its fexit would only
+/// fill the hand-off map.
+const DIRECT: Hook = Hook {
+    name: HOOK_DIRECT,
+    parts: &[
+        Part {
+            progs: &["iomap_dio_complete_exit"],
+            func: "iomap_dio_complete",
+            kind: Kind::FExit,
+        },
+        Part {
+            progs: &["iomap_dio_complete_entry"],
+            func: "iomap_dio_complete",
+            kind: Kind::FEntry,
+        },
+    ],
+};
+
 const HOOKS: &[Hook] = &[
     // First: the attribution cache is turned on once this is attached (see
     // `attr_cache` in write_telemetry.c). Without it the write hooks count
@@ -105,23 +124,7 @@ const HOOKS: &[Hook] = &[
             kind: Kind::FExit,
         }],
     },
-    Hook {
-        name: HOOK_DIRECT,
-        // fexit first: an fentry without its fexit would only fill the
-        // hand-off map.
-        parts: &[
-            Part {
-                progs: &["iomap_dio_complete_exit"],
-                func: "iomap_dio_complete",
-                kind: Kind::FExit,
-            },
-            Part {
-                progs: &["iomap_dio_complete_entry"],
-                func: "iomap_dio_complete",
-                kind: Kind::FEntry,
-            },
-        ],
-    },
+    DIRECT,
 ];
 
 /// [`Variant::Context`]: longest signature first (write_telemetry.c says why).
@@ -153,21 +156,7 @@ const HOOKS_COMPAT: &[Hook] = &[
             kind: Kind::FExit,
         }],
     },
-    Hook {
-        name: HOOK_DIRECT,
-        parts: &[
-            Part {
-                progs: &["iomap_dio_complete_exit"],
-                func: "iomap_dio_complete",
-                kind: Kind::FExit,
-            },
-            Part {
-                progs: &["iomap_dio_complete_entry"],
-                func: "iomap_dio_complete",
-                kind: Kind::FEntry,
-            },
-        ],
-    },
+    DIRECT,
 ];
 
 const COMPONENT: &str = "write telemetry";
@@ -620,15 +609,11 @@ impl WriteTelemetry {
     }
 
     fn map(&self, name: &'static str) -> Result<&Map, TelemetryError> {
-        self.ebpf
-            .map(name)
-            .ok_or(TelemetryError::MissingMap { map: name })
+        named_map(&self.ebpf, name)
     }
 
     fn map_mut(&mut self, name: &'static str) -> Result<&mut Map, TelemetryError> {
-        self.ebpf
-            .map_mut(name)
-            .ok_or(TelemetryError::MissingMap { map: name })
+        named_map_mut(&mut self.ebpf, name)
     }
 }
 

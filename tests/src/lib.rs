@@ -141,6 +141,21 @@ pub fn kernel_version() -> (u32, u32) {
     (next(), next())
 }
 
+/// Asserts that `dir` is a directory of root's with mode 0700, as the
+/// plugin makes a volumes directory's registry (`.prjquota`).
+pub fn assert_made_as_the_registry(dir: &std::path::Path) {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(dir)
+        .unwrap_or_else(|e| panic!("the registry's directory {}: {e}", dir.display()));
+    assert!(
+        meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o7777 == 0o700,
+        "{} is uid {} mode {:o}, not root's 0700 as the plugin makes it",
+        dir.display(),
+        meta.uid(),
+        meta.mode() & 0o7777
+    );
+}
+
 /// Runs `cmd` with bash; panics with its output unless it succeeds.
 pub fn sh(cmd: &str) {
     let out = std::process::Command::new("bash")

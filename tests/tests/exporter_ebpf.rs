@@ -428,7 +428,6 @@ fn assert_exact_or_reported(
 /// kernel that changes a hooked function shows up the same way, never as
 /// silent zeros.
 fn the_self_test_passes_and_fails_a_hook_that_miscounts(fs: &FsCase) {
-    use std::os::unix::fs::MetadataExt;
     const SELFTEST: &str = "prjquota_exporter_ebpf_selftest_success";
     let f = fs.fixture("exporter-ebpf-selftest");
     // A fresh node: Nomad made the volumes directory, no plugin ran yet.
@@ -470,14 +469,7 @@ fn the_self_test_passes_and_fails_a_hook_that_miscounts(fs: &FsCase) {
     };
     assert!(exp.log().contains(build), "{build} in {}", exp.log());
     drop(exp);
-    let meta = std::fs::symlink_metadata(&registry).unwrap();
-    assert!(
-        meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o7777 == 0o700,
-        "the exporter made {} with uid {} mode {:o}, not root's 0700 as the plugin does",
-        registry.display(),
-        meta.uid(),
-        meta.mode() & 0o7777
-    );
+    prjquota_vmtests::assert_made_as_the_registry(&registry);
     // The plugin in the registry the exporter began: a delete of a volume
     // it never made finds nothing to do, a create completes the registry.
     let spec = Spec::new("selftest", (8 * MIB) as i64);

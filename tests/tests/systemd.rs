@@ -342,7 +342,6 @@ fn write_data(dir: &Path, bytes: usize, seed: u8) -> Vec<u8> {
 /// registry's directory for its probe, root's and 0700 as the plugin
 /// makes it. 5.10 runs the context-read build: the same.
 fn assert_selftest_before_the_first_volume() {
-    use std::os::unix::fs::MetadataExt;
     let m = metrics();
     let selftest: Vec<&str> = m
         .lines()
@@ -360,15 +359,7 @@ fn assert_selftest_before_the_first_volume() {
             journal()
         );
     }
-    let registry = Path::new(VOLUMES).join(".prjquota");
-    let meta = std::fs::symlink_metadata(&registry).expect("the registry's directory");
-    assert!(
-        meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o7777 == 0o700,
-        "{} is uid {} mode {:o}, not root's 0700 as the plugin makes it",
-        registry.display(),
-        meta.uid(),
-        meta.mode() & 0o7777
-    );
+    prjquota_vmtests::assert_made_as_the_registry(&Path::new(VOLUMES).join(".prjquota"));
 }
 
 /// The real Prometheus (3, as `cargo xtask deps` fetches it) with the
