@@ -112,8 +112,9 @@ impl GuardCollector {
     pub fn start(setup: GuardSetup, timeout: Duration, opts: LoadOptions) -> GuardCollector {
         let wait = timeout.min(LOAD_WAIT);
         let status = if setup.mode == GuardMode::Off {
-            background::spawn_load(move || unpin(&setup));
-            Background::off((), wait, LOADER)
+            // Readiness waits for the unpin: once ready, an earlier
+            // exporter's guard no longer refuses anything.
+            Background::load(wait, LOADER, move || unpin(&setup), |_: &Loaded| {})
         } else {
             let interval = setup.sync_interval;
             Background::load(
@@ -150,26 +151,42 @@ impl GuardCollector {
 }
 
 /// `--guard=off`: the pins of these volumes directories go, and with them
-/// the guard an earlier exporter left enforcing.
-fn unpin(setup: &GuardSetup) {
-    match pins::remove_for(&setup.pin_root, &setup.volumes_dirs) {
+/// the guard an earlier exporter left enforcing; off, with the error when
+/// that guard could not be removed.
+fn unpin(setup: &GuardSetup) -> Status {
+    let error = match pins::remove_for(&setup.pin_root, &setup.volumes_dirs) {
         Ok(removed) if removed.is_empty() => {
-            crate::info!("quota-escape guard disabled (--guard=off); no pinned guard to remove")
+            crate::info!("quota-escape guard disabled (--guard=off); no pinned guard to remove");
+            None
         }
-        Ok(removed) => crate::warn!(
-            "quota-escape guard disabled (--guard=off): removed the guard an earlier exporter pinned; project-ID changes are no longer refused or counted",
-            pin_dirs = removed
-                .iter()
-                .map(|(d, _)| d.display().to_string())
-                .collect::<Vec<_>>()
-                .join(","),
-            pins = removed.iter().map(|(_, n)| n).sum::<usize>()
-        ),
-        Err(e) => crate::error!(
-            "quota-escape guard disabled (--guard=off), but the pinned guard of an earlier exporter could not be removed and still enforces; remove it with `rm -r` of the pin root",
-            pin_root = setup.pin_root.display(),
-            err = e
-        ),
+        Ok(removed) => {
+            crate::warn!(
+                "quota-escape guard disabled (--guard=off): removed the guard an earlier exporter pinned; project-ID changes are no longer refused or counted",
+                pin_dirs = removed
+                    .iter()
+                    .map(|(d, _)| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                pins = removed.iter().map(|(_, n)| n).sum::<usize>()
+            );
+            None
+        }
+        Err(e) => {
+            crate::error!(
+                "quota-escape guard disabled (--guard=off), but the pinned guard of an earlier exporter could not be removed and still enforces; remove it with `rm -r` of the pin root",
+                pin_root = setup.pin_root.display(),
+                err = e
+            );
+            Some(format!(
+                "the guard an earlier exporter pinned under {} still enforces: {e}",
+                setup.pin_root.display()
+            ))
+        }
+    };
+    Status::Off {
+        reason: "disabled",
+        error,
+        detail: (),
     }
 }
 
