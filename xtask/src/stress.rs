@@ -63,7 +63,14 @@ pub fn main(args: &[String]) -> Result<u8> {
         vm_threads: 2,
         // The rounds survived and the seed are the point of a long run:
         // show them for passing tests too.
-        extra: vec!["--success-output".into(), "final".into()],
+        // Profile `stress` (.config/nextest.toml) stops no test for taking
+        // long: the VM limit below bounds the run.
+        extra: vec![
+            "--profile".into(),
+            "stress".into(),
+            "--success-output".into(),
+            "final".into(),
+        ],
         kernels: vec![kernel],
         full: false,
         guest_env,

@@ -456,6 +456,15 @@ fn parse_floors(text: &str) -> Vec<(String, usize)> {
 /// How many distinct tests of each binary finished, from nextest's status
 /// lines (`PASS [   0.005s] (1/9) prjquota-vmtests::plugin xfs::a_test`).
 fn tests_per_binary(lines: &[String]) -> std::collections::BTreeMap<String, usize> {
+    let mut per = std::collections::BTreeMap::new();
+    for (bin, _) in tests_per_binary_names(lines) {
+        *per.entry(bin).or_insert(0) += 1;
+    }
+    per
+}
+
+/// Each `(binary, test)` that finished, from nextest's status lines.
+fn tests_per_binary_names(lines: &[String]) -> std::collections::BTreeSet<(String, String)> {
     let mut seen = std::collections::BTreeSet::new();
     for l in lines {
         let l = l.trim_start();
@@ -487,11 +496,34 @@ fn tests_per_binary(lines: &[String]) -> std::collections::BTreeMap<String, usiz
             seen.insert((bin.to_string(), test.to_string()));
         }
     }
-    let mut per = std::collections::BTreeMap::new();
-    for (bin, _) in seen {
-        *per.entry(bin).or_insert(0) += 1;
+    seen
+}
+
+/// The tests nextest called slow (`SLOW [> 60.000s] bin test`) that never
+/// finished: what a VM killed at its limit was running.
+fn unfinished(lines: &[String]) -> Vec<String> {
+    let finished = tests_per_binary_names(lines);
+    let mut slow = Vec::new();
+    for l in lines {
+        let Some(rest) = l.trim_start().strip_prefix("SLOW [") else {
+            continue;
+        };
+        let Some((_, rest)) = rest.split_once("] ") else {
+            continue;
+        };
+        let rest = match rest.strip_prefix('(') {
+            Some(r) => r.split_once(") ").map_or("", |(_, r)| r),
+            None => rest,
+        };
+        let mut words = rest.split_whitespace();
+        if let (Some(bin), Some(test)) = (words.next(), words.next()) {
+            let key = (bin.to_string(), test.to_string());
+            if !finished.contains(&key) && !slow.contains(&key) {
+                slow.push(key);
+            }
+        }
     }
-    per
+    slow.into_iter().map(|(b, t)| format!("{b} {t}")).collect()
 }
 
 /// The floors this pass's binaries missed: the real-kernel test binaries
@@ -1054,13 +1086,21 @@ impl KernelJob<'_> {
             // still get their boots.
             Err(e) => {
                 println!("{prefix}xtask test: kernel {}: {e:#}", kernel.name());
+                let mut problems = vec![format!("VM: {e:#}")];
+                if let Some(killed) = e.downcast_ref::<crate::vm::Killed>() {
+                    problems.extend(
+                        unfinished(&killed.lines)
+                            .into_iter()
+                            .map(|t| format!("still running when the VM was killed: {t}")),
+                    );
+                }
                 Pass {
                     name,
                     summary: None,
                     counts: Counts::default(),
                     ok: false,
                     secs,
-                    problems: vec![format!("VM: {e:#}")],
+                    problems,
                 }
             }
         }
@@ -1305,6 +1345,27 @@ mod tests {
         assert_eq!(per.get("prjquota-vmtests::plugin"), Some(&2));
         assert_eq!(per.get("prjquota-vmtests::crash"), Some(&1));
         assert_eq!(per.len(), 3);
+    }
+
+    #[test]
+    fn a_killed_pass_names_the_slow_tests_that_never_finished() {
+        let lines: Vec<String> = [
+            "        SLOW [> 60.000s] prjquota-vmtests::plugin xfs::b",
+            "        PASS [  61.000s] prjquota-vmtests::plugin xfs::b",
+            "        SLOW [> 60.000s] (3/9) prjquota-vmtests::guard ext4::hangs",
+            "        SLOW [>120.000s] (3/9) prjquota-vmtests::guard ext4::hangs",
+            "        SLOW [> 60.000s] prjquota-vmtests::crash xfs::d",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(
+            unfinished(&lines),
+            [
+                "prjquota-vmtests::guard ext4::hangs",
+                "prjquota-vmtests::crash xfs::d"
+            ]
+        );
     }
 
     #[test]

@@ -288,6 +288,22 @@ impl std::fmt::Display for GuestPanic {
 
 impl std::error::Error for GuestPanic {}
 
+/// The VM reached its limit and was killed: what it printed until then, for
+/// the caller to name what was still running.
+#[derive(Debug)]
+pub struct Killed {
+    pub message: String,
+    pub lines: Vec<String>,
+}
+
+impl std::fmt::Display for Killed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Killed {}
+
 /// Whether the console shows the guest kernel panicking.
 fn guest_panicked(lines: &[String]) -> bool {
     lines
@@ -363,13 +379,22 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
         // translation of the breakpoint after the patch was done. Twice in a
         // row at the same test on 7.2 once the guest got faster (virtio-fs).
         // One thread for all vCPUs keeps code changes coherent between them.
+        // 5.10 attaches the write telemetry's trampolines too, and gets the
+        // same single thread.
         .args(
             matches!(
                 opts.kernel,
-                crate::kernels::Kernel::V6_12 | crate::kernels::Kernel::V7
+                crate::kernels::Kernel::V5_10
+                    | crate::kernels::Kernel::V6_12
+                    | crate::kernels::Kernel::V7
             )
             .then_some("--qemu-opts=-accel tcg,thread=single"),
         )
+        // An oops leaves its task's locks held and the pass hanging until
+        // its VM limit, with nothing named; as a panic it ends the boot at
+        // once, with the kernel's last words, and the pass gets its one
+        // retry (`crate::test`).
+        .args(["--append", "oops=panic"])
         .args(
             opts.disks
                 .iter()
@@ -429,9 +454,15 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
             .and_then(|s| s.trim().parse::<i32>().ok())
     });
     if tee.timed_out {
-        bail!(
-            "the VM was killed after {elapsed:.0}s (its limit; PRJQUOTA_VM_TIMEOUT=SECS overrides)"
+        let message = format!(
+            "the VM was killed after {elapsed:.0}s (its limit; PRJQUOTA_VM_TIMEOUT=SECS \
+             overrides); the kernel's last words:\n{}",
+            last_kernel_lines(&tee.lines, 10)
         );
+        return Err(anyhow::Error::new(Killed {
+            message,
+            lines: tee.lines,
+        }));
     }
     if !booted {
         bail!(
