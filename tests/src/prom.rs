@@ -449,6 +449,30 @@ impl Exporter {
         self.child.id()
     }
 
+    /// How many generic netlink sockets (the quota warnings' family) the
+    /// exporter holds open: its fds' socket inodes found in
+    /// `/proc/net/netlink` with protocol 16 (`NETLINK_GENERIC`).
+    pub fn generic_netlink_sockets(&self) -> usize {
+        const NETLINK_GENERIC: &str = "16";
+        let fd_dir = format!("/proc/{}/fd", self.pid());
+        let mine: std::collections::BTreeSet<String> = std::fs::read_dir(&fd_dir)
+            .unwrap_or_else(|e| panic!("{fd_dir}: {e}"))
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter_map(|l| {
+                let l = l.to_string_lossy().into_owned();
+                Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+            })
+            .collect();
+        let table = std::fs::read_to_string("/proc/net/netlink").expect("/proc/net/netlink");
+        // sk Eth Pid Groups Rmem Wmem Dump Locks Drops Inode
+        table
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .filter(|f| f.len() >= 10 && f[1] == NETLINK_GENERIC && mine.contains(f[9]))
+            .count()
+    }
+
     /// Sends `sig` to the exporter (SIGHUP: reload its web config).
     pub fn signal(&self, sig: nix::sys::signal::Signal) {
         // Our own child, not reaped while `self` lives: the pid is its own.

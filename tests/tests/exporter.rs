@@ -705,3 +705,150 @@ fn promtool_check_metrics_accepts_the_exposition() {
         lint.output
     );
 }
+
+// ---------------------------------------------------------------------------
+// 8: each collector switched off takes its series, and its work, away
+
+/// The per-volume families of each collector `--no-collector.NAME` can
+/// switch off, as docs/metrics.md's "Series per volume, by collector" lists
+/// them; the registry's stay whatever is switched off.
+const REGISTRY_FAMILIES: &[&str] = &[
+    "nomad_host_volume_info",
+    "nomad_host_volume_provisioned_bytes",
+    "nomad_host_volume_requested_min_bytes",
+    "nomad_host_volume_requested_max_bytes",
+];
+const SWITCHED_FAMILIES: &[(&str, &[&str])] = &[
+    (
+        "statfs",
+        &[
+            "nomad_host_volume_capacity_bytes",
+            "nomad_host_volume_available_bytes",
+            "nomad_host_volume_used_bytes",
+            "nomad_host_volume_inodes",
+            "nomad_host_volume_inodes_free",
+            "nomad_host_volume_inodes_used",
+        ],
+    ),
+    ("quota", &["nomad_host_volume_quota_hard_limit_inodes"]),
+    (
+        "quota_events",
+        &["nomad_host_volume_quota_limit_hits_total"],
+    ),
+    ("filesystem", &[]),
+];
+
+/// The families with a sample for volume `id`.
+fn families_of(e: &Exposition, id: &str) -> BTreeSet<String> {
+    e.samples
+        .iter()
+        .filter(|s| s.label("volume_id") == Some(id))
+        .map(|s| s.name.clone())
+        .collect()
+}
+
+/// What docs/metrics.md says volume `m` has with the collectors of `off`
+/// switched off (the quota collector's series only with an inode limit).
+fn documented_families(m: &Made, off: &[&str]) -> BTreeSet<String> {
+    let mut want: BTreeSet<String> = REGISTRY_FAMILIES.iter().map(|s| s.to_string()).collect();
+    for (collector, families) in SWITCHED_FAMILIES {
+        if off.contains(collector) || (*collector == "quota" && m.max_inodes.is_none()) {
+            continue;
+        }
+        want.extend(families.iter().map(|s| s.to_string()));
+    }
+    want
+}
+
+/// On a filesystem that enforces quotas, each collector switched off
+/// publishes none of its series (per volume exactly as docs/metrics.md
+/// counts them), says so in `collector_enabled`, and does not do its work:
+/// no generic netlink socket without quota_events, no
+/// `nomad_host_volumes_*` without filesystem. The others keep theirs.
+fn switched_off_collectors_leave_what_the_docs_count(mount: &Path) {
+    let fstype = fstype_of(mount);
+    let f = Fixture::new(mount, &format!("exp-switches-{fstype}"));
+    let made = make(&f, THREE);
+    // eBPF and the guard have their own switches and series: off here, so
+    // that the count is the four collectors' and the registry's.
+    let base = ["--ebpf=off", "--guard=off"];
+    let all_on = Exporter::start_with(&[&f.node.volumes_dir], &base);
+    let on = all_on.scrape();
+    on.assert_collectors_succeeded(&all_on.log());
+    for m in &made {
+        assert_eq!(
+            families_of(&on, &m.spec.id),
+            documented_families(m, &[]),
+            "{fstype}: {} with every collector on",
+            m.spec.name
+        );
+    }
+    assert!(on.find("nomad_host_volumes_provisioned_bytes", &[]).count() > 0);
+    assert_eq!(
+        all_on.generic_netlink_sockets(),
+        1,
+        "{fstype}: quota_events on holds one generic netlink socket\n{}",
+        all_on.log()
+    );
+    drop(all_on);
+
+    let singles = SWITCHED_FAMILIES.iter().map(|(c, _)| vec![*c]);
+    let all: Vec<&str> = SWITCHED_FAMILIES.iter().map(|(c, _)| *c).collect();
+    for off in singles.chain(std::iter::once(all)) {
+        let mut args: Vec<String> = base.iter().map(|s| s.to_string()).collect();
+        args.extend(off.iter().map(|c| format!("--no-collector.{c}")));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let exp = Exporter::start_with(&[&f.node.volumes_dir], &args);
+        let e = exp.scrape();
+        e.assert_collectors_succeeded(&exp.log());
+        for m in &made {
+            assert_eq!(
+                families_of(&e, &m.spec.id),
+                documented_families(m, &off),
+                "{fstype}: {} with {off:?} off",
+                m.spec.name
+            );
+        }
+        for (collector, _) in SWITCHED_FAMILIES {
+            let is_off = off.contains(collector);
+            assert_eq!(
+                e.value(
+                    "prjquota_exporter_collector_enabled",
+                    &[("collector", collector)]
+                ),
+                if is_off { 0.0 } else { 1.0 },
+                "{fstype}: {collector} with {off:?} off"
+            );
+            assert_eq!(
+                e.get(
+                    "prjquota_exporter_scrape_collector_success",
+                    &[("collector", collector)]
+                )
+                .is_none(),
+                is_off,
+                "{fstype}: {collector}'s success series with {off:?} off"
+            );
+        }
+        assert_eq!(
+            e.find("nomad_host_volumes_provisioned_bytes", &[]).count() == 0,
+            off.contains(&"filesystem"),
+            "{fstype}: per-directory series with {off:?} off"
+        );
+        assert_eq!(
+            exp.generic_netlink_sockets(),
+            usize::from(!off.contains(&"quota_events")),
+            "{fstype}: generic netlink sockets with {off:?} off\n{}",
+            exp.log()
+        );
+    }
+}
+
+#[test]
+fn xfs_switched_off_collectors_leave_what_the_docs_count() {
+    switched_off_collectors_leave_what_the_docs_count(&xfs_mount());
+}
+
+#[test]
+fn ext4_switched_off_collectors_leave_what_the_docs_count() {
+    switched_off_collectors_leave_what_the_docs_count(&ext4_mount());
+}
