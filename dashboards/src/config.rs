@@ -295,10 +295,11 @@ impl Config {
         }
         let url = &self.runbook_url;
         if !(url.starts_with("https://") || url.starts_with("http://"))
-            || url.contains(|c: char| c.is_whitespace() || "#'\"".contains(c))
+            || url.contains(|c: char| c.is_whitespace() || "#'\"{}".contains(c))
         {
+            // Braces would be read as Prometheus' annotation templating.
             return Err(format!(
-                "runbook_url = {url:?}: an http(s) URL without #, quotes or spaces (the alert's anchor is appended)"
+                "runbook_url = {url:?}: an http(s) URL without #, quotes, braces or spaces (the alert's anchor is appended)"
             ));
         }
         for (name, f) in [("space", &self.space), ("inodes", &self.inodes)] {
@@ -396,6 +397,7 @@ mod tests {
             ("cluster_label = '1x'", "cluster_label"),
             ("runbook_url = 'ftp://x'", "runbook_url"),
             ("runbook_url = 'https://x/r.md#a'", "runbook_url"),
+            ("runbook_url = 'https://x/{{$labels.job}}'", "runbook_url"),
             ("[space]\ncritical_available = 0.2", "critical_available"),
             ("[inodes]\nwarning_available = 1.5", "warning_available"),
             ("[inodes]\nprediction_horizon = '0d'", "prediction_horizon"),
