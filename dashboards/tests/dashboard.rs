@@ -505,8 +505,7 @@ fn beyond_selector<'a>(
         ));
     }
     let mut own = s.on(label);
-    for (l, op, v) in selector.iter().filter(|(l, _, _)| l == label) {
-        let _ = l;
+    for (_, op, v) in selector.iter().filter(|(l, _, _)| l == label) {
         if let Some(i) = own.iter().position(|o| *o == (op.as_str(), v.as_str())) {
             own.remove(i);
         }
