@@ -15,6 +15,9 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
+pub mod config;
+pub mod render;
+
 /// `dashboards/`, where the artefacts live.
 pub fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -32,10 +35,6 @@ pub const DASHBOARD: &str = "prjquota.json";
 pub const RULES: &str = "alerts.yaml";
 pub const RULES_TEST: &str = "alerts_test.yaml";
 
-/// Where `runbook_url`s point; the anchor is the alert name in lower case
-/// (GitHub's anchor of a `## AlertName` heading).
-pub const RUNBOOK_URL: &str = "https://github.com/prjquota/prjquota/blob/main/docs/runbooks.md";
-
 /// Reads a file of `dashboards/`, panicking with its path.
 pub fn read(name: &str) -> String {
     let p = dir().join(name);
@@ -50,6 +49,76 @@ pub fn dashboard() -> Value {
 pub fn rules() -> serde_norway::Value {
     serde_norway::from_str(&read(RULES))
         .unwrap_or_else(|e| panic!("dashboards/{RULES} is not valid YAML: {e}"))
+}
+
+/// The shipped config, `dashboards/config.toml`.
+pub fn shipped_config() -> config::Config {
+    config::Config::load(&dir().join(config::FILE)).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `dashboards/tests/custom.toml`: a config that changes every kind of knob
+/// (a job selector, another cluster label, other thresholds and durations,
+/// a runbook of one's own, another dashboard identity), which the lints
+/// run on next to the shipped files.
+pub fn custom_config() -> config::Config {
+    config::Config::load(&dir().join("tests/custom.toml")).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The rules and dashboard rendered from `c`, parsed.
+pub fn rendered(c: &config::Config) -> (Value, serde_norway::Value) {
+    let d = render::dashboard(c).unwrap_or_else(|e| panic!("render the dashboard: {e}"));
+    let r = render::rules(c).unwrap_or_else(|e| panic!("render the rules: {e}"));
+    (
+        serde_json::from_str(&d).expect("rendered dashboard is JSON"),
+        serde_norway::from_str(&r).expect("rendered rules are YAML"),
+    )
+}
+
+/// The shipped files, then the render of [`custom_config`]: each named,
+/// with its config, dashboard and rules, for lints that must hold for any
+/// config.
+pub fn cases() -> Vec<(&'static str, config::Config, Value, serde_norway::Value)> {
+    let custom = custom_config();
+    let (d, r) = rendered(&custom);
+    vec![
+        ("shipped files", shipped_config(), dashboard(), rules()),
+        ("render of tests/custom.toml", custom, d, r),
+    ]
+}
+
+/// A fresh directory under the system's temp dir for one test.
+pub fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("prjquota-dashboards-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("create {}: {e}", d.display()));
+    d
+}
+
+pub const PROMTOOL: &str = "/usr/bin/promtool";
+
+/// Runs promtool in dashboards/; panics with its output unless it succeeds.
+pub fn promtool(args: &[&str]) -> String {
+    assert!(
+        std::path::Path::new(PROMTOOL).is_file(),
+        "{PROMTOOL} is missing: run `cargo xtask deps` (it installs Debian's `prometheus` package, which ships promtool)"
+    );
+    let out = std::process::Command::new(PROMTOOL)
+        .args(args)
+        .current_dir(dir())
+        .output()
+        .unwrap_or_else(|e| panic!("run {PROMTOOL}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "promtool {} failed ({}):\n{text}",
+        args.join(" "),
+        out.status
+    );
+    text
 }
 
 /// Every panel, rows and the panels inside collapsed rows included, in order.
@@ -331,6 +400,10 @@ pub struct Selector {
     /// `(label, operator, value)` of each matcher, in order; the value
     /// without its quotes.
     pub matchers: Vec<Matcher>,
+    /// Byte offset just past the metric name in the expression.
+    pub name_end: usize,
+    /// Byte offset of its `{`, if it has matchers.
+    pub brace: Option<usize>,
 }
 
 impl Selector {
@@ -348,6 +421,50 @@ impl Selector {
 /// there twice).
 pub fn selectors(expr: &str) -> Result<Vec<Selector>, String> {
     scan(expr)
+}
+
+/// A selector's matchers as a config gives them (`job="prjquota"`,
+/// `job=~"a|b", env!="dev"`): checked to be label matchers and nothing
+/// else, so that inserting them into a selector keeps the expression valid.
+pub fn parse_matchers(text: &str) -> Result<Vec<Matcher>, String> {
+    if text.contains("__name__") {
+        return Err(format!(
+            "{text:?}: a __name__ matcher would change which metric is read"
+        ));
+    }
+    let found = matchers(text)?;
+    for (label, op, _) in &found {
+        if !matches!(op.as_str(), "=" | "!=" | "=~" | "!~") {
+            return Err(format!(
+                "{text:?}: {label}{op}: the operator is one of = != =~ !~"
+            ));
+        }
+        if label.starts_with(|c: char| c.is_ascii_digit()) {
+            return Err(format!("{text:?}: {label} is not a label name"));
+        }
+    }
+    Ok(found)
+}
+
+/// `expr` with `matchers` (label matchers as text, `job="x"`) added to every
+/// selector it reads: `m` becomes `m{job="x"}`, `m{a="b"}` becomes
+/// `m{job="x", a="b"}`. The rest of the text, layout included, is kept.
+pub fn with_matchers(expr: &str, matchers: &str) -> Result<String, String> {
+    let matchers = matchers.trim();
+    if matchers.is_empty() {
+        return Ok(expr.to_string());
+    }
+    let mut out = expr.to_string();
+    let sels = scan(expr)?;
+    // From the end, so the earlier offsets stay valid.
+    for s in sels.iter().rev() {
+        match s.brace {
+            Some(at) if s.matchers.is_empty() => out.insert_str(at + 1, matchers),
+            Some(at) => out.insert_str(at + 1, &format!("{matchers}, ")),
+            None => out.insert_str(s.name_end, &format!("{{{matchers}}}")),
+        }
+    }
+    Ok(out)
 }
 
 /// `a="x", b=~"$y"` as `(label, operator, value)` triples.
@@ -488,6 +605,8 @@ fn scan(expr: &str) -> Result<Vec<Selector>, String> {
                         _ => None,
                     };
                     let mut found = Vec::new();
+                    let name_end = i;
+                    let brace = (b.get(next) == Some(&b'{')).then_some(next);
                     if b.get(next) == Some(&b'{') {
                         let end = skip_until(b, next, b'}')
                             .ok_or_else(|| format!("unterminated {{ in {expr:?}"))?;
@@ -506,6 +625,8 @@ fn scan(expr: &str) -> Result<Vec<Selector>, String> {
                             function,
                         },
                         matchers: found,
+                        name_end,
+                        brace,
                     });
                 }
             }

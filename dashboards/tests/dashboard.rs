@@ -10,9 +10,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use prjquota_dashboards::config::Config as Mixin;
 use prjquota_dashboards::{
-    dashboard, dashboard_exprs, label_values, metric_uses, panel_exprs, panels, recorded,
-    rule_exprs, rules, selectors, variable_query, variables, variables_in, Expr,
+    cases, dashboard, dashboard_exprs, label_values, metric_uses, panel_exprs, panels,
+    parse_matchers, recorded, rule_exprs, selectors, variable_query, variables, variables_in, Expr,
+    Matcher, Selector,
 };
 use prjquota_exporter::collector::quota_events::QuotaEvents;
 use prjquota_exporter::collector::{Collector, Scrape};
@@ -169,11 +171,25 @@ fn the_docs_list_exactly_the_exported_metrics() {
 #[test]
 fn every_metric_the_dashboard_and_rules_read_is_exported() {
     let catalogue = exporter_catalogue();
-    let rules = rules();
-    let recorded = recorded(&rules);
-    let mut exprs: Vec<Expr> = dashboard_exprs(&dashboard());
-    exprs.extend(rule_exprs(&rules));
-    assert!(exprs.len() > 30, "only {} expressions found", exprs.len());
+    for (case, _, d, rules) in cases() {
+        metrics_are_exported(case, &catalogue, &d, &rules);
+    }
+}
+
+fn metrics_are_exported(
+    case: &str,
+    catalogue: &BTreeMap<String, Kind>,
+    d: &Value,
+    rules: &serde_norway::Value,
+) {
+    let recorded = recorded(rules);
+    let mut exprs: Vec<Expr> = dashboard_exprs(d);
+    exprs.extend(rule_exprs(rules));
+    assert!(
+        exprs.len() > 30,
+        "{case}: only {} expressions found",
+        exprs.len()
+    );
 
     let mut problems = Vec::new();
     let mut used = BTreeSet::new();
@@ -232,12 +248,12 @@ fn every_metric_the_dashboard_and_rules_read_is_exported() {
             }
         }
     }
-    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    assert!(problems.is_empty(), "{case}:\n{}", problems.join("\n"));
 
     let unused: Vec<&String> = recorded.iter().filter(|r| !used.contains(*r)).collect();
     assert!(
         unused.is_empty(),
-        "recording rules nothing reads: {unused:?}"
+        "{case}: recording rules nothing reads: {unused:?}"
     );
 }
 
@@ -301,7 +317,20 @@ fn panel_ds_uid(v: &Value) -> Option<&str> {
 
 #[test]
 fn the_dashboard_is_importable_and_every_panel_queries_prometheus() {
-    let d = dashboard();
+    for (case, c, d, _) in cases() {
+        let dash = &c.dashboard;
+        assert_eq!(d["uid"], dash.uid.as_str(), "{case}");
+        assert_eq!(d["title"], dash.title.as_str(), "{case}");
+        assert_eq!(d["tags"], serde_json::json!(dash.tags), "{case}");
+        assert_eq!(d["refresh"], dash.refresh.as_str(), "{case}");
+        assert_eq!(d["time"]["from"], dash.time_from.as_str(), "{case}");
+        assert_eq!(d["timezone"], dash.timezone.as_str(), "{case}");
+        assert_eq!(d["links"][0]["url"], c.runbook_url.as_str(), "{case}");
+        importable(&d);
+    }
+}
+
+fn importable(d: &Value) {
     let schema = d["schemaVersion"].as_u64().expect("schemaVersion");
     assert!(
         (36..=41).contains(&schema),
@@ -317,7 +346,7 @@ fn the_dashboard_is_importable_and_every_panel_queries_prometheus() {
     );
 
     // The data source is a template variable of type datasource.
-    let vars = variables(&d);
+    let vars = variables(d);
     let ds = vars
         .iter()
         .find(|v| v["type"] == "datasource")
@@ -331,7 +360,7 @@ fn the_dashboard_is_importable_and_every_panel_queries_prometheus() {
 
     let mut ids = BTreeSet::new();
     let mut n = 0;
-    for p in panels(&d) {
+    for p in panels(d) {
         let title = p["title"].as_str().unwrap_or("");
         let id = p["id"]
             .as_u64()
@@ -381,8 +410,14 @@ fn the_dashboard_is_importable_and_every_panel_queries_prometheus() {
 
 #[test]
 fn variables_are_chained_multi_valued_and_each_is_used() {
-    let d = dashboard();
-    let vars = variables(&d);
+    for (case, c, d, _) in cases() {
+        eprintln!("{case}");
+        variables_are_chained(&d, &c);
+    }
+}
+
+fn variables_are_chained(d: &Value, c: &Mixin) {
+    let vars = variables(d);
     let by_name: BTreeMap<&str, &Value> = vars
         .iter()
         .map(|v| (v["name"].as_str().expect("variable name"), *v))
@@ -393,7 +428,7 @@ fn variables_are_chained_multi_valued_and_each_is_used() {
     const INFO: &str = "nomad_host_volume_info";
     const BUILD: &str = "prjquota_exporter_build_info";
     let want: [(&str, &str, &str, &[&str]); 6] = [
-        ("cluster", "cluster", BUILD, &[]),
+        ("cluster", c.cluster_label.as_str(), BUILD, &[]),
         ("job", "job", BUILD, &["cluster"]),
         ("instance", "instance", BUILD, &["cluster", "job"]),
         ("node_pool", "node_pool", INFO, SCOPE),
@@ -440,11 +475,11 @@ fn variables_are_chained_multi_valued_and_each_is_used() {
     assert_eq!(by_name["cluster"]["allValue"], ".*");
 
     // Every variable is used by at least one panel.
-    let exprs = panel_exprs(&d);
+    let exprs = panel_exprs(d);
     for v in &vars {
         let name = v["name"].as_str().unwrap();
         let used = if v["type"] == "datasource" {
-            panels(&d).iter().any(|p| {
+            panels(d).iter().any(|p| {
                 p["datasource"]["uid"]
                     .as_str()
                     .is_some_and(|u| variables_in(u).contains(name))
@@ -456,74 +491,112 @@ fn variables_are_chained_multi_valued_and_each_is_used() {
     }
 }
 
-/// Every selector of every panel and annotation is scoped by the cluster,
-/// job and instance variables, and by nothing else on those labels: a
-/// hard-coded `job="…"` (or a selector that forgets the variables) fails.
-#[test]
-fn every_panel_selector_honours_cluster_job_and_instance() {
-    let d = dashboard();
-    let mut problems = Vec::new();
-    let mut n = 0;
-    let exprs = dashboard_exprs(&d)
-        .into_iter()
-        .filter(|e| !e.place.starts_with("variable "));
-    for e in exprs {
-        let sels = selectors(&e.expr).unwrap_or_else(|err| panic!("{}: {err}", e.place));
-        for s in sels {
-            n += 1;
-            for label in ["cluster", "job", "instance"] {
-                let want = format!("${label}");
-                if s.on(label) != [("=~", want.as_str())] {
-                    problems.push(format!(
-                        "{}: {} has {label} matchers {:?}, not exactly {label}=~\"{want}\"",
-                        e.place,
-                        s.used.metric,
-                        s.on(label)
-                    ));
-                }
-            }
+/// The matchers `s` has on `label` beyond the config's selector, or a
+/// problem if it lacks one of the selector's matchers.
+fn beyond_selector<'a>(
+    s: &'a Selector,
+    selector: &[Matcher],
+    label: &str,
+) -> Result<Vec<(&'a str, &'a str)>, String> {
+    if let Some(m) = selector.iter().find(|m| !s.matchers.contains(m)) {
+        return Err(format!(
+            "{} lacks the config's matcher {m:?}",
+            s.used.metric
+        ));
+    }
+    let mut own = s.on(label);
+    for (_, op, v) in selector.iter().filter(|(l, _, _)| l == label) {
+        if let Some(i) = own.iter().position(|o| *o == (op.as_str(), v.as_str())) {
+            own.remove(i);
         }
     }
-    assert!(n >= 40, "only {n} selectors read");
-    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    Ok(own)
 }
 
-/// The rules name no scrape target: no matcher on job, instance or cluster
-/// (an exporter is known by its own series), so they fire in whatever job
-/// scrapes it and in no Prometheus that scrapes none.
+/// Every selector of every panel and annotation is scoped by the cluster,
+/// job and instance variables and the config's selector, and by nothing
+/// else on those labels: a hard-coded `job="…"` (or a selector that forgets
+/// the variables) fails.
 #[test]
-fn no_rule_hard_codes_a_job_instance_or_cluster() {
-    let rules = rules();
-    let mut problems = Vec::new();
-    for e in rule_exprs(&rules) {
-        let sels = selectors(&e.expr).unwrap_or_else(|err| panic!("{}: {err}", e.place));
-        for s in sels {
-            for label in ["job", "instance", "cluster"] {
-                if !s.on(label).is_empty() {
-                    problems.push(format!(
-                        "{}: {}{{{label}…}}: {:?}",
-                        e.place,
-                        s.used.metric,
-                        s.on(label)
-                    ));
+fn every_panel_selector_honours_cluster_job_and_instance() {
+    for (case, c, d, _) in cases() {
+        let selector = parse_matchers(&c.selector).unwrap();
+        let mut problems = Vec::new();
+        let mut n = 0;
+        let exprs = dashboard_exprs(&d)
+            .into_iter()
+            .filter(|e| !e.place.starts_with("variable "));
+        for e in exprs {
+            let sels = selectors(&e.expr).unwrap_or_else(|err| panic!("{}: {err}", e.place));
+            for s in sels {
+                n += 1;
+                for (label, var) in [
+                    (c.cluster_label.as_str(), "cluster"),
+                    ("job", "job"),
+                    ("instance", "instance"),
+                ] {
+                    let want = format!("${var}");
+                    match beyond_selector(&s, &selector, label) {
+                        Err(why) => problems.push(format!("{}: {why}", e.place)),
+                        Ok(own) if own != [("=~", want.as_str())] => problems.push(format!(
+                            "{}: {} has {label} matchers {own:?}, not exactly {label}=~\"{want}\"",
+                            e.place, s.used.metric
+                        )),
+                        Ok(_) => {}
+                    }
                 }
             }
         }
+        assert!(n >= 40, "{case}: only {n} selectors read");
+        assert!(problems.is_empty(), "{case}:\n{}", problems.join("\n"));
     }
-    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The rules name no scrape target beyond the config's selector (none as
+/// shipped): no other matcher on job, instance or cluster (an exporter is
+/// known by its own series), so they fire in whatever job scrapes it and in
+/// no Prometheus that scrapes none; and every selector carries the config's.
+#[test]
+fn no_rule_hard_codes_a_job_instance_or_cluster() {
+    for (case, c, _, rules) in cases() {
+        let selector = parse_matchers(&c.selector).unwrap();
+        let mut problems = Vec::new();
+        for e in rule_exprs(&rules) {
+            let sels = selectors(&e.expr).unwrap_or_else(|err| panic!("{}: {err}", e.place));
+            for s in sels {
+                for label in ["job", "instance", c.cluster_label.as_str()] {
+                    match beyond_selector(&s, &selector, label) {
+                        Err(why) => problems.push(format!("{}: {why}", e.place)),
+                        Ok(own) if !own.is_empty() => problems.push(format!(
+                            "{}: {}{{{label}…}}: {own:?}",
+                            e.place, s.used.metric
+                        )),
+                        Ok(_) => {}
+                    }
+                }
+            }
+        }
+        assert!(problems.is_empty(), "{case}:\n{}", problems.join("\n"));
+    }
 }
 
 #[test]
 fn panel_queries_follow_the_conventions() {
-    let d = dashboard();
-    let known: BTreeSet<String> = variables(&d)
+    for (case, _, d, _) in cases() {
+        eprintln!("{case}");
+        panel_conventions(&d);
+    }
+}
+
+fn panel_conventions(d: &Value) {
+    let known: BTreeSet<String> = variables(d)
         .iter()
         .map(|v| v["name"].as_str().unwrap().to_string())
         .chain(["__rate_interval", "__range", "__interval"].map(String::from))
         .collect();
     let mut problems = Vec::new();
     // Panels and annotations (the variables' selectors are checked above).
-    let exprs = dashboard_exprs(&d)
+    let exprs = dashboard_exprs(d)
         .into_iter()
         .filter(|e| !e.place.starts_with("variable "));
     for e in exprs {

@@ -5,41 +5,22 @@
 //! and tests where it must stay quiet.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
-use std::process::Command;
 
-use prjquota_dashboards::{dir, read, repo_root, rule_list, rules, RULES, RULES_TEST, RUNBOOK_URL};
-
-const PROMTOOL: &str = "/usr/bin/promtool";
-
-/// Runs promtool in dashboards/; panics with its output unless it succeeds.
-fn promtool(args: &[&str]) -> String {
-    assert!(
-        Path::new(PROMTOOL).is_file(),
-        "{PROMTOOL} is missing: run `cargo xtask deps` (it installs Debian's `prometheus` package, which ships promtool)"
-    );
-    let out = Command::new(PROMTOOL)
-        .args(args)
-        .current_dir(dir())
-        .output()
-        .unwrap_or_else(|e| panic!("run {PROMTOOL}: {e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "promtool {} failed ({}):\n{text}",
-        args.join(" "),
-        out.status
-    );
-    text
-}
+use prjquota_dashboards::{
+    cases, dir, promtool, read, render, repo_root, rule_list, rules, scratch, RULES, RULES_TEST,
+};
 
 #[test]
 fn promtool_check_rules_accepts_the_rules() {
     let out = promtool(&["check", "rules", RULES]);
+    assert!(out.contains("SUCCESS"), "{out}");
+    // And the rules of a config that changes every knob.
+    let custom = prjquota_dashboards::custom_config();
+    let d = scratch("check-custom");
+    let file = d.join(RULES);
+    std::fs::write(&file, render::rules(&custom).unwrap()).unwrap();
+    let out = promtool(&["check", "rules", &file.to_string_lossy()]);
+    std::fs::remove_dir_all(&d).unwrap();
     assert!(out.contains("SUCCESS"), "{out}");
 }
 
@@ -71,10 +52,16 @@ fn runbook_anchors() -> BTreeSet<String> {
 
 #[test]
 fn every_alert_is_documented_and_links_its_runbook() {
-    let rules = rules();
+    for (case, c, _, rules) in cases() {
+        eprintln!("{case}");
+        documented(&rules, &c.runbook_url);
+    }
+}
+
+fn documented(rules: &serde_norway::Value, runbook: &str) {
     let anchors = runbook_anchors();
     let mut alerts = 0;
-    for r in rule_list(&rules) {
+    for r in rule_list(rules) {
         let Some(name) = r["alert"].as_str() else {
             let record = r["record"]
                 .as_str()
@@ -105,9 +92,9 @@ fn every_alert_is_documented_and_links_its_runbook() {
         );
         let url = a["runbook_url"].as_str().unwrap();
         let anchor = url
-            .strip_prefix(RUNBOOK_URL)
+            .strip_prefix(runbook)
             .and_then(|rest| rest.strip_prefix('#'))
-            .unwrap_or_else(|| panic!("{name}: runbook_url {url:?} is not {RUNBOOK_URL}#<anchor>"));
+            .unwrap_or_else(|| panic!("{name}: runbook_url {url:?} is not {runbook}#<anchor>"));
         assert_eq!(
             anchor,
             name.to_lowercase(),
@@ -177,12 +164,23 @@ fn every_alert_has_tests_that_fire_it_and_tests_where_it_must_not() {
 }
 
 /// A Prometheus that scrapes only node_exporter (some targets down, one
-/// vanished, disks filling) fires no alert of the file: a unit test made
-/// here with one expectation per alert, run by promtool over two hours.
+/// vanished, disks filling) fires no alert of the file, nor of the rules a
+/// config with a job selector gives: a unit test made here with one
+/// expectation per alert, run by promtool over two hours.
 #[test]
 fn a_prometheus_without_prjquota_targets_fires_nothing() {
-    let rules = rules();
-    let alerts: BTreeSet<&str> = rule_list(&rules)
+    fires_nothing_without_targets(&rules(), &dir().join(RULES));
+    let custom = prjquota_dashboards::custom_config();
+    let d = scratch("no-targets-custom");
+    let file = d.join(RULES);
+    std::fs::write(&file, render::rules(&custom).unwrap()).unwrap();
+    let (_, custom_rules) = prjquota_dashboards::rendered(&custom);
+    fires_nothing_without_targets(&custom_rules, &file);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+fn fires_nothing_without_targets(rules: &serde_norway::Value, file: &std::path::Path) {
+    let alerts: BTreeSet<&str> = rule_list(rules)
         .into_iter()
         .filter_map(|r| r["alert"].as_str())
         .collect();
@@ -206,7 +204,7 @@ fn a_prometheus_without_prjquota_targets_fires_nothing() {
     ];
     let mut test = format!(
         "rule_files:\n  - {}\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n",
-        dir().join(RULES).display()
+        file.display()
     );
     for (s, v) in series {
         test += &format!("      - series: '{s}'\n        values: '{v}'\n");
@@ -219,10 +217,10 @@ fn a_prometheus_without_prjquota_targets_fires_nothing() {
             );
         }
     }
-    let file =
-        std::env::temp_dir().join(format!("prjquota-no-targets-{}.yaml", std::process::id()));
-    std::fs::write(&file, &test).unwrap();
-    let out = promtool(&["test", "rules", &file.to_string_lossy()]);
-    std::fs::remove_file(&file).unwrap();
-    assert!(out.contains("SUCCESS"), "{out}");
+    let d = scratch("no-targets");
+    let test_file = d.join("test.yaml");
+    std::fs::write(&test_file, &test).unwrap();
+    let out = promtool(&["test", "rules", &test_file.to_string_lossy()]);
+    std::fs::remove_dir_all(&d).unwrap();
+    assert!(out.contains("SUCCESS"), "{file:?}: {out}");
 }

@@ -7,9 +7,11 @@
 //! - `stress` runs the concurrency stress test for minutes instead of rounds.
 //! - `dist`  builds release binaries and an installable tarball.
 //! - `bench` measures prjquota against its alternatives and floors, side by side.
+//! - `dashboards` renders the rules and the dashboard from a config.
 
 mod bench;
 mod completions;
+mod dashboards;
 mod deadline;
 mod debian;
 mod demo;
@@ -61,6 +63,10 @@ commands:
   bench --render-only        only render those blocks from the committed bench/RESULTS.md (no VM)
   dist                       static release binaries, the tarball, the .deb and SHA256SUMS in
                              target/dist/
+  dashboards [--config FILE] [--out DIR]
+                             render alerts.yaml and prjquota.json from a config (default
+                             dashboards/config.toml, its fields in docs/dashboards.md) into DIR
+                             (default dashboards/, the shipped files)
 
 kernels (K): 5.10 (bullseye), 6.1 (bookworm, the default), 6.12 (trixie), 7 (sid): Debian's
   generic kernels; `deps` fetches all four.
@@ -95,6 +101,7 @@ fn main() -> ExitCode {
         "stress" => stress::main(rest),
         "bench" => bench::main(rest),
         "dist" => dist::main(rest),
+        "dashboards" => dashboards::main(rest),
         "help" | "-h" | "--help" => {
             println!("{USAGE}");
             Ok(0)

@@ -1,0 +1,226 @@
+//! The shipped `alerts.yaml` and `prjquota.json` are what
+//! `cargo xtask dashboards` renders from `templates/` and `config.toml`,
+//! byte for byte; and a config of one's own gives rules that still behave:
+//! alerts_test.yaml holds under another selector, cluster label and
+//! runbook, and other thresholds move where alerts fire. (The lints of
+//! dashboard.rs and promtool.rs run on a custom render too.)
+
+use prjquota_dashboards::config::Config;
+use prjquota_dashboards::{
+    custom_config, dir, promtool, read, render, scratch, shipped_config, DASHBOARD, RULES,
+    RULES_TEST,
+};
+
+/// Where two texts first differ, for the failure message.
+fn first_difference(want: &str, got: &str) -> String {
+    let (w, g): (Vec<&str>, Vec<&str>) = (want.lines().collect(), got.lines().collect());
+    for i in 0..w.len().max(g.len()) {
+        if w.get(i) != g.get(i) {
+            return format!(
+                "line {}:\n  rendered:  {:?}\n  committed: {:?}",
+                i + 1,
+                w.get(i).unwrap_or(&"<end>"),
+                g.get(i).unwrap_or(&"<end>")
+            );
+        }
+    }
+    "the files differ only in their final newline".into()
+}
+
+#[test]
+fn the_shipped_files_are_the_render_of_the_shipped_config() {
+    let c = shipped_config();
+    for (name, rendered) in [
+        (RULES, render::rules(&c).unwrap()),
+        (DASHBOARD, render::dashboard(&c).unwrap()),
+    ] {
+        let committed = read(name);
+        assert!(
+            rendered == committed,
+            "dashboards/{name} is not what dashboards/templates/{name} and dashboards/config.toml \
+             give: edit the template or the config, not the output, then run `{}` and commit \
+             the result. First difference at {}",
+            render::COMMAND,
+            first_difference(&rendered, &committed)
+        );
+    }
+}
+
+#[test]
+fn the_shipped_config_is_the_default_config() {
+    assert_eq!(
+        shipped_config(),
+        Config::default(),
+        "dashboards/config.toml and Config::default() (dashboards/src/config.rs) must give the same \
+         values: a config of one's own falls back to the latter"
+    );
+}
+
+/// alerts_test.yaml against the rules of the shipped thresholds with the
+/// custom config's selector (which keeps the tests' exporter jobs), cluster
+/// label and runbook: every expectation holds, the runbook URLs aside.
+#[test]
+fn the_alert_tests_hold_under_a_job_selector_and_another_cluster_label() {
+    let custom = custom_config();
+    let c = Config {
+        selector: custom.selector.clone(),
+        cluster_label: custom.cluster_label.clone(),
+        runbook_url: custom.runbook_url.clone(),
+        ..Config::default()
+    };
+    assert!(!c.selector.is_empty() && c.cluster_label != "cluster");
+    let rules = render::rules(&c).unwrap();
+    assert!(rules.contains(&format!(
+        "on ({}, namespace, node_pool, volume_id)",
+        c.cluster_label
+    )));
+    let d = scratch("alert-tests-custom");
+    std::fs::write(d.join(RULES), rules).unwrap();
+    let tests = read(RULES_TEST).replace(&Config::default().runbook_url, &c.runbook_url);
+    assert!(tests.contains(&c.runbook_url));
+    std::fs::write(d.join(RULES_TEST), tests).unwrap();
+    let out = promtool(&["test", "rules", &d.join(RULES_TEST).to_string_lossy()]);
+    std::fs::remove_dir_all(&d).unwrap();
+    assert!(out.contains("SUCCESS"), "{out}");
+}
+
+const VOL: &str = "aaaaaaaa-0000-4000-8000-0000000000";
+
+/// Labels of volume `n` of `job` on `instance`.
+fn vol(n: u32, job: &str, instance: &str) -> String {
+    format!(
+        "namespace=\"team-a\",node_pool=\"default\",volume_id=\"{VOL}{n:02}\",instance=\"{instance}\",job=\"{job}\""
+    )
+}
+
+/// A promtool unit test over `rules`: volume 1 (job prjquota-exporter) 4 %
+/// free, volume 2 the same in job "other", volume 3 with 8 % of its inode
+/// limit free; `expect` gives the alert tests.
+fn threshold_test(rules: &std::path::Path, expect: &str) -> String {
+    let mut series = Vec::new();
+    for (n, job, inst) in [
+        (1, "prjquota-exporter", "node-1:14646"),
+        (2, "other", "node-9:14646"),
+    ] {
+        let l = vol(n, job, inst);
+        series.push((
+            format!("nomad_host_volume_info{{{l},volume_name=\"v{n}\"}}"),
+            "1x30",
+        ));
+        series.push((
+            format!("nomad_host_volume_capacity_bytes{{{l}}}"),
+            "1000000000x30",
+        ));
+        series.push((
+            format!("nomad_host_volume_available_bytes{{{l}}}"),
+            "40000000x30",
+        ));
+        series.push((
+            format!("nomad_host_volume_used_bytes{{{l}}}"),
+            "960000000x30",
+        ));
+    }
+    let l = vol(3, "prjquota-exporter", "node-1:14646");
+    series.push((
+        format!("nomad_host_volume_info{{{l},volume_name=\"v3\"}}"),
+        "1x30",
+    ));
+    series.push((format!("nomad_host_volume_inodes{{{l}}}"), "1000x30"));
+    series.push((format!("nomad_host_volume_inodes_free{{{l}}}"), "80x30"));
+    series.push((format!("nomad_host_volume_inodes_used{{{l}}}"), "920x30"));
+    series.push((
+        format!("nomad_host_volume_quota_hard_limit_inodes{{{l}}}"),
+        "1000x30",
+    ));
+    let mut t = format!(
+        "rule_files:\n  - {}\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n",
+        rules.display()
+    );
+    for (s, v) in series {
+        t += &format!("      - series: '{s}'\n        values: '{v}'\n");
+    }
+    t += "    alert_rule_test:\n";
+    t += expect;
+    t
+}
+
+fn run_test(tag: &str, text: &str) {
+    let d = scratch(tag);
+    let f = d.join("test.yaml");
+    std::fs::write(&f, text).unwrap();
+    let out = promtool(&["test", "rules", &f.to_string_lossy()]);
+    std::fs::remove_dir_all(&d).unwrap();
+    assert!(out.contains("SUCCESS"), "{out}");
+}
+
+/// The custom config's thresholds (5 % space for 5m, 10 % inodes) fire for
+/// a volume at 4 % and inodes at 8 %, which the shipped ones (3 %) leave
+/// quiet; its selector keeps a job it does not select quiet.
+#[test]
+fn other_thresholds_and_a_selector_move_where_alerts_fire() {
+    let c = custom_config();
+    assert_eq!(
+        (c.space.critical_available, c.inodes.critical_available),
+        (0.05, 0.1)
+    );
+    let rules = render::rules(&c).unwrap();
+    // The knobs that no input below exercises, as rendered.
+    for want in [
+        "predict_linear(nomad_host_volume_available_bytes{job=~\"prjquota-exporter|volumes\"}[12h], 2 * 24 * 3600)",
+        "is expected to fill up within two days.",
+        "for: 55m",
+        "has failed to reload --web.config.file for one hour:",
+        "for: 2h",
+        "https://wiki.example.com/ops/prjquota-runbooks#nomadhostvolumefillingup",
+    ] {
+        assert!(rules.contains(want), "the custom rules lack {want:?}");
+    }
+    let d = scratch("thresholds");
+    let custom_rules = d.join("custom.yaml");
+    std::fs::write(&custom_rules, &rules).unwrap();
+
+    let annotations = |n: u32, summary: &str, description: &str, anchor: &str| {
+        format!(
+            "            exp_annotations:\n              summary: '{summary}'\n              \
+             description: 'The host volume v{n} ({VOL}{n:02}) in namespace team-a, node pool default, \
+             on node-1:14646 {description}'\n              runbook_url: '{}#{anchor}'\n",
+            c.runbook_url
+        )
+    };
+    let labels = |alert: &str, n: u32| {
+        format!(
+            "          - exp_labels:\n              alertname: '{alert}'\n              severity: 'critical'\n              \
+             namespace: 'team-a'\n              node_pool: 'default'\n              volume_id: '{VOL}{n:02}'\n              \
+             volume_name: 'v{n}'\n              instance: 'node-1:14646'\n              job: 'prjquota-exporter'\n"
+        )
+    };
+    let fires = format!(
+        "      - eval_time: 3m\n        alertname: NomadHostVolumeFillingUp\n        exp_alerts: []\n\
+         - eval_time: 10m\n        alertname: NomadHostVolumeFillingUp\n        exp_alerts:\n{}{}\
+         - eval_time: 10m\n        alertname: NomadHostVolumeInodesFillingUp\n        exp_alerts:\n{}{}",
+        labels("NomadHostVolumeFillingUp", 1),
+        annotations(
+            1,
+            "Nomad host volume is filling up.",
+            "is only 4% free.",
+            "nomadhostvolumefillingup"
+        ),
+        labels("NomadHostVolumeInodesFillingUp", 3),
+        annotations(
+            3,
+            "Nomad host volume is running out of inodes.",
+            "only has 8% free inodes.",
+            "nomadhostvolumeinodesfillingup"
+        ),
+    )
+    .replace("\n- eval_time", "\n      - eval_time");
+    run_test("thresholds-custom", &threshold_test(&custom_rules, &fires));
+
+    let quiet = "      - eval_time: 10m\n        alertname: NomadHostVolumeFillingUp\n        exp_alerts: []\n\
+                 \x20     - eval_time: 10m\n        alertname: NomadHostVolumeInodesFillingUp\n        exp_alerts: []\n";
+    run_test(
+        "thresholds-shipped",
+        &threshold_test(&dir().join(RULES), quiet),
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
