@@ -24,6 +24,7 @@ pub mod http;
 pub mod inventory;
 pub mod listen;
 pub mod metrics;
+pub mod openmetrics;
 pub mod process;
 pub mod web_config;
 
