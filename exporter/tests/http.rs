@@ -535,7 +535,11 @@ async fn openmetrics_or_text_by_accept_header_with_and_without_gzip() {
                     } else {
                         format!("Accept: {accept}\r\n")
                     },
-                    if gzip { "Accept-Encoding: gzip\r\n" } else { "" },
+                    if gzip {
+                        "Accept-Encoding: gzip\r\n"
+                    } else {
+                        ""
+                    },
                 );
                 let what = format!("Accept {accept:?}, gzip {gzip}, compression {compression}");
                 let r = client(move || raw_bytes(addr, &head)).await;

@@ -884,11 +884,36 @@ impl Prometheus {
     /// configuration `yaml` (e.g. scrape configs with TLS and basic auth),
     /// whose rule files are `rule_files`.
     pub fn start_config(binary: &Path, yaml: &str, rule_files: &[PathBuf]) -> Prometheus {
+        Self::start_config_with(binary, yaml, rule_files, &[])
+    }
+
+    /// [`Prometheus::start_config`] with more flags (`--enable-feature=…`).
+    pub fn start_config_with(
+        binary: &Path,
+        yaml: &str,
+        rule_files: &[PathBuf],
+        flags: &[&str],
+    ) -> Prometheus {
         ensure_loopback();
         let dir = temp_dir("prometheus");
         let config = dir.join("prometheus.yml");
         std::fs::write(&config, yaml).expect("write prometheus.yml");
-        let (code, out) = promtool(&["check", "config", config.to_str().expect("UTF-8 path")]);
+        // The release's own promtool where it ships one: a newer config
+        // (`scrape_protocols`) is checked by the promtool that knows it.
+        let beside = binary.with_file_name("promtool");
+        let (code, out) = if beside.exists() {
+            let out = Command::new(&beside)
+                .args(["check", "config", config.to_str().expect("UTF-8 path")])
+                .output()
+                .unwrap_or_else(|e| panic!("run {}: {e}", beside.display()));
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned()
+                    + &String::from_utf8_lossy(&out.stderr),
+            )
+        } else {
+            promtool(&["check", "config", config.to_str().expect("UTF-8 path")])
+        };
         assert_eq!(code, Some(0), "promtool check config:\n{out}");
         for f in rule_files {
             let (code, out) = promtool(&["check", "rules", f.to_str().expect("UTF-8 path")]);
@@ -913,6 +938,7 @@ impl Prometheus {
                 ))
                 .arg(format!("--web.listen-address={addr}"))
                 .arg("--log.level=warn")
+                .args(flags)
                 .current_dir(&dir)
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().expect("dup log"))
