@@ -1211,6 +1211,57 @@ mod tests {
         }
     }
 
+    /// OpenMetrics through the renderer: what `encode_all_as` writes, scrape
+    /// after scrape, with a changed `_created` rewriting its run; the text
+    /// renderer writes the same text as before for the same families.
+    #[test]
+    fn openmetrics_runs_follow_their_created_times() {
+        use std::sync::Arc;
+        let inv = Arc::new(inventory(700));
+        let mut fams = scrape_like(&inv);
+        fams[0].kind = Kind::Info;
+        // The write errors with their own creation times; the quota hits
+        // get the default.
+        let errors = fams
+            .iter()
+            .position(|f| f.name == "nomad_host_volume_write_errors_total")
+            .unwrap();
+        let n = fams[errors].samples.len();
+        fams[errors].created = (0..n).map(|i| 1.7e9 + i as f64 / 8.0).collect();
+        let om = |fams: &[Family]| encode_all_as(Format::OpenMetrics, Some(1.6e9), fams, &inv);
+        for base in renderers() {
+            let mut r = base.with_format(Format::OpenMetrics, Some(1.6e9));
+            let first = joined(&r.render(&inv, &fams));
+            assert_eq!(first, om(&fams));
+            assert!(first.ends_with("\n# EOF\n"));
+            assert!(first.contains("# TYPE nomad_host_volume info\n"));
+            assert!(first.contains("# TYPE nomad_host_volume_write_errors counter\n"));
+            assert!(first.contains("# HELP nomad_host_volume_g0_bytes A per-volume gauge \\\\ with\\nHELP to escape.\n"));
+            assert_eq!(first.matches("nomad_host_volume_write_errors_created{").count(), n);
+            assert!(first.contains("nomad_host_volume_quota_limit_hits_created{"));
+            assert!(first.contains("} 1600000000\n"));
+            // A real OpenMetrics parser reads it, escapes and all.
+            let parsed = prjquota_vmtests::prom::openmetrics_parse(&first)
+                .unwrap_or_else(|e| panic!("not OpenMetrics: {e}"));
+            let ns = &parsed.iter().find(|f| f.name == "nomad_host_volume").unwrap().samples[0].1;
+            assert_eq!(ns["namespace"], "we\"ird\\ns\nx");
+            let mut changed = fams.clone();
+            changed[errors].created[n - 1] = 1.8e9;
+            let a = r.render(&inv, &changed);
+            assert_eq!(joined(&a), om(&changed));
+            assert!(joined(&a).contains("} 1800000000\n"));
+            let b = r.render(&inv, &changed);
+            assert_eq!(shared(&a, &b).iter().filter(|s| !**s).count(), 1, "only the self metrics are new");
+        }
+        // The text format ignores created times and the info type.
+        let mut text = Renderer::new();
+        assert_eq!(joined(&text.render(&inv, &fams)), encode_all(&fams, &inv));
+        let mut plain = fams.clone();
+        plain[0].kind = Kind::Gauge;
+        plain[errors].created.clear();
+        assert_eq!(encode_all(&fams, &inv), encode_all(&plain, &inv));
+    }
+
     /// Time to encode a 10,000-volume scrape with the `prometheus` crate's
     /// `TextEncoder` (as this module did before) and with [`Encoder`].
     /// `cargo test -p prjquota-exporter --release --lib encoder_speed -- --ignored --nocapture`
