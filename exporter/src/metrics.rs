@@ -1237,13 +1237,23 @@ mod tests {
             assert!(first.contains("# TYPE nomad_host_volume info\n"));
             assert!(first.contains("# TYPE nomad_host_volume_write_errors counter\n"));
             assert!(first.contains("# HELP nomad_host_volume_g0_bytes A per-volume gauge \\\\ with\\nHELP to escape.\n"));
-            assert_eq!(first.matches("nomad_host_volume_write_errors_created{").count(), n);
+            assert_eq!(
+                first
+                    .matches("nomad_host_volume_write_errors_created{")
+                    .count(),
+                n
+            );
             assert!(first.contains("nomad_host_volume_quota_limit_hits_created{"));
             assert!(first.contains("} 1600000000\n"));
             // A real OpenMetrics parser reads it, escapes and all.
             let parsed = prjquota_vmtests::prom::openmetrics_parse(&first)
                 .unwrap_or_else(|e| panic!("not OpenMetrics: {e}"));
-            let ns = &parsed.iter().find(|f| f.name == "nomad_host_volume").unwrap().samples[0].1;
+            let ns = &parsed
+                .iter()
+                .find(|f| f.name == "nomad_host_volume")
+                .unwrap()
+                .samples[0]
+                .1;
             assert_eq!(ns["namespace"], "we\"ird\\ns\nx");
             let mut changed = fams.clone();
             changed[errors].created[n - 1] = 1.8e9;
@@ -1251,7 +1261,11 @@ mod tests {
             assert_eq!(joined(&a), om(&changed));
             assert!(joined(&a).contains("} 1800000000\n"));
             let b = r.render(&inv, &changed);
-            assert_eq!(shared(&a, &b).iter().filter(|s| !**s).count(), 1, "only the self metrics are new");
+            assert_eq!(
+                shared(&a, &b).iter().filter(|s| !**s).count(),
+                1,
+                "only the self metrics are new"
+            );
         }
         // The text format ignores created times and the info type.
         let mut text = Renderer::new();
