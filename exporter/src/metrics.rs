@@ -1,4 +1,6 @@
-//! What collectors produce and how it becomes the text exposition.
+//! What collectors produce and how it becomes the text exposition: text
+//! format 0.0.4, or OpenMetrics 1.0 (what it writes differently is in
+//! `crate::openmetrics`, which also picks the format from `Accept`).
 //!
 //! Collectors build fresh [`Family`] values on every scrape, so a deleted
 //! volume's series are gone at the next scrape. A family keeps its per-volume

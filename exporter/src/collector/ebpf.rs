@@ -524,7 +524,7 @@ fn counter_families(
         // series per volume carried no information and were a fifth of a
         // scrape. The written bytes and operations above say the volume's
         // writes are counted, so a missing errno series means none failed.
-        for (n, (b, count)) in c.errors_by_bucket().into_iter().enumerate() {
+        for (n, (b, count)) in c.errors_by_bucket().enumerate() {
             if count > 0 {
                 errors.volume_since(i, errno_labels(b), count as f64, since.errno(x, n));
             }
