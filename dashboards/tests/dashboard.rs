@@ -153,7 +153,7 @@ fn the_docs_list_exactly_the_exported_metrics() {
         .iter()
         .filter_map(|(name, kind)| {
             let kind = match kind {
-                Kind::Gauge => "gauge",
+                Kind::Gauge | Kind::Info => "gauge",
                 Kind::Counter => "counter",
             };
             let types = &documented[name];

@@ -32,8 +32,8 @@ use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::{Frame, Incoming};
 use hyper::header::{
-    HeaderValue, ACCEPT_ENCODING, ALLOW, AUTHORIZATION, CONTENT_ENCODING, CONTENT_TYPE, VARY,
-    WWW_AUTHENTICATE,
+    HeaderValue, ACCEPT, ACCEPT_ENCODING, ALLOW, AUTHORIZATION, CONTENT_ENCODING, CONTENT_TYPE,
+    VARY, WWW_AUTHENTICATE,
 };
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -45,7 +45,7 @@ use tokio::sync::Semaphore;
 
 use crate::collector::{Exporter, BUILD_VERSION};
 use crate::metrics::Family;
-use crate::metrics::{Rendered, Renderer, Wire, TEXT_FORMAT};
+use crate::metrics::{Format, Rendered, Renderer, Wire};
 use crate::web_config::{Verdict, Web};
 
 /// Time a client has to send a request's headers (and an idle keep-alive
@@ -87,17 +87,34 @@ const LANDING: &str = "<!DOCTYPE html>
 </html>
 ";
 
+/// One of a thing for each [`Format`].
+struct PerFormat<T> {
+    text: T,
+    openmetrics: T,
+}
+
+impl<T> PerFormat<T> {
+    fn get(&self, f: Format) -> &T {
+        match f {
+            Format::Text => &self.text,
+            Format::OpenMetrics => &self.openmetrics,
+        }
+    }
+}
+
 struct App {
     options: Options,
     exporter: Arc<Exporter>,
     /// One scrape at a time; held while scraping and rendering, never while
     /// sending.
     scrape: Semaphore,
-    /// When the last rendered scrape began, and its body.
-    last: Mutex<Option<(Instant, Pieces)>>,
+    /// When the last rendered scrape of each format began, and its body.
+    last: PerFormat<Mutex<Option<(Instant, Pieces)>>>,
     /// Renders scrapes, reusing the unchanged text of the previous one; used
-    /// under the scrape permit only.
-    renderer: Mutex<Renderer>,
+    /// under the scrape permit only. One per format: each keeps its own
+    /// text, so a node scraped in one format holds one copy, and one
+    /// scraped in both (two Prometheus servers) renders each from its own.
+    renderer: PerFormat<Mutex<Renderer>>,
     started: Instant,
     requests: Requests,
 }
@@ -316,22 +333,17 @@ impl hyper::body::Body for RenderedBody {
     }
 }
 
-fn metrics_content_type() -> HeaderValue {
-    HeaderValue::from_str(&format!("{TEXT_FORMAT}; charset=utf-8"))
-        .expect("the text format is a valid header value")
-}
-
 /// The scrape body for a request that arrived at `arrived`: the last
 /// rendered one if its scrape began after `arrived` (as fresh as a scrape of
 /// our own, so scrapers that arrive together share one body), else a new
 /// one. `None` when the permit did not come within [`SCRAPE_WAIT`].
-async fn render(app: &App, arrived: Instant) -> Option<Pieces> {
+async fn render(app: &App, arrived: Instant, format: Format) -> Option<Pieces> {
     let permit = match tokio::time::timeout(SCRAPE_WAIT, app.scrape.acquire()).await {
         Ok(p) => p.expect("the scrape semaphore is never closed"),
         Err(_) => return None,
     };
     {
-        let mut last = app.last.lock().expect("never poisoned");
+        let mut last = app.last.get(format).lock().expect("never poisoned");
         if let Some((began, body)) = &*last {
             if *began >= arrived {
                 return Some(body.clone());
@@ -361,11 +373,12 @@ async fn render(app: &App, arrived: Instant) -> Option<Pieces> {
         .chain(&web);
     let body: Pieces = Arc::new(
         app.renderer
+            .get(format)
             .lock()
             .expect("never poisoned")
             .render(&scraped.inventory, families),
     );
-    *app.last.lock().expect("never poisoned") = Some((began, body.clone()));
+    *app.last.get(format).lock().expect("never poisoned") = Some((began, body.clone()));
     drop(permit);
     Some(body)
 }
@@ -389,11 +402,17 @@ fn accepts_gzip(headers: &hyper::HeaderMap) -> bool {
         })
 }
 
-async fn metrics(app: &App, conn: &Conn, head_only: bool, mut gzipped: bool) -> Response<Body> {
+async fn metrics(
+    app: &App,
+    conn: &Conn,
+    head_only: bool,
+    mut gzipped: bool,
+    format: Format,
+) -> Response<Body> {
     let mut resp = if head_only {
         Response::new(empty_or(Bytes::new()))
     } else {
-        let Some(body) = render(app, Instant::now()).await else {
+        let Some(body) = render(app, Instant::now(), format).await else {
             crate::warn!(
                 "another scrape held the exporter too long; answered 503",
                 waited_s = SCRAPE_WAIT.as_secs()
@@ -435,8 +454,11 @@ async fn metrics(app: &App, conn: &Conn, head_only: bool, mut gzipped: bool) -> 
         Response::new(RenderedBody::new(parts, conn.in_flight.clone(), deadline).boxed())
     };
     let h = resp.headers_mut();
-    h.insert(CONTENT_TYPE, metrics_content_type());
-    h.insert(VARY, HeaderValue::from_static("Accept-Encoding"));
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static(format.content_type()),
+    );
+    h.insert(VARY, HeaderValue::from_static("Accept, Accept-Encoding"));
     if gzipped {
         h.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
     }
@@ -538,7 +560,12 @@ async fn answer(
     }
     let gzip = app.options.compression && accepts_gzip(req.headers());
     Ok(match req.uri().path() {
-        p if p == app.options.telemetry_path => metrics(&app, &conn, head, gzip).await,
+        p if p == app.options.telemetry_path => {
+            let format = crate::openmetrics::negotiate(
+                req.headers().get_all(ACCEPT).iter().map(|v| v.as_bytes()),
+            );
+            metrics(&app, &conn, head, gzip, format).await
+        }
         "/" => full(
             StatusCode::OK,
             "text/html; charset=utf-8",
@@ -667,17 +694,29 @@ pub async fn serve_on(
 ) -> std::io::Result<()> {
     // Kept compressed when most scrapes will want it so (Prometheus asks
     // for gzip): see crate::deflate.
-    let renderer = if options.compression {
-        Renderer::compressed()
-    } else {
-        Renderer::new()
+    let renderer = |format| {
+        let r = if options.compression {
+            Renderer::compressed()
+        } else {
+            Renderer::new()
+        };
+        // A counter without a creation time of its own counts since the
+        // exporter started: see docs/metrics.md.
+        Mutex::new(r.with_format(format, crate::process::start_time()))
+    };
+    let renderer = PerFormat {
+        text: renderer(Format::Text),
+        openmetrics: renderer(Format::OpenMetrics),
     };
     let app = Arc::new(App {
         options,
         exporter,
         scrape: Semaphore::new(1),
-        last: Mutex::new(None),
-        renderer: Mutex::new(renderer),
+        last: PerFormat {
+            text: Mutex::new(None),
+            openmetrics: Mutex::new(None),
+        },
+        renderer,
         started: Instant::now(),
         requests: Requests::default(),
     });

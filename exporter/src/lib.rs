@@ -3,7 +3,9 @@
 //!
 //! [`collector`] holds the sources (one module each) and the scrape driver,
 //! [`http`] serves what they produce, [`metrics`] is the compact metric
-//! representation and its text encoding, [`inventory`] the volumes a scrape
+//! representation and its text encoding ([`openmetrics`]: what OpenMetrics
+//! writes differently, and which format a scraper asked for), [`inventory`]
+//! the volumes a scrape
 //! reports. The binary (`main.rs`) only parses flags and wires these up, so
 //! tests can run an exporter against any volumes directory in-process.
 //!
@@ -24,6 +26,7 @@ pub mod http;
 pub mod inventory;
 pub mod listen;
 pub mod metrics;
+pub mod openmetrics;
 pub mod process;
 pub mod web_config;
 

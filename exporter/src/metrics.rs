@@ -1,4 +1,6 @@
-//! What collectors produce and how it becomes the text exposition.
+//! What collectors produce and how it becomes the text exposition: text
+//! format 0.0.4, or OpenMetrics 1.0 (what it writes differently is in
+//! `crate::openmetrics`, which also picks the format from `Accept`).
 //!
 //! Collectors build fresh [`Family`] values on every scrape, so a deleted
 //! volume's series are gone at the next scrape. A family keeps its per-volume
@@ -19,9 +21,7 @@
 
 use crate::deflate::{Deflater, Piece};
 use crate::inventory::Inventory;
-
-/// The content type of the text exposition format this module writes.
-pub const TEXT_FORMAT: &str = "text/plain; version=0.0.4";
+pub use crate::openmetrics::Format;
 
 /// The label names every per-volume series carries, in this order.
 pub const VOLUME_LABELS: [&str; 3] = ["namespace", "node_pool", "volume_id"];
@@ -34,6 +34,9 @@ pub type Extra = &'static [(&'static str, &'static str)];
 pub enum Kind {
     Gauge,
     Counter,
+    /// A family named `…_info` whose every sample is 1 and whose labels are
+    /// the information: `info` in OpenMetrics, a gauge in text 0.0.4.
+    Info,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -63,28 +66,51 @@ pub struct Family {
     pub help: &'static str,
     pub kind: Kind,
     pub samples: Vec<Sample>,
+    /// Empty, or for each sample of a counter the time (seconds since the
+    /// epoch) since which its count is known to have counted from zero:
+    /// OpenMetrics' `_created`. Beside the samples rather than in them, so
+    /// the families without it (most of a scrape) carry nothing for it.
+    pub created: Vec<f64>,
 }
 
 /// Samples written per [`Family::encode_batch`] piece.
 const BATCH: usize = 1024;
 
 impl Family {
-    pub fn gauge(name: &'static str, help: &'static str) -> Family {
+    fn of(kind: Kind, name: &'static str, help: &'static str) -> Family {
         Family {
             name,
             help,
-            kind: Kind::Gauge,
+            kind,
             samples: Vec::new(),
+            created: Vec::new(),
         }
     }
 
+    pub fn gauge(name: &'static str, help: &'static str) -> Family {
+        Family::of(Kind::Gauge, name, help)
+    }
+
+    /// A counter: its name ends in `_total` (OpenMetrics names the family
+    /// without it, and the samples with it).
     pub fn counter(name: &'static str, help: &'static str) -> Family {
-        Family {
-            name,
-            help,
-            kind: Kind::Counter,
-            samples: Vec::new(),
-        }
+        debug_assert!(name.ends_with("_total"), "counter {name} without _total");
+        Family::of(Kind::Counter, name, help)
+    }
+
+    /// An info metric: named `…_info`, every sample 1.
+    pub fn info_metric(name: &'static str, help: &'static str) -> Family {
+        debug_assert!(name.ends_with("_info"), "info metric {name} without _info");
+        Family::of(Kind::Info, name, help)
+    }
+
+    /// A counter sample of volume `index` whose count started from zero at
+    /// `created` (seconds since the epoch). Every sample of a family that
+    /// has one has one.
+    pub fn volume_since(&mut self, index: usize, extra: Extra, value: f64, created: f64) {
+        debug_assert_eq!(self.created.len(), self.samples.len());
+        self.volume_with(index, extra, value);
+        self.created.push(created);
     }
 
     pub fn with_capacity(mut self, n: usize) -> Family {
@@ -153,8 +179,9 @@ impl Family {
         if batch == 0 {
             enc.header(self, out);
         }
-        for s in chunk {
-            enc.sample(self.name, s, out);
+        let first = batch * BATCH;
+        for i in first..first + chunk.len() {
+            enc.sample_of(self, i, out);
         }
     }
 }
@@ -174,6 +201,9 @@ impl Family {
 pub struct Encoder<'a> {
     inventory: &'a Inventory,
     volume_labels: std::cell::OnceCell<VolumeLabels>,
+    format: Format,
+    /// `_created` of a counter sample that gives none (OpenMetrics only).
+    default_created: Option<f64>,
 }
 
 /// The escaped label strings of all volumes, one after the other, and where
@@ -210,9 +240,21 @@ impl VolumeLabels {
 
 impl<'a> Encoder<'a> {
     pub fn new(inventory: &'a Inventory) -> Encoder<'a> {
+        Encoder::with_format(inventory, Format::Text, None)
+    }
+
+    /// An encoder for `format`; in OpenMetrics, a counter sample without
+    /// its own creation time gets `default_created` (`None`: no `_created`).
+    pub fn with_format(
+        inventory: &'a Inventory,
+        format: Format,
+        default_created: Option<f64>,
+    ) -> Encoder<'a> {
         Encoder {
             inventory,
             volume_labels: std::cell::OnceCell::new(),
+            format,
+            default_created,
         }
     }
 
@@ -228,12 +270,34 @@ impl<'a> Encoder<'a> {
 
     /// `# HELP` (unless empty) and `# TYPE` lines.
     pub fn header(&self, f: &Family, out: &mut Vec<u8>) {
-        header(f, out);
+        match self.format {
+            Format::Text => header(f, out),
+            Format::OpenMetrics => crate::openmetrics::header(f, out),
+        }
     }
 
-    /// One sample line of metric `name`.
-    pub fn sample(&self, name: &str, s: &Sample, out: &mut Vec<u8>) {
+    /// The `_created` of sample `i` of `f` this encoder writes, if any.
+    fn created(&self, f: &Family, i: usize) -> Option<f64> {
+        if self.format != Format::OpenMetrics || f.kind != Kind::Counter {
+            return None;
+        }
+        f.created.get(i).copied().or(self.default_created)
+    }
+
+    /// Sample `i` of `f`: its line and, in OpenMetrics, a counter's
+    /// `_created` line.
+    pub fn sample_of(&self, f: &Family, i: usize, out: &mut Vec<u8>) {
+        let labels = self.sample(f.name, &f.samples[i], out);
+        if let Some(created) = self.created(f, i) {
+            crate::openmetrics::created(f.name, labels, created, out);
+        }
+    }
+
+    /// One sample line of metric `name`; returns where its label set
+    /// (braces included) is in `out`.
+    pub fn sample(&self, name: &str, s: &Sample, out: &mut Vec<u8>) -> std::ops::Range<usize> {
         out.extend_from_slice(name.as_bytes());
+        let start = out.len();
         match &s.labels {
             Labels::None => {}
             Labels::Volume { index, extra } => {
@@ -272,9 +336,11 @@ impl<'a> Encoder<'a> {
                 }
             }
         }
+        let labels = start..out.len();
         out.push(b' ');
         value(out, s.value);
         out.push(b'\n');
+        labels
     }
 }
 
@@ -290,13 +356,13 @@ fn header(f: &Family, out: &mut Vec<u8>) {
     out.extend_from_slice(b"# TYPE ");
     out.extend_from_slice(f.name.as_bytes());
     out.extend_from_slice(match f.kind {
-        Kind::Gauge => b" gauge\n",
+        Kind::Gauge | Kind::Info => b" gauge\n",
         Kind::Counter => b" counter\n",
     });
 }
 
 /// `name="escaped value"`.
-fn label(out: &mut Vec<u8>, name: &str, value: &str) {
+pub(crate) fn label(out: &mut Vec<u8>, name: &str, value: &str) {
     out.extend_from_slice(name.as_bytes());
     out.extend_from_slice(b"=\"");
     escape(out, value, true);
@@ -391,6 +457,9 @@ pub struct Renderer {
     extras: std::collections::HashMap<(usize, usize), u32>,
     /// `Some` to keep the text compressed.
     deflater: Option<Deflater>,
+    format: Format,
+    /// [`Encoder::with_format`]'s `default_created`.
+    default_created: Option<f64>,
 }
 
 /// One scrape's exposition: pieces to send one after the other, and what
@@ -480,6 +549,10 @@ const MAX_EXTRAS: usize = 1024;
 /// Up to [`RUN`] consecutive sample lines of one family as last rendered.
 struct Run {
     keys: Box<[SampleKey]>,
+    /// The bits of each line's `_created` where the text has them (an
+    /// OpenMetrics counter with its own creation times), else empty: the
+    /// text format's runs keep nothing for it.
+    created: Box<[u64]>,
     piece: Piece,
 }
 
@@ -537,6 +610,16 @@ impl Renderer {
         }
     }
 
+    /// This renderer writing `format` (text 0.0.4 unless told), with
+    /// [`Encoder::with_format`]'s `default_created`.
+    pub fn with_format(self, format: Format, default_created: Option<f64>) -> Renderer {
+        Renderer {
+            format,
+            default_created,
+            ..self
+        }
+    }
+
     /// The exposition of `families` (all of one scrape of `inventory`).
     pub fn render<'f>(
         &mut self,
@@ -553,7 +636,10 @@ impl Renderer {
             families: cache,
             extras,
             deflater,
+            format,
+            default_created,
         } = self;
+        let format = *format;
         let compressed = deflater.is_some();
         // A run is kept from scrape to scrape: compressed once, sent many
         // times. Text written afresh at every scrape is stored as it is.
@@ -583,7 +669,7 @@ impl Renderer {
         };
         // Escapes every volume's labels only when a per-volume line is
         // written afresh: not at all in a scrape where nothing changed.
-        let enc = Encoder::new(inventory);
+        let enc = Encoder::with_format(inventory, format, *default_created);
         let mut pieces = Vec::new();
         // Headers and samples of families not cached, up to the next run.
         let mut loose: Vec<u8> = Vec::new();
@@ -603,12 +689,15 @@ impl Renderer {
                 Labels::None | Labels::Owned(_) => false,
             });
             if !(cacheable && seen.insert(f.name)) {
-                header(f, &mut loose);
-                for s in &f.samples {
-                    enc.sample(f.name, s, &mut loose);
+                enc.header(f, &mut loose);
+                for i in 0..f.samples.len() {
+                    enc.sample_of(f, i, &mut loose);
                 }
                 continue;
             }
+            let own_created = format == Format::OpenMetrics
+                && f.kind == Kind::Counter
+                && f.created.len() == f.samples.len();
             if !loose.is_empty() {
                 pieces.push(fresh(&loose));
                 loose.clear();
@@ -620,10 +709,21 @@ impl Renderer {
                 keys.extend(chunk.iter().map(|s| {
                     SampleKey::of(inventory, extras, s).expect("checked cacheable above")
                 }));
+                let created = &f.created[if own_created {
+                    r * RUN..r * RUN + chunk.len()
+                } else {
+                    0..0
+                }];
                 match runs.get_mut(r) {
                     Some(old)
                         if old.keys.len() == keys.len()
-                            && old.keys.iter().zip(&keys).all(|(a, b)| same(a, b)) =>
+                            && old.keys.iter().zip(&keys).all(|(a, b)| same(a, b))
+                            && old.created.len() == created.len()
+                            && old
+                                .created
+                                .iter()
+                                .zip(created)
+                                .all(|(a, b)| *a == b.to_bits()) =>
                     {
                         // The same lines, but the volumes' indices may have
                         // moved in the new inventory.
@@ -634,13 +734,14 @@ impl Renderer {
                         // The header goes with the first run: it depends on
                         // the family's name alone, the cache's key.
                         if r == 0 {
-                            header(f, &mut text);
+                            enc.header(f, &mut text);
                         }
-                        for s in chunk {
-                            enc.sample(f.name, s, &mut text);
+                        for i in r * RUN..r * RUN + chunk.len() {
+                            enc.sample_of(f, i, &mut text);
                         }
                         let run = Run {
                             keys: keys.as_slice().into(),
+                            created: created.iter().map(|c| c.to_bits()).collect(),
                             piece: keep(&text),
                         };
                         match old {
@@ -651,6 +752,9 @@ impl Renderer {
                 }
                 pieces.push(runs[r].piece.clone());
             }
+        }
+        if format == Format::OpenMetrics {
+            loose.extend_from_slice(crate::openmetrics::EOF);
         }
         if !loose.is_empty() {
             pieces.push(fresh(&loose));
@@ -665,10 +769,23 @@ impl Renderer {
 /// Encodes whole families into one string (tests and small outputs; the HTTP
 /// layer streams batch by batch instead).
 pub fn encode_all(families: &[Family], inventory: &Inventory) -> String {
-    let enc = Encoder::new(inventory);
+    encode_all_as(Format::Text, None, families, inventory)
+}
+
+/// [`encode_all`] in `format` (OpenMetrics ends with `# EOF`).
+pub fn encode_all_as(
+    format: Format,
+    default_created: Option<f64>,
+    families: &[Family],
+    inventory: &Inventory,
+) -> String {
+    let enc = Encoder::with_format(inventory, format, default_created);
     let mut out = Vec::new();
     for f in families {
         f.encode(&enc, &mut out);
+    }
+    if format == Format::OpenMetrics {
+        out.extend_from_slice(crate::openmetrics::EOF);
     }
     String::from_utf8(out).expect("the encoder writes UTF-8")
 }
@@ -868,7 +985,7 @@ mod tests {
             }
             m.set_label(labels);
             match f.kind {
-                Kind::Gauge => {
+                Kind::Gauge | Kind::Info => {
                     let mut g = proto::Gauge::default();
                     g.set_value(s.value);
                     m.set_gauge(g);
@@ -891,7 +1008,7 @@ mod tests {
                     let mut mf = proto::MetricFamily::default();
                     mf.set_name(f.name.to_string());
                     mf.set_field_type(match f.kind {
-                        Kind::Gauge => MetricType::GAUGE,
+                        Kind::Gauge | Kind::Info => MetricType::GAUGE,
                         Kind::Counter => MetricType::COUNTER,
                     });
                     if b == 0 {
@@ -1094,6 +1211,71 @@ mod tests {
                 assert!(r.extras.len() <= 2 * (MAX_EXTRAS + 10));
             }
         }
+    }
+
+    /// OpenMetrics through the renderer: what `encode_all_as` writes, scrape
+    /// after scrape, with a changed `_created` rewriting its run; the text
+    /// renderer writes the same text as before for the same families.
+    #[test]
+    fn openmetrics_runs_follow_their_created_times() {
+        use std::sync::Arc;
+        let inv = Arc::new(inventory(700));
+        let mut fams = scrape_like(&inv);
+        fams[0].kind = Kind::Info;
+        // The write errors with their own creation times; the quota hits
+        // get the default.
+        let errors = fams
+            .iter()
+            .position(|f| f.name == "nomad_host_volume_write_errors_total")
+            .unwrap();
+        let n = fams[errors].samples.len();
+        fams[errors].created = (0..n).map(|i| 1.7e9 + i as f64 / 8.0).collect();
+        let om = |fams: &[Family]| encode_all_as(Format::OpenMetrics, Some(1.6e9), fams, &inv);
+        for base in renderers() {
+            let mut r = base.with_format(Format::OpenMetrics, Some(1.6e9));
+            let first = joined(&r.render(&inv, &fams));
+            assert_eq!(first, om(&fams));
+            assert!(first.ends_with("\n# EOF\n"));
+            assert!(first.contains("# TYPE nomad_host_volume info\n"));
+            assert!(first.contains("# TYPE nomad_host_volume_write_errors counter\n"));
+            assert!(first.contains("# HELP nomad_host_volume_g0_bytes A per-volume gauge \\\\ with\\nHELP to escape.\n"));
+            assert_eq!(
+                first
+                    .matches("nomad_host_volume_write_errors_created{")
+                    .count(),
+                n
+            );
+            assert!(first.contains("nomad_host_volume_quota_limit_hits_created{"));
+            assert!(first.contains("} 1600000000\n"));
+            // A real OpenMetrics parser reads it, escapes and all.
+            let parsed = prjquota_vmtests::prom::openmetrics_parse(&first)
+                .unwrap_or_else(|e| panic!("not OpenMetrics: {e}"));
+            let ns = &parsed
+                .iter()
+                .find(|f| f.name == "nomad_host_volume")
+                .unwrap()
+                .samples[0]
+                .1;
+            assert_eq!(ns["namespace"], "we\"ird\\ns\nx");
+            let mut changed = fams.clone();
+            changed[errors].created[n - 1] = 1.8e9;
+            let a = r.render(&inv, &changed);
+            assert_eq!(joined(&a), om(&changed));
+            assert!(joined(&a).contains("} 1800000000\n"));
+            let b = r.render(&inv, &changed);
+            assert_eq!(
+                shared(&a, &b).iter().filter(|s| !**s).count(),
+                1,
+                "only the self metrics are new"
+            );
+        }
+        // The text format ignores created times and the info type.
+        let mut text = Renderer::new();
+        assert_eq!(joined(&text.render(&inv, &fams)), encode_all(&fams, &inv));
+        let mut plain = fams.clone();
+        plain[0].kind = Kind::Gauge;
+        plain[errors].created.clear();
+        assert_eq!(encode_all(&fams, &inv), encode_all(&plain, &inv));
     }
 
     /// Time to encode a 10,000-volume scrape with the `prometheus` crate's

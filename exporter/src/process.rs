@@ -74,3 +74,15 @@ fn read() -> procfs::ProcResult<Vec<Family>> {
     out.push(f);
     Ok(out)
 }
+
+/// When this process started, seconds since the epoch (as
+/// `process_start_time_seconds`), read once; `None` when /proc cannot say.
+/// Never later than the true start: `btime` is whole seconds, cut.
+pub fn start_time() -> Option<f64> {
+    static START: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
+    *START.get_or_init(|| {
+        let stat = procfs::process::Process::myself().ok()?.stat().ok()?;
+        let ticks = procfs::ticks_per_second() as f64;
+        Some(boot_time().ok()? + stat.starttime as f64 / ticks)
+    })
+}

@@ -488,3 +488,110 @@ async fn answers_are_counted_by_handler_and_code() {
     let _ = srv.stop.send(());
     srv.done.await.unwrap().unwrap();
 }
+
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+const TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Content negotiation as promhttp does it, with and without gzip and with
+/// the text kept as text (`--web.disable-compression`): every OpenMetrics
+/// body read by a real OpenMetrics parser, every text body by promtool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openmetrics_or_text_by_accept_header_with_and_without_gzip() {
+    use prjquota_vmtests::prom::{openmetrics_parse, promtool_check_metrics};
+    let dir = fresh_dir(&std::env::temp_dir(), "negotiate");
+    ready_volumes(&dir, 300, 20_000);
+    let accepts: &[(&str, &str)] = &[
+        ("", TEXT),
+        ("*/*", TEXT),
+        ("text/plain", TEXT),
+        ("text/plain;version=0.0.4", TEXT),
+        ("application/openmetrics-text", OPENMETRICS),
+        ("application/openmetrics-text; version=1.0.0", OPENMETRICS),
+        ("application/openmetrics-text;version=0.0.1", OPENMETRICS),
+        ("application/openmetrics-text;version=3.0.0", TEXT),
+        // Prometheus 2's and 3's defaults.
+        ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1", OPENMETRICS),
+        ("application/openmetrics-text;version=1.0.0;escaping=allow-utf-8,application/openmetrics-text;version=0.0.1;q=0.8,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.6,text/plain;version=0.0.4;q=0.4,*/*;q=0.1", OPENMETRICS),
+        ("text/plain;q=0.3, application/openmetrics-text;q=0.7", OPENMETRICS),
+        ("application/openmetrics-text;q=0.3, text/plain;q=0.7", TEXT),
+        ("application/openmetrics-text;q=0, */*", TEXT),
+    ];
+    for compression in [true, false] {
+        let srv = start_with(
+            &dir,
+            prjquota_exporter::http::Options {
+                compression,
+                ..Default::default()
+            },
+        )
+        .await;
+        let addr = srv.addr;
+        for &(accept, want) in accepts {
+            for gzip in [false, true] {
+                let head = format!(
+                    "GET /metrics HTTP/1.1\r\nHost: t\r\n{}{}Connection: close\r\n\r\n",
+                    if accept.is_empty() {
+                        String::new()
+                    } else {
+                        format!("Accept: {accept}\r\n")
+                    },
+                    if gzip {
+                        "Accept-Encoding: gzip\r\n"
+                    } else {
+                        ""
+                    },
+                );
+                let what = format!("Accept {accept:?}, gzip {gzip}, compression {compression}");
+                let r = client(move || raw_bytes(addr, &head)).await;
+                assert_eq!(r.status, 200, "{what}");
+                assert_eq!(r.header("content-type"), Some(want), "{what}");
+                assert_eq!(r.header("vary"), Some("Accept, Accept-Encoding"), "{what}");
+                let zipped = gzip && compression;
+                assert_eq!(
+                    r.header("content-encoding"),
+                    zipped.then_some("gzip"),
+                    "{what}"
+                );
+                let body = if zipped {
+                    gunzip(&r.body)
+                } else {
+                    String::from_utf8(r.body).unwrap()
+                };
+                if want == OPENMETRICS {
+                    assert!(body.ends_with("\n# EOF\n"), "{what}");
+                    let fams = openmetrics_parse(&body)
+                        .unwrap_or_else(|e| panic!("{what}: not OpenMetrics: {e}\n{body}"));
+                    let fam = |n: &str| {
+                        fams.iter()
+                            .find(|f| f.name == n)
+                            .unwrap_or_else(|| panic!("{what}: no family {n}"))
+                    };
+                    let info = fam("nomad_host_volume");
+                    assert_eq!(info.kind, "info", "{what}");
+                    assert_eq!(info.samples.len(), 300, "{what}");
+                    assert_eq!(fam("prjquota_exporter_build").kind, "info");
+                    let cpu = fam("process_cpu_seconds");
+                    assert_eq!(cpu.kind, "counter");
+                    let names: Vec<&str> = cpu.samples.iter().map(|s| s.0.as_str()).collect();
+                    assert_eq!(
+                        names,
+                        ["process_cpu_seconds_total", "process_cpu_seconds_created"]
+                    );
+                    // The exporter's start, as process_start_time_seconds.
+                    let start = fam("process_start_time_seconds").samples[0].2;
+                    assert_eq!(cpu.samples[1].2, start, "{what}");
+                    assert_eq!(fam("prjquota_exporter_volumes").kind, "gauge");
+                } else {
+                    assert!(!body.contains("# EOF"), "{what}");
+                    assert!(!body.contains("_created"), "{what}");
+                    assert!(body.contains("# TYPE nomad_host_volume_info gauge\n"));
+                    let lint = promtool_check_metrics(&body);
+                    assert_eq!(lint.code, Some(0), "{what}: {}", lint.output);
+                }
+            }
+        }
+        srv.stop.send(()).unwrap();
+        let _ = srv.done.await;
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

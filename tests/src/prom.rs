@@ -737,6 +737,89 @@ pub fn promtool_check_metrics(text: &str) -> Lint {
     }
 }
 
+/// The OpenMetrics parser of the Python client library (Debian's
+/// python3-prometheus-client, which `cargo xtask deps` installs): strict
+/// about `# EOF`, `_created` and `_total` placement, family grouping,
+/// escaping and the `info` type, which promtool's `check metrics` (text
+/// 0.0.4 only) does not look at.
+const OPENMETRICS_PARSER: &str = r#"
+import json, sys
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+text = sys.stdin.read()
+out = []
+for f in text_string_to_metric_families(text):
+    out.append({"name": f.name, "type": f.type, "samples": [
+        {"name": s.name, "labels": s.labels, "value": repr(float(s.value))} for s in f.samples]})
+print(json.dumps(out))
+"#;
+
+/// One family as the OpenMetrics parser read it.
+#[derive(Debug, Clone)]
+pub struct OmFamily {
+    pub name: String,
+    pub kind: String,
+    /// (sample name, labels, value).
+    pub samples: Vec<(String, BTreeMap<String, String>, f64)>,
+}
+
+/// `text` parsed by a real OpenMetrics parser; `Err` with its complaint if
+/// it is not valid OpenMetrics. Panics if the parser cannot be run: a
+/// missing tool fails the test, it never skips it.
+pub fn openmetrics_parse(text: &str) -> Result<Vec<OmFamily>, String> {
+    let mut child = Command::new("/usr/bin/python3")
+        .args(["-c", OPENMETRICS_PARSER])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run /usr/bin/python3 (`cargo xtask deps` installs it): {e}"));
+    let mut stdin = child.stdin.take().expect("stdin piped");
+    let owned = text.to_string();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(owned.as_bytes());
+    });
+    let out = child.wait_with_output().expect("wait for python3");
+    writer.join().expect("stdin writer");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("No module named 'prometheus_client'"),
+        "python3 has no prometheus_client: `cargo xtask deps` installs python3-prometheus-client"
+    );
+    if !out.status.success() {
+        return Err(stderr.into_owned());
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).expect("the parser's JSON");
+    Ok(v.as_array()
+        .expect("a list")
+        .iter()
+        .map(|f| OmFamily {
+            name: f["name"].as_str().unwrap_or_default().to_string(),
+            kind: f["type"].as_str().unwrap_or_default().to_string(),
+            samples: f["samples"]
+                .as_array()
+                .expect("samples")
+                .iter()
+                .map(|s| {
+                    let labels = s["labels"]
+                        .as_object()
+                        .expect("labels")
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                        .collect();
+                    (
+                        s["name"].as_str().unwrap_or_default().to_string(),
+                        labels,
+                        s["value"]
+                            .as_str()
+                            .and_then(|v| v.parse().ok())
+                            .unwrap_or(f64::NAN),
+                    )
+                })
+                .collect(),
+        })
+        .collect())
+}
+
 /// Runs `promtool ARGS…` and returns (exit code, stdout+stderr).
 pub fn promtool(args: &[&str]) -> (Option<i32>, String) {
     let out = Command::new(PROMTOOL)
@@ -825,11 +908,36 @@ impl Prometheus {
     /// configuration `yaml` (e.g. scrape configs with TLS and basic auth),
     /// whose rule files are `rule_files`.
     pub fn start_config(binary: &Path, yaml: &str, rule_files: &[PathBuf]) -> Prometheus {
+        Self::start_config_with(binary, yaml, rule_files, &[])
+    }
+
+    /// [`Prometheus::start_config`] with more flags (`--enable-feature=…`).
+    pub fn start_config_with(
+        binary: &Path,
+        yaml: &str,
+        rule_files: &[PathBuf],
+        flags: &[&str],
+    ) -> Prometheus {
         ensure_loopback();
         let dir = temp_dir("prometheus");
         let config = dir.join("prometheus.yml");
         std::fs::write(&config, yaml).expect("write prometheus.yml");
-        let (code, out) = promtool(&["check", "config", config.to_str().expect("UTF-8 path")]);
+        // The release's own promtool where it ships one: a newer config
+        // (`scrape_protocols`) is checked by the promtool that knows it.
+        let beside = binary.with_file_name("promtool");
+        let (code, out) = if beside.exists() {
+            let out = Command::new(&beside)
+                .args(["check", "config", config.to_str().expect("UTF-8 path")])
+                .output()
+                .unwrap_or_else(|e| panic!("run {}: {e}", beside.display()));
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned()
+                    + &String::from_utf8_lossy(&out.stderr),
+            )
+        } else {
+            promtool(&["check", "config", config.to_str().expect("UTF-8 path")])
+        };
         assert_eq!(code, Some(0), "promtool check config:\n{out}");
         for f in rule_files {
             let (code, out) = promtool(&["check", "rules", f.to_str().expect("UTF-8 path")]);
@@ -854,6 +962,7 @@ impl Prometheus {
                 ))
                 .arg(format!("--web.listen-address={addr}"))
                 .arg("--log.level=warn")
+                .args(flags)
                 .current_dir(&dir)
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().expect("dup log"))

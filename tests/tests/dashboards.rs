@@ -396,3 +396,136 @@ fn a_volume_filling_past_its_limit_shows_on_every_panel_and_fires_its_alerts() {
     );
     let _ = std::fs::remove_dir_all(rules.parent().unwrap());
 }
+
+// ---------------------------------------------------------------------------
+// OpenMetrics: the first write error of a fresh volume counts
+
+/// `config_yaml` with `scrape_protocols` (Prometheus 2.49 and later) in its
+/// global section.
+fn with_protocols(yaml: &str, protocols: &str) -> String {
+    yaml.replacen(
+        "global:\n",
+        &format!("global:\n  scrape_protocols: [{protocols}]\n"),
+        1,
+    )
+}
+
+/// A fresh volume's first failed write is one burst: its errno series
+/// appears with the whole count at once. Prometheus 3 scraping OpenMetrics
+/// with created-timestamp ingestion stores a 0 at the series' `_created`,
+/// so `increase()` sees the burst and `NomadHostVolumeWriteErrors` fires;
+/// the same Prometheus scraping text 0.0.4 (the control) sees a series that
+/// never moves. Prometheus 2 negotiates OpenMetrics by default and must keep
+/// scraping it (it stores `_created` as series of their own).
+#[test]
+fn the_first_write_error_of_a_fresh_volume_counts_in_prometheus_3_with_openmetrics() {
+    let prom3 = prom::prometheus3().expect(
+        "PRJQUOTA_PROMETHEUS3 is not set (`cargo xtask deps` fetches Prometheus 3 into target/prometheus3)",
+    );
+    let f = Fixture::new(&xfs_mount(), "om-first");
+    let spec = writable(Spec::new("om-fresh", 8 * MIB as i64));
+    let (path, _) = f.create(&spec);
+    let exporter = prom::Exporter::start(&[&f.node.volumes_dir]);
+    let rules = rules_with_short_for();
+    let base = prom::config_yaml(&[(JOB, exporter.addr)], std::slice::from_ref(&rules));
+    let ct = Prometheus::start_config_with(
+        &prom3,
+        &with_protocols(&base, "OpenMetricsText1.0.0, PrometheusText0.0.4"),
+        std::slice::from_ref(&rules),
+        &["--enable-feature=created-timestamp-zero-ingestion"],
+    );
+    let text = Prometheus::start_config(
+        &prom3,
+        &with_protocols(&base, "PrometheusText0.0.4"),
+        std::slice::from_ref(&rules),
+    );
+    let two = Prometheus::start_config(
+        Path::new(prom::PROMETHEUS),
+        &base,
+        std::slice::from_ref(&rules),
+    );
+    let has_data = |r: &Value| r.as_array().is_some_and(|a| !a.is_empty());
+    let id = &spec.id;
+    let written = format!("nomad_host_volume_written_bytes_total{{volume_id=\"{id}\"}}");
+    for p in [&ct, &text, &two] {
+        p.query_until(&written, has_data);
+    }
+    let errors =
+        format!("nomad_host_volume_write_errors_total{{volume_id=\"{id}\",errno=\"ENOSPC\"}}");
+    for p in [&ct, &text, &two] {
+        assert!(
+            vector(&p.query(&errors)).is_empty(),
+            "no failed write yet, no errno series"
+        );
+    }
+
+    // One burst: the write that finds the quota full.
+    let r = fill(&path.join("blob"), 32 * MIB, Some(WRITER));
+    assert_eq!(r.errno, Some(libc::ENOSPC), "{r:?}");
+
+    // Prometheus 3 with created timestamps: increase() sees it, the alert
+    // fires, and no `_created` series is stored.
+    let increase = format!("increase({errors}[1m]) > 0");
+    let got = vector(&ct.query_until(&increase, has_data));
+    assert_eq!(got.len(), 1, "{got:?}");
+    let wait = Instant::now();
+    loop {
+        let alerts = ct.alerts();
+        let firing = alerts.as_array().into_iter().flatten().any(|a| {
+            a["labels"]["alertname"] == "NomadHostVolumeWriteErrors"
+                && a["labels"]["volume_id"] == id.as_str()
+                && a["state"] == "firing"
+        });
+        if firing {
+            break;
+        }
+        assert!(
+            wait.elapsed() < ALERT_TIMEOUT,
+            "NomadHostVolumeWriteErrors never fired: {alerts}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    eprintln!(
+        "MEASURE first_error_alert_seconds {:.2}",
+        wait.elapsed().as_secs_f64()
+    );
+    let created_series = vector(&ct.query("count({__name__=~\".+_created\"})"));
+    assert!(created_series.is_empty(), "{created_series:?}");
+    let outcome = |p: &Prometheus| {
+        // The series, and a few scrapes after it appeared.
+        let r = p.query_until(&format!("count_over_time({errors}[1m]) >= 5"), has_data);
+        assert_eq!(vector(&r).len(), 1, "{r}");
+        vector(&p.query(&increase))
+    };
+    // The control: text 0.0.4 gives Prometheus nothing before the burst.
+    let control = outcome(&text);
+    assert!(
+        control.is_empty(),
+        "without _created the first burst cannot count, yet: {control:?}"
+    );
+    // Prometheus 2 scrapes OpenMetrics: its `_created` samples are there
+    // as series of their own, with the creation time (before the error).
+    let created = vector(&two.query(&format!(
+        "nomad_host_volume_write_errors_created{{volume_id=\"{id}\",errno=\"ENOSPC\"}}"
+    )));
+    assert_eq!(
+        created.len(),
+        1,
+        "Prometheus 2 did not scrape OpenMetrics: {created:?}"
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        created[0].1 < now && created[0].1 > now - 600.0,
+        "{created:?}"
+    );
+    let up = vector(&two.query(&format!("up{{job=\"{JOB}\"}}")));
+    assert_eq!(up.len(), 1);
+    assert_eq!(up[0].1, 1.0, "{up:?}");
+    eprintln!(
+        "Prometheus 2 (no created-timestamp ingestion) sees the burst as: {:?}",
+        outcome(&two)
+    );
+}

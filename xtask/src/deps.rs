@@ -29,6 +29,10 @@ const APT_PACKAGES: &[(&str, &str)] = &[
     ),
     ("bpftool", "vmlinux.h and inspecting loaded programs"),
     ("prometheus", "promtool, to check the alert rules"),
+    (
+        "python3-prometheus-client",
+        "an OpenMetrics parser that checks the exporter's OpenMetrics body (tests/src/prom.rs)",
+    ),
     ("fio", "write load in tests and benchmarks"),
     (
         "strace",

@@ -85,6 +85,100 @@ fn new_roots() -> Roots {
 pub struct Ebpf {
     status: Background<Attached, Vec<(&'static str, bool)>>,
     roots: Arc<Mutex<Roots>>,
+    since: Mutex<Since>,
+}
+
+/// Seconds since the epoch, now.
+fn epoch_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Since when each per-volume counter has counted from zero: OpenMetrics'
+/// `_created`, which Prometheus can ingest as a zero sample so that
+/// `increase()` sees a series' first count (docs/metrics.md).
+///
+/// The kernel zeroes a volume's counters when its index enters the roots
+/// and keeps them until it leaves; the exporter cannot see that moment,
+/// only the reads around it. What it knows for sure: an index absent from
+/// one read and present in the next started from zero after the first of
+/// them began; an errno series absent from one read of its volume (its
+/// count 0) and present in the next was 0 when the first began. So a
+/// series' creation time is the start of the last read before it
+/// appeared, and the collector's start (before its maps existed) for what
+/// the first read finds. Never later than the truth, so Prometheus never
+/// takes a count that was already there for a fresh start; and one scrape
+/// interval before the first count at most, so `increase()` over a few
+/// intervals sees it.
+struct Since {
+    /// When the collector started: before the programs' maps existed.
+    started: f64,
+    /// When the last successful read began, and the one before it.
+    last_read: Option<f64>,
+    previous: Option<f64>,
+    /// Per index in the roots at the last read: a hash of the volume ID it
+    /// was read for (0 before it was), and since when it counts.
+    volumes: std::collections::HashMap<u32, (u64, f64)>,
+    /// Per (index, errno bucket) whose count is not 0: since when.
+    errnos: std::collections::HashMap<(u32, usize), f64>,
+}
+
+impl Since {
+    fn new(started: f64) -> Since {
+        Since {
+            started,
+            last_read: None,
+            previous: None,
+            volumes: std::collections::HashMap::new(),
+            errnos: std::collections::HashMap::new(),
+        }
+    }
+
+    /// Takes in a read that began at `began`: indexes gone are forgotten,
+    /// new ones count since the read before.
+    fn read(&mut self, counters: &Counters, began: f64) {
+        self.previous = self.last_read;
+        self.last_read = Some(began);
+        let prev = self.previous_read();
+        self.volumes.retain(|i, _| counters.volumes.contains_key(i));
+        for i in counters.volumes.keys() {
+            self.volumes.entry(*i).or_insert((0, prev));
+        }
+        let volumes = &self.volumes;
+        self.errnos.retain(|(i, _), _| volumes.contains_key(i));
+    }
+
+    /// Since when index `index`'s counters count, for volume `volume_id`.
+    fn volume(&mut self, index: u32, volume_id: &str) -> f64 {
+        use std::hash::{BuildHasher, BuildHasherDefault};
+        let h = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
+            .hash_one(volume_id)
+            | 1;
+        let prev = self.previous_read();
+        let e = self.volumes.entry(index).or_insert((h, prev));
+        if e.0 == 0 {
+            e.0 = h;
+        } else if e.0 != h {
+            // Another volume at the same index since the last read: it
+            // re-entered, zeroed, after that read.
+            *e = (h, prev);
+            self.errnos.retain(|(i, _), _| *i != index);
+        }
+        e.1
+    }
+
+    /// Since when errno bucket `bucket` of index `index` counts: it was 0
+    /// at the read before it was first seen counting.
+    fn errno(&mut self, index: u32, bucket: usize) -> f64 {
+        let prev = self.previous_read();
+        *self.errnos.entry((index, bucket)).or_insert(prev)
+    }
+
+    /// When the read before the last one began (after [`Since::read`]).
+    fn previous_read(&self) -> f64 {
+        self.previous.unwrap_or(self.started)
+    }
 }
 
 /// Who loads, for the error when it stopped without a result.
@@ -118,6 +212,7 @@ impl Ebpf {
         Ebpf {
             status,
             roots: Arc::new(Mutex::new(new_roots())),
+            since: Mutex::new(Since::new(epoch_now())),
         }
     }
 }
@@ -298,6 +393,7 @@ impl Ebpf {
         // than the reads (measured under the VM's emulated CPU: the
         // collector took 0.5 ms, from 1.3-1.6 ms with the hand-off and the
         // fdinfo reads `missed_runs` replaced).
+        let began = epoch_now();
         let (read, missed) = {
             let mut t = telemetry.lock().unwrap_or_else(|e| e.into_inner());
             let missed = t.missed_runs();
@@ -321,7 +417,14 @@ impl Ebpf {
                 return Err(anyhow!(errors.join("; ")));
             }
         };
-        out.extend(counter_families(&counters, &index_of));
+        let mut since = self.since.lock().unwrap_or_else(|e| e.into_inner());
+        since.read(&counters, began);
+        out.extend(counter_families(
+            &counters,
+            &index_of,
+            &scrape.inventory,
+            &mut since,
+        ));
         if errors.is_empty() {
             Ok(())
         } else {
@@ -387,7 +490,12 @@ fn status_families(programs: &[(&'static str, bool)], detached: Option<&str>) ->
 
 /// The per-volume counters of the volumes with a registered root
 /// (`index_of[i]`: volume `i`'s index), and the unattributed writes.
-fn counter_families(counters: &Counters, index_of: &[Option<u32>]) -> Vec<Family> {
+fn counter_families(
+    counters: &Counters,
+    index_of: &[Option<u32>],
+    inventory: &crate::inventory::Inventory,
+    since: &mut Since,
+) -> Vec<Family> {
     let n = index_of.len();
     let mut bytes = Family::counter(
         "nomad_host_volume_written_bytes_total",
@@ -406,18 +514,19 @@ fn counter_families(counters: &Counters, index_of: &[Option<u32>]) -> Vec<Family
     for (i, index) in index_of.iter().enumerate() {
         // A volume whose root is not registered (not stat'able) has no
         // series: its writes are not being counted.
-        let Some(c) = index.and_then(|x| counters.volumes.get(&x)) else {
+        let Some((x, c)) = index.and_then(|x| Some((x, counters.volumes.get(&x)?))) else {
             continue;
         };
-        bytes.volume(i, c.written_bytes as f64);
-        ops.volume(i, c.write_ops as f64);
+        let created = since.volume(x, &inventory.volumes[i].volume_id);
+        bytes.volume_since(i, &[], c.written_bytes as f64, created);
+        ops.volume_since(i, &[], c.write_ops as f64, created);
         // An errno's series appears at its first failed write: five zero
         // series per volume carried no information and were a fifth of a
         // scrape. The written bytes and operations above say the volume's
         // writes are counted, so a missing errno series means none failed.
-        for (b, count) in c.errors_by_bucket() {
+        for (n, (b, count)) in c.errors_by_bucket().enumerate() {
             if count > 0 {
-                errors.volume_with(i, errno_labels(b), count as f64);
+                errors.volume_since(i, errno_labels(b), count as f64, since.errno(x, n));
             }
         }
     }
@@ -442,7 +551,12 @@ fn counter_families(counters: &Counters, index_of: &[Option<u32>]) -> Vec<Family
 /// the dashboards read exists (dashboards/tests/dashboard.rs).
 pub fn catalogue() -> Vec<Family> {
     let mut fams = status_families(&none_attached(), Some("other"));
-    fams.extend(counter_families(&Counters::default(), &[]));
+    fams.extend(counter_families(
+        &Counters::default(),
+        &[],
+        &crate::inventory::Inventory::default(),
+        &mut Since::new(0.0),
+    ));
     fams.push(selftest_family(&[]));
     fams.push(missed_family(&[]));
     fams
@@ -526,7 +640,12 @@ mod tests {
         counters.volumes.insert(7, a);
         counters.volumes.insert(9, VolumeCounters::default());
         counters.unattributed.walk_limit.write_ops = 5;
-        let fams = counter_families(&counters, &[Some(7), Some(9), None]);
+        let fams = counter_families(
+            &counters,
+            &[Some(7), Some(9), None],
+            &s.inventory,
+            &mut Since::new(0.0),
+        );
         let t = text(&fams, &s);
         let (v1, v2, v3) = (
             &s.inventory.volumes[0].volume_id,
@@ -552,6 +671,61 @@ mod tests {
         assert!(!t.contains(&format!("volume_id=\"{v2}\",errno=")), "{t}");
         assert!(!t.contains(v3.as_str()), "no root, no series:\n{t}");
         assert!(t.contains("# TYPE nomad_host_volume_write_errors_total counter"));
+    }
+
+    /// `_created`: the collector's start for what the first read finds,
+    /// the read before for a series that appears later, kept while it
+    /// stays, started afresh when its index leaves and comes back.
+    #[test]
+    fn a_series_counts_since_the_read_before_it_appeared() {
+        let s = scrape(&[1, 2], false);
+        let ids = [Some(7), Some(9)];
+        let mut since = Since::new(100.0);
+        let mut counters = Counters::default();
+        counters.volumes.insert(7, VolumeCounters::default());
+        let created = |since: &mut Since, counters: &Counters, t: f64| {
+            since.read(counters, t);
+            let fams = counter_families(counters, &ids, &s.inventory, since);
+            let of = |name: &str| -> Vec<f64> {
+                fams.iter()
+                    .find(|f| f.name == name)
+                    .map(|f| f.created.clone())
+                    .unwrap_or_default()
+            };
+            (
+                of("nomad_host_volume_written_bytes_total"),
+                of("nomad_host_volume_write_errors_total"),
+            )
+        };
+        // First read: volume 1 only, no errors.
+        assert_eq!(created(&mut since, &counters, 110.0), (vec![100.0], vec![]));
+        // Volume 2's root registered, volume 1's first ENOSPC: both since
+        // the read at 110, when neither counted.
+        counters.volumes.insert(9, VolumeCounters::default());
+        counters.volumes.get_mut(&7).unwrap().errors[0] = 1;
+        assert_eq!(
+            created(&mut since, &counters, 120.0),
+            (vec![100.0, 110.0], vec![110.0])
+        );
+        // Unchanged later; a second errno since the read before it.
+        counters.volumes.get_mut(&7).unwrap().errors[2] = 4;
+        assert_eq!(
+            created(&mut since, &counters, 130.0),
+            (vec![100.0, 110.0], vec![110.0, 120.0])
+        );
+        // Volume 1's root gone for a read, then back (zeroed on entering).
+        let gone = counters.volumes.remove(&7).unwrap();
+        assert_eq!(created(&mut since, &counters, 140.0), (vec![110.0], vec![]));
+        counters.volumes.insert(7, gone);
+        assert_eq!(
+            created(&mut since, &counters, 150.0),
+            (vec![140.0, 110.0], vec![140.0, 140.0])
+        );
+        // Another volume at index 9 (reused) starts afresh.
+        let s2 = scrape(&[1, 3], false);
+        since.read(&counters, 160.0);
+        let fams = counter_families(&counters, &ids, &s2.inventory, &mut since);
+        assert_eq!(fams[0].created, vec![140.0, 150.0]);
     }
 
     #[tokio::test]

@@ -494,7 +494,7 @@ fn self_metrics(
     outcomes: &[(&'static str, f64, bool)],
     disabled: &[&'static str],
 ) -> Vec<Family> {
-    let mut build = Family::gauge(
+    let mut build = Family::info_metric(
         "prjquota_exporter_build_info",
         "A metric with a constant '1' value labelled by the version of prjquota-exporter and the git revision it was built from.",
     );

@@ -351,7 +351,7 @@ impl Collector for Registry {
 /// The registry's families for an inventory (pure, so tests can render it).
 pub fn families(inv: &Inventory) -> Vec<Family> {
     let n = inv.volumes.len();
-    let mut info = Family::gauge(
+    let mut info = Family::info_metric(
         "nomad_host_volume_info",
         "Information about a Nomad dynamic host volume made by prjquota on this node; always 1.",
     )
