@@ -45,7 +45,7 @@ use tokio::sync::Semaphore;
 
 use crate::collector::{Exporter, BUILD_VERSION};
 use crate::metrics::Family;
-use crate::metrics::{Format, Rendered, Renderer, Wire};
+use crate::metrics::{Created, Format, Rendered, Renderer, Wire};
 use crate::web_config::{Verdict, Web};
 
 /// Time a client has to send a request's headers (and an idle keep-alive
@@ -633,6 +633,9 @@ pub struct Options {
     /// gzip a scrape for a client that accepts it (`--web.disable-compression`
     /// turns it off).
     pub compression: bool,
+    /// `_created` lines for counters in OpenMetrics
+    /// (`--web.openmetrics.created-samples`).
+    pub created_samples: bool,
     /// Where the metrics are served (`--web.telemetry-path`).
     pub telemetry_path: String,
     /// TLS and basic auth (`--web.config.file`); `None`: plain HTTP, open.
@@ -643,6 +646,7 @@ impl Default for Options {
     fn default() -> Self {
         Self {
             compression: true,
+            created_samples: false,
             telemetry_path: "/metrics".into(),
             web: None,
         }
@@ -702,7 +706,14 @@ pub async fn serve_on(
         };
         // A counter without a creation time of its own counts since the
         // exporter started: see docs/metrics.md.
-        Mutex::new(r.with_format(format, crate::process::start_time()))
+        let created = if options.created_samples {
+            Created::On {
+                since: crate::process::start_time(),
+            }
+        } else {
+            Created::Off
+        };
+        Mutex::new(r.with_format(format, created))
     };
     let renderer = PerFormat {
         text: renderer(Format::Text),

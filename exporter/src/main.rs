@@ -81,6 +81,14 @@ struct Flags {
     /// Accept-Encoding: gzip (Prometheus does).
     #[arg(long = "web.disable-compression")]
     disable_compression: bool,
+    /// Give every counter a `_created` line in OpenMetrics scrapes, so that
+    /// a Prometheus that ingests created timestamps (Prometheus 3 with
+    /// --enable-feature=created-timestamp-zero-ingestion) sees the first
+    /// event of a new series in rate() and increase(). Off by default: a
+    /// Prometheus that does not ingest them stores each `_created` as one
+    /// more series per counter series.
+    #[arg(long = "web.openmetrics.created-samples")]
+    created_samples: bool,
 
     /// Least severe log level to print (logs are lines on stderr).
     #[arg(
@@ -464,6 +472,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     }
     let options = prjquota_exporter::http::Options {
         compression: !flags.disable_compression,
+        created_samples: flags.created_samples,
         telemetry_path: flags.telemetry_path,
         web,
     };

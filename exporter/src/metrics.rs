@@ -202,8 +202,31 @@ pub struct Encoder<'a> {
     inventory: &'a Inventory,
     volume_labels: std::cell::OnceCell<VolumeLabels>,
     format: Format,
-    /// `_created` of a counter sample that gives none (OpenMetrics only).
-    default_created: Option<f64>,
+    /// Which `_created` lines counters get (OpenMetrics only).
+    created: Created,
+}
+
+/// The `_created` lines of an OpenMetrics exposition
+/// (`--web.openmetrics.created-samples`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum Created {
+    /// None: a Prometheus that does not ingest created timestamps stores
+    /// each `_created` as a series of its own, one more per counter series.
+    #[default]
+    Off,
+    /// Each counter sample's own creation time, else `since` (none when
+    /// `None`).
+    On { since: Option<f64> },
+}
+
+impl Created {
+    /// The `_created` of a counter sample whose own creation time is `own`.
+    fn of(self, own: Option<f64>) -> Option<f64> {
+        match self {
+            Created::Off => None,
+            Created::On { since } => own.or(since),
+        }
+    }
 }
 
 /// The escaped label strings of all volumes, one after the other, and where
@@ -240,21 +263,17 @@ impl VolumeLabels {
 
 impl<'a> Encoder<'a> {
     pub fn new(inventory: &'a Inventory) -> Encoder<'a> {
-        Encoder::with_format(inventory, Format::Text, None)
+        Encoder::with_format(inventory, Format::Text, Created::Off)
     }
 
-    /// An encoder for `format`; in OpenMetrics, a counter sample without
-    /// its own creation time gets `default_created` (`None`: no `_created`).
-    pub fn with_format(
-        inventory: &'a Inventory,
-        format: Format,
-        default_created: Option<f64>,
-    ) -> Encoder<'a> {
+    /// An encoder for `format`, whose counters get the `_created` lines of
+    /// `created` in OpenMetrics.
+    pub fn with_format(inventory: &'a Inventory, format: Format, created: Created) -> Encoder<'a> {
         Encoder {
             inventory,
             volume_labels: std::cell::OnceCell::new(),
             format,
-            default_created,
+            created,
         }
     }
 
@@ -281,7 +300,7 @@ impl<'a> Encoder<'a> {
         if self.format != Format::OpenMetrics || f.kind != Kind::Counter {
             return None;
         }
-        f.created.get(i).copied().or(self.default_created)
+        self.created.of(f.created.get(i).copied())
     }
 
     /// Sample `i` of `f`: its line and, in OpenMetrics, a counter's
@@ -458,8 +477,8 @@ pub struct Renderer {
     /// `Some` to keep the text compressed.
     deflater: Option<Deflater>,
     format: Format,
-    /// [`Encoder::with_format`]'s `default_created`.
-    default_created: Option<f64>,
+    /// [`Encoder::with_format`]'s `created`.
+    created: Created,
 }
 
 /// One scrape's exposition: pieces to send one after the other, and what
@@ -611,11 +630,11 @@ impl Renderer {
     }
 
     /// This renderer writing `format` (text 0.0.4 unless told), with
-    /// [`Encoder::with_format`]'s `default_created`.
-    pub fn with_format(self, format: Format, default_created: Option<f64>) -> Renderer {
+    /// [`Encoder::with_format`]'s `created`.
+    pub fn with_format(self, format: Format, created: Created) -> Renderer {
         Renderer {
             format,
-            default_created,
+            created,
             ..self
         }
     }
@@ -637,7 +656,7 @@ impl Renderer {
             extras,
             deflater,
             format,
-            default_created,
+            created: created_lines,
         } = self;
         let format = *format;
         let compressed = deflater.is_some();
@@ -669,7 +688,7 @@ impl Renderer {
         };
         // Escapes every volume's labels only when a per-volume line is
         // written afresh: not at all in a scrape where nothing changed.
-        let enc = Encoder::with_format(inventory, format, *default_created);
+        let enc = Encoder::with_format(inventory, format, *created_lines);
         let mut pieces = Vec::new();
         // Headers and samples of families not cached, up to the next run.
         let mut loose: Vec<u8> = Vec::new();
@@ -696,6 +715,7 @@ impl Renderer {
                 continue;
             }
             let own_created = format == Format::OpenMetrics
+                && *created_lines != Created::Off
                 && f.kind == Kind::Counter
                 && f.created.len() == f.samples.len();
             if !loose.is_empty() {
@@ -769,17 +789,17 @@ impl Renderer {
 /// Encodes whole families into one string (tests and small outputs; the HTTP
 /// layer streams batch by batch instead).
 pub fn encode_all(families: &[Family], inventory: &Inventory) -> String {
-    encode_all_as(Format::Text, None, families, inventory)
+    encode_all_as(Format::Text, Created::Off, families, inventory)
 }
 
 /// [`encode_all`] in `format` (OpenMetrics ends with `# EOF`).
 pub fn encode_all_as(
     format: Format,
-    default_created: Option<f64>,
+    created: Created,
     families: &[Family],
     inventory: &Inventory,
 ) -> String {
-    let enc = Encoder::with_format(inventory, format, default_created);
+    let enc = Encoder::with_format(inventory, format, created);
     let mut out = Vec::new();
     for f in families {
         f.encode(&enc, &mut out);
@@ -1230,9 +1250,16 @@ mod tests {
             .unwrap();
         let n = fams[errors].samples.len();
         fams[errors].created = (0..n).map(|i| 1.7e9 + i as f64 / 8.0).collect();
-        let om = |fams: &[Family]| encode_all_as(Format::OpenMetrics, Some(1.6e9), fams, &inv);
+        let om = |fams: &[Family]| {
+            encode_all_as(
+                Format::OpenMetrics,
+                Created::On { since: Some(1.6e9) },
+                fams,
+                &inv,
+            )
+        };
         for base in renderers() {
-            let mut r = base.with_format(Format::OpenMetrics, Some(1.6e9));
+            let mut r = base.with_format(Format::OpenMetrics, Created::On { since: Some(1.6e9) });
             let first = joined(&r.render(&inv, &fams));
             assert_eq!(first, om(&fams));
             assert!(first.ends_with("\n# EOF\n"));

@@ -489,6 +489,33 @@ async fn answers_are_counted_by_handler_and_code() {
     srv.done.await.unwrap().unwrap();
 }
 
+/// Without `--web.openmetrics.created-samples`, OpenMetrics carries no
+/// `_created` line: a Prometheus that does not ingest created timestamps
+/// would store each as one more series.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openmetrics_has_no_created_lines_unless_asked() {
+    use prjquota_vmtests::prom::openmetrics_parse;
+    let dir = fresh_dir(&std::env::temp_dir(), "no-created");
+    ready_volumes(&dir, 3, 20_000);
+    let srv = start(&dir).await;
+    let addr = srv.addr;
+    let head = "GET /metrics HTTP/1.1\r\nHost: t\r\nAccept: application/openmetrics-text; version=1.0.0\r\nConnection: close\r\n\r\n";
+    let r = client(move || raw_bytes(addr, head)).await;
+    assert_eq!(r.header("content-type"), Some(OPENMETRICS));
+    let body = String::from_utf8(r.body).unwrap();
+    assert!(!body.contains("_created"), "{body}");
+    let fams = openmetrics_parse(&body).unwrap_or_else(|e| panic!("not OpenMetrics: {e}\n{body}"));
+    let cpu = fams
+        .iter()
+        .find(|f| f.name == "process_cpu_seconds")
+        .expect("process_cpu_seconds");
+    assert_eq!(cpu.kind, "counter");
+    assert_eq!(cpu.samples.len(), 1, "{:?}", cpu.samples);
+    srv.stop.send(()).unwrap();
+    let _ = srv.done.await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -521,6 +548,7 @@ async fn openmetrics_or_text_by_accept_header_with_and_without_gzip() {
             &dir,
             prjquota_exporter::http::Options {
                 compression,
+                created_samples: true,
                 ..Default::default()
             },
         )

@@ -425,7 +425,10 @@ fn the_first_write_error_of_a_fresh_volume_counts_in_prometheus_3_with_openmetri
     let f = Fixture::new(&xfs_mount(), "om-first");
     let spec = writable(Spec::new("om-fresh", 8 * MIB as i64));
     let (path, _) = f.create(&spec);
-    let exporter = prom::Exporter::start(&[&f.node.volumes_dir]);
+    let exporter = prom::Exporter::start_with(
+        &[&f.node.volumes_dir],
+        &["--web.openmetrics.created-samples"],
+    );
     let rules = rules_with_short_for();
     let base = prom::config_yaml(&[(JOB, exporter.addr)], std::slice::from_ref(&rules));
     let ct = Prometheus::start_config_with(
