@@ -31,8 +31,8 @@
 //!   (5.13+), counts attempts per volume by outcome: *allowed* (the call
 //!   succeeded) or *denied* (it failed, e.g. EPERM for a caller who does not
 //!   own the file). Before 5.13, the same attempts are judged at the exit
-//!   of `security_file_ioctl` and counted by the ioctl system call's result
-//!   (native and 32-bit).
+//!   of `security_file_ioctl` and counted by the native ioctl system call's
+//!   result; a 32-bit caller's `compat_ioctl(2)` goes uncounted there.
 //! - [`GuardMode::Enforce`]: also a BPF LSM program on `file_ioctl` refuses
 //!   attempts with EPERM, counted as denied. Needs the BPF LSM active
 //!   (`bpf` in `/sys/kernel/security/lsm`; Debian's kernels have it). When
@@ -177,9 +177,6 @@ struct DetectPart {
     prog: &'static str,
     /// The functions it can trace, the first the kernel's BTF has.
     funcs: &'static [&'static str],
-    /// Skipped where the BTF has none of `funcs` (a kernel without 32-bit
-    /// compat): there is then nothing to trace.
-    optional: bool,
 }
 
 /// Every attribute change ends in vfs_fileattr_set (5.13+).
@@ -188,30 +185,22 @@ const DETECT_FILEATTR: Detect = Detect {
     parts: &[DetectPart {
         prog: "guard_fileattr_set_exit",
         funcs: &["vfs_fileattr_set"],
-        optional: false,
     }],
 };
 /// Before 5.13 (context build only): the ioctl judged at the exit of
-/// security_file_ioctl, counted at the exit of the system call (native
-/// and 32-bit). The exits first: no judgement is kept without a program
-/// to take it.
+/// security_file_ioctl, counted at the exit of the native system call (a
+/// 32-bit caller's goes uncounted). The exit first: no judgement is kept
+/// without a program to take it.
 const DETECT_IOCTL: Detect = Detect {
     hook: "security_file_ioctl",
     parts: &[
         DetectPart {
             prog: "guard_sys_ioctl_exit",
             funcs: &["__x64_sys_ioctl", "__arm64_sys_ioctl"],
-            optional: false,
-        },
-        DetectPart {
-            prog: "guard_compat_sys_ioctl_exit",
-            funcs: &["__ia32_compat_sys_ioctl", "__arm64_compat_sys_ioctl"],
-            optional: true,
         },
         DetectPart {
             prog: "guard_ioctl_judge",
             funcs: &["security_file_ioctl"],
-            optional: false,
         },
     ],
 };
@@ -1210,7 +1199,7 @@ impl Guard {
         let mut sum = 0;
         for part in self.detect.parts {
             let Some(prog) = self.ebpf.program(part.prog) else {
-                continue; // an optional part not attached
+                continue;
             };
             let Ok(fd) = prog.fd() else {
                 continue;
@@ -1277,9 +1266,6 @@ fn load_detect(
     let mut result = Ok(());
     for part in detect.parts {
         let Some(func) = part.funcs.iter().find(|f| has_function(btf, f)) else {
-            if part.optional {
-                continue;
-            }
             result = Err((
                 format!("fexit/{} as {}", part.funcs.join(" or "), part.prog),
                 ProgramError::Btf(aya::BtfError::UnknownBtfTypeName {
