@@ -46,6 +46,10 @@
  *                             the request merged with the old attributes,
  *                             and the return value says whether it went
  *                             through: result allowed (0) or denied.
+ *   fexit  security_file_ioctl DETECT before 5.13 (no vfs_fileattr_set;
+ *   fexit  __x64_sys_ioctl     context build only): judged at the first,
+ *                             counted by the native system call's result
+ *                             at the second; 32-bit callers go uncounted.
  *   ENFORCE (--guard=enforce, BPF LSM active), refusing an attempt with
  *   EPERM, by the first plan the kernel has (src/guard.rs picks it):
  *   lsm    inode_file_setattr  6.17+: inside vfs_fileattr_set, on the
@@ -58,7 +62,9 @@
 
  * The volume of an inode: walk d_parent from the inode's own dentry (the
  * root's own attributes matter most) up to GUARD_MAX_DEPTH dentries, with
- * bpf_loop, to the first registered (dev, ino); a device without roots is
+ * bpf_loop (the context build, -DPRJQUOTA_COMPAT, for kernels without it:
+ * a bounded loop to GUARD_MAX_DEPTH_CONTEXT), to the first registered
+ * (dev, ino); a device without roots is
  * skipped after one lookup. Past the limit on a volume device, or from a
  * disconnected dentry (one a file handle opened, whose path is not known)
  * the guard cannot tell the volume: it treats every FS_IOC_FSSETXATTR and
