@@ -39,19 +39,23 @@ fn main() {
             .with_extension("o");
         compile(&clang, c, &obj, &src, multiarch, target_arch, None);
     }
-    // The write telemetry for kernels without bpf_get_func_ret (before 5.17):
-    // the same source, each return value read from the program's context.
-    let c = src.join("write_telemetry.c");
-    let obj = out.join("write_telemetry_compat.o");
-    compile(
-        &clang,
-        &c,
-        &obj,
-        &src,
-        multiarch,
-        target_arch,
-        Some("-DPRJQUOTA_COMPAT"),
-    );
+    // The context builds, for kernels before 5.17: the write telemetry
+    // without bpf_get_func_ret (each return value read from the program's
+    // context), the guard without bpf_loop (a bounded loop walks up) and
+    // with a detect hook for kernels without vfs_fileattr_set (vfs_ioctl).
+    for stem in ["write_telemetry", "guard"] {
+        let c = src.join(format!("{stem}.c"));
+        let obj = out.join(format!("{stem}_compat.o"));
+        compile(
+            &clang,
+            &c,
+            &obj,
+            &src,
+            multiarch,
+            target_arch,
+            Some("-DPRJQUOTA_COMPAT"),
+        );
+    }
 }
 
 fn compile(

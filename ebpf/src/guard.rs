@@ -26,17 +26,28 @@
 //!
 //! # Modes
 //!
-//! - [`GuardMode::Detect`] (default; any kernel with BTF, 5.17 or later):
-//!   `fexit/vfs_fileattr_set`, the function every attribute change ends in,
-//!   counts attempts per volume by outcome: *allowed* (the call succeeded)
-//!   or *denied* (it failed, e.g. EPERM for a caller who does not own the
-//!   file).
+//! - [`GuardMode::Detect`] (default; any kernel with BTF, 5.10 or later):
+//!   `fexit/vfs_fileattr_set`, the function every attribute change ends in
+//!   (5.13+), counts attempts per volume by outcome: *allowed* (the call
+//!   succeeded) or *denied* (it failed, e.g. EPERM for a caller who does not
+//!   own the file). Before 5.13, the same attempts are judged at the exit
+//!   of `security_file_ioctl` and counted by the native ioctl system call's
+//!   result; a 32-bit caller's `compat_ioctl(2)` goes uncounted there.
 //! - [`GuardMode::Enforce`]: also a BPF LSM program on `file_ioctl` refuses
 //!   attempts with EPERM, counted as denied. Needs the BPF LSM active
 //!   (`bpf` in `/sys/kernel/security/lsm`; Debian's kernels have it). When
 //!   it is not, or the program cannot attach, the guard runs in detect mode
 //!   and [`Guard::not_enforcing`] says why.
 //! - [`GuardMode::Off`]: nothing is loaded.
+//!
+//! # Builds
+//!
+//! Two builds of `src/bpf/guard.c`, chosen at load time by what the kernel
+//! offers, never by its version ([`Guard::variant`]): `helpers`, whose walk
+//! up the tree is a `bpf_loop` (5.17+) to [`GUARD_MAX_DEPTH`] dentries, and
+//! `context` (built with `-DPRJQUOTA_COMPAT`), whose walk is a bounded loop
+//! to [`GUARD_MAX_DEPTH_CONTEXT`] and which has the ioctl detect programs
+//! for kernels without `vfs_fileattr_set`.
 //!
 //! # Limits
 //!
@@ -50,8 +61,9 @@
 //!   root on the same filesystem takes an inode out of that walk: keep the
 //!   volumes filesystem free of directories workloads can write outside
 //!   their volumes (Nomad's `host_volumes_dir` on its own filesystem).
-//! - Past [`GUARD_MAX_DEPTH`] dentries below a filesystem root that holds
-//!   volumes, the volume is unknown: every project-ID set and every
+//! - Past [`GUARD_MAX_DEPTH`] dentries ([`GUARD_MAX_DEPTH_CONTEXT`] in the
+//!   context build) below a filesystem root that holds volumes, the volume
+//!   is unknown: every project-ID set and every
 //!   PROJINHERIT-less directory request there is an attempt (fail closed),
 //!   counted in [`GuardCounters::walk_limit`].
 //! - On kernels with `file_setattr(2)` (6.17+) that syscall does not go
@@ -97,12 +109,16 @@ pub use crate::raw::{GuardProject, GuardRawRoot as GuardRootValue, GuardRootKey}
 use crate::raw::{GuardRawCounters as RawCounters, GuardRawRoot as RawRoot};
 use crate::{
     kernel_dev, pins, FailureReason, LoadError, LoadOptions, ProgramFailure, RootsUpdate,
-    TelemetryError,
+    TelemetryError, Variant,
 };
 
 /// Dentries the guard looks at: the changed inode's own, then its
 /// ancestors. See the module's *Limits*.
 pub const GUARD_MAX_DEPTH: u32 = 4096;
+
+/// [`GUARD_MAX_DEPTH`] of the context build (no `bpf_loop`): every level of
+/// its bounded loop costs the verifier instructions, so it is lower.
+pub const GUARD_MAX_DEPTH_CONTEXT: u32 = 1024;
 
 /// Where the kernel lists the active LSMs.
 pub const LSM_LIST: &str = "/sys/kernel/security/lsm";
@@ -146,8 +162,48 @@ const MAP_STATS: &str = "guard_stats";
 const MAP_EVENTS: &str = "guard_events";
 
 const COMPONENT: &str = "quota-escape guard";
-const DETECT_PROG: &str = "guard_fileattr_set_exit";
-const DETECT_FUNC: &str = "vfs_fileattr_set";
+
+/// The detecting fexit programs: `hook` judges the request, and with the
+/// parts after it (if any) counts its result.
+#[derive(Clone, Copy, Debug)]
+struct Detect {
+    hook: &'static str,
+    /// Attached in this order, all or nothing.
+    parts: &'static [DetectPart],
+}
+
+#[derive(Debug)]
+struct DetectPart {
+    prog: &'static str,
+    /// The functions it can trace, the first the kernel's BTF has.
+    funcs: &'static [&'static str],
+}
+
+/// Every attribute change ends in vfs_fileattr_set (5.13+).
+const DETECT_FILEATTR: Detect = Detect {
+    hook: "vfs_fileattr_set",
+    parts: &[DetectPart {
+        prog: "guard_fileattr_set_exit",
+        funcs: &["vfs_fileattr_set"],
+    }],
+};
+/// Before 5.13 (context build only): the ioctl judged at the exit of
+/// security_file_ioctl, counted at the exit of the native system call (a
+/// 32-bit caller's goes uncounted). The exit first: no judgement is kept
+/// without a program to take it.
+const DETECT_IOCTL: Detect = Detect {
+    hook: "security_file_ioctl",
+    parts: &[
+        DetectPart {
+            prog: "guard_sys_ioctl_exit",
+            funcs: &["__x64_sys_ioctl", "__arm64_sys_ioctl"],
+        },
+        DetectPart {
+            prog: "guard_ioctl_judge",
+            funcs: &["security_file_ioctl"],
+        },
+    ],
+};
 
 /// An LSM hook the guard enforces through, and its programs in the order
 /// tried: sleepable first (bpf_copy_from_user faults the argument in), then
@@ -185,16 +241,42 @@ const IOCTL_COMPAT: Enforcer = Enforcer {
         ("guard_file_ioctl_compat", "lsm/file_ioctl_compat"),
     ],
 };
-/// `bpf_loop` (the walk) arrived in 5.17; `vfs_fileattr_set` in 5.13.
-const MIN_KERNEL: (u8, u8) = (5, 17);
+/// The oldest kernel the guard is built and tested for (fexit 5.5, the
+/// BPF ring buffer 5.8; Debian 11's 5.10 is the oldest tested). Which build
+/// and which hooks load above it is probed, not read from the version.
+const MIN_KERNEL: (u8, u8) = (5, 10);
 
 /// Events returned by one [`Guard::drain_events`] at most (the rest stay
 /// in the ring buffer for the next call).
 pub const MAX_EVENTS_PER_DRAIN: usize = 16_384;
 
-/// The compiled `src/bpf/guard.c`, 8-byte aligned as ELF parsing wants.
-fn object() -> &'static [u8] {
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/guard.o"))
+/// The compiled `src/bpf/guard.c` of a build, 8-byte aligned as ELF
+/// parsing wants.
+fn object(variant: Variant) -> &'static [u8] {
+    match variant {
+        Variant::Helpers => aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/guard.o")),
+        Variant::Context => {
+            aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/guard_compat.o"))
+        }
+    }
+}
+
+/// Which build runs on this kernel, and its detect program: the helpers
+/// build where the kernel has `bpf_loop` (a helper probe) and
+/// `vfs_fileattr_set` (its BTF), else the context build, on
+/// `vfs_fileattr_set` where the BTF has it and on the ioctl before.
+fn choose(btf: &Btf) -> (Variant, Detect) {
+    let fileattr = has_function(btf, DETECT_FILEATTR.hook);
+    let bpf_loop = aya::sys::is_helper_supported(
+        aya::programs::ProgramType::KProbe,
+        aya::sys::BpfHelper::BPF_FUNC_loop,
+    )
+    .unwrap_or(false);
+    match (fileattr, bpf_loop) {
+        (true, true) => (Variant::Helpers, DETECT_FILEATTR),
+        (true, false) => (Variant::Context, DETECT_FILEATTR),
+        (false, _) => (Variant::Context, DETECT_IOCTL),
+    }
 }
 
 /// What the guard does (the exporter's `--guard` flag: `off`, `detect`,
@@ -408,7 +490,8 @@ impl Outcome {
 /// Which program saw an event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EventSource {
-    /// `fexit/vfs_fileattr_set`: the kernel's own outcome.
+    /// The detecting fexit (`vfs_fileattr_set`, or the ioctl system call
+    /// before 5.13): the kernel's own outcome.
     Fileattr,
     /// The LSM program: refused by the guard.
     Lsm,
@@ -450,7 +533,7 @@ pub struct GuardEvent {
     pub xflags: u32,
     /// The errno the caller got (`None`: success).
     pub errno: Option<i32>,
-    /// The ioctl command (LSM events), else 0.
+    /// The ioctl command (LSM events, and detect events before 5.13), else 0.
     pub cmd: u32,
     /// `st_dev` (userspace encoding) and inode number of the changed inode.
     pub st_dev: u64,
@@ -573,6 +656,8 @@ pub struct Pinned {
 /// leaves the guard loses its counters.
 pub struct Guard {
     ebpf: Ebpf,
+    variant: Variant,
+    detect: Detect,
     events: RingBuf<MapData>,
     requested: GuardMode,
     /// The attached LSM programs' sections, when enforcing.
@@ -584,6 +669,8 @@ pub struct Guard {
 impl fmt::Debug for Guard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Guard")
+            .field("variant", &self.variant)
+            .field("detect", &self.detect)
             .field("requested", &self.requested)
             .field("lsm", &self.lsm)
             .field("not_enforcing", &self.not_enforcing)
@@ -659,9 +746,15 @@ impl Guard {
             });
         }
         let (loader, btf) = kernel_btf()?;
+        let (variant, detect) = match opts.variant {
+            // A build asked for (tests): its detect hook as probed.
+            Some(Variant::Context) => (Variant::Context, choose(&btf).1),
+            Some(Variant::Helpers) => (Variant::Helpers, DETECT_FILEATTR),
+            None => choose(&btf),
+        };
         if let Some(f) = too_old(
-            DETECT_PROG,
-            &format!("fexit/{DETECT_FUNC} as {DETECT_PROG}"),
+            detect.hook,
+            &format!("fexit/{} ({} build)", detect.hook, variant.as_str()),
         ) {
             return Err(LoadError::NoProgram {
                 component: COMPONENT,
@@ -677,7 +770,7 @@ impl Guard {
                 Err(e) => pinning = Some(Err(e.to_string())),
             }
         }
-        let mut g = Guard::open(loader, &btf, opts, mode, dir.as_deref())?;
+        let mut g = Guard::open(loader, &btf, opts, mode, variant, detect, dir.as_deref())?;
         if let (Some(d), Some((root, volumes_dirs))) = (&dir, pin) {
             let pinned = g
                 .pin_maps(d)
@@ -692,9 +785,9 @@ impl Guard {
         }
         fill(&mut g);
         let mut attached: Attached = Vec::new();
-        match load_fexit(&mut g.ebpf, &btf) {
-            Ok(id) => attached.push((DETECT_PROG, LinkId::FExit(id))),
-            Err(e) => {
+        match load_detect(&mut g.ebpf, &btf, detect) {
+            Ok(links) => attached.extend(links.into_iter().map(|(p, id)| (p, LinkId::FExit(id)))),
+            Err((part, e)) => {
                 let (reason, detail) = classify(&e);
                 // The guard pinned before this start, if any, goes on.
                 if let (Some((root, _)), Some(Ok((d, swapped)))) = (pin, pinning) {
@@ -704,8 +797,8 @@ impl Guard {
                 return Err(LoadError::NoProgram {
                     component: COMPONENT,
                     failures: vec![ProgramFailure {
-                        program: DETECT_FUNC,
-                        part: format!("fexit/{DETECT_FUNC} as {DETECT_PROG}"),
+                        program: detect.hook,
+                        part: format!("{part} ({} build)", variant.as_str()),
                         reason,
                         detail,
                     }],
@@ -758,11 +851,14 @@ impl Guard {
 
     /// Parses the object and creates its maps, attaching nothing; with
     /// `pin_events`, the ring buffer is pinned there before it is taken.
+    #[allow(clippy::too_many_arguments)]
     fn open<'a>(
         mut loader: EbpfLoader<'a>,
         btf: &'a Btf,
         opts: &LoadOptions,
         requested: GuardMode,
+        variant: Variant,
+        detect: Detect,
         pin_events: Option<&Path>,
     ) -> Result<Guard, LoadError> {
         let mut ebpf = loader
@@ -770,7 +866,7 @@ impl Guard {
             .map_max_entries(MAP_COUNTERS, opts.max_volumes)
             .map_max_entries(MAP_PROJECTS, opts.max_volumes)
             .map_max_entries(MAP_ROOTS, opts.max_roots)
-            .load(object())
+            .load(object(variant))
             .map_err(|e| object_error(COMPONENT, e))?;
         if let Some(dir) = pin_events {
             // A failure shows when the other maps are pinned, in the same
@@ -793,6 +889,8 @@ impl Guard {
             })?;
         Ok(Guard {
             ebpf,
+            variant,
+            detect,
             events,
             requested,
             lsm: Vec::new(),
@@ -855,6 +953,17 @@ impl Guard {
             pinned.push(prog);
         }
         Ok(pinned)
+    }
+
+    /// Which build of the programs is loaded (`helpers` or `context`).
+    pub fn variant(&self) -> Variant {
+        self.variant
+    }
+
+    /// The function whose exit judges a change: `vfs_fileattr_set`, or
+    /// `security_file_ioctl` on kernels without it (before 5.13).
+    pub fn detect_hook(&self) -> &'static str {
+        self.detect.hook
     }
 
     /// The mode asked for.
@@ -1084,13 +1193,21 @@ impl Guard {
         Ok(out)
     }
 
-    /// [`GuardCounters::missed_runs`] of the detecting program.
+    /// [`GuardCounters::missed_runs`] of the detecting programs (summed).
     fn detect_missed_runs(&self) -> Option<u64> {
         use std::os::fd::AsFd;
-        let prog = self.ebpf.program(DETECT_PROG)?;
-        let fd = prog.fd().ok()?;
-        let (info, filled) = crate::raw::prog_info(fd.as_fd()).ok()?;
-        recursion_misses(&info, filled)
+        let mut sum = 0;
+        for part in self.detect.parts {
+            let Some(prog) = self.ebpf.program(part.prog) else {
+                continue;
+            };
+            let Ok(fd) = prog.fd() else {
+                continue;
+            };
+            let (info, filled) = crate::raw::prog_info(fd.as_fd()).ok()?;
+            sum += recursion_misses(&info, filled)?;
+        }
+        Some(sum)
     }
 
     /// The events waiting in the ring buffer, oldest first (at most
@@ -1133,21 +1250,66 @@ fn too_old(program: &'static str, part: &str) -> Option<ProgramFailure> {
         program,
         part: part.to_string(),
         reason: FailureReason::KernelTooOld,
-        detail: format!("running {k}, the guard needs {maj}.{min} or later (bpf_loop)"),
+        detail: format!("running {k}, the guard needs {maj}.{min} or later"),
     })
+}
+
+/// Attaches every part of `detect` (all or nothing); on failure, which
+/// part (`fexit/FUNC as PROG`) and why.
+#[allow(clippy::type_complexity)]
+fn load_detect(
+    ebpf: &mut Ebpf,
+    btf: &Btf,
+    detect: Detect,
+) -> Result<Vec<(&'static str, aya::programs::fexit::FExitLinkId)>, (String, ProgramError)> {
+    let mut links = Vec::new();
+    let mut result = Ok(());
+    for part in detect.parts {
+        let Some(func) = part.funcs.iter().find(|f| has_function(btf, f)) else {
+            result = Err((
+                format!("fexit/{} as {}", part.funcs.join(" or "), part.prog),
+                ProgramError::Btf(aya::BtfError::UnknownBtfTypeName {
+                    type_name: part.funcs.join(" or "),
+                }),
+            ));
+            break;
+        };
+        match load_fexit(ebpf, btf, part.prog, func) {
+            Ok(id) => links.push((part.prog, id)),
+            Err(e) => {
+                result = Err((format!("fexit/{func} as {}", part.prog), e));
+                break;
+            }
+        }
+    }
+    match result {
+        Ok(()) => Ok(links),
+        Err(e) => {
+            for (prog, _) in &links {
+                if let Some(p) = ebpf.program_mut(prog) {
+                    if let Ok(p) = <&mut FExit>::try_from(p) {
+                        let _ = p.unload();
+                    }
+                }
+            }
+            Err(e)
+        }
+    }
 }
 
 fn load_fexit(
     ebpf: &mut Ebpf,
     btf: &Btf,
+    prog: &str,
+    func: &str,
 ) -> Result<aya::programs::fexit::FExitLinkId, ProgramError> {
     let p: &mut FExit = ebpf
-        .program_mut(DETECT_PROG)
+        .program_mut(prog)
         .ok_or_else(|| ProgramError::InvalidName {
-            name: DETECT_PROG.to_string(),
+            name: prog.to_string(),
         })?
         .try_into()?;
-    p.load(DETECT_FUNC, btf)?;
+    p.load(func, btf)?;
     p.attach()
 }
 
@@ -1262,8 +1424,9 @@ mod tests {
     #[test]
     fn header_matches_rust() {
         let h = defines(include_str!("bpf/guard_shared.h"));
-        let expect: [(&str, u64); 23] = [
+        let expect: [(&str, u64); 24] = [
             ("GUARD_MAX_DEPTH", GUARD_MAX_DEPTH as u64),
+            ("GUARD_MAX_DEPTH_CONTEXT", GUARD_MAX_DEPTH_CONTEXT as u64),
             ("GUARD_MAX_ROOTS", MAX_ROOTS as u64),
             ("GUARD_MAX_VOLUMES", MAX_VOLUMES as u64),
             ("GUARD_MAX_DEVS", MAX_DEVS as u64),
@@ -1351,6 +1514,7 @@ mod tests {
         assert_eq!(c["FS_PROJINHERIT_FL"], 0x2000_0000);
         assert_eq!(c["CAP_SYS_ADMIN"], 21, "linux/capability.h");
         assert_eq!(c["EPERM"], libc::EPERM as u64);
+        assert_eq!(c["EFAULT"], libc::EFAULT as u64);
         assert_eq!(
             (c["S_IFMT"], c["S_IFDIR"]),
             (libc::S_IFMT as u64, libc::S_IFDIR as u64)
@@ -1473,8 +1637,8 @@ mod tests {
                     }
                     if let LoadError::NoProgram { failures, .. } = &e {
                         assert_eq!(failures.len(), 1, "{text}");
-                        assert!(text.contains("vfs_fileattr_set"), "{text}");
-                        assert!(text.contains(DETECT_PROG), "{text}");
+                        let (_, detect) = choose(&kernel_btf().unwrap().1);
+                        assert!(text.contains(detect.hook), "{text}");
                     }
                     if e.reason() == "permission" {
                         assert!(text.contains("EPERM") || text.contains("EACCES"), "{text}");
@@ -1499,6 +1663,8 @@ mod tests {
             &btf,
             &LoadOptions::default(),
             GuardMode::Detect,
+            Variant::Helpers,
+            DETECT_FILEATTR,
             None,
         )
         .unwrap_or_else(|e| {

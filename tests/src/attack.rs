@@ -26,6 +26,10 @@ pub enum Who {
     RootWithoutSysAdmin,
     /// Root with every capability: the plugin, an administrator.
     Root,
+    /// A plain user as root of a user namespace of its own (`unshare
+    /// --user --map-root-user`): every capability, in that namespace only
+    /// (a rootless container).
+    UserInUserNs(u32),
 }
 
 /// Opens `p` read-only (a directory too), as root, to hand to a child.
@@ -56,6 +60,15 @@ pub fn act(who: Who, file: Option<&OwnedFd>, args: &[&str]) -> (u32, Result<(), 
             c
         }
         Who::Root => Command::new(&exe),
+        // unshare execs attr-act in place: the child's pid is attr-act's.
+        Who::UserInUserNs(uid) => {
+            let mut c = Command::new("unshare");
+            c.args(["--user", "--map-root-user", "--"])
+                .arg(&exe)
+                .uid(uid)
+                .gid(uid);
+            c
+        }
     };
     cmd.args(args)
         .stdin(match file {

@@ -1,33 +1,45 @@
-//! On a kernel too old for the guard (Debian 11's 5.10: bpf_loop arrived in
-//! 5.17), the plugin, the exporter's quota metrics and the write telemetry
-//! (its context-read build) work, and the guard is refused loudly: a metric
-//! with the reason, a log line naming the version it needs, and a refusal
-//! to start when it was required. Only the 5.10 pass runs this binary (see xtask/src/test.rs);
-//! it fails on a kernel new enough for the programs.
+//! On a kernel older than 5.17 (Debian 11's 5.10: no `bpf_loop`, no
+//! `vfs_fileattr_set`, no BPF LSM in its `lsm=`), the plugin, the exporter's
+//! quota metrics, the write telemetry and the guard's detect mode run (the
+//! context builds of their programs), and enforcement is refused loudly: a
+//! refusal to start that names why and the fix. Only the 5.10 pass runs
+//! this binary (see xtask/src/test.rs); it fails on a kernel new enough for
+//! the helpers builds.
 //!
 //! ```sh
 //! cargo xtask test --vm-only --kernel 5.10 --filter 'binary(old_kernel)'
 //! ```
 
-use prjquota_vmtests::fixture::XFS;
+use prjquota_vmtests::attack::{chproj_as, open, Who, OWNER};
+use prjquota_vmtests::fixture::{fill, Fixture, MIB, XFS};
 use prjquota_vmtests::kernel_version;
 use prjquota_vmtests::nomad::Spec;
 use prjquota_vmtests::prom::{command, run_to_refusal, Exporter};
+
+const ATTEMPTS: &str = "nomad_host_volume_projid_change_attempts_total";
 
 fn assert_old_kernel() {
     let v = kernel_version();
     assert!(
         v < (5, 17),
-        "this binary checks the refusals of a kernel older than 5.17; {v:?} runs the programs (run it with --kernel 5.10)"
+        "this binary checks a kernel older than 5.17; {v:?} runs the helpers builds (run it with --kernel 5.10)"
     );
 }
 
+/// The defaults (`--guard=detect`): quota metrics, write telemetry, and a
+/// guard that is ready at start and counts an owner's escape for its
+/// volume at the next scrape.
 #[test]
-fn defaults_serve_the_quota_metrics_and_write_telemetry_and_say_why_the_guard_is_off() {
+fn defaults_serve_the_quota_metrics_write_telemetry_and_a_counting_guard() {
     assert_old_kernel();
     let f = XFS.fixture("old-kernel-defaults");
-    let spec = Spec::new("v", 8 << 20);
-    f.create(&spec);
+    let owner = OWNER.to_string();
+    let spec = Spec::new("v", 8 << 20)
+        .param("uid", &owner)
+        .param("gid", &owner);
+    let (path, _) = f.create(&spec);
+    assert_ne!(f.project_id(&spec.id), 0);
+    assert_eq!(fill(&path.join("data"), MIB, Some(OWNER)).errno, None);
     let exp = Exporter::start(&[&f.node.volumes_dir]);
     let m = exp.scrape();
     // The write telemetry runs: no reason to be detached.
@@ -37,22 +49,18 @@ fn defaults_serve_the_quota_metrics_and_write_telemetry_and_say_why_the_guard_is
         m.text,
         exp.log()
     );
+    assert!(
+        !m.text.contains("prjquota_exporter_guard_off_reason{"),
+        "the guard runs on 5.10 in detect mode:\n{}\n{}",
+        m.text,
+        exp.log()
+    );
     assert_eq!(
-        m.get(
-            "prjquota_exporter_guard_off_reason",
-            &[("reason", "kernel_too_old")]
-        ),
+        m.get("prjquota_exporter_guard_mode", &[("mode", "detect")]),
         Some(1.0),
         "{}",
         m.text
     );
-    assert_eq!(
-        m.get("prjquota_exporter_guard_mode", &[("mode", "off")]),
-        Some(1.0)
-    );
-    // Degraded, not failed: every collector succeeds and the volume's
-    // quota (its hard limit, as statfs of the project directory reports
-    // it) is there.
     m.assert_collectors_succeeded(&exp.log());
     assert_eq!(
         m.get(
@@ -63,18 +71,52 @@ fn defaults_serve_the_quota_metrics_and_write_telemetry_and_say_why_the_guard_is
         "{}",
         m.text
     );
-    let log = exp.log();
-    assert!(
-        !log.contains("eBPF write telemetry is off"),
-        "the write telemetry runs on 5.10:\n{log}"
+    let labels = |result| [("volume_id", spec.id.as_str()), ("result", result)];
+    assert_eq!(m.get(ATTEMPTS, &labels("allowed")), Some(0.0), "{}", m.text);
+
+    // The owner moves its file out of the project: detect refuses nothing,
+    // and counts it for the volume.
+    let data = open(&path.join("data"));
+    let (_, r) = chproj_as(Who::User(OWNER), &data, 0);
+    assert_eq!(r, Ok(()), "detect mode refuses nothing");
+    assert_eq!(Fixture::project_of(&path.join("data")).0, 0);
+    let m = exp.scrape();
+    assert_eq!(
+        (
+            m.get(ATTEMPTS, &labels("allowed")),
+            m.get(ATTEMPTS, &labels("denied"))
+        ),
+        (Some(1.0), Some(0.0)),
+        "{}\n{}",
+        m.text,
+        exp.log()
     );
-    for needle in ["quota-escape guard is off", "needs 5.17 or later"] {
-        assert!(log.contains(needle), "the log says {needle:?}:\n{log}");
+
+    let log = exp.log();
+    for needle in [
+        "eBPF write telemetry is off",
+        "quota-escape guard is off",
+        "needs 5.17",
+    ] {
+        assert!(!log.contains(needle), "the log says {needle:?}:\n{log}");
+    }
+    for needle in [
+        "quota-escape guard attached",
+        "build=context",
+        "detect=security_file_ioctl",
+    ] {
+        assert!(
+            log.contains(needle),
+            "the attach line names the context build and its hook ({needle:?}):\n{log}"
+        );
     }
 }
 
+/// Enforcement needs the BPF LSM, which Debian 11 builds but does not list
+/// in its default `lsm=`: `--guard=enforce` refuses to start, saying so and
+/// how to turn it on.
 #[test]
-fn an_enforcing_guard_refuses_to_start_naming_the_kernel() {
+fn an_enforcing_guard_refuses_to_start_naming_the_inactive_bpf_lsm() {
     assert_old_kernel();
     let f = XFS.fixture("old-kernel-refusals");
     let flag = "--guard=enforce";
@@ -84,10 +126,12 @@ fn an_enforcing_guard_refuses_to_start_naming_the_kernel() {
     );
     assert!(
         !status.success(),
-        "{flag} started on a kernel too old: {err}"
+        "{flag} started on a kernel without the BPF LSM active: {err}"
     );
-    assert!(
-        err.contains(flag) && err.contains("kernel too old"),
-        "the refusal names {flag} and the kernel: {err}"
-    );
+    for needle in [flag, "BPF LSM is not active", "lsm="] {
+        assert!(
+            err.contains(needle),
+            "the refusal names {needle:?} (the flag, why, the fix): {err}"
+        );
+    }
 }

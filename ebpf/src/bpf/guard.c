@@ -46,6 +46,10 @@
  *                             the request merged with the old attributes,
  *                             and the return value says whether it went
  *                             through: result allowed (0) or denied.
+ *   fexit  security_file_ioctl DETECT before 5.13 (no vfs_fileattr_set;
+ *   fexit  __x64_sys_ioctl     context build only): judged at the first,
+ *                             counted by the native system call's result
+ *                             at the second; 32-bit callers go uncounted.
  *   ENFORCE (--guard=enforce, BPF LSM active), refusing an attempt with
  *   EPERM, by the first plan the kernel has (src/guard.rs picks it):
  *   lsm    inode_file_setattr  6.17+: inside vfs_fileattr_set, on the
@@ -58,7 +62,9 @@
 
  * The volume of an inode: walk d_parent from the inode's own dentry (the
  * root's own attributes matter most) up to GUARD_MAX_DEPTH dentries, with
- * bpf_loop, to the first registered (dev, ino); a device without roots is
+ * bpf_loop (the context build, -DPRJQUOTA_COMPAT, for kernels without it:
+ * a bounded loop to GUARD_MAX_DEPTH_CONTEXT), to the first registered
+ * (dev, ino); a device without roots is
  * skipped after one lookup. Past the limit on a volume device, or from a
  * disconnected dentry (one a file handle opened, whose path is not known)
  * the guard cannot tell the volume: it treats every FS_IOC_FSSETXATTR and
@@ -141,6 +147,8 @@ struct task_struct {
 #define S_IFDIR 0x4000 /* 0040000 */
 #define CAP_SYS_ADMIN 21
 #define EPERM 1
+#define EFAULT 14
+#define XFS_SUPER_MAGIC 0x58465342
 
 /* The head of struct fsxattr (28 bytes in all ABIs). */
 struct fsxattr_head {
@@ -265,7 +273,17 @@ static __always_inline __u32 locate(struct dentry *dentry, struct guard_root *ro
 		return WHERE_OTHER_FS;
 	w.dentry = (__u64)dentry;
 	w.where = WHERE_WALK_LIMIT;
+#ifdef PRJQUOTA_COMPAT
+	/* No bpf_loop before 5.17: a bounded loop the verifier walks through
+	 * (5.3+). Past the bound `where` stays WHERE_WALK_LIMIT, as with
+	 * bpf_loop past GUARD_MAX_DEPTH. */
+	for (__u32 i = 0; i < GUARD_MAX_DEPTH_CONTEXT; i++) {
+		if (walk_step(i, &w))
+			break;
+	}
+#else
 	bpf_loop(GUARD_MAX_DEPTH, walk_step, &w, 0);
+#endif
 	*root = w.root;
 	return w.where;
 }
@@ -457,6 +475,139 @@ int BPF_PROG(guard_fileattr_set_exit, void *idmap, struct dentry *dentry, void *
 	return 0;
 }
 
+#ifdef PRJQUOTA_COMPAT
+/*
+ * Before 5.13 there is no vfs_fileattr_set: FS_IOC_FSSETXATTR and
+ * FS_IOC_SETFLAGS go from the ioctl system call to the filesystem's own
+ * handler (xfs_file_ioctl, ext4_ioctl, modules), which checks and applies
+ * them; vfs_ioctl, between the two, is inlined into the system call. So
+ * the request is judged where the LSM hook would judge it, at the exit of
+ * security_file_ioctl (the file still held, the argument read from the
+ * caller's memory before the kernel copies it: another thread may change
+ * it in between, a gap the LSM hook shares), and kept per thread until the
+ * native ioctl system call returns, whose result says allowed (0) or
+ * denied. A 32-bit caller's compat_ioctl(2) goes uncounted: an fexit on
+ * its system call wrapper attached on 5.10 and never took a judgement
+ * in the VM tests, so that path is not claimed.
+ *
+ * Judged and counted as guard_fileattr_set_exit does: the same attempts,
+ * allowed or denied by the kernel's result; privileged changes counted
+ * apart.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64); /* pid_tgid */
+	__type(value, struct guard_event);
+} guard_pending SEC(".maps");
+
+SEC("fexit/security_file_ioctl")
+int BPF_PROG(guard_ioctl_judge, struct file *file, unsigned int cmd, unsigned long arg, int ret)
+{
+	__u64 tid = bpf_get_current_pid_tgid();
+	struct guard_event ev = {};
+	struct guard_root root = {};
+	struct dentry *dentry;
+	__u64 dev = 0;
+	__u32 where;
+	long err;
+
+	/* A judgement a 32-bit call left (its exit is not traced) never
+	 * outlives the thread's next ioctl, whatever its command: the native
+	 * exit that follows must not count it. */
+	bpf_map_delete_elem(&guard_pending, &tid);
+	if (cmd != FS_IOC_FSSETXATTR && cmd != FS_IOC_SETFLAGS && cmd != FS_IOC32_SETFLAGS)
+		return 0;
+	if (ret)
+		return 0; /* refused before the filesystem saw it */
+	dentry = BPF_CORE_READ(file, f_path.dentry);
+	where = locate(dentry, &root, &dev);
+	if (where == WHERE_OTHER_FS)
+		return 0;
+	/* Outside every root only a project ID can be an attempt. */
+	if (where == WHERE_OUTSIDE && cmd != FS_IOC_FSSETXATTR)
+		return 0;
+	/* Before 5.13 (no struct fileattr) XFS's SETFLAGS keeps the
+	 * directory's PROJINHERIT whatever the flags say
+	 * (xfs_merge_ioc_xflags): no escape there. */
+	if (cmd != FS_IOC_FSSETXATTR && !bpf_core_type_exists(struct fileattr) &&
+	    BPF_CORE_READ(dentry, d_sb, s_magic) == XFS_SUPER_MAGIC)
+		return 0;
+
+	if (cmd == FS_IOC_FSSETXATTR) {
+		struct fsxattr_head x = {};
+
+		err = bpf_probe_read_user(&x, sizeof(x), (void *)arg);
+		if (!err) {
+			ev.projid = x.fsx_projid;
+			ev.xflags = x.fsx_xflags;
+			ev.what = judge(where, &root, dev, is_dir(dentry), 1, ev.projid, ev.xflags);
+		}
+	} else {
+		/* Both SETFLAGS variants read an int. */
+		__u32 flags = 0;
+
+		err = bpf_probe_read_user(&flags, sizeof(flags), (void *)arg);
+		if (!err) {
+			ev.xflags = (flags & FS_PROJINHERIT_FL) ? FS_XFLAG_PROJINHERIT : 0;
+			ev.projid = root.projid;
+			ev.what = judge(where, &root, dev, is_dir(dentry), 0, 0, ev.xflags);
+		}
+	}
+	if (err) {
+		/* Outside every root an unreadable request is no known attempt
+		 * (the kernel's own copy fails the same way). Inside, what the
+		 * kernel will read is unknown: an attempt (fail closed), unless
+		 * the kernel fails to read it too (-EFAULT, below). */
+		if (where == WHERE_OUTSIDE)
+			return 0;
+		ev.what = GUARD_WHAT_UNREADABLE;
+	}
+	if (!ev.what)
+		return 0;
+	place(&ev, dentry, where, &root, dev);
+	ev.cmd = cmd;
+	ev.source = GUARD_SRC_FILEATTR;
+	ev.privileged = privileged();
+	bpf_map_update_elem(&guard_pending, &tid, &ev, BPF_ANY);
+	return 0;
+}
+
+/* Counts and reports the judgement of this thread's ioctl by its result. */
+static __always_inline int ioctl_done(long ret)
+{
+	__u64 tid = bpf_get_current_pid_tgid();
+	struct guard_event *p = bpf_map_lookup_elem(&guard_pending, &tid);
+	struct guard_event ev;
+
+	if (!p)
+		return 0;
+	ev = *p;
+	bpf_map_delete_elem(&guard_pending, &tid);
+	/* Unreadable for the kernel too: nothing changed, as on 5.13+ where
+	 * vfs_fileattr_set is then never called. */
+	if ((ev.what & GUARD_WHAT_UNREADABLE) && ret == -EFAULT)
+		return 0;
+	ev.ret = ret;
+	ev.result = ret == 0 ? GUARD_ALLOWED : GUARD_DENIED;
+	if (ev.privileged)
+		stat_add(GSTAT_PRIVILEGED);
+	else
+		count(ev.where, ev.dev, ev.volume_projid, ev.result);
+	emit(&ev);
+	return 0;
+}
+
+/* The system call wrapper (__x64_sys_ioctl, or arm64's): one pt_regs
+ * argument, so the return value is ctx[1]. src/guard.rs attaches it by the
+ * name the kernel's BTF has. */
+SEC("fexit/sys_ioctl")
+int BPF_PROG(guard_sys_ioctl_exit, void *regs, long ret)
+{
+	return ioctl_done(ret);
+}
+#endif
+
 /* ---- enforce ---- */
 
 /* Refuses a judged attempt: counts it, reports it, returns -EPERM. */
@@ -540,6 +691,13 @@ static __always_inline int check_ioctl(struct file *file, unsigned int cmd, unsi
 	/* Outside every root only a project ID can be an attempt. */
 	if (where == WHERE_OUTSIDE && cmd != FS_IOC_FSSETXATTR)
 		return 0;
+#ifdef PRJQUOTA_COMPAT
+	/* As in guard_ioctl_judge: before 5.13 XFS's SETFLAGS cannot clear
+	 * PROJINHERIT (and `chattr` there never sends it): nothing to refuse. */
+	if (cmd != FS_IOC_FSSETXATTR && !bpf_core_type_exists(struct fileattr) &&
+	    BPF_CORE_READ(dentry, d_sb, s_magic) == XFS_SUPER_MAGIC)
+		return 0;
+#endif
 	if (privileged())
 		return 0;
 

@@ -10,6 +10,12 @@
 /* Dentries looked at: the changed inode itself, then its ancestors. Deeper
  * than this with no volume root found on a volume device: fail closed. */
 #define GUARD_MAX_DEPTH 4096
+/* The same bound in the context build (kernels without bpf_loop, before
+ * 5.17), whose walk is a loop the verifier follows to its end: each level
+ * costs the verifier instructions against its limit of a million per
+ * program (the non-sleepable LSM program three times the fexit's), so the
+ * bound is lower. Deeper is judged as above: fail closed. */
+#define GUARD_MAX_DEPTH_CONTEXT 1024
 
 /* Default map sizes; the loader can override max_entries. */
 #define GUARD_MAX_ROOTS 16384

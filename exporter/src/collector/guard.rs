@@ -283,12 +283,16 @@ fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
             match &fallback {
                 Some((reason, why)) => crate::warn!(
                     "quota-escape guard: enforcement unavailable; with --guard=enforce the exporter does not start",
+                    build = g.variant().as_str(),
+                    detect = g.detect_hook(),
                     reason = reason,
                     err = why
                 ),
                 None => crate::info!(
                     "quota-escape guard attached",
                     mode = g.mode(),
+                    build = g.variant().as_str(),
+                    detect = g.detect_hook(),
                     lsm = g.lsm_programs().join(",")
                 ),
             }
