@@ -475,6 +475,33 @@ int BPF_PROG(guard_fileattr_set_exit, void *idmap, struct dentry *dentry, void *
 	return 0;
 }
 
+/*
+ * The file an ioctl of `cmd` concerns, located as locate() does, its
+ * dentry in *dentry; WHERE_OTHER_FS when the ioctl cannot be an escape: a
+ * command that sets no flag or project ID, a file of another filesystem,
+ * flags outside every root (only a project ID can be an attempt there), or
+ * XFS's SETFLAGS before 5.13 (no struct fileattr: xfs_merge_ioc_xflags
+ * keeps the directory's PROJINHERIT whatever the flags say, and `chattr`
+ * there never sends it).
+ */
+static __always_inline __u32 ioctl_subject(struct file *file, unsigned int cmd,
+					   struct dentry **dentry, struct guard_root *root,
+					   __u64 *dev)
+{
+	__u32 where;
+
+	if (cmd != FS_IOC_FSSETXATTR && cmd != FS_IOC_SETFLAGS && cmd != FS_IOC32_SETFLAGS)
+		return WHERE_OTHER_FS;
+	*dentry = BPF_CORE_READ(file, f_path.dentry);
+	where = locate(*dentry, root, dev);
+	if (where == WHERE_OUTSIDE && cmd != FS_IOC_FSSETXATTR)
+		return WHERE_OTHER_FS;
+	if (cmd != FS_IOC_FSSETXATTR && !bpf_core_type_exists(struct fileattr) &&
+	    BPF_CORE_READ(*dentry, d_sb, s_magic) == XFS_SUPER_MAGIC)
+		return WHERE_OTHER_FS;
+	return where;
+}
+
 #ifdef PRJQUOTA_COMPAT
 /*
  * Before 5.13 there is no vfs_fileattr_set: FS_IOC_FSSETXATTR and
@@ -516,22 +543,10 @@ int BPF_PROG(guard_ioctl_judge, struct file *file, unsigned int cmd, unsigned lo
 	 * outlives the thread's next ioctl, whatever its command: the native
 	 * exit that follows must not count it. */
 	bpf_map_delete_elem(&guard_pending, &tid);
-	if (cmd != FS_IOC_FSSETXATTR && cmd != FS_IOC_SETFLAGS && cmd != FS_IOC32_SETFLAGS)
-		return 0;
 	if (ret)
 		return 0; /* refused before the filesystem saw it */
-	dentry = BPF_CORE_READ(file, f_path.dentry);
-	where = locate(dentry, &root, &dev);
+	where = ioctl_subject(file, cmd, &dentry, &root, &dev);
 	if (where == WHERE_OTHER_FS)
-		return 0;
-	/* Outside every root only a project ID can be an attempt. */
-	if (where == WHERE_OUTSIDE && cmd != FS_IOC_FSSETXATTR)
-		return 0;
-	/* Before 5.13 (no struct fileattr) XFS's SETFLAGS keeps the
-	 * directory's PROJINHERIT whatever the flags say
-	 * (xfs_merge_ioc_xflags): no escape there. */
-	if (cmd != FS_IOC_FSSETXATTR && !bpf_core_type_exists(struct fileattr) &&
-	    BPF_CORE_READ(dentry, d_sb, s_magic) == XFS_SUPER_MAGIC)
 		return 0;
 
 	if (cmd == FS_IOC_FSSETXATTR) {
@@ -682,22 +697,9 @@ static __always_inline int check_ioctl(struct file *file, unsigned int cmd, unsi
 
 	if (ret)
 		return ret; /* an earlier BPF LSM program refused already */
-	if (cmd != FS_IOC_FSSETXATTR && cmd != FS_IOC_SETFLAGS && cmd != FS_IOC32_SETFLAGS)
-		return 0;
-	dentry = BPF_CORE_READ(file, f_path.dentry);
-	where = locate(dentry, &root, &dev);
+	where = ioctl_subject(file, cmd, &dentry, &root, &dev);
 	if (where == WHERE_OTHER_FS)
 		return 0;
-	/* Outside every root only a project ID can be an attempt. */
-	if (where == WHERE_OUTSIDE && cmd != FS_IOC_FSSETXATTR)
-		return 0;
-#ifdef PRJQUOTA_COMPAT
-	/* As in guard_ioctl_judge: before 5.13 XFS's SETFLAGS cannot clear
-	 * PROJINHERIT (and `chattr` there never sends it): nothing to refuse. */
-	if (cmd != FS_IOC_FSSETXATTR && !bpf_core_type_exists(struct fileattr) &&
-	    BPF_CORE_READ(dentry, d_sb, s_magic) == XFS_SUPER_MAGIC)
-		return 0;
-#endif
 	if (privileged())
 		return 0;
 
