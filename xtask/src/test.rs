@@ -465,64 +465,52 @@ fn tests_per_binary(lines: &[String]) -> std::collections::BTreeMap<String, usiz
     per
 }
 
+/// A nextest status line's status, binary and test
+/// (`PASS [   0.005s] (1/9) prjquota-vmtests::plugin xfs::a_test`; a retry's
+/// `TRY 2 PASS [...]` gives `PASS`).
+fn status_line(line: &str) -> Option<(&str, &str, &str)> {
+    let l = line.trim_start();
+    let l = l
+        .strip_prefix("TRY ")
+        .and_then(|r| r.split_once(' '))
+        .map_or(l, |(_, r)| r);
+    let (status, rest) = l.split_once(" [")?;
+    if status.is_empty() || !status.chars().all(|c| c.is_ascii_uppercase() || c == '-') {
+        return None;
+    }
+    let (_, rest) = rest.split_once("] ")?;
+    let rest = match rest.strip_prefix('(') {
+        Some(r) => r.split_once(") ").map_or("", |(_, r)| r),
+        None => rest,
+    };
+    let mut words = rest.split_whitespace();
+    Some((status, words.next()?, words.next()?))
+}
+
 /// Each `(binary, test)` that finished, from nextest's status lines.
 fn tests_per_binary_names(lines: &[String]) -> std::collections::BTreeSet<(String, String)> {
-    let mut seen = std::collections::BTreeSet::new();
-    for l in lines {
-        let l = l.trim_start();
-        let l = l
-            .strip_prefix("TRY ")
-            .and_then(|r| r.split_once(' '))
-            .map_or(l, |(_, r)| r);
-        let Some((status, rest)) = l.split_once(" [") else {
-            continue;
-        };
-        let finished = !status.is_empty()
-            && status.chars().all(|c| c.is_ascii_uppercase() || c == '-')
-            && !matches!(
-                status,
+    lines
+        .iter()
+        .filter_map(|l| status_line(l))
+        .filter(|(status, _, _)| {
+            !matches!(
+                *status,
                 "SLOW" | "START" | "RETRY" | "SETUP" | "CANCEL" | "TERMINATING"
-            );
-        if !finished {
-            continue;
-        }
-        let Some((_, rest)) = rest.split_once("] ") else {
-            continue;
-        };
-        let rest = match rest.strip_prefix('(') {
-            Some(r) => r.split_once(") ").map_or("", |(_, r)| r),
-            None => rest,
-        };
-        let mut words = rest.split_whitespace();
-        if let (Some(bin), Some(test)) = (words.next(), words.next()) {
-            seen.insert((bin.to_string(), test.to_string()));
-        }
-    }
-    seen
+            )
+        })
+        .map(|(_, bin, test)| (bin.to_string(), test.to_string()))
+        .collect()
 }
 
 /// The tests nextest called slow (`SLOW [> 60.000s] bin test`) that never
 /// finished: what a VM killed at its limit was running.
 fn unfinished(lines: &[String]) -> Vec<String> {
     let finished = tests_per_binary_names(lines);
-    let mut slow = Vec::new();
-    for l in lines {
-        let Some(rest) = l.trim_start().strip_prefix("SLOW [") else {
-            continue;
-        };
-        let Some((_, rest)) = rest.split_once("] ") else {
-            continue;
-        };
-        let rest = match rest.strip_prefix('(') {
-            Some(r) => r.split_once(") ").map_or("", |(_, r)| r),
-            None => rest,
-        };
-        let mut words = rest.split_whitespace();
-        if let (Some(bin), Some(test)) = (words.next(), words.next()) {
-            let key = (bin.to_string(), test.to_string());
-            if !finished.contains(&key) && !slow.contains(&key) {
-                slow.push(key);
-            }
+    let mut slow: Vec<(String, String)> = Vec::new();
+    for (status, bin, test) in lines.iter().filter_map(|l| status_line(l)) {
+        let key = (bin.to_string(), test.to_string());
+        if status == "SLOW" && !finished.contains(&key) && !slow.contains(&key) {
+            slow.push(key);
         }
     }
     slow.into_iter().map(|(b, t)| format!("{b} {t}")).collect()
