@@ -711,22 +711,33 @@ pub struct Lint {
     pub output: String,
 }
 
-/// Pipes `text` to `promtool check metrics`.
-pub fn promtool_check_metrics(text: &str) -> Lint {
-    let mut child = Command::new(PROMTOOL)
-        .args(["check", "metrics"])
+/// Runs `cmd` with `text` on its stdin (written beside the read, so that
+/// neither pipe fills up) and returns what it printed; `what` names it in
+/// a panic when it cannot be run.
+fn piped(mut cmd: Command, text: &str, what: &str) -> std::process::Output {
+    let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("run {PROMTOOL}: {e}"));
+        .unwrap_or_else(|e| panic!("run {what}: {e}"));
     let mut stdin = child.stdin.take().expect("stdin piped");
-    let text = text.to_string();
+    let owned = text.to_string();
     let writer = std::thread::spawn(move || {
-        let _ = stdin.write_all(text.as_bytes());
+        let _ = stdin.write_all(owned.as_bytes());
     });
-    let out = child.wait_with_output().expect("wait for promtool");
+    let out = child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("wait for {what}: {e}"));
     writer.join().expect("stdin writer");
+    out
+}
+
+/// Pipes `text` to `promtool check metrics`.
+pub fn promtool_check_metrics(text: &str) -> Lint {
+    let mut cmd = Command::new(PROMTOOL);
+    cmd.args(["check", "metrics"]);
+    let out = piped(cmd, text, PROMTOOL);
     Lint {
         code: out.status.code(),
         output: format!(
@@ -766,20 +777,13 @@ pub struct OmFamily {
 /// it is not valid OpenMetrics. Panics if the parser cannot be run: a
 /// missing tool fails the test, it never skips it.
 pub fn openmetrics_parse(text: &str) -> Result<Vec<OmFamily>, String> {
-    let mut child = Command::new("/usr/bin/python3")
-        .args(["-c", OPENMETRICS_PARSER])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("run /usr/bin/python3 (`cargo xtask deps` installs it): {e}"));
-    let mut stdin = child.stdin.take().expect("stdin piped");
-    let owned = text.to_string();
-    let writer = std::thread::spawn(move || {
-        let _ = stdin.write_all(owned.as_bytes());
-    });
-    let out = child.wait_with_output().expect("wait for python3");
-    writer.join().expect("stdin writer");
+    let mut cmd = Command::new("/usr/bin/python3");
+    cmd.args(["-c", OPENMETRICS_PARSER]);
+    let out = piped(
+        cmd,
+        text,
+        "/usr/bin/python3 (`cargo xtask deps` installs it)",
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !stderr.contains("No module named 'prometheus_client'"),
