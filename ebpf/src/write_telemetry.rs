@@ -79,7 +79,10 @@ pub const HOOK_NAMES: [&str; 4] = [
 
 /// O_DIRECT's hook, the same in both builds (`iomap_dio_complete` has kept
 /// its one argument). fexit first: an fentry without its fexit would only
-/// fill the hand-off map.
+/// fill the hand-off map, and a call the fentry's attach finds in flight
+/// (its trampoline rebuilt, see `dio_unfinished` in write_telemetry.c)
+/// then has no start: not counted, and not left unfinished either, as it
+/// began before the exporter counted.
 const DIRECT: Hook = Hook {
     name: HOOK_DIRECT,
     parts: &[
@@ -165,6 +168,7 @@ const MAP_ROOTS: &str = "roots";
 const MAP_ROOT_DEVS: &str = "root_devs";
 const MAP_COUNTERS: &str = "volume_counters";
 const MAP_UNATTRIBUTED: &str = "unattributed";
+const MAP_UNFINISHED: &str = "dio_unfinished";
 
 /// The loaded, attached programs and their maps. Dropping it detaches
 /// everything.
@@ -525,6 +529,15 @@ impl WriteTelemetry {
             }
         }
         debug_assert_eq!(raw::N_UNATTR, 4);
+        let unfinished: PerCpuArray<&MapData, i64> = map_err(
+            MAP_UNFINISHED,
+            PerCpuArray::try_from(self.map(MAP_UNFINISHED)?),
+        )?;
+        // Each CPU holds the starts minus the ends it ran, so one may be
+        // negative; the sum is not.
+        let per_cpu = map_err(MAP_UNFINISHED, unfinished.get(&0, 0))?;
+        let sum = per_cpu.iter().fold(0i64, |a, n| a.wrapping_add(*n));
+        out.unfinished_direct_writes = sum.max(0) as u64;
         Ok(out)
     }
 

@@ -102,9 +102,7 @@ struct {
  * write and complete it before this call's fexit runs (a vCPU stalled by
  * the host makes that window long). Its fentry then overwrote this entry,
  * this fexit took it, and its own fexit found nothing: one write lost
- * without a trace. One of 5,120 io_uring O_DIRECT writes went uncounted
- * so on 6.12 under emulation, with no skipped run reported; this race is
- * the only way we found for it. A thread runs one call at a time.
+ * without a trace. A thread runs one call at a time.
  */
 struct dio_key {
 	__u64 dio;
@@ -125,6 +123,34 @@ struct {
 	__type(key, struct dio_key);
 	__type(value, struct dio_start);
 } dio_inflight SEC(".maps");
+
+/*
+ * O_DIRECT writes into volumes whose completion began and was not seen to
+ * end: the fentry half adds 1 for a write it attributed to a volume, the
+ * fexit half takes 1 away when it finds that start. Summed over CPUs it is
+ * the completions running now plus those whose end went unseen, which
+ * nothing else reports: when another program attaches to or detaches from
+ * iomap_dio_complete, the kernel rebuilds the function's trampoline and
+ * patches the old one to skip its fexit programs for the calls still
+ * inside the function (bpf_tramp_image_put), so those writes are never
+ * counted, and no skipped run is recorded. A start that could not be
+ * stored stays counted here too.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __s64);
+} dio_unfinished SEC(".maps");
+
+static __always_inline void unfinished(__s64 delta)
+{
+	__u32 zero = 0;
+	__s64 *n = bpf_map_lookup_elem(&dio_unfinished, &zero);
+
+	if (n)
+		__sync_fetch_and_add(n, delta);
+}
 
 /*
  * The common case of that hand-off without the hash: the thread's own slot
@@ -481,6 +507,8 @@ int BPF_PROG(iomap_dio_complete_entry, struct iomap_dio *dio)
 	s.nowait = (iocb->ki_flags & IOCB_NOWAIT) ? 1 : 0;
 	if (bpf_core_field_exists(dio->done_before))
 		s.done_before = dio->done_before;
+	if (s.kind == ATTRIBUTED)
+		unfinished(1);
 #ifndef PRJQUOTA_COMPAT
 	slot = bpf_task_storage_get(&dio_task, bpf_get_current_task_btf(), 0,
 				    BPF_LOCAL_STORAGE_GET_F_CREATE);
@@ -540,6 +568,8 @@ int BPF_PROG(iomap_dio_complete_exit, struct iomap_dio *dio, long func_ret)
 	bpf_map_delete_elem(&dio_inflight, &key);
 	ret = func_ret;
 #endif
+	if (s.kind == ATTRIBUTED)
+		unfinished(-1);
 	if (ret == 0 || (ret == -EAGAIN && s.nowait))
 		return 0;
 	/* On success the result includes what earlier partial submissions of

@@ -543,7 +543,12 @@ fn counter_families(
     ] {
         unattributed.labelled(vec![("reason", reason.to_string())], c.write_ops as f64);
     }
-    vec![bytes, ops, errors, unattributed]
+    let mut unfinished = Family::gauge(
+        "prjquota_exporter_ebpf_unfinished_direct_writes",
+        "O_DIRECT writes into volumes whose completion the eBPF hook saw begin and not end: those completing at the scrape, plus those it will never count. The kernel skips the hook's end for calls inside iomap_dio_complete when another eBPF program attaches to or detaches from that function (another exporter's start or stop, a tracing tool), and records no skipped run. A value that stays above zero after writes stop is O_DIRECT writes missing from the volumes' counters.",
+    );
+    unfinished.plain(counters.unfinished_direct_writes as f64);
+    vec![bytes, ops, errors, unattributed, unfinished]
 }
 
 /// Every family this collector can export, as an attached exporter would
