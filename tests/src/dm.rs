@@ -1,6 +1,7 @@
 //! A filesystem on device-mapper over a loop device, whose disk a test can
 //! make fail: every I/O an error (the `error` target), stalled
-//! (`dmsetup suspend`), or healthy again (the `linear` table back).
+//! (`dmsetup suspend`), slow to write (the `delay` target), or healthy
+//! again (the `linear` table back).
 //!
 //! XFS is made and mounted with `prjquota`; ext4 with `-O quota,project`
 //! and `errors=remount-ro,prjquota`, so that an I/O error makes it
@@ -156,6 +157,22 @@ impl DmDisk {
             ));
         }
         self.mount_with(true);
+    }
+
+    /// Every write (and flush) takes `ms` milliseconds longer from now on
+    /// (the `delay` target); reads are not delayed. [`DmDisk::undelay`]
+    /// ends it.
+    pub fn delay_writes(&self, ms: u32) {
+        self.swap(&format!(
+            "0 {s} delay {d} 0 0 {d} 0 {ms}",
+            s = self.sectors,
+            d = self.loop_dev
+        ));
+    }
+
+    /// Writes take their own time again.
+    pub fn undelay(&self) {
+        self.swap(&self.linear());
     }
 
     /// I/O is held (queued) until [`DmDisk::resume`]; the filesystem is
