@@ -48,8 +48,9 @@ commands:
                              kernel: the full suite on 6.1, the compatibility pass on the others
                              (--full: the full suite everywhere); EXPR is a nextest filterset
                              (passed as -E), e.g. 'test(smoke)', and replaces either selection;
-                             --vm-lanes 2 boots two kernels at a time (the full pass with two CPUs,
-                             the others with one; --vm-cpus sets it), for more than 2 cores;
+                             6.1 boots alone, 5.10, 6.12 and 7 (one emulator thread each) two at
+                             a time; --vm-lanes N boots N kernels at a time whatever they are (the
+                             full pass with two CPUs, the others with one; --vm-cpus sets it);
                              binary(package) installs a test .deb (the static release plugin, the
                              debug exporter), --release-deb the one of `dist` (minutes to build)
   demo                       deps, build, and tell the whole story in the VM (plugin, exporter, eBPF)

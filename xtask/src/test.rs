@@ -111,11 +111,11 @@ pub const CHURN_VOLUMES: &str = "400";
 pub const STORM_VOLUMES: &str = "100";
 
 /// CI gives a run 90 minutes on 2 cores, and a cold run should stay under
-/// 45. One VM at a time (`--vm-lanes 1`) gets both cores as two CPUs: the
-/// full pass on 6.1 gets 35 minutes and each compatibility pass 13, room to
-/// spare over what they take alone. A guest of one CPU (a compatibility
-/// pass beside the full pass with `--vm-lanes 2`, or `--vm-cpus 1`) runs
-/// slower and gets 20 or 45 minutes. Each systemd boot gets 10
+/// 45. The full pass on 6.1 boots alone with two CPUs and gets 35 minutes;
+/// each compatibility pass gets 13, room to spare over what it takes, also
+/// two at a time on one core each ([`ONE_THREAD_LANES`]). A guest of one
+/// CPU (a compatibility pass beside the full pass with `--vm-lanes 2`, or
+/// `--vm-cpus 1`) runs slower and gets 20 or 45 minutes. Each systemd boot gets 10
 /// (xtask/src/systemd.rs). A pass that hits its limit fails the run.
 ///
 /// These limits catch one hung pass; together they are more than CI has.
@@ -152,16 +152,19 @@ const fn max(a: u64, b: u64) -> u64 {
     }
 }
 
-/// VMs at once when several kernels are asked for. `--vm-lanes 2` runs the
-/// full pass (two CPUs) beside the compatibility passes (one CPU each, one
-/// after the other): for a machine with cores to spare. On a 2-core machine
-/// it loses: the full pass's QEMU takes more than a core, and the one-CPU
-/// guest beside it runs so slowly that a compatibility pass heads for its
-/// limit. And one CPU is not enough for the full pass: its timing ratios go
-/// over their bounds. Whether one CPU per guest avoids the guest panics of
-/// `KernelJob::run` is not known (attach/detach cycles beside the loop
-/// devices' writes did not make 6.12 panic with two CPUs either).
-const DEFAULT_VM_LANES: u32 = 1;
+/// How the kernels' VMs share the machine unless `--vm-lanes` says. A guest
+/// whose vCPUs each take an emulator thread (6.1's) boots alone: it uses
+/// both cores. Guests on one emulator thread
+/// ([`crate::vm::one_emulator_thread`]: 5.10, 6.12, 7) take one core each
+/// whatever their CPUs, so they go two at a time, each keeping two CPUs.
+///
+/// `--vm-lanes 2` instead runs the full pass (two CPUs) beside the others
+/// (one CPU each, one after the other): for a machine with cores to spare.
+/// On a 2-core machine it loses: the full pass's QEMU takes more than a
+/// core, and the one-CPU guest beside it runs so slowly that a
+/// compatibility pass heads for its limit. And one CPU is not enough for
+/// the full pass: its timing ratios go over their bounds.
+const ONE_THREAD_LANES: u32 = 2;
 
 /// A pass's VM limit: what its selection and its CPUs allow (see above).
 fn pass_limit_secs(compat: bool, cpus: u32) -> u64 {
@@ -759,13 +762,6 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
         env.push((k.clone(), v.clone()));
     }
 
-    // One VM boot per kernel; `lanes` of them at once, each kernel taken by
-    // the first lane that is free, in the order given (the full pass first:
-    // it is the longest).
-    let lanes = opts
-        .vm_lanes
-        .unwrap_or(DEFAULT_VM_LANES)
-        .clamp(1, opts.kernels.len().max(1) as u32);
     // A --filter of the systemd pass's test alone boots no vng guest.
     let only_systemd = match &opts.filter {
         Some(f) => !lists_any(&format!("({f}) - binary(systemd)"))?,
@@ -776,26 +772,32 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
     } else {
         &opts.kernels[..]
     };
-    let queue = std::sync::Mutex::new(kernels.iter().copied().enumerate());
     let results = std::sync::Mutex::new(Vec::new());
-    let job = KernelJob {
-        opts,
-        base: &base,
-        env: &env,
-        root: &root,
-        side_by_side: lanes > 1,
-    };
-    std::thread::scope(|s| {
-        for _ in 0..lanes {
-            s.spawn(|| loop {
-                let Some((i, kernel)) = queue.lock().unwrap().next() else {
-                    break;
-                };
-                let pass = job.run(kernel);
-                results.lock().unwrap().push((i, pass));
-            });
-        }
-    });
+    for (group, lanes) in vm_groups(kernels, opts.vm_lanes) {
+        // One VM boot per kernel; `lanes` of them at once, each kernel
+        // taken by the first lane that is free, in the order given (the
+        // full pass first: it is the longest).
+        let lanes = lanes.clamp(1, group.len().max(1) as u32);
+        let queue = std::sync::Mutex::new(group.into_iter());
+        let job = KernelJob {
+            opts,
+            base: &base,
+            env: &env,
+            root: &root,
+            side_by_side: lanes > 1,
+        };
+        std::thread::scope(|s| {
+            for _ in 0..lanes {
+                s.spawn(|| loop {
+                    let Some((i, kernel)) = queue.lock().unwrap().next() else {
+                        break;
+                    };
+                    let pass = job.run(kernel);
+                    results.lock().unwrap().push((i, pass));
+                });
+            }
+        });
+    }
     let mut results = results.into_inner().unwrap();
     results.sort_by_key(|(i, _)| *i);
     passes.extend(results.into_iter().map(|(_, p)| p));
@@ -815,6 +817,22 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The kernels in the order given (with their place in it), in groups
+/// that boot one after the other, each with how many VMs at once: `lanes`
+/// for all of them when given; else those with an emulator thread per
+/// vCPU alone, then the one-thread ones [`ONE_THREAD_LANES`] at a time.
+fn vm_groups(kernels: &[Kernel], lanes: Option<u32>) -> Vec<(Vec<(usize, Kernel)>, u32)> {
+    let all = kernels.iter().copied().enumerate();
+    if let Some(n) = lanes {
+        return vec![(all.collect(), n)];
+    }
+    let (one, many): (Vec<_>, Vec<_>) = all.partition(|(_, k)| crate::vm::one_emulator_thread(*k));
+    [(many, 1), (one, ONE_THREAD_LANES)]
+        .into_iter()
+        .filter(|(g, _)| !g.is_empty())
+        .collect()
 }
 
 /// The kernels of `opts` the systemd pass boots: 6.1 and 5.10 when asked
@@ -988,10 +1006,16 @@ impl KernelJob<'_> {
         };
         // Side by side, a compatibility pass gets one CPU; the full suite
         // keeps two, as its timing ratios need: with one CPU the plugin's
-        // create and restore went over their bounds.
+        // create and restore went over their bounds. A guest on one
+        // emulator thread keeps two: they cost no more than one.
+        let one_thread = crate::vm::one_emulator_thread(kernel);
         let cpus = opts
             .vm_cpus
-            .unwrap_or(if self.side_by_side && !full { 1 } else { 2 });
+            .unwrap_or(if self.side_by_side && !full && !one_thread {
+                1
+            } else {
+                2
+            });
         let mut guest = self.base.to_vec();
         // tests/tests/systemd.rs runs in the systemd pass only.
         let filter = filter.map(|f| format!("({f}) - binary(systemd)"));
@@ -1292,6 +1316,30 @@ fn write_stdout(cmd: &mut Command, path: &std::path::Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_full_pass_boots_alone_and_one_thread_guests_two_at_a_time() {
+        let groups = vm_groups(&Kernel::ALL, None);
+        let kernels =
+            |g: &(Vec<(usize, Kernel)>, u32)| g.0.iter().map(|(_, k)| *k).collect::<Vec<_>>();
+        assert_eq!(groups.len(), 2);
+        assert_eq!((kernels(&groups[0]), groups[0].1), (vec![Kernel::V6_1], 1));
+        assert_eq!(
+            (kernels(&groups[1]), groups[1].1),
+            (
+                vec![Kernel::V5_10, Kernel::V6_12, Kernel::V7],
+                ONE_THREAD_LANES
+            )
+        );
+        // Each keeps its place in the order given, for the summary.
+        assert_eq!(groups[1].0[0].0, 1);
+        // --vm-lanes N: every kernel in one group, N at a time.
+        let given = vm_groups(&Kernel::ALL, Some(1));
+        assert_eq!((given.len(), given[0].0.len(), given[0].1), (1, 4, 1));
+        assert!(vm_groups(&[Kernel::V6_12], None)
+            .iter()
+            .all(|(g, _)| !g.is_empty()));
+    }
 
     #[test]
     fn summaries() {

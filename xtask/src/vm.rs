@@ -44,6 +44,14 @@ impl Fs {
     }
 }
 
+/// Whether `kernel`'s guest runs all its vCPUs on one emulator thread
+/// (see [`run`]): it then takes one host core whatever its CPUs, and two
+/// such guests can run side by side on two cores.
+pub fn one_emulator_thread(kernel: crate::kernels::Kernel) -> bool {
+    use crate::kernels::Kernel;
+    matches!(kernel, Kernel::V5_10 | Kernel::V6_12 | Kernel::V7)
+}
+
 pub struct VmOpts {
     pub fs: Fs,
     pub kernel: Kernel,
@@ -381,15 +389,7 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
         // One thread for all vCPUs keeps code changes coherent between them.
         // 5.10 attaches the write telemetry's trampolines too, and gets the
         // same single thread.
-        .args(
-            matches!(
-                opts.kernel,
-                crate::kernels::Kernel::V5_10
-                    | crate::kernels::Kernel::V6_12
-                    | crate::kernels::Kernel::V7
-            )
-            .then_some("--qemu-opts=-accel tcg,thread=single"),
-        )
+        .args(one_emulator_thread(opts.kernel).then_some("--qemu-opts=-accel tcg,thread=single"))
         // An oops leaves its task's locks held and the pass hanging until
         // its VM limit, with nothing named; as a panic it ends the boot at
         // once, with the kernel's last words, and the pass gets its one
