@@ -388,9 +388,9 @@ fn writes_right_after_the_exporter_is_ready_count_exactly(fs: &FsCase) {
 ///
 /// The volume's disk delays every write (dm-delay), and each write is
 /// O_SYNC and extends its file, so that it spends most of its time inside
-/// iomap_dio_complete, waiting for the log write its sync needs; four of
+/// iomap_dio_complete, waiting for the log write its sync needs: four of
 /// them and twelve rebuilds leave no rebuild without one inside, on the
-/// kernels whose old trampoline skips its fexit programs (5.12 on).
+/// kernels [`stages_a_lost_completion`] names.
 fn direct_writes_in_flight_while_another_exporter_attaches_are_reported(fs: &FsCase) {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
@@ -470,12 +470,23 @@ fn direct_writes_in_flight_while_another_exporter_attaches_are_reported(fs: &FsC
         e.text,
         exp.log()
     );
-    if prjquota_vmtests::kernel_version() >= (5, 12) {
+    if stages_a_lost_completion() {
         assert!(
             unfinished > 0,
             "no write was lost to the other exporter's trampoline rebuilds ({written} written): the test did not stage the transition it is for"
         );
     }
+}
+
+/// Whether the test above loses writes to the rebuilds for certain on this
+/// kernel, and so must see some reported. Before 7.x an O_SYNC writer
+/// spends its sync inside iomap_dio_complete, on XFS and ext4 alike, and
+/// Debian's 5.10 carries upstream's skipping of fexit programs. On 7.x a
+/// writer is inside it at a rebuild only now and then: there the test
+/// checks that every write is counted or reported, and cannot insist that
+/// one was lost.
+fn stages_a_lost_completion() -> bool {
+    prjquota_vmtests::kernel_version() < (7, 0)
 }
 
 /// Writes the exporter says went uncounted: runs of the write hooks the
