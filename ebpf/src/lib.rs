@@ -241,8 +241,7 @@ pub struct Counters {
     /// O_DIRECT writes into volumes whose completion the hooks saw begin
     /// and not end: running now, or never counted because the kernel
     /// skipped the end (a trampoline rebuilt by another program's attach
-    /// or detach on the same function, or a skipped run). Zero when the
-    /// kernel is asked before the programs ran.
+    /// or detach on the same function, or a skipped run).
     pub unfinished_direct_writes: u64,
 }
 
