@@ -451,7 +451,7 @@ fn direct_writes_in_flight_while_another_exporter_attaches_are_reported(fs: &FsC
     let written = written.load(Ordering::Relaxed);
     let got = published(&e, &spec);
     let unfinished = e.value(UNFINISHED, &[]) as u64;
-    let skipped: u64 = e.find(MISSED, &[]).map(|s| s.value as u64).sum();
+    let skipped = skipped_runs(&e);
     eprintln!(
         "MEASURE ebpf_direct_writes_lost_in_rebuilds {unfinished} of {written} (counted {}, skipped runs {skipped})",
         got.ops
@@ -493,7 +493,12 @@ fn stages_a_lost_completion() -> bool {
 /// kernel skipped, and O_DIRECT completions whose end the hook never saw
 /// (once the writers are done, none is still running).
 fn uncounted(e: &Exposition) -> u64 {
-    e.find(MISSED, &[]).map(|s| s.value as u64).sum::<u64>() + e.value(UNFINISHED, &[]) as u64
+    skipped_runs(e) + e.value(UNFINISHED, &[]) as u64
+}
+
+/// Runs of the write hooks the kernel skipped, as the exporter reports them.
+fn skipped_runs(e: &Exposition) -> u64 {
+    e.find(MISSED, &[]).map(|s| s.value as u64).sum()
 }
 
 /// Each volume's 4 KiB writes are counted exactly, for the right volume;

@@ -115,8 +115,9 @@ pub const STORM_VOLUMES: &str = "100";
 /// each compatibility pass gets 13, room to spare over what it takes, also
 /// two at a time on one core each ([`ONE_THREAD_LANES`]). A guest of one
 /// CPU (a compatibility pass beside the full pass with `--vm-lanes 2`, or
-/// `--vm-cpus 1`) runs slower and gets 20 or 45 minutes. Each systemd boot gets 10
-/// (xtask/src/systemd.rs). A pass that hits its limit fails the run.
+/// `--vm-cpus 1`) runs slower and gets 20 or 45 minutes. Each systemd boot
+/// gets 10 (xtask/src/systemd.rs). A pass that hits its limit fails the
+/// run.
 ///
 /// These limits catch one hung pass; together they are more than CI has.
 /// The run's deadline (xtask/src/deadline.rs) cuts every VM's limit to what
