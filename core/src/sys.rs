@@ -938,19 +938,34 @@ pub fn file_setattr(path: &CStr, a: &FileAttr) -> io::Result<()> {
 
 /// `FS_IOC_FSSETXATTR` through the 32-bit system call entry (`int $0x80`,
 /// i386 `ioctl` = 54), as an i386 binary makes it: the kernel takes its
-/// compat path (`compat_sys_ioctl`, the `file_ioctl_compat` LSM hook). The
-/// argument is copied to a page below 4 GiB (`MAP_32BIT`), where a 32-bit
-/// pointer reaches it. ENOSYS where the kernel runs no 32-bit code.
-/// For the tests only (the `test-syscalls` feature): no product code makes
-/// a 32-bit system call.
+/// compat path (`compat_sys_ioctl`, the `file_ioctl_compat` LSM hook).
+/// ENOSYS where the kernel runs no 32-bit code. For the tests only (the
+/// `test-syscalls` feature): no product code makes a 32-bit system call.
 #[cfg(all(target_arch = "x86_64", feature = "test-syscalls"))]
 pub fn set_fsxattr_compat(fd: BorrowedFd<'_>, attr: &FsXattr) -> io::Result<()> {
+    // SAFETY: FsXattr is a plain repr(C) struct of u32s: every byte of it
+    // is initialised, and the slice lives as long as the borrow of `attr`.
+    let bytes = unsafe {
+        std::slice::from_raw_parts((attr as *const FsXattr).cast::<u8>(), size_of::<FsXattr>())
+    };
+    ioctl_compat(fd, FS_IOC_FSSETXATTR as u32, bytes)
+}
+
+/// An ioctl whose argument points at `arg`, through the 32-bit system
+/// call entry (`int $0x80`): the argument is copied to a page below 4 GiB
+/// (`MAP_32BIT`), where a 32-bit pointer reaches it. For the tests only.
+#[cfg(all(target_arch = "x86_64", feature = "test-syscalls"))]
+pub fn ioctl_compat(fd: BorrowedFd<'_>, cmd: u32, arg: &[u8]) -> io::Result<()> {
     const NR_IOCTL_I386: i32 = 54;
+    const PAGE: usize = 4096;
+    if arg.len() > PAGE {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
     // SAFETY: an anonymous private mapping; checked for failure below.
     let page = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
-            4096,
+            PAGE,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_32BIT,
             -1,
@@ -960,9 +975,9 @@ pub fn set_fsxattr_compat(fd: BorrowedFd<'_>, attr: &FsXattr) -> io::Result<()> 
     if page == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: `page` is a fresh writable mapping of 4096 bytes, larger than
-    // one FsXattr (28 bytes).
-    unsafe { std::ptr::write(page.cast::<FsXattr>(), *attr) };
+    // SAFETY: `page` is a fresh writable mapping of PAGE bytes, and `arg`
+    // is at most PAGE bytes long (checked above); they do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(arg.as_ptr(), page.cast::<u8>(), arg.len()) };
     let ret: i32;
     // SAFETY: int $0x80 with eax = the i386 ioctl number, ebx = fd, ecx =
     // cmd, edx = the page's address (below 4 GiB by MAP_32BIT); rbx, which
@@ -975,7 +990,7 @@ pub fn set_fsxattr_compat(fd: BorrowedFd<'_>, attr: &FsXattr) -> io::Result<()> 
             "xchg rbx, {fd}",
             fd = inout(reg) fd.as_raw_fd() as u64 => _,
             inlateout("eax") NR_IOCTL_I386 => ret,
-            in("ecx") FS_IOC_FSSETXATTR as u32,
+            in("ecx") cmd,
             in("edx") page as usize as u32,
             out("r8") _,
             out("r9") _,
@@ -984,7 +999,7 @@ pub fn set_fsxattr_compat(fd: BorrowedFd<'_>, attr: &FsXattr) -> io::Result<()> 
         );
     }
     // SAFETY: unmaps the page mapped above, no longer used.
-    unsafe { libc::munmap(page, 4096) };
+    unsafe { libc::munmap(page, PAGE) };
     if ret < 0 {
         Err(io::Error::from_raw_os_error(-ret))
     } else {
@@ -1067,6 +1082,37 @@ pub fn connect_abstract_nonblocking(name: &[u8]) -> io::Result<OwnedFd> {
 /// the kernel moves an `int` through the pointer.
 const FS_IOC_GETVERSION: libc::c_ulong = ioc(2, b'v', 1, size_of::<libc::c_long>());
 const _: () = assert!(FS_IOC_GETVERSION == 0x8008_7601);
+
+/// The four numbers that set an inode's generation (ext2/ext4 only, and
+/// on ext4 only without `metadata_csum`), each as a 64-bit process sends
+/// it; a 32-bit process sends the `_IOW(.., int)` twins. The kernel reads
+/// an `int` through the pointer for all of them.
+/// `_IOW('v', 2, long)`, also `EXT4_IOC_SETVERSION_OLD`.
+pub const FS_IOC_SETVERSION: libc::c_ulong = ioc(1, b'v', 2, size_of::<libc::c_long>());
+const _: () = assert!(FS_IOC_SETVERSION == 0x4008_7602);
+/// `_IOW('f', 4, long)`: ext4's own.
+pub const EXT4_IOC_SETVERSION: libc::c_ulong = ioc(1, b'f', 4, size_of::<libc::c_long>());
+const _: () = assert!(EXT4_IOC_SETVERSION == 0x4008_6604);
+/// `_IOW('v', 2, int)`: a 32-bit process's FS_IOC_SETVERSION.
+pub const FS_IOC32_SETVERSION: libc::c_ulong = ioc(1, b'v', 2, size_of::<libc::c_int>());
+const _: () = assert!(FS_IOC32_SETVERSION == 0x4004_7602);
+/// `_IOW('f', 4, int)`: a 32-bit process's EXT4_IOC_SETVERSION.
+pub const EXT4_IOC32_SETVERSION: libc::c_ulong = ioc(1, b'f', 4, size_of::<libc::c_int>());
+const _: () = assert!(EXT4_IOC32_SETVERSION == 0x4004_6604);
+
+/// Sets an open inode's generation through `cmd` (one of the SETVERSION
+/// numbers above): what an attacker would do to a volume root to make the
+/// guard's `{dev, ino, generation}` key miss it. For the tests only.
+#[cfg(feature = "test-syscalls")]
+pub fn set_inode_generation(fd: BorrowedFd<'_>, cmd: libc::c_ulong, gen: u32) -> io::Result<()> {
+    let value: libc::c_int = gen as libc::c_int;
+    // SAFETY: the kernel reads one int from the live local `value`.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), cmd, &value as *const libc::c_int) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
 
 /// The generation of an open inode: with the inode number it names one
 /// inode for the life of the filesystem, where the number alone is reused.

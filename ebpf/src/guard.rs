@@ -147,6 +147,7 @@ const GUARD_WHAT_PROJID: u8 = 1;
 const GUARD_WHAT_NOINHERIT: u8 = 2;
 const GUARD_WHAT_UNREADABLE: u8 = 4;
 const GUARD_WHAT_FOREIGN_PROJID: u8 = 8;
+const GUARD_WHAT_GENERATION: u8 = 16;
 const GUARD_WHERE_OUTSIDE: u32 = 1;
 const GUARD_WHERE_VOLUME: u32 = 2;
 #[cfg(test)]
@@ -240,6 +241,18 @@ const IOCTL_COMPAT: Enforcer = Enforcer {
         ),
         ("guard_file_ioctl_compat", "lsm/file_ioctl_compat"),
     ],
+};
+/// 6.17+, beside [`FILEATTR`]: the inode generation is set by ioctls that
+/// never reach `vfs_fileattr_set` (`FS_IOC_SETVERSION`, ext4's own and
+/// their 32-bit twins), and the guard keys roots by it. Before 6.17,
+/// [`IOCTL`] and [`IOCTL_COMPAT`] judge them with the rest.
+const VERSION: Enforcer = Enforcer {
+    hook: "file_ioctl",
+    variants: &[("guard_file_ioctl_version", "lsm/file_ioctl")],
+};
+const VERSION_COMPAT: Enforcer = Enforcer {
+    hook: "file_ioctl_compat",
+    variants: &[("guard_file_ioctl_compat_version", "lsm/file_ioctl_compat")],
 };
 /// The oldest kernel the guard is built and tested for (fexit 5.5, the
 /// BPF ring buffer 5.8; Debian 11's 5.10 is the oldest tested). Which build
@@ -524,6 +537,9 @@ pub struct GuardEvent {
     pub unreadable: bool,
     /// Outside every volume: gives a file a volume's project ID.
     pub joins_project: bool,
+    /// Sets the inode generation (`FS_IOC_SETVERSION` and its twins):
+    /// on a root, it would take the volume out of the guard's key.
+    pub sets_generation: bool,
     /// The requested project ID (`FS_IOC_FSSETXATTR`), else the file's.
     pub projid: u32,
     /// The volume's project ID (outside every volume: the project asked
@@ -584,6 +600,7 @@ impl GuardEvent {
             clears_inherit: what & GUARD_WHAT_NOINHERIT != 0,
             unreadable: what & GUARD_WHAT_UNREADABLE != 0,
             joins_project: what & GUARD_WHAT_FOREIGN_PROJID != 0,
+            sets_generation: what & GUARD_WHAT_GENERATION != 0,
             privileged: b[59] != 0,
             cmd: u32_at(60),
             comm: String::from_utf8_lossy(&comm[..end]).into_owned(),
@@ -604,6 +621,11 @@ impl GuardEvent {
         }
         if self.unreadable {
             parts.push("change attributes (argument unreadable)".to_string());
+        }
+        if self.sets_generation {
+            parts.push(
+                "set the inode generation (on a volume root: hides it from the guard)".to_string(),
+            );
         }
         if self.joins_project {
             parts.push(format!(
@@ -1316,9 +1338,14 @@ fn load_fexit(
 /// The hooks that together cover every path that can change a project ID
 /// on this kernel.
 fn enforcement_plan(btf: &Btf) -> Vec<&'static Enforcer> {
+    let compat = has_function(btf, "bpf_lsm_file_ioctl_compat");
     if has_function(btf, "bpf_lsm_inode_file_setattr") {
-        vec![&FILEATTR]
-    } else if has_function(btf, "bpf_lsm_file_ioctl_compat") {
+        if compat {
+            vec![&FILEATTR, &VERSION, &VERSION_COMPAT]
+        } else {
+            vec![&FILEATTR, &VERSION]
+        }
+    } else if compat {
         vec![&IOCTL, &IOCTL_COMPAT]
     } else {
         vec![&IOCTL]
@@ -1445,6 +1472,7 @@ mod tests {
             ("GUARD_WHAT_PROJID", GUARD_WHAT_PROJID as u64),
             ("GUARD_WHAT_NOINHERIT", GUARD_WHAT_NOINHERIT as u64),
             ("GUARD_WHAT_UNREADABLE", GUARD_WHAT_UNREADABLE as u64),
+            ("GUARD_WHAT_GENERATION", GUARD_WHAT_GENERATION as u64),
             (
                 "GUARD_WHAT_FOREIGN_PROJID",
                 GUARD_WHAT_FOREIGN_PROJID as u64,

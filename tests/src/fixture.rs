@@ -198,6 +198,18 @@ impl SmallFs {
         )
     }
 
+    /// ext4 without `metadata_csum`: what e2fsprogs before 1.43 made, what
+    /// a filesystem converted from ext3 is, and the one ext4 that lets an
+    /// inode's owner set its generation (`FS_IOC_SETVERSION`).
+    pub fn ext4_without_metadata_csum(tag: &str, size: u64) -> SmallFs {
+        Self::made_by(
+            "mkfs.ext4 -q -F -O quota,project,^metadata_csum -I 256",
+            "ext4-nocsum",
+            tag,
+            size,
+        )
+    }
+
     fn made_by(mkfs: &str, fs_name: &str, tag: &str, size: u64) -> SmallFs {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

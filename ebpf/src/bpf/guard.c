@@ -16,6 +16,11 @@
  *   - set fsx_projid to anything but the volume's project ID
  *     (FS_IOC_FSSETXATTR; SETFLAGS cannot change the project ID), or
  *   - leave a directory without PROJINHERIT (both ioctls),
+ * or that would set the inode's generation (FS_IOC_SETVERSION, ext4's
+ * EXT4_IOC_SETVERSION, and their 32-bit twins: ext4 without metadata_csum
+ * applies them, to any inode its caller owns): roots are keyed by their
+ * generation, so a root's owner could otherwise take the whole volume out
+ * of the guard (GUARD_WHAT_GENERATION),
  * made by a caller WITHOUT CAP_SYS_ADMIN in the initial user namespace
  * (effective set of the subjective credentials, as capable() checks). The
  * plugin runs as root with it; root in a default Docker container, a file
@@ -54,11 +59,17 @@
  *   EPERM, by the first plan the kernel has (src/guard.rs picks it):
  *   lsm    inode_file_setattr  6.17+: inside vfs_fileattr_set, on the
  *                             kernel's own copy of the request: covers
- *                             every path above.
+ *                             every path above; with it, file_ioctl and
+ *                             file_ioctl_compat judge the SETVERSION
+ *                             ioctls only (they never reach it).
  *   lsm.s  file_ioctl (+ file_ioctl_compat where the kernel has it, 6.8
  *   lsm    and stable backports): before 6.17, the ioctl is judged on its
- *                             argument read from user memory. file_setattr(2)
- *                             does not exist there.
+ *                             argument read from user memory (SETVERSION
+ *                             included). file_setattr(2) does not exist
+ *                             there.
+ *   The detect programs do not see SETVERSION from 5.13 on (it does not
+ *   reach vfs_fileattr_set); the exporter's sync re-reads each root's
+ *   generation and puts the new key in within one interval.
 
  * The volume of an inode: walk d_parent from the inode's own dentry (the
  * root's own attributes matter most) up to GUARD_MAX_DEPTH dentries, with
@@ -141,6 +152,12 @@ struct task_struct {
 #define FS_IOC_SETFLAGS 0x40086602   /* _IOW('f', 2, long) */
 #define FS_IOC32_SETFLAGS 0x40046602 /* _IOW('f', 2, int): compat tasks */
 #define FS_IOC_FSSETXATTR 0x401c5820 /* _IOW('X', 32, struct fsxattr): same in compat */
+/* The inode generation (ext2/ext4; ext4 only without metadata_csum): roots
+ * are keyed by it, so a root whose owner changes it leaves the guard. */
+#define FS_IOC_SETVERSION 0x40087602     /* _IOW('v', 2, long), EXT4_IOC_SETVERSION_OLD */
+#define FS_IOC32_SETVERSION 0x40047602   /* _IOW('v', 2, int): compat tasks */
+#define EXT4_IOC_SETVERSION 0x40086604   /* _IOW('f', 4, long) */
+#define EXT4_IOC32_SETVERSION 0x40046604 /* _IOW('f', 4, int): compat tasks */
 #define FS_XFLAG_PROJINHERIT 0x00000200
 #define FS_PROJINHERIT_FL 0x20000000
 #define S_IFMT 0xf000 /* 0170000 */
@@ -475,14 +492,26 @@ int BPF_PROG(guard_fileattr_set_exit, void *idmap, struct dentry *dentry, void *
 	return 0;
 }
 
+/* Whether an ioctl of `cmd` sets the inode generation, in any encoding. */
+static __always_inline int sets_version(unsigned int cmd)
+{
+	return cmd == FS_IOC_SETVERSION || cmd == FS_IOC32_SETVERSION ||
+	       cmd == EXT4_IOC_SETVERSION || cmd == EXT4_IOC32_SETVERSION;
+}
+
+static __always_inline int sets_flags(unsigned int cmd)
+{
+	return cmd == FS_IOC_SETFLAGS || cmd == FS_IOC32_SETFLAGS;
+}
+
 /*
  * The file an ioctl of `cmd` concerns, located as locate() does, its
  * dentry in *dentry; WHERE_OTHER_FS when the ioctl cannot be an escape: a
- * command that sets no flag or project ID, a file of another filesystem,
- * flags outside every root (only a project ID can be an attempt there), or
- * XFS's SETFLAGS before 5.13 (no struct fileattr: xfs_merge_ioc_xflags
- * keeps the directory's PROJINHERIT whatever the flags say, and `chattr`
- * there never sends it).
+ * command that sets no flag, project ID or generation, a file of another
+ * filesystem, flags or a generation outside every root (only a project ID
+ * can be an attempt there), or XFS's SETFLAGS before 5.13 (no struct
+ * fileattr: xfs_merge_ioc_xflags keeps the directory's PROJINHERIT whatever
+ * the flags say, and `chattr` there never sends it).
  */
 static __always_inline __u32 ioctl_subject(struct file *file, unsigned int cmd,
 					   struct dentry **dentry, struct guard_root *root,
@@ -490,13 +519,13 @@ static __always_inline __u32 ioctl_subject(struct file *file, unsigned int cmd,
 {
 	__u32 where;
 
-	if (cmd != FS_IOC_FSSETXATTR && cmd != FS_IOC_SETFLAGS && cmd != FS_IOC32_SETFLAGS)
+	if (cmd != FS_IOC_FSSETXATTR && !sets_flags(cmd) && !sets_version(cmd))
 		return WHERE_OTHER_FS;
 	*dentry = BPF_CORE_READ(file, f_path.dentry);
 	where = locate(*dentry, root, dev);
 	if (where == WHERE_OUTSIDE && cmd != FS_IOC_FSSETXATTR)
 		return WHERE_OTHER_FS;
-	if (cmd != FS_IOC_FSSETXATTR && !bpf_core_type_exists(struct fileattr) &&
+	if (sets_flags(cmd) && !bpf_core_type_exists(struct fileattr) &&
 	    BPF_CORE_READ(*dentry, d_sb, s_magic) == XFS_SUPER_MAGIC)
 		return WHERE_OTHER_FS;
 	return where;
@@ -549,7 +578,12 @@ int BPF_PROG(guard_ioctl_judge, struct file *file, unsigned int cmd, unsigned lo
 	if (where == WHERE_OTHER_FS)
 		return 0;
 
-	if (cmd == FS_IOC_FSSETXATTR) {
+	if (sets_version(cmd)) {
+		/* The new generation does not matter: any is an attempt. */
+		err = 0;
+		ev.projid = root.projid;
+		ev.what = GUARD_WHAT_GENERATION;
+	} else if (cmd == FS_IOC_FSSETXATTR) {
 		struct fsxattr_head x = {};
 
 		err = bpf_probe_read_user(&x, sizeof(x), (void *)arg);
@@ -686,7 +720,7 @@ int BPF_PROG(guard_inode_file_setattr, struct dentry *dentry, void *fa, int ret)
  * before that, through file_ioctl with the compat command number.
  */
 static __always_inline int check_ioctl(struct file *file, unsigned int cmd, unsigned long arg,
-				       int ret, int sleepable)
+				       int ret, int sleepable, int version_only)
 {
 	struct guard_event ev = {};
 	struct guard_root root = {};
@@ -697,13 +731,19 @@ static __always_inline int check_ioctl(struct file *file, unsigned int cmd, unsi
 
 	if (ret)
 		return ret; /* an earlier BPF LSM program refused already */
+	if (version_only && !sets_version(cmd))
+		return 0;
 	where = ioctl_subject(file, cmd, &dentry, &root, &dev);
 	if (where == WHERE_OTHER_FS)
 		return 0;
 	if (privileged())
 		return 0;
 
-	if (cmd == FS_IOC_FSSETXATTR) {
+	if (sets_version(cmd)) {
+		/* The new generation does not matter: any is an attempt. */
+		ev.projid = root.projid;
+		ev.what = GUARD_WHAT_GENERATION;
+	} else if (cmd == FS_IOC_FSSETXATTR) {
 		struct fsxattr_head x = {};
 
 		if (sleepable)
@@ -747,13 +787,13 @@ SEC("lsm.s/file_ioctl")
 int BPF_PROG(guard_file_ioctl_sleepable, struct file *file, unsigned int cmd, unsigned long arg,
 	     int ret)
 {
-	return check_ioctl(file, cmd, arg, ret, 1);
+	return check_ioctl(file, cmd, arg, ret, 1, 0);
 }
 
 SEC("lsm/file_ioctl")
 int BPF_PROG(guard_file_ioctl, struct file *file, unsigned int cmd, unsigned long arg, int ret)
 {
-	return check_ioctl(file, cmd, arg, ret, 0);
+	return check_ioctl(file, cmd, arg, ret, 0, 0);
 }
 
 /* compat_ptr() is a zero extension on x86_64 and arm64: `arg` is the user
@@ -762,12 +802,31 @@ SEC("lsm.s/file_ioctl_compat")
 int BPF_PROG(guard_file_ioctl_compat_sleepable, struct file *file, unsigned int cmd,
 	     unsigned long arg, int ret)
 {
-	return check_ioctl(file, cmd, arg, ret, 1);
+	return check_ioctl(file, cmd, arg, ret, 1, 0);
 }
 
 SEC("lsm/file_ioctl_compat")
 int BPF_PROG(guard_file_ioctl_compat, struct file *file, unsigned int cmd, unsigned long arg,
 	     int ret)
 {
-	return check_ioctl(file, cmd, arg, ret, 0);
+	return check_ioctl(file, cmd, arg, ret, 0, 0);
+}
+
+/*
+ * 6.17+, beside inode_file_setattr: the generation is set by ioctls that do
+ * not go through vfs_fileattr_set, so they are judged here, native and
+ * compat. The argument is not read: any new generation is an attempt.
+ */
+SEC("lsm/file_ioctl")
+int BPF_PROG(guard_file_ioctl_version, struct file *file, unsigned int cmd, unsigned long arg,
+	     int ret)
+{
+	return check_ioctl(file, cmd, arg, ret, 0, 1);
+}
+
+SEC("lsm/file_ioctl_compat")
+int BPF_PROG(guard_file_ioctl_compat_version, struct file *file, unsigned int cmd,
+	     unsigned long arg, int ret)
+{
+	return check_ioctl(file, cmd, arg, ret, 0, 1);
 }

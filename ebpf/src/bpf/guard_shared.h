@@ -46,6 +46,7 @@
 #define GUARD_WHAT_NOINHERIT 2  /* leaves a directory without PROJINHERIT */
 #define GUARD_WHAT_UNREADABLE 4 /* the new attributes could not be read */
 #define GUARD_WHAT_FOREIGN_PROJID 8 /* outside every root: sets a volume's project ID */
+#define GUARD_WHAT_GENERATION 16 /* sets the inode generation (SETVERSION): a root would leave the guard's key */
 
 /* guard_event.where */
 #define GUARD_WHERE_OUTSIDE 1    /* outside every volume root, on a volume device */

@@ -11,6 +11,10 @@
 //!   flags, e.g. `xflags-clear 200` clears PROJINHERIT
 //! - `attr-act flags-clear|flags-set HEX`: `FS_IOC_GETFLAGS`, change,
 //!   `FS_IOC_SETFLAGS` (what e2fsprogs' `chattr` does)
+//! - `attr-act setversion fs|ext4|fs-compat|ext4-compat GEN`: sets the
+//!   inode's generation through `FS_IOC_SETVERSION`, `EXT4_IOC_SETVERSION`
+//!   or their 32-bit twins through `int $0x80` (ext4 without
+//!   `metadata_csum` applies them)
 //! - `attr-act file-setattr PATH ID`: `file_getattr(2)`, new project ID,
 //!   `file_setattr(2)` (6.17+)
 //! - `attr-act loop ACTION ARG [MS]`: `ACTION ARG` (`chproj ID`,
@@ -58,6 +62,20 @@ fn flags(fd: BorrowedFd<'_>, change: impl FnOnce(u32) -> u32) -> Result<(), i32>
     sys::set_inode_flags(fd, change(f)).map_err(errno)
 }
 
+fn set_version(fd: BorrowedFd<'_>, encoding: &str, gen: u32) -> Result<(), i32> {
+    let native = |cmd| sys::set_inode_generation(fd, cmd, gen).map_err(errno);
+    let compat = |cmd: libc::c_ulong| {
+        sys::ioctl_compat(fd, cmd as u32, &(gen as i32).to_ne_bytes()).map_err(errno)
+    };
+    match encoding {
+        "fs" => native(sys::FS_IOC_SETVERSION),
+        "ext4" => native(sys::EXT4_IOC_SETVERSION),
+        "fs-compat" => compat(sys::FS_IOC32_SETVERSION),
+        "ext4-compat" => compat(sys::EXT4_IOC32_SETVERSION),
+        _ => usage(),
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [action, rest @ ..] = args.as_slice() else {
@@ -99,6 +117,7 @@ fn main() {
                 std::thread::sleep(std::time::Duration::from_millis(every.into()));
             }
         }
+        ("setversion", [encoding, gen]) => set_version(fd, encoding, number(gen)),
         ("chproj-compat", [id]) => xattr(fd, true, |a| a.projid = number(id)),
         ("xflags-clear", [x]) => xattr(fd, false, |a| a.xflags &= !hex(x)),
         ("xflags-clear-compat", [x]) => xattr(fd, true, |a| a.xflags &= !hex(x)),
