@@ -943,12 +943,24 @@ pub fn file_setattr(path: &CStr, a: &FileAttr) -> io::Result<()> {
 /// `test-syscalls` feature): no product code makes a 32-bit system call.
 #[cfg(all(target_arch = "x86_64", feature = "test-syscalls"))]
 pub fn set_fsxattr_compat(fd: BorrowedFd<'_>, attr: &FsXattr) -> io::Result<()> {
+    ioctl_compat(fd, FS_IOC_FSSETXATTR as u32, fsxattr_bytes(attr))
+}
+
+/// [`set_fsxattr_compat`] with the argument in a page the process never
+/// touched ([`ioctl_compat_cold`]). For the tests only.
+#[cfg(all(target_arch = "x86_64", feature = "test-syscalls"))]
+pub fn set_fsxattr_compat_cold(fd: BorrowedFd<'_>, attr: &FsXattr) -> io::Result<()> {
+    ioctl_compat_cold(fd, FS_IOC_FSSETXATTR as u32, fsxattr_bytes(attr))
+}
+
+/// The bytes of `attr`, as the kernel reads a `struct fsxattr`.
+#[cfg(all(target_arch = "x86_64", feature = "test-syscalls"))]
+fn fsxattr_bytes(attr: &FsXattr) -> &[u8] {
     // SAFETY: FsXattr is a plain repr(C) struct of u32s: every byte of it
     // is initialised, and the slice lives as long as the borrow of `attr`.
-    let bytes = unsafe {
+    unsafe {
         std::slice::from_raw_parts((attr as *const FsXattr).cast::<u8>(), size_of::<FsXattr>())
-    };
-    ioctl_compat(fd, FS_IOC_FSSETXATTR as u32, bytes)
+    }
 }
 
 /// An ioctl whose argument points at `arg`, through the 32-bit system
@@ -956,7 +968,6 @@ pub fn set_fsxattr_compat(fd: BorrowedFd<'_>, attr: &FsXattr) -> io::Result<()> 
 /// (`MAP_32BIT`), where a 32-bit pointer reaches it. For the tests only.
 #[cfg(all(target_arch = "x86_64", feature = "test-syscalls"))]
 pub fn ioctl_compat(fd: BorrowedFd<'_>, cmd: u32, arg: &[u8]) -> io::Result<()> {
-    const NR_IOCTL_I386: i32 = 54;
     const PAGE: usize = 4096;
     if arg.len() > PAGE {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
@@ -978,11 +989,65 @@ pub fn ioctl_compat(fd: BorrowedFd<'_>, cmd: u32, arg: &[u8]) -> io::Result<()> 
     // SAFETY: `page` is a fresh writable mapping of PAGE bytes, and `arg`
     // is at most PAGE bytes long (checked above); they do not overlap.
     unsafe { std::ptr::copy_nonoverlapping(arg.as_ptr(), page.cast::<u8>(), arg.len()) };
+    let ret = int80_ioctl(fd, cmd, page as usize as u32);
+    // SAFETY: unmaps the page mapped above, no longer used.
+    unsafe { libc::munmap(page, PAGE) };
+    ret
+}
+
+/// [`ioctl_compat`] with the argument in a page this process has never
+/// touched: a shared mapping of a memfd holding `arg`, so the kernel's own
+/// copy faults it in while a reader that must not fault (a non-sleepable
+/// eBPF program's `bpf_probe_read_user`) finds it absent. For the tests
+/// only.
+#[cfg(all(target_arch = "x86_64", feature = "test-syscalls"))]
+pub fn ioctl_compat_cold(fd: BorrowedFd<'_>, cmd: u32, arg: &[u8]) -> io::Result<()> {
+    const PAGE: usize = 4096;
+    if arg.len() > PAGE {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: a static NUL-terminated name; the result is checked.
+    let raw = unsafe { libc::memfd_create(c"prjquota-cold".as_ptr(), libc::MFD_CLOEXEC) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a descriptor memfd_create just returned, owned here
+    // alone.
+    let memfd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let mut file = std::fs::File::from(memfd);
+    std::io::Write::write_all(&mut file, arg)?;
+    file.set_len(PAGE as u64)?;
+    // SAFETY: a read-only shared mapping of the memfd's first page (its
+    // length was set above); checked for failure below.
+    let page = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            PAGE,
+            libc::PROT_READ,
+            libc::MAP_SHARED | libc::MAP_32BIT,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if page == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let ret = int80_ioctl(fd, cmd, page as usize as u32);
+    // SAFETY: unmaps the page mapped above, no longer used.
+    unsafe { libc::munmap(page, PAGE) };
+    ret
+}
+
+/// `ioctl(fd, cmd, addr)` through `int $0x80` (i386 `ioctl` = 54). ENOSYS
+/// where the kernel runs no 32-bit code.
+#[cfg(all(target_arch = "x86_64", feature = "test-syscalls"))]
+fn int80_ioctl(fd: BorrowedFd<'_>, cmd: u32, addr: u32) -> io::Result<()> {
+    const NR_IOCTL_I386: i32 = 54;
     let ret: i32;
     // SAFETY: int $0x80 with eax = the i386 ioctl number, ebx = fd, ecx =
-    // cmd, edx = the page's address (below 4 GiB by MAP_32BIT); rbx, which
-    // LLVM reserves, is swapped in and restored around the call; the
-    // kernel may clobber r8-r11 on this entry, declared as such.
+    // cmd, edx = a 32-bit user address the caller mapped; rbx, which LLVM
+    // reserves, is swapped in and restored around the call; the kernel
+    // may clobber r8-r11 on this entry, declared as such.
     unsafe {
         std::arch::asm!(
             "xchg rbx, {fd}",
@@ -991,15 +1056,13 @@ pub fn ioctl_compat(fd: BorrowedFd<'_>, cmd: u32, arg: &[u8]) -> io::Result<()> 
             fd = inout(reg) fd.as_raw_fd() as u64 => _,
             inlateout("eax") NR_IOCTL_I386 => ret,
             in("ecx") cmd,
-            in("edx") page as usize as u32,
+            in("edx") addr,
             out("r8") _,
             out("r9") _,
             out("r10") _,
             out("r11") _,
         );
     }
-    // SAFETY: unmaps the page mapped above, no longer used.
-    unsafe { libc::munmap(page, PAGE) };
     if ret < 0 {
         Err(io::Error::from_raw_os_error(-ret))
     } else {

@@ -1451,7 +1451,7 @@ mod tests {
     #[test]
     fn header_matches_rust() {
         let h = defines(include_str!("bpf/guard_shared.h"));
-        let expect: [(&str, u64); 24] = [
+        let expect: [(&str, u64); 25] = [
             ("GUARD_MAX_DEPTH", GUARD_MAX_DEPTH as u64),
             ("GUARD_MAX_DEPTH_CONTEXT", GUARD_MAX_DEPTH_CONTEXT as u64),
             ("GUARD_MAX_ROOTS", MAX_ROOTS as u64),

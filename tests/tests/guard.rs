@@ -52,6 +52,7 @@ on_every_fs!(
     the_sync_timer_re_tags_a_root_changed_behind_its_back,
     a_file_opened_by_handle_is_judged_fail_closed,
     enforce_keeps_every_root_generation_from_its_owner,
+    a_record_the_exporter_cannot_read_keeps_its_volume_guarded,
 );
 
 /// Another user, who does not own the files.
@@ -709,7 +710,11 @@ fn root_generation_under_enforce(v: Volume, fs_name: &str, applies: bool) {
     for encoding in SETVERSION {
         for (who, fd, what) in [
             (Who::User(OWNER), &root, "owner, on the volume root"),
-            (Who::RootWithoutSysAdmin, &root, "root w/o CAP_SYS_ADMIN, on the root"),
+            (
+                Who::RootWithoutSysAdmin,
+                &root,
+                "root w/o CAP_SYS_ADMIN, on the root",
+            ),
             (Who::User(OWNER), &data, "owner, on a file"),
         ] {
             let (pid, r) = act(who, Some(fd), &["setversion", encoding, "4242"]);
@@ -721,7 +726,11 @@ fn root_generation_under_enforce(v: Volume, fs_name: &str, applies: bool) {
     assert_eq!(generation(&v.path), before, "the root's generation");
     // The root is still the guard's: its files stay in the project.
     let (_, r) = chproj_as(Who::User(OWNER), &data, 0);
-    assert_eq!(r, Err(libc::EPERM), "chproj 0 after the generation attempts");
+    assert_eq!(
+        r,
+        Err(libc::EPERM),
+        "chproj 0 after the generation attempts"
+    );
     assert_eq!(Fixture::project_of(&v.path.join("data")).0, v.projid);
 
     let c = g.read().unwrap();
@@ -731,7 +740,12 @@ fn root_generation_under_enforce(v: Volume, fs_name: &str, applies: bool) {
         let e = of(&events, *pid);
         assert_eq!(e.len(), 1, "pid {pid}: {events:?}");
         assert_eq!(
-            (e[0].result, e[0].source, e[0].sets_generation, e[0].changes_project),
+            (
+                e[0].result,
+                e[0].source,
+                e[0].sets_generation,
+                e[0].changes_project
+            ),
             (Outcome::Denied, EventSource::Lsm, true, false),
             "{:?}",
             e[0]
@@ -773,7 +787,10 @@ fn detect_counts_a_root_generation_change_before_5_13() {
     let e = of(&g.drain_events(), pid);
     assert_eq!(e.len(), usize::from(counted), "{e:?}");
     if counted {
-        assert!(e[0].sets_generation && e[0].result == Outcome::Allowed, "{e:?}");
+        assert!(
+            e[0].sets_generation && e[0].result == Outcome::Allowed,
+            "{e:?}"
+        );
     }
 }
 
@@ -1163,6 +1180,15 @@ fn a_file_outside_the_volumes_cannot_take_a_volume_project(fs: &FsCase) {
     );
     let (_, r) = chproj_as(Who::RootWithoutSysAdmin, &fd, v.projid);
     assert_eq!(r, Err(libc::EPERM), "{}: root w/o CAP_SYS_ADMIN", fs.name);
+    // The 32-bit ioctl with its argument in a page the owner never touched:
+    // the kernel's copy faults it in, the guard's non-sleepable compat
+    // program (6.1 has no sleepable one) cannot: refused unread.
+    let (_, r) = act(
+        Who::User(OWNER),
+        Some(&fd),
+        &["chproj-compat-cold", &v.projid.to_string()],
+    );
+    assert_eq!(r, Err(libc::EPERM), "{}: owner, 32-bit, cold page", fs.name);
     assert_eq!(Fixture::project_of(&file).0, 0);
     let (_, r) = chproj_as(Who::User(OWNER), &fd, 4242);
     assert_eq!(r, Ok(()), "another project ID outside the volumes");
@@ -1177,7 +1203,16 @@ fn a_file_outside_the_volumes_cannot_take_a_volume_project(fs: &FsCase) {
         ("volume_id", v.spec.id.as_str()),
         ("result", "denied"),
     ];
-    assert_eq!(e.value(ATTEMPTS, &labels), 2.0, "{}", e.text);
+    // A sleepable compat program reads the cold page (faulting it in) and
+    // counts the attempt against the volume; the other refuses it unread,
+    // which names no volume.
+    let read_cold = exp.log().contains("lsm.s/file_ioctl_compat");
+    assert_eq!(
+        e.value(ATTEMPTS, &labels),
+        if read_cold { 3.0 } else { 2.0 },
+        "{}",
+        e.text
+    );
     drop(exp);
     fs::remove_dir_all(&outside).unwrap();
 }
@@ -1224,6 +1259,81 @@ fn the_sync_timer_re_tags_a_root_changed_behind_its_back(fs: &FsCase) {
             .any(|l| l.contains("re-tagged") && l.contains(&v.spec.id)),
         "{log}"
     );
+    drop(exp);
+}
+
+/// A record the exporter cannot read (a newer plugin's record version, a
+/// file that is no record) must not take its volume out of the guard: the
+/// owner loops on `chproj 0` while the record is rewritten with the next
+/// version, through a restart of the exporter with it, and while a
+/// directory stands in the record's place. Nothing goes through.
+fn a_record_the_exporter_cannot_read_keeps_its_volume_guarded(fs: &FsCase) {
+    use prjquota_core::record::{record_file_name, records_dir};
+    let v = Volume::new(fs, "guard-record");
+    let dir = v.f.node.volumes_dir.clone();
+    let record = records_dir(&dir).join(record_file_name(&v.spec.id.parse().unwrap()));
+    let original = fs::read(&record).unwrap();
+    let replace = |body: &[u8]| {
+        let tmp = record.with_extension("tmp-test");
+        fs::write(&tmp, body).unwrap();
+        fs::rename(&tmp, &record).unwrap();
+    };
+    let exp = guarding(&v, &["--guard.sync-interval=200ms"]);
+    let data = open(&v.path.join("data"));
+    const NAMES: [&str; 4] = [
+        "a readable record",
+        "a record of the next version",
+        "restarted with it",
+        "a directory in the record's place",
+    ];
+    let looper = Looper::start(&data, 0, NAMES.len());
+    looper.wait_attempts(50);
+
+    looper.enter(1);
+    let mut newer: serde_json::Value = serde_json::from_slice(&original).unwrap();
+    let version = newer["version"].as_u64().unwrap();
+    newer["version"] = (version + 1).into();
+    replace(&serde_json::to_vec(&newer).unwrap());
+    // Well past the rounds that dropped the volume before.
+    std::thread::sleep(Duration::from_secs(2));
+    looper.wait_attempts(100);
+    let first_log = exp.log();
+
+    looper.enter(2);
+    let _ = exp.stop_leaving_pins();
+    let exp = guarding(&v, &["--guard.sync-interval=200ms"]);
+    std::thread::sleep(Duration::from_secs(2));
+    looper.wait_attempts(100);
+
+    looper.enter(3);
+    fs::remove_file(&record).unwrap();
+    fs::create_dir(&record).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    looper.wait_attempts(100);
+    let tally = looper.stop();
+    for (name, (refused, through)) in NAMES.iter().zip(&tally) {
+        eprintln!(
+            "{}: {name}: {refused} refused, {through} went through",
+            fs.name
+        );
+        assert_eq!(
+            *through,
+            0,
+            "{name}: changes went through ({refused} refused)\n{}",
+            exp.log()
+        );
+        assert!(*refused > 0, "{name}: no attempt was made");
+    }
+    assert_eq!(Fixture::project_of(&v.path.join("data")), (v.projid, false));
+    for log in [first_log, exp.log()] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("cannot read a volume's record") && l.contains(&v.spec.id)),
+            "{log}"
+        );
+    }
+    fs::remove_dir(&record).unwrap();
+    replace(&original);
     drop(exp);
 }
 

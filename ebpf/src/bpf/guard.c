@@ -669,7 +669,10 @@ static __always_inline int refuse(struct guard_event *ev, struct dentry *dentry,
 	ev->ret = -EPERM;
 	ev->result = GUARD_DENIED;
 	ev->source = GUARD_SRC_LSM;
-	count(where, dev, ev->volume_projid, GUARD_DENIED);
+	/* Outside every root an unreadable request names no volume: it is
+	 * counted in GSTAT_UNREADABLE alone. */
+	if (!(where == WHERE_OUTSIDE && (ev->what & GUARD_WHAT_UNREADABLE)))
+		count(where, dev, ev->volume_projid, GUARD_DENIED);
 	emit(ev);
 	return -EPERM;
 }
@@ -751,10 +754,11 @@ static __always_inline int check_ioctl(struct file *file, unsigned int cmd, unsi
 		else
 			err = bpf_probe_read_user(&x, sizeof(x), (void *)arg);
 		if (err) {
-			/* Outside every root an unreadable request is no known
-			 * attempt (the kernel's own copy fails the same way). */
-			if (where == WHERE_OUTSIDE)
-				return 0;
+			/* Unreadable here is not unreadable for the kernel: the
+			 * non-sleepable program cannot fault a page in, the
+			 * kernel's own copy does. Outside every root too, what
+			 * the kernel will read may be a volume's project ID: an
+			 * attempt (fail closed). */
 			ev.what = GUARD_WHAT_UNREADABLE;
 		} else {
 			ev.projid = x.fsx_projid;

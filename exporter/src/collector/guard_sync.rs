@@ -18,6 +18,12 @@
 //! A registry that cannot be read, or a root that cannot be opened for
 //! another reason than being gone, deletes nothing in that round.
 //!
+//! A record this exporter cannot read (a newer plugin's record version, a
+//! corrupt or unreadable file) does not take its volume out of the guard:
+//! its root (`<volumes dir>/<volume ID>`, the ID from the file name) is
+//! guarded with the project ID the root itself carries, never re-tagged.
+//! The registry collector reports the record.
+//!
 //! Cheap when nothing changed: an unchanged registry directory is one stat
 //! (its records are not read again), and each root is one open, fstat and
 //! two ioctls.
@@ -34,6 +40,7 @@ use std::time::{Duration, SystemTime};
 
 use prjquota_core::record::{self, records_dir, State};
 use prjquota_core::sys::{self, FS_XFLAG_PROJINHERIT};
+use prjquota_core::volume_id::VolumeId;
 use prjquota_ebpf::guard::{root_identity_of, Guard, Snapshot};
 use prjquota_ebpf::{RootsUpdate, TelemetryError};
 
@@ -42,8 +49,11 @@ use prjquota_ebpf::{RootsUpdate, TelemetryError};
 pub struct Entry {
     pub volume_id: String,
     pub root: PathBuf,
-    pub projid: u32,
-    /// `ready` (else `creating`, which the plugin is still tagging).
+    /// The record's project ID; `None` for a record this exporter cannot
+    /// read: the root's own project ID is taken.
+    pub projid: Option<u32>,
+    /// `ready` (else `creating`, which the plugin is still tagging, or
+    /// unreadable).
     pub ready: bool,
 }
 
@@ -153,8 +163,12 @@ impl Syncer {
         let mut wanted = Vec::with_capacity(entries.len());
         for e in &entries {
             match check_root(e, retag) {
-                Ok((id, retagged)) => {
-                    wanted.push((id.0, id.1, id.2, e.projid));
+                Ok((_, 0, _)) => {
+                    // An unreadable record's root that carries no project:
+                    // nothing a project quota could hold to guard.
+                }
+                Ok((id, projid, retagged)) => {
+                    wanted.push((id.0, id.1, id.2, projid));
                     if let Some((projid, inherit)) = retagged {
                         round.retagged += 1;
                         crate::warn!(
@@ -163,7 +177,7 @@ impl Syncer {
                             root = e.root.display(),
                             projid_was = projid,
                             projinherit_was = inherit,
-                            projid = e.projid
+                            projid = projid
                         );
                     }
                 }
@@ -223,11 +237,14 @@ enum RootError {
     Other(String),
 }
 
-/// Opens a record's root: its identity, and with `retag` for a ready
-/// volume, its project ID and PROJINHERIT put back when they drifted
-/// (`Some((projid, inherit))` as they were).
+/// Opens a record's root: its identity, the project ID to guard it with,
+/// and with `retag` for a ready volume, its project ID and PROJINHERIT put
+/// back when they drifted (`Some((projid, inherit))` as they were).
 #[allow(clippy::type_complexity)]
-fn check_root(e: &Entry, retag: bool) -> Result<((u64, u64, u32), Option<(u32, bool)>), RootError> {
+fn check_root(
+    e: &Entry,
+    retag: bool,
+) -> Result<((u64, u64, u32), u32, Option<(u32, bool)>), RootError> {
     let dir = fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
@@ -245,21 +262,27 @@ fn check_root(e: &Entry, retag: bool) -> Result<((u64, u64, u32), Option<(u32, b
             e.root.display()
         ))
     })?;
+    let read_project = || {
+        sys::get_fsxattr(dir.as_fd()).map_err(|err| {
+            RootError::Other(format!(
+                "cannot read the project of the volume root {}: {err}",
+                e.root.display()
+            ))
+        })
+    };
+    let Some(projid) = e.projid else {
+        return Ok((id, read_project()?.projid, None));
+    };
     if !(retag && e.ready) {
-        return Ok((id, None));
+        return Ok((id, projid, None));
     }
-    let mut attr = sys::get_fsxattr(dir.as_fd()).map_err(|err| {
-        RootError::Other(format!(
-            "cannot read the project of the volume root {}: {err}",
-            e.root.display()
-        ))
-    })?;
+    let mut attr = read_project()?;
     let inherit = attr.xflags & FS_XFLAG_PROJINHERIT != 0;
-    if attr.projid == e.projid && inherit {
-        return Ok((id, None));
+    if attr.projid == projid && inherit {
+        return Ok((id, projid, None));
     }
     let was = (attr.projid, inherit);
-    attr.projid = e.projid;
+    attr.projid = projid;
     attr.xflags |= FS_XFLAG_PROJINHERIT;
     sys::set_fsxattr(dir.as_fd(), &attr).map_err(|err| {
         RootError::Other(format!(
@@ -267,10 +290,10 @@ fn check_root(e: &Entry, retag: bool) -> Result<((u64, u64, u32), Option<(u32, b
             e.root.display(),
             was.0,
             was.1,
-            e.projid
+            projid
         ))
     })?;
-    Ok((id, Some(was)))
+    Ok((id, projid, Some(was)))
 }
 
 /// The `creating` and `ready` records of one volumes directory; re-read
@@ -311,39 +334,72 @@ fn list<'a>(volumes_dir: &Path, cache: &'a mut DirCache) -> io::Result<&'a [Entr
         let Some(stem) = record::record_stem(&name) else {
             continue;
         };
-        let f = match fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(entry.path())
-        {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e),
-        };
-        if !f.metadata()?.is_file() {
-            continue;
-        }
-        // A corrupt record is the registry collector's to report.
-        let Ok(r) = record::read_record(f, stem) else {
-            continue;
-        };
-        if matches!(r.state, State::Creating | State::Ready) {
-            entries.insert(
-                stem.to_string(),
-                Entry {
-                    volume_id: stem.to_string(),
-                    // Built from the validated ID, never the record's path:
-                    // a tampered record must not point the re-tag (as root)
-                    // at another directory.
-                    root: volumes_dir.join(r.volume_id.as_str()),
-                    projid: r.project_id,
-                    ready: r.state == State::Ready,
-                },
-            );
+        match read_entry(&entry.path(), stem) {
+            Ok(Some(r)) => {
+                if matches!(r.state, State::Creating | State::Ready) {
+                    entries.insert(
+                        stem.to_string(),
+                        Entry {
+                            volume_id: stem.to_string(),
+                            // Built from the validated ID, never the
+                            // record's path: a tampered record must not
+                            // point the re-tag (as root) at another
+                            // directory.
+                            root: volumes_dir.join(r.volume_id.as_str()),
+                            projid: Some(r.project_id),
+                            ready: r.state == State::Ready,
+                        },
+                    );
+                }
+            }
+            Ok(None) => {}
+            Err(why) => {
+                // Only a name that is a volume ID names a root.
+                let Ok(id) = VolumeId::parse(stem) else {
+                    continue;
+                };
+                crate::warn!(
+                    "cannot read a volume's record: its root stays guarded with the project it carries",
+                    volume_id = stem,
+                    record = entry.path().display(),
+                    error = why
+                );
+                entries.insert(
+                    stem.to_string(),
+                    Entry {
+                        volume_id: stem.to_string(),
+                        root: volumes_dir.join(id.as_str()),
+                        projid: None,
+                        ready: false,
+                    },
+                );
+            }
         }
     }
     cache.entries = entries.into_values().collect();
     cache.key = Some(key);
     cache.scanned = Some(started);
     Ok(&cache.entries)
+}
+
+/// One record file: `Ok(None)` when it went away meanwhile, `Err` with the
+/// reason when it is there and cannot be read as a record of this version.
+fn read_entry(path: &Path, stem: &str) -> Result<Option<record::Record>, String> {
+    let f = match fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    };
+    match f.metadata() {
+        Ok(m) if m.is_file() => {}
+        Ok(_) => return Err("not a regular file".into()),
+        Err(e) => return Err(e.to_string()),
+    }
+    record::read_record(f, stem)
+        .map(Some)
+        .map_err(|e| format!("{e:#}"))
 }

@@ -7,6 +7,9 @@
 //!   `FS_IOC_FSSETXATTR` (what `xfs_io -c 'chproj ID'` does)
 //! - `attr-act chproj-compat ID`: the same set through the 32-bit
 //!   system call entry (`int $0x80`), the path of an i386 binary
+//! - `attr-act chproj-compat-cold ID`: the same, the argument in a page
+//!   the process never touched (a memfd mapping): the kernel faults it in,
+//!   a reader that must not fault finds it absent
 //! - `attr-act xflags-clear|xflags-set HEX` (`xflags-clear-compat` too): fsxattr
 //!   flags, e.g. `xflags-clear 200` clears PROJINHERIT
 //! - `attr-act flags-clear|flags-set HEX`: `FS_IOC_GETFLAGS`, change,
@@ -119,6 +122,10 @@ fn main() {
         }
         ("setversion", [encoding, gen]) => set_version(fd, encoding, number(gen)),
         ("chproj-compat", [id]) => xattr(fd, true, |a| a.projid = number(id)),
+        ("chproj-compat-cold", [id]) => sys::get_fsxattr(fd).map_err(errno).and_then(|mut a| {
+            a.projid = number(id);
+            sys::set_fsxattr_compat_cold(fd, &a).map_err(errno)
+        }),
         ("xflags-clear", [x]) => xattr(fd, false, |a| a.xflags &= !hex(x)),
         ("xflags-clear-compat", [x]) => xattr(fd, true, |a| a.xflags &= !hex(x)),
         ("xflags-set", [x]) => xattr(fd, false, |a| a.xflags |= hex(x)),
