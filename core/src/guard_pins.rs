@@ -211,34 +211,44 @@ impl PinnedGuard {
     }
 
     /// Guards `root` as a volume of project `projid`: its device and project
-    /// are known, and the root's own entry is set. `fresh`: a new volume,
-    /// whose project ID may have had counts under an earlier volume, which
-    /// are dropped.
+    /// are known ([`PinnedGuard::register_project`]), and the root's own
+    /// entry is set. `fresh`: a new volume, whose project ID may have had
+    /// counts under an earlier volume, which are dropped.
     pub fn register(&self, root: &RootKey, projid: u32, fresh: bool) -> io::Result<()> {
-        let ctx = |what: &str, e: io::Error| {
-            io::Error::new(
-                e.kind(),
-                format!(
-                    "cannot {what} in the quota-escape guard's maps at {}: {e}",
-                    self.pin.display()
-                ),
-            )
-        };
+        self.register_project(root.dev, projid, fresh)?;
+        self.roots
+            .update(&root.to_bytes(), &root_value(projid), BPF_ANY)
+            .map_err(|e| self.error("add the volume root", e))
+    }
+
+    /// Makes `projid` on `dev` a volume's project before the volume has a
+    /// root: from then on no file outside the volumes can be given it by an
+    /// unprivileged process (which would charge the new volume for it).
+    /// `fresh` drops counts an earlier volume of that ID left.
+    pub fn register_project(&self, dev: u64, projid: u32, fresh: bool) -> io::Result<()> {
         self.devs
-            .update(&root.dev.to_ne_bytes(), &1u32.to_ne_bytes(), BPF_ANY)
-            .map_err(|e| ctx("add the device", e))?;
-        let project = project_key(root.dev, projid);
+            .update(&dev.to_ne_bytes(), &1u32.to_ne_bytes(), BPF_ANY)
+            .map_err(|e| self.error("add the device", e))?;
+        let project = project_key(dev, projid);
         self.projects
             .update(&project, &1u32.to_ne_bytes(), BPF_ANY)
-            .map_err(|e| ctx(&format!("add project {projid}"), e))?;
+            .map_err(|e| self.error(&format!("add project {projid}"), e))?;
         if fresh {
             self.counters
                 .delete(&project)
-                .map_err(|e| ctx(&format!("reset the counts of project {projid}"), e))?;
+                .map_err(|e| self.error(&format!("reset the counts of project {projid}"), e))?;
         }
-        self.roots
-            .update(&root.to_bytes(), &root_value(projid), BPF_ANY)
-            .map_err(|e| ctx("add the volume root", e))
+        Ok(())
+    }
+
+    fn error(&self, what: &str, e: io::Error) -> io::Error {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "cannot {what} in the quota-escape guard's maps at {}: {e}",
+                self.pin.display()
+            ),
+        )
     }
 
     /// Takes `root` out of the guard; `Ok(false)` when it was not in.

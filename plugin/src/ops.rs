@@ -4,16 +4,17 @@
 //! crash (`kill -9`) at any point leaves state that the next call for the
 //! same volume finishes or cleans up:
 //!
-//! - create: a new ID is claimed on the kernel (its hard limit set, under a
-//!   lock every volumes directory of the filesystem shares) → reservation →
+//! - create: a new ID is chosen, made known to the pinned guard, and
+//!   claimed on the kernel (its hard limit set, under a lock every volumes
+//!   directory of the filesystem shares) → reservation →
 //!   record (`creating`, with the reserved project ID) → hard limit on the ID
 //!   → directory (root's, mode 0700) → into the pinned guard → project tag →
 //!   mode/owner → record `ready`. The limit comes before the tag, so there
 //!   is never a moment when a tagged volume is unlimited; the guard and the
 //!   tag come before the owner, so nothing the owner does to the root
 //!   escapes the project, and no file lands in the root before it is tagged.
-//! - delete: record `deleting` → root out of the guard → directory tree
-//!   removed → limits cleared → record removed → project out of the guard.
+//! - delete: record `deleting` → directory tree removed → root out of the
+//!   guard → limits cleared → record removed → project out of the guard.
 //!   The record goes last, so a half-deleted volume is always known.
 //!
 //! The same `create` serves a first create, Nomad's restore at agent start
@@ -239,6 +240,13 @@ fn allocate_and_claim(
         }
     };
     let pid = allocate_project_id(vfs, reservations, cfg)?;
+    // Into the guard before the claim: the ID is predictable (the lowest
+    // free one), and until the guard knows it, a file outside the volumes
+    // may be given it by its owner and charge the new volume.
+    if let (Some(g), Some(dev)) = (open_guard(vfs)?, kernel_dev(vfs.dev)) {
+        g.register_project(dev, pid, true)?;
+    }
+    fault::point("create:project-guarded");
     quota::set_limits(vfs.fd(), pid, limits)
         .map_err(|e| quota_error(e, "set the limits of", pid, vfs))?;
     Ok(pid)
@@ -753,6 +761,21 @@ pub(crate) fn converge(
         undo.guarded = Some(key);
     }
     fault::point("create:guarded");
+    if fresh && undo.dir {
+        // A root made by this call, not tagged yet: nothing of the volume
+        // is charged to the project. Anything is a file outside the
+        // volumes given the ID before the guard knew it (or by a
+        // privileged process): the volume would start with it.
+        let q = quota::get(vfs.fd(), project_id)
+            .map_err(|e| quota_error(e, "read the usage of", project_id, vfs))?;
+        if q.used_bytes != 0 || q.used_inodes != 0 {
+            bail!(
+                "project ID {project_id} already charges {} bytes and {} inodes to files outside                  the volume (given that ID before the quota-escape guard knew it, or by a                  privileged process), so the new volume would start with them: the create is                  refused and the ID stays out of use; create the volume again (it gets another                  ID), and find the files with `xfs_quota -x -c 'report -p'` or `repquota -P`",
+                q.used_bytes,
+                q.used_inodes
+            );
+        }
+    }
     quota::tag(fd.as_fd(), project_id).map_err(|e| tag_error(e, vfs, project_id))?;
     fault::point("create:tagged");
     apply_root_attrs(&fd, params).with_context(|| {
@@ -1026,25 +1049,32 @@ pub fn delete(req: &DeleteRequest) -> Result<()> {
     }
     fault::point("delete:marked");
 
-    // Out of the guard before its tree goes: the root's entry must never
-    // outlive the inode it names (its number will be reused).
+    // The root leaves the guard only once its tree is gone: until then the
+    // owner's files are still the volume's, and a project change on one
+    // (through a descriptor kept open) is refused to the end. The entry
+    // cannot outlive its inode by matching another: a reused inode number
+    // comes with a new generation. A delete that stops in between leaves
+    // the entry to the exporter's sync.
     let guard = open_guard(&vfs)?;
-    if let Some(g) = &guard {
-        match open_volume_dir(&vfs, id) {
-            Ok(fd) => {
-                let key = RootKey::of(fd.as_fd())
-                    .with_context(|| format!("cannot read the inode of {}", path.display()))?;
-                g.unregister_root(&key)?;
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+    let root_key = match &guard {
+        Some(_) => match open_volume_dir(&vfs, id) {
+            Ok(fd) => Some(
+                RootKey::of(fd.as_fd())
+                    .with_context(|| format!("cannot read the inode of {}", path.display()))?,
+            ),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(e).with_context(|| format!("cannot open {}", path.display())),
-        }
-    }
-    fault::point("delete:unguarded");
+        },
+        None => None,
+    };
 
     let removed = remove::remove_tree(vfs.fd(), &cname(id))
         .with_context(|| format!("cannot remove {}", path.display()))?;
     fault::point("delete:removed");
+    if let (Some(g), Some(key)) = (&guard, &root_key) {
+        g.unregister_root(key)?;
+    }
+    fault::point("delete:unguarded");
 
     let pid = rec.project_id;
     match quota::support(vfs.fd()) {

@@ -63,3 +63,14 @@ pub fn add_volume(volumes_dir: &Path, mut rec: Record) -> PathBuf {
         .unwrap_or_else(|e| panic!("store {}: {e}", rec.volume_id.as_str()));
     rec.path
 }
+
+/// The project ID reserved for volume `id` in `volumes_dir`'s registry
+/// (`.prjquota/ids/<project ID>.<volume ID>`), as a create that stopped
+/// before its record left it.
+pub fn reserved_project(volumes_dir: &Path, id: &str) -> Option<u32> {
+    let ids = volumes_dir.join(".prjquota/ids");
+    std::fs::read_dir(&ids)
+        .unwrap_or_else(|e| panic!("list {}: {e}", ids.display()))
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .find_map(|n| n.strip_suffix(&format!(".{id}"))?.parse().ok())
+}

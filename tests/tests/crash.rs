@@ -26,6 +26,7 @@ fn faulty(fs: &FsCase, tag: &str) -> Fixture {
 }
 
 const CREATE_POINTS: &[&str] = &[
+    "create:project-guarded",
     "create:reserved",
     "create:recorded",
     "create:limited",
@@ -36,8 +37,8 @@ const CREATE_POINTS: &[&str] = &[
 ];
 const DELETE_POINTS: &[&str] = &[
     "delete:marked",
-    "delete:unguarded",
     "delete:removed",
+    "delete:unguarded",
     "delete:unlimited",
     "delete:unrecorded",
 ];

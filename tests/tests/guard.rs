@@ -53,6 +53,8 @@ on_every_fs!(
     a_file_opened_by_handle_is_judged_fail_closed,
     enforce_keeps_every_root_generation_from_its_owner,
     a_record_the_exporter_cannot_read_keeps_its_volume_guarded,
+    a_new_volume_project_cannot_be_taken_before_its_create_ends,
+    a_volume_stays_guarded_while_its_delete_runs,
 );
 
 /// Another user, who does not own the files.
@@ -1334,6 +1336,135 @@ fn a_record_the_exporter_cannot_read_keeps_its_volume_guarded(fs: &FsCase) {
     }
     fs::remove_dir(&record).unwrap();
     replace(&original);
+    drop(exp);
+}
+
+/// A new volume's project ID is predictable (the lowest free one). A create
+/// stopped after its claim (as a crash, or a slow one, leaves it): the
+/// owner of a file outside the volumes cannot give that file the claimed ID
+/// (which would charge the new volume). When a privileged process does,
+/// the next create refuses with the reason rather than start the volume
+/// with someone else's usage, and the one after gets a fresh ID.
+fn a_new_volume_project_cannot_be_taken_before_its_create_ends(fs: &FsCase) {
+    use prjquota_vmtests::fault_bin;
+    use prjquota_vmtests::nomad::{run_plugin_with, TEST_DEADLINE};
+    let f = Fixture::with_plugin(
+        &(fs.mount)(),
+        &format!("{}-guard-claim", fs.name),
+        &fault_bin(),
+    );
+    let dir = f.node.volumes_dir.clone();
+    // One volume first, so the guard watches this filesystem; no sync
+    // round meanwhile: only the plugin puts the new project in.
+    let first = Volume::in_fixture(f, "guard-claim");
+    let f = &first.f;
+    let exp = Exporter::start_with(
+        &[&dir],
+        &["--guard=enforce", "--ebpf=off", "--guard.sync-interval=60m"],
+    );
+    let outside = scratch_dir(&(fs.mount)(), &format!("{}-guard-claim-squat", fs.name));
+    let file = outside.join("f");
+    fs::write(&file, vec![7u8; 64 << 10]).unwrap();
+    chown(&file, Some(OWNER), Some(OWNER)).unwrap();
+    let fd = open(&file);
+    let stop_after_claim = |spec: &Spec| {
+        let out = run_plugin_with(
+            &f.node.plugin,
+            "create",
+            &f.node.create_vars(spec),
+            TEST_DEADLINE,
+            &[("PRJQUOTA_FAULT", "create:reserved".into())],
+        );
+        assert!(
+            !out.status.success(),
+            "the fault point was not reached: {out:?}"
+        );
+        prjquota_vmtests::records::reserved_project(&dir, &spec.id)
+            .expect("the stopped create reserved an ID")
+    };
+
+    let spec = Spec::new("claimed", 8 * MIB as i64);
+    let pid = stop_after_claim(&spec);
+    let (_, r) = chproj_as(Who::User(OWNER), &fd, pid);
+    assert_eq!(
+        r,
+        Err(libc::EPERM),
+        "{}: the owner took project {pid} before its create ended",
+        fs.name
+    );
+    assert_eq!(Fixture::project_of(&file).0, 0);
+    let (path, _) = f.create(&spec);
+    assert_eq!(f.project_id(&spec.id), pid);
+    let q = f.quota(pid);
+    assert_eq!(
+        q.used_inodes, 1,
+        "{}: a new volume holds its root only: {q:?}",
+        fs.name
+    );
+
+    // A privileged process is let through: the create says so and leaves.
+    let spec2 = Spec::new("claimed-then-taken", 8 * MIB as i64);
+    let pid2 = stop_after_claim(&spec2);
+    chproj(&fd, pid2).unwrap();
+    let out = f.node.create(&spec2);
+    assert!(
+        !out.status.success(),
+        "{}: created with someone else's usage: {out:?}",
+        fs.name
+    );
+    assert!(out.stdout.contains("already charges"), "{out:?}");
+    assert!(
+        !dir.join(&spec2.id).exists(),
+        "a refused create left its directory"
+    );
+    chproj(&fd, 0).unwrap();
+    let (_, _) = f.create(&spec2);
+    let pid3 = f.project_id(&spec2.id);
+    assert_ne!(pid3, pid2, "the ID that was taken is used again");
+    assert_eq!(f.quota(pid3).used_inodes, 1);
+
+    assert!(f.node.delete(&spec2).status.success());
+    assert!(f.node.delete(&spec).status.success());
+    assert!(!path.exists());
+    drop(exp);
+    fs::remove_dir_all(&outside).unwrap();
+}
+
+/// Delete removes a volume's tree before its root leaves the guard: an
+/// owner who keeps a file of the volume open and loops on `chproj 0`
+/// through the whole delete is refused to the end.
+fn a_volume_stays_guarded_while_its_delete_runs(fs: &FsCase) {
+    use prjquota_vmtests::fixture::make_files;
+    let v = Volume::new(fs, "guard-delete");
+    // Enough files for the delete to take a while under emulation.
+    let many = v.path.join("many");
+    fs::create_dir(&many).unwrap();
+    chown(&many, Some(OWNER), Some(OWNER)).unwrap();
+    make_files(&many, 3000, Some(OWNER));
+    let exp = guarding(&v, &[]);
+    let data = open(&v.path.join("sub/more"));
+    let looper = Looper::start(&data, 0, 3);
+    looper.wait_attempts(50);
+    looper.enter(1);
+    let started = Instant::now();
+    let out = v.f.node.delete(&v.spec);
+    let took = started.elapsed();
+    looper.enter(2);
+    assert!(out.status.success(), "{out:?}");
+    assert!(!v.path.exists());
+    let tally = looper.stop();
+    eprintln!("{}: delete took {took:?}; attempts {tally:?}", fs.name);
+    for (phase, (refused, through)) in ["before the delete", "during the delete"]
+        .iter()
+        .zip(&tally)
+    {
+        assert_eq!(
+            *through, 0,
+            "{}: {phase}: {through} changes went through ({refused} refused)",
+            fs.name
+        );
+        assert!(*refused > 0, "{}: {phase}: no attempt was made", fs.name);
+    }
     drop(exp);
 }
 

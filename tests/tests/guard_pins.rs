@@ -21,7 +21,8 @@ use prjquota_vmtests::{fault_bin, on_every_fs, PYTHON};
 
 on_every_fs!(
     a_create_guards_its_root_before_it_returns,
-    a_delete_unguards_the_root_before_its_tree_goes,
+    a_delete_keeps_the_root_guarded_until_its_tree_is_gone,
+    a_new_project_is_guarded_from_its_claim,
     pins_a_create_cannot_trust_are_refused_and_leave_nothing,
     a_squatter_delays_no_create_and_decides_nothing,
 );
@@ -80,12 +81,17 @@ fn a_create_guards_its_root_before_it_returns(fs: &FsCase) {
     );
 }
 
-fn a_delete_unguards_the_root_before_its_tree_goes(fs: &FsCase) {
+/// The root leaves the guard only once its tree is gone (a reused inode
+/// number comes with another generation, so the entry cannot outlive its
+/// inode by matching another file); a delete stopped in between leaves the
+/// entry, and the next delete finishes.
+fn a_delete_keeps_the_root_guarded_until_its_tree_is_gone(fs: &FsCase) {
     let f = Fixture::with_plugin(&(fs.mount)(), &format!("{}-pins-d", fs.name), &fault_bin());
     let pins = HandPins::make(&f.node.volumes_dir, &format!("{}-d", fs.name));
     let g = pins.open(&f.node.volumes_dir);
     let spec = writable(Spec::new("unguarded", 8 * MIB as i64));
     let (path, _) = f.create(&spec);
+    let pid = f.project_id(&spec.id);
     std::fs::write(path.join("keep"), b"data").unwrap();
     let key = root_key(&path);
     let out = run_plugin_with(
@@ -93,11 +99,46 @@ fn a_delete_unguards_the_root_before_its_tree_goes(fs: &FsCase) {
         "delete",
         &f.node.delete_vars(&spec, &path),
         TEST_DEADLINE,
-        &[("PRJQUOTA_FAULT", "delete:unguarded".into())],
+        &[("PRJQUOTA_FAULT", "delete:removed".into())],
     );
     assert!(!out.status.success(), "the fault point was not reached");
-    assert!(path.join("keep").exists(), "the tree went before the guard");
-    assert_eq!(g.root_projid(&key).unwrap(), None);
+    assert!(!path.exists(), "the tree is removed first");
+    assert_eq!(
+        g.root_projid(&key).unwrap(),
+        Some(pid),
+        "the root left before its tree"
+    );
+    assert!(f.node.delete(&spec).status.success());
+    assert!(!path.exists());
+}
+
+/// A create puts its project into the guard before it claims the ID on the
+/// kernel: a create stopped right after its claim left the project known.
+fn a_new_project_is_guarded_from_its_claim(fs: &FsCase) {
+    let f = Fixture::with_plugin(&(fs.mount)(), &format!("{}-pins-p", fs.name), &fault_bin());
+    let pins = HandPins::make(&f.node.volumes_dir, &format!("{}-p", fs.name));
+    let g = pins.open(&f.node.volumes_dir);
+    let spec = writable(Spec::new("claimed", 8 * MIB as i64));
+    let out = run_plugin_with(
+        &f.node.plugin,
+        "create",
+        &f.node.create_vars(&spec),
+        TEST_DEADLINE,
+        &[("PRJQUOTA_FAULT", "create:reserved".into())],
+    );
+    assert!(!out.status.success(), "the fault point was not reached");
+    let pid = prjquota_vmtests::records::reserved_project(&f.node.volumes_dir, &spec.id)
+        .expect("the stopped create reserved an ID");
+    let dev = prjquota_core::guard_pins::kernel_dev(
+        std::fs::metadata(&f.node.volumes_dir).unwrap().dev(),
+    )
+    .unwrap();
+    assert!(
+        g.knows_project(dev, pid).unwrap(),
+        "project {pid} is claimed and unguarded"
+    );
+    let (path, _) = f.create(&spec);
+    assert_eq!(f.project_id(&spec.id), pid);
     assert!(f.node.delete(&spec).status.success());
     assert!(!path.exists());
 }

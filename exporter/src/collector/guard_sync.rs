@@ -11,9 +11,10 @@
 //! 1. snapshots the keys in the maps,
 //! 2. then lists the registries (a record is stored before the plugin
 //!    writes the maps),
-//! 3. adds or updates every root of a `creating` or `ready` record that
-//!    exists, and deletes only snapshot keys that no record has: an entry
-//!    the plugin added after step 1 stays.
+//! 3. adds or updates every root of a `creating`, `ready` or `deleting`
+//!    record that exists (a delete removes the tree before the root leaves
+//!    the guard), and deletes only snapshot keys that no record has: an
+//!    entry the plugin added after step 1 stays.
 //!
 //! A registry that cannot be read, or a root that cannot be opened for
 //! another reason than being gone, deletes nothing in that round.
@@ -52,8 +53,8 @@ pub struct Entry {
     /// The record's project ID; `None` for a record this exporter cannot
     /// read: the root's own project ID is taken.
     pub projid: Option<u32>,
-    /// `ready` (else `creating`, which the plugin is still tagging, or
-    /// unreadable).
+    /// `ready` (else `creating`, which the plugin is still tagging,
+    /// `deleting`, or unreadable): only a ready root is re-tagged.
     pub ready: bool,
 }
 
@@ -336,7 +337,9 @@ fn list<'a>(volumes_dir: &Path, cache: &'a mut DirCache) -> io::Result<&'a [Entr
         };
         match read_entry(&entry.path(), stem) {
             Ok(Some(r)) => {
-                if matches!(r.state, State::Creating | State::Ready) {
+                // A `deleting` volume stays guarded while its root stands:
+                // the plugin takes the root out once the tree is gone.
+                if matches!(r.state, State::Creating | State::Ready | State::Deleting) {
                     entries.insert(
                         stem.to_string(),
                         Entry {
