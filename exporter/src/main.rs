@@ -150,6 +150,13 @@ struct Flags {
     #[arg(long = "guard.sync-interval", value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
     guard_sync_interval: Duration,
 
+    /// Replace a pinned guard that enforces with this start's, which will
+    /// only detect (--guard=detect). Without it such a start leaves the
+    /// enforcing guard in place for those volumes directories and says so.
+    /// A guard whose exporter still runs is never replaced.
+    #[arg(long = "guard.replace-stronger")]
+    guard_replace_stronger: bool,
+
     /// How many volumes the eBPF counters maps hold (write telemetry and
     /// guard alike; per-CPU entries, about 64 bytes per volume per CPU).
     /// A deleted volume's slot is given to a new one after ten minutes, so
@@ -377,6 +384,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         guard: flags.guard,
         guard_pin_root: flags.guard_pin_root,
         guard_sync_interval: flags.guard_sync_interval,
+        guard_replace_stronger: flags.guard_replace_stronger,
         max_volumes: flags.max_volumes,
         plugin_dir: Some(flags.plugin_dir),
     };
