@@ -574,4 +574,43 @@ mod tests {
         assert_eq!(fs::read_dir(&root).unwrap().count(), 0);
         fs::remove_dir(&root).unwrap();
     }
+
+    /// One owner per volumes directory while its lock is held; what a
+    /// symlink points at and whether that guard enforces.
+    #[test]
+    fn one_owner_holds_a_volumes_directory_and_sees_what_is_pinned() {
+        let root = std::env::temp_dir().join(format!("pins-owner-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir(&root).unwrap();
+        let (a, b) = (PathBuf::from("/v/a"), PathBuf::from("/v/b"));
+        let Claim::Owned(lock) = claim(&root, &a).unwrap() else {
+            panic!("a free lock is taken");
+        };
+        // flock is per open file: a second open is another exporter.
+        let dir = new_dir(&root).unwrap();
+        swap_links(&root, std::slice::from_ref(&a), &dir).unwrap();
+        assert!(
+            matches!(claim(&root, &a).unwrap(), Claim::Held { pid: Some(p) } if p == std::process::id())
+        );
+        assert!(matches!(claim(&root, &b).unwrap(), Claim::Owned(_)));
+        drop(lock);
+        assert!(matches!(claim(&root, &a).unwrap(), Claim::Owned(_)));
+
+        assert_eq!(current(&root, &b).unwrap(), None);
+        let c = current(&root, &a).unwrap().unwrap();
+        assert!(c.exists && !c.enforces() && !c.is(&dir, &[]));
+        for (_, m) in MAP_PINS {
+            fs::write(dir.join(m), b"").unwrap();
+        }
+        fs::write(dir.join("link-guard_fileattr_set_exit"), b"").unwrap();
+        let c = current(&root, &a).unwrap().unwrap();
+        assert!(c.is(&dir, &["guard_fileattr_set_exit"]) && !c.enforces());
+        assert!(!c.is(&dir, &["guard_file_ioctl"]));
+        fs::write(dir.join("link-guard_file_ioctl_sleepable"), b"").unwrap();
+        assert!(current(&root, &a).unwrap().unwrap().enforces());
+        fs::remove_dir_all(&dir).unwrap();
+        let c = current(&root, &a).unwrap().unwrap();
+        assert!(!c.exists && !c.is(&dir, &[]));
+        fs::remove_dir_all(&root).unwrap();
+    }
 }

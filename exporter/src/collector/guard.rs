@@ -61,7 +61,9 @@ const DENIED: Extra = &[("result", "denied")];
 
 /// Where the guard stands: off is `--guard=off` (`error` None) or a load
 /// that failed.
-type Status = background::Status<Loaded>;
+/// An off guard's detail: the volumes directories another exporter's
+/// guard covers, and why (`guard_owner`).
+type Status = background::Status<Loaded, guard_owner::Skipped>;
 
 /// A guard loaded.
 struct Loaded {
@@ -109,7 +111,7 @@ pub struct GuardSetup {
 }
 
 pub struct GuardCollector {
-    status: Background<Loaded>,
+    status: Background<Loaded, guard_owner::Skipped>,
 }
 
 impl GuardCollector {
@@ -207,7 +209,7 @@ fn unpin(setup: &GuardSetup) -> Status {
     Status::Off {
         reason: "disabled",
         error,
-        detail: (),
+        detail: Vec::new(),
     }
 }
 
@@ -276,7 +278,7 @@ fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
             return Status::Off {
                 reason,
                 error: None,
-                detail: (),
+                detail: claimed.skipped,
             };
         }
     }
@@ -375,7 +377,7 @@ fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
             Status::Off {
                 reason: e.reason(),
                 error: Some(e.to_string()),
-                detail: (),
+                detail: Vec::new(),
             }
         }
     }
@@ -625,7 +627,8 @@ impl Collector for GuardCollector {
                     out.push(attempts_family(0));
                     Ok(())
                 }
-                Status::Off { reason, .. } => {
+                Status::Off { reason, detail, .. } => {
+                    out.extend(guard_owner::not_own_family(detail));
                     out.extend(mode_families(GuardMode::Off));
                     // No samples (nothing is counted), but the family is
                     // known: the dashboards' lint reads the catalogue.

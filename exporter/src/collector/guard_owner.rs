@@ -32,6 +32,9 @@ use prjquota_ebpf::pins::{self, Claim, Current, OwnerLock};
 pub const OWNED_ELSEWHERE: &str = "owned_elsewhere";
 pub const STRONGER_PINNED: &str = "stronger_pinned";
 
+/// Volumes directories whose guard is not this exporter's, and why.
+pub type Skipped = Vec<(PathBuf, &'static str)>;
+
 /// What the claims at start-up gave.
 #[derive(Debug, Default)]
 pub struct Claimed {
@@ -40,7 +43,7 @@ pub struct Claimed {
     /// Their locks, held as long as the guard is loaded.
     pub locks: Vec<OwnerLock>,
     /// The others, and why.
-    pub skipped: Vec<(PathBuf, &'static str)>,
+    pub skipped: Skipped,
 }
 
 /// Claims the guard of every volumes directory under `root`. `enforcing`:
@@ -113,7 +116,7 @@ pub struct Keeper {
     pins: Option<(PathBuf, Vec<&'static str>)>,
     kept: Vec<Kept>,
     /// Volumes directories another exporter's guard covers.
-    skipped: Vec<(PathBuf, &'static str)>,
+    skipped: Skipped,
 }
 
 impl Keeper {
@@ -121,7 +124,7 @@ impl Keeper {
         root: &Path,
         pins: Option<(PathBuf, Vec<&'static str>)>,
         dirs: &[PathBuf],
-        skipped: Vec<(PathBuf, &'static str)>,
+        skipped: Skipped,
     ) -> Keeper {
         let own = pins.is_some();
         Keeper {
@@ -204,10 +207,7 @@ impl Keeper {
 
     /// `…_guard_pins_own{volumes_dir}` and `…_guard_pins_restored_total`.
     pub fn families(&self) -> Vec<Family> {
-        let mut own = Family::gauge(
-            "prjquota_exporter_guard_pins_own",
-            "Whether the pinned quota-escape guard of the volumes directory is this exporter's (1): its symlink points at this exporter's pin directory, which holds its pins. 0: another exporter that runs owns it, a guard that enforces was left in place (--guard.replace-stronger), or this exporter's pins were changed and could not be put back (the log says which).",
-        );
+        let mut own = own_family();
         let mut restored = Family::counter(
             "prjquota_exporter_guard_pins_restored_total",
             "Times the sync found the volumes directory's pins changed behind this exporter's back (symlink pointing elsewhere, pins removed) and put them back.",
@@ -226,6 +226,26 @@ impl Keeper {
         }
         vec![own, restored]
     }
+}
+
+fn own_family() -> Family {
+    Family::gauge(
+        "prjquota_exporter_guard_pins_own",
+        "Whether the pinned quota-escape guard of the volumes directory is this exporter's (1): its symlink points at this exporter's pin directory, which holds its pins. 0: another exporter that runs owns it, a guard that enforces was left in place (--guard.replace-stronger), or this exporter's pins were changed and could not be put back (the log says which).",
+    )
+}
+
+/// `…_guard_pins_own 0` for each volumes directory an off guard left to
+/// another's (none when it is off for another reason).
+pub fn not_own_family(skipped: &Skipped) -> Vec<Family> {
+    if skipped.is_empty() {
+        return Vec::new();
+    }
+    let mut own = own_family();
+    for (d, _) in skipped {
+        own.labelled(vec![("volumes_dir", d.display().to_string())], 0.0);
+    }
+    vec![own]
 }
 
 /// What a symlink was found pointing at, for the log.
