@@ -141,7 +141,8 @@ struct Flags {
     /// Where the guard is pinned (a directory on a bpf filesystem, made
     /// root-only): it keeps enforcing while no exporter runs (restart,
     /// crash, upgrade), and the plugin writes new volumes into it. With
-    /// --guard=off, the pins of the --volumes-dir directories are removed.
+    /// --guard=off, the pins of the --volumes-dir directories are removed
+    /// (not those of an exporter that still runs: one owns each).
     #[arg(long = "guard.pin-root", value_name = "DIR", default_value = prjquota_ebpf::pins::PIN_ROOT)]
     guard_pin_root: PathBuf,
 

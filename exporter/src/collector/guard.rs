@@ -26,8 +26,9 @@
 //! The guard outlives the exporter: it is pinned in bpffs
 //! (`--guard.pin-root`, `prjquota_ebpf::pins`), so the kernel keeps
 //! enforcing through a restart, a crash or an upgrade, and a new exporter
-//! replaces it without a gap. `--guard=off` removes the pins of its volumes
-//! directories. A guard that cannot be pinned runs attached to this process
+//! replaces it without a gap, but never while its owner runs
+//! (`guard_owner`). `--guard=off` removes the pins of its volumes
+//! directories whose owner is gone. A guard that cannot be pinned runs attached to this process
 //! only: `prjquota_exporter_guard_pinned 0`, logged; with `--guard=enforce`
 //! the exporter refuses to start instead (the pins of the exporter before
 //! it, if any, keep enforcing).
