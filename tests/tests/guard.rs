@@ -1445,3 +1445,53 @@ fn a_start_that_cannot_enforce_leaves_the_pinned_guard_enforcing() {
     assert_eq!(r, Err(libc::EPERM), "the earlier guard enforces\n{err}");
     pinned::remove(&[dir]);
 }
+
+/// A start that would only detect (`--guard=detect`) after the enforcing
+/// exporter stopped leaves the enforcing pins in place and says so; only
+/// `--guard.replace-stronger` replaces them.
+#[test]
+fn a_detecting_start_leaves_an_enforcing_guard_pinned() {
+    let v = Volume::new(&prjquota_vmtests::fixture::XFS, "guard-stronger");
+    let dir = v.f.node.volumes_dir.clone();
+    let _ = guarding(&v, &[]).stop_leaving_pins();
+    let enforcing = pinned::dir_of(&dir).expect("the enforcing start's pins");
+    let data = open(&v.path.join("data"));
+
+    let detect = Exporter::start_with(&[&dir], &["--guard=detect", "--ebpf=off"]);
+    let log = detect.log();
+    assert!(
+        log.lines().any(|l| l.contains("level=error")
+            && l.contains("--guard.replace-stronger")
+            && l.contains(enforcing.to_str().unwrap())),
+        "{log}"
+    );
+    let e = detect.scrape();
+    assert_eq!(
+        e.value(
+            "prjquota_exporter_guard_off_reason",
+            &[("reason", "stronger_pinned")]
+        ),
+        1.0,
+        "{}",
+        e.text
+    );
+    assert_eq!(pinned::dir_of(&dir).as_ref(), Some(&enforcing), "{log}");
+    assert_eq!(chproj_as(Who::User(OWNER), &data, 0).1, Err(libc::EPERM));
+    let log = detect.stop_leaving_pins();
+    assert_eq!(pinned::dir_of(&dir).as_ref(), Some(&enforcing), "{log}");
+
+    let replace = Exporter::start_with(
+        &[&dir],
+        &["--guard=detect", "--ebpf=off", "--guard.replace-stronger"],
+    );
+    let now = pinned::dir_of(&dir).expect("pinned");
+    assert!(now != enforcing && !enforcing.exists(), "{}", replace.log());
+    assert_eq!(
+        chproj_as(Who::User(OWNER), &data, 0).1,
+        Ok(()),
+        "a detecting guard replaced the enforcing one\n{}",
+        replace.log()
+    );
+    chproj(&data, v.projid).unwrap();
+    drop(replace);
+}
