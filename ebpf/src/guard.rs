@@ -89,14 +89,15 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
+use std::fs;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
-use aya::programs::links::FdLink;
+use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::{FExit, Lsm, ProgramError};
 use aya::util::KernelVersion;
 use aya::{Btf, Ebpf, EbpfLoader};
@@ -254,6 +255,14 @@ const VERSION_COMPAT: Enforcer = Enforcer {
     hook: "file_ioctl_compat",
     variants: &[("guard_file_ioctl_compat_version", "lsm/file_ioctl_compat")],
 };
+/// Whether `prog` (a link pin's `link-<prog>` name) is one of the guard's
+/// BPF LSM programs: a pinned guard holding one refuses changes.
+pub fn is_lsm_program(prog: &str) -> bool {
+    [FILEATTR, IOCTL, IOCTL_COMPAT, VERSION, VERSION_COMPAT]
+        .iter()
+        .any(|e| e.variants.iter().any(|&(p, _)| p == prog))
+}
+
 /// The oldest kernel the guard is built and tested for (fexit 5.5, the
 /// BPF ring buffer 5.8; Debian 11's 5.10 is the oldest tested). Which build
 /// and which hooks load above it is probed, not read from the version.
@@ -686,6 +695,11 @@ pub struct Guard {
     lsm: Vec<&'static str>,
     not_enforcing: Option<NotEnforcing>,
     max_roots: u32,
+    /// The pinned links' descriptors, kept after pinning: while this
+    /// process runs its programs stay attached even when someone removes
+    /// their pins, and [`Guard::repin`] can pin them again. Two per
+    /// program: pinning consumes one, which a failed pin would close.
+    held: Vec<(&'static str, FdLink, Option<FdLink>)>,
 }
 
 impl fmt::Debug for Guard {
@@ -918,6 +932,7 @@ impl Guard {
             lsm: Vec::new(),
             not_enforcing: None,
             max_roots: opts.max_roots,
+            held: Vec::new(),
         })
     }
 
@@ -965,16 +980,77 @@ impl Guard {
             };
             // Dropping the returned handle closes this process's file
             // descriptor; the pin keeps the program attached.
-            link.pin(&path).map_err(|e| {
+            let link = link.pin(&path).map_err(|e| {
                 format!(
                     "cannot pin the guard's link {prog} at {}: {}",
                     path.display(),
                     chain(&e)
                 )
             })?;
+            let spare = PinnedLink::from_pin(&path).ok().map(FdLink::from);
+            self.held.push((prog, FdLink::from(link), spare));
             pinned.push(prog);
         }
         Ok(pinned)
+    }
+
+    /// Pins again, in `dir` (made when missing), whatever of this guard's
+    /// maps and links is missing there: someone removed its pins while it
+    /// runs. Returns the names pinned.
+    pub fn repin(&mut self, dir: &Path) -> Result<Vec<String>, String> {
+        match fs::DirBuilder::new().mode(0o700).create(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
+        }
+        let mut done = Vec::new();
+        for (map, name) in pins::MAP_PINS {
+            let path = dir.join(name);
+            if path.exists() {
+                continue;
+            }
+            let r = if map == MAP_EVENTS {
+                self.events
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .map_err(|e| e.to_string())
+                    .and_then(|fd| MapData::from_fd(fd).map_err(|e| chain(&e)))
+                    .and_then(|m| m.pin(&path).map_err(|e| chain(&e)))
+            } else {
+                self.map(map)
+                    .map_err(|e| e.to_string())
+                    .and_then(|m| m.pin(&path).map_err(|e| chain(&e)))
+            };
+            r.map_err(|e| {
+                format!(
+                    "cannot pin the guard's map {map} again at {}: {e}",
+                    path.display()
+                )
+            })?;
+            done.push(name.to_string());
+        }
+        for (prog, _, spare) in &mut self.held {
+            let path = dir.join(format!("{}{prog}", pins::LINK_PREFIX));
+            if path.exists() {
+                continue;
+            }
+            let Some(link) = spare.take() else {
+                return Err(format!(
+                    "cannot pin the guard's link {prog} again at {}: a pin failed before; restart                      the exporter to pin a new guard",
+                    path.display()
+                ));
+            };
+            let link = link.pin(&path).map_err(|e| {
+                format!(
+                    "cannot pin the guard's link {prog} again at {}: {}",
+                    path.display(),
+                    chain(&e)
+                )
+            })?;
+            *spare = Some(FdLink::from(link));
+            done.push(format!("{}{prog}", pins::LINK_PREFIX));
+        }
+        Ok(done)
     }
 
     /// Which build of the programs is loaded (`helpers` or `context`).

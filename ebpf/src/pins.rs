@@ -10,7 +10,13 @@
 //!     roots devs projects counters stats events      the maps
 //!     link-<program>               one per attached program
 //!   <escape_path(D)> -> <pin root>/@guard-<unique>   one per volumes directory D
+//!   @owner-<escape_path(D)>/       flock'ed by the exporter that owns D's guard
 //! ```
+//!
+//! One exporter owns a volumes directory's guard while it runs (its
+//! [`OwnerLock`]): another exporter on the same directory leaves those pins
+//! alone, and the owner checks on every sync that the symlink still points
+//! at its own pins ([`current`]).
 //!
 //! No name holds a `.`: bpffs refuses them (reserved for the kernel's own
 //! files), so `escape_path` escapes every dot and the exporter's own names
@@ -28,7 +34,7 @@ use std::ffi::OsString;
 use std::fs;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -371,6 +377,150 @@ pub fn remove_for(root: &Path, volumes_dirs: &[PathBuf]) -> io::Result<Removed> 
     Ok(removed)
 }
 
+/// A volumes directory's owner lock's name starts with this.
+const OWNER_PREFIX: &str = "@owner-";
+
+/// The exclusive `flock` an exporter holds on a volumes directory's lock
+/// directory under the pin root for as long as it runs: the guard pinned
+/// for that volumes directory is this exporter's, and no other exporter
+/// swaps, removes or unpins it meanwhile. A directory because bpffs holds
+/// no regular files; under the pin root because that is root-only already
+/// and every exporter sharing pins shares it. Released when dropped, or
+/// when the process ends however it ends.
+#[derive(Debug)]
+pub struct OwnerLock {
+    _dir: fs::File,
+}
+
+/// What [`claim`] found.
+#[derive(Debug)]
+pub enum Claim {
+    /// This process owns the volumes directory's guard now.
+    Owned(OwnerLock),
+    /// Another running exporter does; its pid as its pin directory's name
+    /// says, if the symlink points at one.
+    Held { pid: Option<u32> },
+}
+
+/// Takes the owner lock of volumes directory `d` under `root` (which must
+/// exist: [`ensure_root`]) without waiting.
+pub fn claim(root: &Path, d: &Path) -> io::Result<Claim> {
+    let path = root.join(format!("{OWNER_PREFIX}{}", escape_path(&canonical(d))));
+    match fs::DirBuilder::new().mode(0o700).create(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(ctx(&path, "cannot create the guard's owner lock", e)),
+    }
+    let dir = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| ctx(&path, "cannot open the guard's owner lock", e))?;
+    let m = dir.metadata().map_err(|e| ctx(&path, "cannot stat", e))?;
+    if m.uid() != 0 || m.mode() & 0o022 != 0 {
+        return Err(io::Error::other(format!(
+            "the guard's owner lock {} must be a directory of root's that no one else may \
+             write to: remove it and restart",
+            path.display()
+        )));
+    }
+    use std::os::fd::AsFd;
+    if prjquota_core::sys::try_flock(dir.as_fd(), true)
+        .map_err(|e| ctx(&path, "cannot flock", e))?
+    {
+        Ok(Claim::Owned(OwnerLock { _dir: dir }))
+    } else {
+        let pid = current(root, d).ok().flatten().and_then(|c| c.pid());
+        Ok(Claim::Held { pid })
+    }
+}
+
+/// What the symlink of a volumes directory points at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Current {
+    /// The symlink's target.
+    pub dir: PathBuf,
+    /// Whether that directory is there.
+    pub exists: bool,
+    /// The programs whose link pins it holds (`link-<program>`).
+    pub links: Vec<String>,
+    /// The map pins it holds.
+    pub maps: Vec<String>,
+}
+
+impl Current {
+    /// Whether one of its link pins attaches a BPF LSM program: a guard
+    /// that refuses changes, not one that only counts them.
+    pub fn enforces(&self) -> bool {
+        self.links.iter().any(|p| crate::guard::is_lsm_program(p))
+    }
+
+    /// The pid of the exporter that made the directory (`@guard-<pid>-…`).
+    pub fn pid(&self) -> Option<u32> {
+        let name = self.dir.file_name()?.to_str()?;
+        name.strip_prefix(DIR_PREFIX)?
+            .split('-')
+            .next()?
+            .parse()
+            .ok()
+    }
+
+    /// Whether it is `dir` and holds every map pin and the link pins of
+    /// `links`.
+    pub fn is(&self, dir: &Path, links: &[&str]) -> bool {
+        self.dir == dir
+            && self.exists
+            && links.iter().all(|l| self.links.iter().any(|h| h == l))
+            && MAP_PINS
+                .iter()
+                .all(|(_, m)| self.maps.iter().any(|h| h == m))
+    }
+}
+
+/// What the symlink of volumes directory `d` under `root` points at, and
+/// what that directory holds; `None` when there is no symlink.
+pub fn current(root: &Path, d: &Path) -> io::Result<Option<Current>> {
+    let link = link_of(root, d);
+    let dir = match fs::read_link(&link) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(ctx(&link, "cannot read the symlink", e)),
+    };
+    Ok(Some(held(&dir)?))
+}
+
+/// What pin directory `dir` holds.
+pub fn held(dir: &Path) -> io::Result<Current> {
+    let mut c = Current {
+        dir: dir.to_path_buf(),
+        exists: false,
+        links: Vec::new(),
+        maps: Vec::new(),
+    };
+    let rd = match fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(c),
+        Err(e) => return Err(ctx(dir, "cannot list", e)),
+    };
+    c.exists = true;
+    for e in rd {
+        let name = e?.file_name().to_string_lossy().into_owned();
+        match name.strip_prefix(LINK_PREFIX) {
+            Some(prog) => c.links.push(prog.to_string()),
+            None => c.maps.push(name),
+        }
+    }
+    c.links.sort();
+    c.maps.sort();
+    Ok(c)
+}
+
+/// Points the symlink of volumes directory `d` back at `dir` (atomic, as
+/// a start's swap).
+pub fn repoint(root: &Path, d: &Path, dir: &Path) -> io::Result<()> {
+    point(root, &link_of(root, d), dir)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -423,5 +573,44 @@ mod tests {
         assert_eq!(removed, [(second.clone(), 0)]);
         assert_eq!(fs::read_dir(&root).unwrap().count(), 0);
         fs::remove_dir(&root).unwrap();
+    }
+
+    /// One owner per volumes directory while its lock is held; what a
+    /// symlink points at and whether that guard enforces.
+    #[test]
+    fn one_owner_holds_a_volumes_directory_and_sees_what_is_pinned() {
+        let root = std::env::temp_dir().join(format!("pins-owner-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir(&root).unwrap();
+        let (a, b) = (PathBuf::from("/v/a"), PathBuf::from("/v/b"));
+        let Claim::Owned(lock) = claim(&root, &a).unwrap() else {
+            panic!("a free lock is taken");
+        };
+        // flock is per open file: a second open is another exporter.
+        let dir = new_dir(&root).unwrap();
+        swap_links(&root, std::slice::from_ref(&a), &dir).unwrap();
+        assert!(
+            matches!(claim(&root, &a).unwrap(), Claim::Held { pid: Some(p) } if p == std::process::id())
+        );
+        assert!(matches!(claim(&root, &b).unwrap(), Claim::Owned(_)));
+        drop(lock);
+        assert!(matches!(claim(&root, &a).unwrap(), Claim::Owned(_)));
+
+        assert_eq!(current(&root, &b).unwrap(), None);
+        let c = current(&root, &a).unwrap().unwrap();
+        assert!(c.exists && !c.enforces() && !c.is(&dir, &[]));
+        for (_, m) in MAP_PINS {
+            fs::write(dir.join(m), b"").unwrap();
+        }
+        fs::write(dir.join("link-guard_fileattr_set_exit"), b"").unwrap();
+        let c = current(&root, &a).unwrap().unwrap();
+        assert!(c.is(&dir, &["guard_fileattr_set_exit"]) && !c.enforces());
+        assert!(!c.is(&dir, &["guard_file_ioctl"]));
+        fs::write(dir.join("link-guard_file_ioctl_sleepable"), b"").unwrap();
+        assert!(current(&root, &a).unwrap().unwrap().enforces());
+        fs::remove_dir_all(&dir).unwrap();
+        let c = current(&root, &a).unwrap().unwrap();
+        assert!(!c.exists && !c.is(&dir, &[]));
+        fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -141,7 +141,8 @@ struct Flags {
     /// Where the guard is pinned (a directory on a bpf filesystem, made
     /// root-only): it keeps enforcing while no exporter runs (restart,
     /// crash, upgrade), and the plugin writes new volumes into it. With
-    /// --guard=off, the pins of the --volumes-dir directories are removed.
+    /// --guard=off, the pins of the --volumes-dir directories are removed
+    /// (not those of an exporter that still runs: one owns each).
     #[arg(long = "guard.pin-root", value_name = "DIR", default_value = prjquota_ebpf::pins::PIN_ROOT)]
     guard_pin_root: PathBuf,
 
@@ -149,6 +150,13 @@ struct Flags {
     /// volume root's project ID and PROJINHERIT checked (and put back).
     #[arg(long = "guard.sync-interval", value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
     guard_sync_interval: Duration,
+
+    /// Replace a pinned guard that enforces with this start's, which will
+    /// only detect (--guard=detect). Without it such a start leaves the
+    /// enforcing guard in place for those volumes directories and says so.
+    /// A guard whose exporter still runs is never replaced.
+    #[arg(long = "guard.replace-stronger")]
+    guard_replace_stronger: bool,
 
     /// How many volumes the eBPF counters maps hold (write telemetry and
     /// guard alike; per-CPU entries, about 64 bytes per volume per CPU).
@@ -377,6 +385,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         guard: flags.guard,
         guard_pin_root: flags.guard_pin_root,
         guard_sync_interval: flags.guard_sync_interval,
+        guard_replace_stronger: flags.guard_replace_stronger,
         max_volumes: flags.max_volumes,
         plugin_dir: Some(flags.plugin_dir),
     };

@@ -55,6 +55,8 @@ on_every_fs!(
     a_record_the_exporter_cannot_read_keeps_its_volume_guarded,
     a_new_volume_project_cannot_be_taken_before_its_create_ends,
     a_volume_stays_guarded_while_its_delete_runs,
+    a_second_exporter_leaves_the_owners_guard_alone,
+    pins_changed_behind_the_owners_back_are_put_back,
 );
 
 /// Another user, who does not own the files.
@@ -1468,6 +1470,162 @@ fn a_volume_stays_guarded_while_its_delete_runs(fs: &FsCase) {
     drop(exp);
 }
 
+/// An operator debugging on another port starts a second exporter by hand
+/// on the service's volumes directory: with default flags, with
+/// `--guard=detect`, with `--guard=off`. None of them swaps, removes or
+/// unpins the running service's enforcing guard: the owner's project
+/// changes are refused while each runs and after it stops, each says which
+/// pid owns the guard, and the service's metrics stay as they were.
+fn a_second_exporter_leaves_the_owners_guard_alone(fs: &FsCase) {
+    let v = Volume::new(fs, "guard-owner");
+    let dir = v.f.node.volumes_dir.clone();
+    let label = [("volumes_dir", dir.to_str().expect("a UTF-8 path"))];
+    let exp = guarding(&v, &[]);
+    let own = pinned::dir_of(&dir).expect("the service pinned its guard");
+    let data = open(&v.path.join("data"));
+    let seconds: [&[&str]; 3] = [&[], &["--guard=detect"], &["--guard=off"]];
+    let looper = Looper::start(&data, 0, 2 * seconds.len());
+    for (i, args) in seconds.iter().enumerate() {
+        looper.enter(2 * i);
+        let second = Exporter::start_with(&[&dir], args);
+        looper.wait_attempts(50);
+        let log = second.log();
+        assert!(
+            log.lines().any(|l| l.contains("level=error")
+                && l.contains("another exporter owns the guard")
+                && l.contains(&format!("owner_pid={}", exp.pid()))),
+            "{args:?}: the second exporter does not say who owns the guard\n{log}"
+        );
+        if !args.contains(&"--guard=off") {
+            let e = second.scrape();
+            assert_eq!(
+                e.value(
+                    "prjquota_exporter_guard_off_reason",
+                    &[("reason", "owned_elsewhere")]
+                ),
+                1.0,
+                "{args:?}\n{}",
+                e.text
+            );
+        }
+        assert_eq!(pinned::dir_of(&dir).as_ref(), Some(&own), "{args:?}\n{log}");
+        looper.enter(2 * i + 1);
+        let log = second.stop_leaving_pins();
+        looper.wait_attempts(50);
+        assert_eq!(pinned::dir_of(&dir).as_ref(), Some(&own), "{args:?}\n{log}");
+        assert!(own.exists(), "{args:?}: the owner's pins went\n{log}");
+    }
+    let tally = looper.stop();
+    for (i, (refused, through)) in tally.iter().enumerate() {
+        let (args, when) = (seconds[i / 2], ["running", "stopped"][i % 2]);
+        assert_eq!(
+            *through,
+            0,
+            "{}: {args:?} {when}: changes went through ({refused} refused)\n{}",
+            fs.name,
+            exp.log()
+        );
+        assert!(*refused > 0, "{args:?} {when}: no attempt was made");
+    }
+    assert_eq!(Fixture::project_of(&v.path.join("data")), (v.projid, false));
+    let e = exp.scrape();
+    for (name, labels, want) in [
+        ("prjquota_exporter_guard_pinned", &[][..], 1.0),
+        ("prjquota_exporter_guard_enforcing", &[][..], 1.0),
+        ("prjquota_exporter_guard_pins_own", &label[..], 1.0),
+        (
+            "prjquota_exporter_guard_pins_restored_total",
+            &label[..],
+            0.0,
+        ),
+    ] {
+        assert_eq!(e.value(name, labels), want, "{name}\n{}", e.text);
+    }
+    drop(exp);
+}
+
+/// Root rewrites the service's symlink to another pin directory, then
+/// removes the service's pin directory: each is reported (an error line,
+/// `prjquota_exporter_guard_pins_restored_total`) and put back within a
+/// sync interval, the owner's changes are refused after it, and the pins
+/// put back hold the guard once the service has stopped.
+fn pins_changed_behind_the_owners_back_are_put_back(fs: &FsCase) {
+    let v = Volume::new(fs, "guard-repin");
+    let dir = v.f.node.volumes_dir.clone();
+    let label = [("volumes_dir", dir.to_str().expect("a UTF-8 path"))];
+    let exp = guarding(&v, &["--guard.sync-interval=500ms"]);
+    let own = pinned::dir_of(&dir).expect("the service pinned its guard");
+    let links: Vec<_> = fs::read_dir(&own)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().starts_with("link-"))
+        .collect();
+    assert!(!links.is_empty(), "{}", exp.log());
+    let data = open(&v.path.join("data"));
+    let wait_back = |what: &str| {
+        let start = Instant::now();
+        while pinned::dir_of(&dir).as_ref() != Some(&own)
+            || !links.iter().all(|l| own.join(l).exists())
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{}: {what}: not put back within 10 s\n{}",
+                fs.name,
+                exp.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        eprintln!(
+            "MEASURE guard_{}_pins_put_back_seconds {:.3} ({what})",
+            fs.name,
+            start.elapsed().as_secs_f64()
+        );
+    };
+
+    // The symlink to another directory, renamed over it as a start does.
+    let other = pinned::root().join(format!("@guard-1-{}", std::process::id()));
+    fs::create_dir(&other).unwrap();
+    let link = prjquota_ebpf::pins::link_of(pinned::root(), &dir);
+    let tmp = pinned::root().join(format!("swap-{}", std::process::id()));
+    std::os::unix::fs::symlink(&other, &tmp).unwrap();
+    fs::rename(&tmp, &link).unwrap();
+    wait_back("symlink swapped");
+    assert_eq!(chproj_as(Who::User(OWNER), &data, 0).1, Err(libc::EPERM));
+    fs::remove_dir(&other).unwrap();
+
+    // The service's own pins removed: its programs stay attached while it
+    // runs, and it pins them again.
+    fs::remove_dir_all(&own).unwrap();
+    assert_eq!(chproj_as(Who::User(OWNER), &data, 0).1, Err(libc::EPERM));
+    wait_back("pin directory removed");
+    assert_eq!(chproj_as(Who::User(OWNER), &data, 0).1, Err(libc::EPERM));
+
+    let e = exp.scrape();
+    assert_eq!(
+        e.value("prjquota_exporter_guard_pins_restored_total", &label),
+        2.0,
+        "{}",
+        e.text
+    );
+    assert_eq!(e.value("prjquota_exporter_guard_pins_own", &label), 1.0);
+    assert_eq!(e.value("prjquota_exporter_guard_pinned", &[]), 1.0);
+    let log = exp.stop_leaving_pins();
+    for found in ["symlink to", "own pin directory removed"] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("level=error") && l.contains("put back") && l.contains(found)),
+            "{found}\n{log}"
+        );
+    }
+    // The pins put back are the guard once the service is gone.
+    assert_eq!(
+        chproj_as(Who::User(OWNER), &data, 0).1,
+        Err(libc::EPERM),
+        "the pins put back did not hold the guard\n{log}"
+    );
+    pinned::remove(&[dir]);
+}
+
 /// Opens argv[1] by file handle (through the mount argv[2]) after the
 /// dentry cache was dropped, so that the file's dentry is disconnected
 /// (its own parent, not the filesystem's root); then, as uid argv[3] with
@@ -1636,4 +1794,54 @@ fn a_start_that_cannot_enforce_leaves_the_pinned_guard_enforcing() {
     let (_, r) = chproj_as(Who::User(OWNER), &data, 0);
     assert_eq!(r, Err(libc::EPERM), "the earlier guard enforces\n{err}");
     pinned::remove(&[dir]);
+}
+
+/// A start that would only detect (`--guard=detect`) after the enforcing
+/// exporter stopped leaves the enforcing pins in place and says so; only
+/// `--guard.replace-stronger` replaces them.
+#[test]
+fn a_detecting_start_leaves_an_enforcing_guard_pinned() {
+    let v = Volume::new(&prjquota_vmtests::fixture::XFS, "guard-stronger");
+    let dir = v.f.node.volumes_dir.clone();
+    let _ = guarding(&v, &[]).stop_leaving_pins();
+    let enforcing = pinned::dir_of(&dir).expect("the enforcing start's pins");
+    let data = open(&v.path.join("data"));
+
+    let detect = Exporter::start_with(&[&dir], &["--guard=detect", "--ebpf=off"]);
+    let log = detect.log();
+    assert!(
+        log.lines().any(|l| l.contains("level=error")
+            && l.contains("--guard.replace-stronger")
+            && l.contains(enforcing.to_str().unwrap())),
+        "{log}"
+    );
+    let e = detect.scrape();
+    assert_eq!(
+        e.value(
+            "prjquota_exporter_guard_off_reason",
+            &[("reason", "stronger_pinned")]
+        ),
+        1.0,
+        "{}",
+        e.text
+    );
+    assert_eq!(pinned::dir_of(&dir).as_ref(), Some(&enforcing), "{log}");
+    assert_eq!(chproj_as(Who::User(OWNER), &data, 0).1, Err(libc::EPERM));
+    let log = detect.stop_leaving_pins();
+    assert_eq!(pinned::dir_of(&dir).as_ref(), Some(&enforcing), "{log}");
+
+    let replace = Exporter::start_with(
+        &[&dir],
+        &["--guard=detect", "--ebpf=off", "--guard.replace-stronger"],
+    );
+    let now = pinned::dir_of(&dir).expect("pinned");
+    assert!(now != enforcing && !enforcing.exists(), "{}", replace.log());
+    assert_eq!(
+        chproj_as(Who::User(OWNER), &data, 0).1,
+        Ok(()),
+        "a detecting guard replaced the enforcing one\n{}",
+        replace.log()
+    );
+    chproj(&data, v.projid).unwrap();
+    drop(replace);
 }

@@ -26,8 +26,9 @@
 //! The guard outlives the exporter: it is pinned in bpffs
 //! (`--guard.pin-root`, `prjquota_ebpf::pins`), so the kernel keeps
 //! enforcing through a restart, a crash or an upgrade, and a new exporter
-//! replaces it without a gap. `--guard=off` removes the pins of its volumes
-//! directories. A guard that cannot be pinned runs attached to this process
+//! replaces it without a gap, but never while its owner runs
+//! (`guard_owner`). `--guard=off` removes the pins of its volumes
+//! directories whose owner is gone. A guard that cannot be pinned runs attached to this process
 //! only: `prjquota_exporter_guard_pinned 0`, logged; with `--guard=enforce`
 //! the exporter refuses to start instead (the pins of the exporter before
 //! it, if any, keep enforcing).
@@ -37,12 +38,13 @@
 //! only reads the counters and the events.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::background::{self, Background};
+use super::guard_owner::{self, Keeper};
 use super::guard_sync::Syncer;
 use super::{BoxFuture, Collector, Scrape};
 use crate::metrics::{Extra, Family};
@@ -60,7 +62,9 @@ const DENIED: Extra = &[("result", "denied")];
 
 /// Where the guard stands: off is `--guard=off` (`error` None) or a load
 /// that failed.
-type Status = background::Status<Loaded>;
+/// An off guard's detail: the volumes directories another exporter's
+/// guard covers, and why (`guard_owner`).
+type Status = background::Status<Loaded, guard_owner::Skipped>;
 
 /// A guard loaded.
 struct Loaded {
@@ -73,6 +77,9 @@ struct Loaded {
     /// Pin directories of earlier starts removed at this start.
     removed: usize,
     syncer: Arc<Syncer>,
+    keeper: Arc<Keeper>,
+    /// The owner locks of the volumes directories guarded here.
+    _locks: Vec<pins::OwnerLock>,
 }
 
 /// A guard runs as asked when it runs in the mode asked for and is pinned.
@@ -100,10 +107,12 @@ pub struct GuardSetup {
     pub pin_root: PathBuf,
     /// `--guard.sync-interval`.
     pub sync_interval: Duration,
+    /// `--guard.replace-stronger`.
+    pub replace_stronger: bool,
 }
 
 pub struct GuardCollector {
-    status: Background<Loaded>,
+    status: Background<Loaded, guard_owner::Skipped>,
 }
 
 impl GuardCollector {
@@ -121,7 +130,14 @@ impl GuardCollector {
                 wait,
                 LOADER,
                 move || load(&setup, &opts),
-                move |l: &Loaded| spawn_sync(l.guard.clone(), l.syncer.clone(), interval),
+                move |l: &Loaded| {
+                    spawn_sync(
+                        l.guard.clone(),
+                        l.syncer.clone(),
+                        l.keeper.clone(),
+                        interval,
+                    )
+                },
             )
         };
         GuardCollector { status }
@@ -154,7 +170,15 @@ impl GuardCollector {
 /// the guard an earlier exporter left enforcing; off, with the error when
 /// that guard could not be removed.
 fn unpin(setup: &GuardSetup) -> Status {
-    let error = match pins::remove_for(&setup.pin_root, &setup.volumes_dirs) {
+    // A guard whose exporter runs is that exporter's to remove: stop it
+    // first. The locks are held until the pins are gone.
+    let (dirs, _locks) = if setup.pin_root.exists() {
+        let c = guard_owner::claim(&setup.pin_root, &setup.volumes_dirs, GuardMode::Off, true);
+        (c.dirs, c.locks)
+    } else {
+        (setup.volumes_dirs.clone(), Vec::new())
+    };
+    let error = match pins::remove_for(&setup.pin_root, &dirs) {
         Ok(removed) if removed.is_empty() => {
             crate::info!("quota-escape guard disabled (--guard=off); no pinned guard to remove");
             None
@@ -186,13 +210,18 @@ fn unpin(setup: &GuardSetup) -> Status {
     Status::Off {
         reason: "disabled",
         error,
-        detail: (),
+        detail: Vec::new(),
     }
 }
 
 /// The sync timer: a round every `interval`, one at a time, on the blocking
 /// pool (a stuck filesystem delays the next round, never piles them up).
-fn spawn_sync(guard: Arc<Mutex<Guard>>, syncer: Arc<Syncer>, interval: Duration) {
+fn spawn_sync(
+    guard: Arc<Mutex<Guard>>,
+    syncer: Arc<Syncer>,
+    keeper: Arc<Keeper>,
+    interval: Duration,
+) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -203,8 +232,15 @@ fn spawn_sync(guard: Arc<Mutex<Guard>>, syncer: Arc<Syncer>, interval: Duration)
         let mut last_errors: Vec<String> = Vec::new();
         loop {
             tick.tick().await;
-            let (g, s) = (guard.clone(), syncer.clone());
-            let Ok(round) = tokio::task::spawn_blocking(move || s.round(&g, true)).await else {
+            let (g, s, k) = (guard.clone(), syncer.clone(), keeper.clone());
+            let Ok(round) = tokio::task::spawn_blocking(move || {
+                // The pins first: a round's roots go into the maps the
+                // plugin sees only once the symlinks point at them again.
+                k.check(&g);
+                s.round(&g, true)
+            })
+            .await
+            else {
                 continue;
             };
             if round.added + round.changed + round.removed > 0 {
@@ -232,7 +268,23 @@ fn spawn_sync(guard: Arc<Mutex<Guard>>, syncer: Arc<Syncer>, interval: Duration)
 
 fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
     let mode = setup.mode;
-    let syncer = Arc::new(Syncer::new(&setup.volumes_dirs));
+    let claimed = guard_owner::claim(
+        &setup.pin_root,
+        &setup.volumes_dirs,
+        mode,
+        setup.replace_stronger,
+    );
+    if claimed.dirs.is_empty() {
+        if let Some((_, reason)) = claimed.skipped.first() {
+            return Status::Off {
+                reason,
+                error: None,
+                detail: claimed.skipped,
+            };
+        }
+    }
+    let volumes_dirs = claimed.dirs;
+    let syncer = Arc::new(Syncer::new(&volumes_dirs));
     let mut fill = |g: &mut Guard| {
         let round = syncer.round_on(g, true);
         crate::info!(
@@ -247,8 +299,17 @@ fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
             );
         }
     };
-    match Guard::load_pinned(mode, opts, &setup.pin_root, &setup.volumes_dirs, &mut fill) {
+    match Guard::load_pinned(mode, opts, &setup.pin_root, &volumes_dirs, &mut fill) {
         Ok((g, pinned)) => {
+            let keeper = Arc::new(Keeper::new(
+                &setup.pin_root,
+                pinned
+                    .as_ref()
+                    .ok()
+                    .map(|p| (p.dir.clone(), p.links.clone())),
+                &volumes_dirs,
+                claimed.skipped,
+            ));
             let (pinned, removed) = match pinned {
                 Ok(p) => {
                     crate::info!(
@@ -303,6 +364,8 @@ fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
                 pinned,
                 removed,
                 syncer,
+                keeper,
+                _locks: claimed.locks,
             })
         }
         Err(e) => {
@@ -315,7 +378,7 @@ fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
             Status::Off {
                 reason: e.reason(),
                 error: Some(e.to_string()),
-                detail: (),
+                detail: Vec::new(),
             }
         }
     }
@@ -466,7 +529,7 @@ fn counter_families(scrape: &Scrape, c: &GuardCounters) -> Vec<Family> {
 fn off_reason_family(reason: &str) -> Family {
     let mut f = Family::gauge(
         "prjquota_exporter_guard_off_reason",
-        "1, labelled with why, while the quota-escape guard is off: disabled (--guard=off), or why its programs did not load (permission, no_btf, bpf_unavailable, function_not_found, verifier, kernel_too_old, attach, other; the exporter logs the details at start-up).",
+        "1, labelled with why, while the quota-escape guard is off: disabled (--guard=off), owned_elsewhere (another exporter that runs owns the guard of every volumes directory), stronger_pinned (a pinned guard that enforces was left in place: --guard.replace-stronger), or why its programs did not load (permission, no_btf, bpf_unavailable, function_not_found, verifier, kernel_too_old, attach, other; the exporter logs the details at start-up).",
     );
     f.labelled(vec![("reason", reason.to_string())], 1.0);
     f
@@ -492,13 +555,13 @@ fn mode_families(mode: GuardMode) -> Vec<Family> {
 }
 
 /// How the guard is kept: pinned, synced, drift repaired.
-fn keeping_families(pinned: bool, removed: usize, syncer: &Syncer) -> Vec<Family> {
+fn keeping_families(pinned: bool, removed: usize, syncer: &Syncer, keeper: &Keeper) -> Vec<Family> {
     let s = &syncer.stats;
     let mut p = Family::gauge(
         "prjquota_exporter_guard_pinned",
-        "Whether the quota-escape guard is pinned in bpffs (1), so that it keeps enforcing while no exporter runs; 0: it stops with this process (the log says why).",
+        "Whether this exporter's quota-escape guard is the one pinned in bpffs for its volumes directories (1), so that it keeps enforcing while no exporter runs; 0: it stops with this process, or its pins were changed and could not be put back (the log says why).",
     );
-    p.plain(if pinned { 1.0 } else { 0.0 });
+    p.plain(if pinned && keeper.all_own() { 1.0 } else { 0.0 });
     let mut r = Family::gauge(
         "prjquota_exporter_guard_previous_pins_removed",
         "Pin directories of earlier exporter starts this start removed once its own guard was attached.",
@@ -525,7 +588,9 @@ fn keeping_families(pinned: bool, removed: usize, syncer: &Syncer) -> Vec<Family
         "Volume roots found without their project ID or PROJINHERIT (changed by a process with CAP_SYS_ADMIN, or made by an older plugin) and re-tagged by the sync timer.",
     );
     drift.plain(s.drift.load(Ordering::Relaxed) as f64);
-    vec![p, r, roots, rounds, drift]
+    let mut out = vec![p, r, roots, rounds, drift];
+    out.extend(keeper.families());
+    out
 }
 
 /// Every family this collector can export, as a loaded guard would (with no
@@ -539,7 +604,8 @@ pub fn catalogue() -> Vec<Family> {
         ..GuardCounters::default()
     };
     fams.extend(counter_families(&scrape, &counters));
-    fams.extend(keeping_families(true, 0, &Syncer::new(&[])));
+    let keeper = Keeper::new(Path::new("/"), None, &[PathBuf::from("/")], Vec::new());
+    fams.extend(keeping_families(true, 0, &Syncer::new(&[]), &keeper));
     fams.push(off_reason_family("disabled"));
     fams
 }
@@ -562,7 +628,8 @@ impl Collector for GuardCollector {
                     out.push(attempts_family(0));
                     Ok(())
                 }
-                Status::Off { reason, .. } => {
+                Status::Off { reason, detail, .. } => {
+                    out.extend(guard_owner::not_own_family(detail));
                     out.extend(mode_families(GuardMode::Off));
                     // No samples (nothing is counted), but the family is
                     // known: the dashboards' lint reads the catalogue.
@@ -580,10 +647,11 @@ impl Collector for GuardCollector {
                     pinned,
                     removed,
                     syncer,
+                    keeper,
                     ..
                 }) => {
                     out.extend(mode_families(*mode));
-                    out.extend(keeping_families(pinned.is_ok(), *removed, syncer));
+                    out.extend(keeping_families(pinned.is_ok(), *removed, syncer, keeper));
                     self.collect_guard(scrape, guard, out).await
                 }
             }
@@ -607,6 +675,7 @@ mod tests {
             volumes_dirs: vec![PathBuf::from("/nonexistent/volumes")],
             pin_root: PathBuf::from("/nonexistent/pins"),
             sync_interval: Duration::from_secs(2),
+            replace_stronger: false,
         }
     }
 

@@ -26,6 +26,7 @@ mod background;
 pub mod ebpf;
 pub mod filesystem;
 pub mod guard;
+mod guard_owner;
 pub mod guard_sync;
 mod kernel_maps;
 pub mod quota;
@@ -168,6 +169,8 @@ pub struct Config {
     /// How often the guard's maps are synced with the registries and the
     /// roots' project IDs checked (`--guard.sync-interval`).
     pub guard_sync_interval: Duration,
+    /// `--guard.replace-stronger`.
+    pub guard_replace_stronger: bool,
     /// Volumes the eBPF counters maps hold (`--ebpf.max-volumes`).
     pub max_volumes: u32,
     /// The plugin's directory, whose prjquota.toml holds the
@@ -186,6 +189,7 @@ impl Default for Config {
             guard: GuardMode::Detect,
             guard_pin_root: PathBuf::from(prjquota_ebpf::pins::PIN_ROOT),
             guard_sync_interval: Duration::from_secs(2),
+            guard_replace_stronger: false,
             max_volumes: prjquota_ebpf::LoadOptions::default().max_volumes,
             plugin_dir: None,
         }
@@ -267,6 +271,7 @@ impl Exporter {
                 volumes_dirs: config.volumes_dirs.clone(),
                 pin_root: config.guard_pin_root.clone(),
                 sync_interval: config.guard_sync_interval,
+                replace_stronger: config.guard_replace_stronger,
             },
             config.mount_timeout,
             opts,
