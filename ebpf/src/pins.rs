@@ -72,9 +72,11 @@ fn ctx(path: &Path, what: &str, e: io::Error) -> io::Error {
     io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
 }
 
-/// Makes `root` (mode 0700, on bpffs), mounting bpffs at `/sys/fs/bpf`
-/// when nothing is mounted there; refuses a root another user owns or
-/// others may write to.
+/// Makes `root` (mode 0700, on bpffs), mounting bpffs for root only at
+/// `/sys/fs/bpf` when nothing is mounted there; refuses a root another user
+/// owns, and one under a directory others may write (they could have made
+/// or replaced it first), naming the directory and the fix. Makes nothing
+/// when it refuses, and changes no directory above the root.
 pub fn ensure_root(root: &Path) -> io::Result<()> {
     let parent = root.parent().unwrap_or(Path::new("/"));
     if parent == Path::new("/sys/fs/bpf") && fs_type(parent)? != BPF_FS_MAGIC {
@@ -91,11 +93,14 @@ pub fn ensure_root(root: &Path) -> io::Result<()> {
     let on = if root.exists() { root } else { parent };
     if fs_type(on)? != BPF_FS_MAGIC {
         return Err(io::Error::other(format!(
-            "{} is not on a bpf filesystem: mount one (mount -t bpf bpf /sys/fs/bpf) or give \
-             --guard.pin-root on one",
+            "{} is not on a bpf filesystem: mount one (mount -t bpf -o mode=0700 bpf \
+             /sys/fs/bpf) or give --guard.pin-root on one",
             root.display()
         )));
     }
+    // The directories above first: a root made under one of them by
+    // someone else may be root's own by the time it is looked at.
+    refuse_untrusted(root, parent)?;
     match fs::DirBuilder::new().mode(0o700).create(root) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -104,9 +109,11 @@ pub fn ensure_root(root: &Path) -> io::Result<()> {
     let m = fs::symlink_metadata(root).map_err(|e| ctx(root, "cannot stat", e))?;
     if !m.is_dir() || m.uid() != 0 {
         return Err(io::Error::other(format!(
-            "{} must be a directory owned by root (uid {}): remove it and restart",
+            "{} must be a directory owned by root (uid {}), or another user chose what the \
+             guard trusts: remove it (rm -r {}) and restart",
             root.display(),
-            m.uid()
+            m.uid(),
+            root.display()
         )));
     }
     if m.mode() & 0o077 != 0 {
@@ -115,12 +122,25 @@ pub fn ensure_root(root: &Path) -> io::Result<()> {
     }
     if fs_type(root)? != BPF_FS_MAGIC {
         return Err(io::Error::other(format!(
-            "{} is not on a bpf filesystem: mount one (mount -t bpf bpf /sys/fs/bpf) or give \
-             --guard.pin-root on one",
+            "{} is not on a bpf filesystem: mount one (mount -t bpf -o mode=0700 bpf \
+             /sys/fs/bpf) or give --guard.pin-root on one",
             root.display()
         )));
     }
     Ok(())
+}
+
+/// [`prjquota_core::guard_pins::untrusted_dirs`] of `dir`, as the error
+/// that keeps the guard's pins out of `root`.
+fn refuse_untrusted(root: &Path, dir: &Path) -> io::Result<()> {
+    match prjquota_core::guard_pins::untrusted_dirs(dir) {
+        Ok(None) => Ok(()),
+        Ok(Some(why)) => Err(io::Error::other(format!(
+            "refusing to pin the guard in {}: {why}",
+            root.display()
+        ))),
+        Err(e) => Err(ctx(dir, "cannot check who may write", e)),
+    }
 }
 
 fn fs_type(path: &Path) -> io::Result<i64> {
