@@ -16,12 +16,20 @@
 //! files), so `escape_path` escapes every dot and the exporter's own names
 //! start with `@` (which `escape_path` never leaves in a name).
 //!
-//! A start makes a new `@guard-<unique>` directory with fresh maps, points
-//! every symlink of its volumes directories at it (a symlink under a
-//! temporary name renamed over the old one: atomic), fills the maps,
-//! attaches and pins the programs, and only then removes the directory the
-//! symlinks pointed at before: old and new programs overlap for a moment,
-//! enforcement never has a gap.
+//! A start makes a new `@guard-<unique>` directory with fresh maps, fills
+//! them, attaches and pins the programs there, and only then points every
+//! symlink of its volumes directories at it (a symlink under a temporary
+//! name renamed over the old one: atomic), fills the maps once more (the
+//! roots the plugin wrote into the old maps meanwhile), and removes the
+//! directory the symlinks pointed at before: old and new programs overlap
+//! for a moment, enforcement never has a gap, and the plugin never writes
+//! into maps no program reads. A start that dies before its swap leaves a
+//! directory no symlink points at, its programs attached beside the guard
+//! in force; the next start removes it once it is older than a start takes.
+//!
+//! Only root may have made anything on the way: the pin root and every
+//! directory above it on its bpffs must be root's and writable by root
+//! only ([`ensure_root`]), and the bpffs this module mounts is 0700.
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
@@ -443,5 +451,28 @@ mod tests {
         assert_eq!(removed, [(second.clone(), 0)]);
         assert_eq!(fs::read_dir(&root).unwrap().count(), 0);
         fs::remove_dir(&root).unwrap();
+    }
+
+    /// A start that died after attaching, before its swap, left a directory
+    /// with links no symlink points at: a later start removes it, links
+    /// first, once it is older than a start takes, and not before (a start
+    /// running beside it has not swapped yet).
+    #[test]
+    fn a_dead_start_with_attached_links_is_removed_once_old() {
+        let root = std::env::temp_dir().join(format!("pins-orphan-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir(&root).unwrap();
+        let live = new_dir(&root).unwrap();
+        swap_links(&root, &[PathBuf::from("/v/a")], &live).unwrap();
+        let dead = new_dir(&root).unwrap();
+        fs::write(dead.join("roots"), b"").unwrap();
+        fs::write(dead.join("link-guard_lsm"), b"").unwrap();
+        assert!(remove_unused(&root, &[], &live).unwrap().is_empty());
+        assert!(dead.exists(), "a start still running beside it lost its pins");
+        let then = SystemTime::now() - ORPHAN_AFTER - Duration::from_secs(1);
+        fs::File::open(&dead).unwrap().set_modified(then).unwrap();
+        assert_eq!(remove_unused(&root, &[], &live).unwrap(), [(dead, 2)]);
+        assert!(live.exists());
+        fs::remove_dir_all(&root).unwrap();
     }
 }
