@@ -468,7 +468,10 @@ mod tests {
         fs::write(dead.join("roots"), b"").unwrap();
         fs::write(dead.join("link-guard_lsm"), b"").unwrap();
         assert!(remove_unused(&root, &[], &live).unwrap().is_empty());
-        assert!(dead.exists(), "a start still running beside it lost its pins");
+        assert!(
+            dead.exists(),
+            "a start still running beside it lost its pins"
+        );
         let then = SystemTime::now() - ORPHAN_AFTER - Duration::from_secs(1);
         fs::File::open(&dead).unwrap().set_modified(then).unwrap();
         assert_eq!(remove_unused(&root, &[], &live).unwrap(), [(dead, 2)]);
