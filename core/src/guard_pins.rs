@@ -171,6 +171,9 @@ impl PinnedGuard {
         if fs != BPF_FS_MAGIC {
             return Err(unusable(pin_root, "it is not on a bpf filesystem"));
         }
+        if let Some(why) = untrusted_dirs(pin_root).map_err(|e| unusable(pin_root, e))? {
+            return Err(unusable(pin_root, why));
+        }
         let pin = pin_root.join(escape_path(&crate::announce::canonical(volumes_dir)));
         match std::fs::symlink_metadata(&pin) {
             Ok(m) if m.file_type().is_symlink() || m.is_dir() => {
@@ -296,6 +299,54 @@ impl PinnedGuard {
     }
 }
 
+/// Why `dir` or a directory above it on the same filesystem (up to the
+/// bpffs mount) cannot be trusted to hold the guard's pins, with the fix;
+/// `None` when each is a directory root owns and only root may write.
+/// Another user who may write one of them could have made what lies below
+/// it before root did, or (without the sticky bit) swapped it for their
+/// own: a pin root squatted so is a guard that never starts, or one whose
+/// maps someone else chose.
+pub fn untrusted_dirs(dir: &Path) -> io::Result<Option<String>> {
+    let dir = std::fs::canonicalize(dir)?;
+    let dev = std::fs::metadata(&dir)?.dev();
+    for a in dir.ancestors() {
+        let m = std::fs::metadata(a)?;
+        if m.dev() != dev {
+            break;
+        }
+        let mode = m.mode() & 0o7777;
+        if !m.is_dir() {
+            return Ok(Some(format!(
+                "{} is not a directory: remove it and restart prjquota-exporter",
+                a.display()
+            )));
+        }
+        if m.uid() != 0 {
+            return Ok(Some(format!(
+                "{} is owned by uid {}, not root, so that user chose what is in it: remove it \
+                 (rm -r {}) and restart prjquota-exporter",
+                a.display(),
+                m.uid(),
+                a.display()
+            )));
+        }
+        if mode & 0o022 != 0 {
+            return Ok(Some(format!(
+                "{} is writable by users other than root (mode {mode:o}), so one of them could \
+                 have made or replaced the guard's pin root in it: make it writable by root \
+                 only (chmod go-w {}; for a bpf filesystem mounted by another tool, mount it \
+                 for root only: mount -t bpf -o mode=0700,nosuid,nodev,noexec bpf {}), or give \
+                 --guard.pin-root in a directory only root may write, then restart \
+                 prjquota-exporter",
+                a.display(),
+                a.display(),
+                a.display()
+            )));
+        }
+    }
+    Ok(None)
+}
+
 /// The filesystem type (`f_type`) of `path`.
 fn nix_statfs(path: &Path) -> io::Result<i64> {
     let dir = std::fs::File::open(path)?;
@@ -362,5 +413,21 @@ mod tests {
         // would trust.
         let err = PinnedGuard::open_in(Path::new("/tmp"), Path::new("/v")).unwrap_err();
         assert!(err.to_string().contains("writable by root only"), "{err}");
+    }
+
+    #[test]
+    fn a_directory_under_one_others_may_write_is_untrusted() {
+        // Root's and 0755 all the way up (as the build image has it).
+        assert_eq!(untrusted_dirs(Path::new("/usr/share")).unwrap(), None);
+        let dir = Path::new("/tmp").join(format!("pins-chain-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        let why = untrusted_dirs(&dir).unwrap();
+        std::fs::remove_dir(&dir).unwrap();
+        let why = why.expect("a directory in /tmp (1777) trusted");
+        assert!(
+            why.contains("/tmp is writable by users other than root (mode 1777)")
+                && why.contains("chmod go-w /tmp"),
+            "{why}"
+        );
     }
 }

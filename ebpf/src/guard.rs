@@ -747,15 +747,18 @@ impl Guard {
     }
 
     /// Loads the guard pinned under `pin_root` for `volumes_dirs` (see
-    /// [`crate::pins`]): fresh maps pinned in a new directory, every
-    /// volumes directory's symlink swapped to it, `fill` called to put the
-    /// registry's roots in, the programs attached and their links pinned,
-    /// then the directories the symlinks pointed at before removed. The
-    /// programs stay attached after the `Guard` (and the process) is gone.
+    /// [`crate::pins`]): fresh maps pinned in a new directory, `fill`
+    /// called to put the registry's roots in, the programs attached and
+    /// their links pinned there, and only then every volumes directory's
+    /// symlink swapped to it; `fill` once more for the roots the plugin
+    /// wrote into the maps the symlinks led to until the swap, then the
+    /// directories they pointed at before removed. The programs stay
+    /// attached after the `Guard` (and the process) is gone. A start that
+    /// fails or dies before its swap leaves the guard before it in force.
     ///
     /// The second value says how pinning went: `Err` (the guard runs,
-    /// attached to this process only, and earlier pins are left in place)
-    /// with what failed.
+    /// attached to this process at least, and earlier pins are left in
+    /// place) with what failed.
     pub fn load_pinned(
         mode: GuardMode,
         opts: &LoadOptions,
@@ -797,38 +800,43 @@ impl Guard {
                 failures: vec![f],
             });
         }
-        // Maps first, pinned before anything is in them.
-        let mut pinning: Option<Result<(PathBuf, pins::Swapped), String>> = None;
-        let mut dir = None;
+        // Attach first, swap last: until the symlinks point at the new pin
+        // directory, the plugin writes new roots into the guard that runs
+        // now, so a start that fails or is killed at any step leaves that
+        // guard in force. The new one runs beside it from its attach on.
+        let mut pinning: Option<Result<PathBuf, String>> = None;
         if let Some((root, _)) = pin {
-            match pins::ensure_root(root).and_then(|()| pins::new_dir(root)) {
-                Ok(d) => dir = Some(d),
-                Err(e) => pinning = Some(Err(e.to_string())),
+            pinning = Some(
+                pins::ensure_root(root)
+                    .and_then(|()| pins::new_dir(root))
+                    .map_err(|e| e.to_string()),
+            );
+        }
+        let dir = pinning.as_ref().and_then(|p| p.as_ref().ok()).cloned();
+        let mut g = Guard::open(loader, &btf, opts, mode, variant, detect, dir.as_deref())?;
+        // A directory left by a start that stops before its swap holds no
+        // symlink's target: `pins::remove_unused` takes it as an orphan.
+        let abandon = |pinning: &mut Option<Result<PathBuf, String>>, why: String| {
+            if let Some(Ok(d)) = pinning.take() {
+                let _ = pins::remove_dir(&d);
+            }
+            *pinning = Some(Err(why));
+        };
+        if let Some(d) = &dir {
+            if let Err(e) = g.pin_maps(d) {
+                abandon(&mut pinning, e);
             }
         }
-        let mut g = Guard::open(loader, &btf, opts, mode, variant, detect, dir.as_deref())?;
-        if let (Some(d), Some((root, volumes_dirs))) = (&dir, pin) {
-            let pinned = g
-                .pin_maps(d)
-                .and_then(|()| pins::swap_links(root, volumes_dirs, d).map_err(|e| e.to_string()));
-            pinning = Some(match pinned {
-                Ok(previous) => Ok((d.clone(), previous)),
-                Err(e) => {
-                    let _ = pins::remove_dir(d);
-                    Err(e)
-                }
-            });
-        }
+        fault_point("pinned-maps");
         fill(&mut g);
+        fault_point("filled");
         let mut attached: Attached = Vec::new();
         match load_detect(&mut g.ebpf, &btf, detect) {
             Ok(links) => attached.extend(links.into_iter().map(|(p, id)| (p, LinkId::FExit(id)))),
             Err((part, e)) => {
                 let (reason, detail) = classify(&e);
-                // The guard pinned before this start, if any, goes on.
-                if let (Some((root, _)), Some(Ok((d, swapped)))) = (pin, pinning) {
-                    swapped.undo(root);
-                    let _ = pins::remove_dir(&d);
+                if let Some(Ok(d)) = &pinning {
+                    let _ = pins::remove_dir(d);
                 }
                 return Err(LoadError::NoProgram {
                     component: COMPONENT,
@@ -851,37 +859,60 @@ impl Guard {
                     // The exporter refuses to start without enforcement: a
                     // guard pinned before this start (one that enforces)
                     // must go on, not give way to this detect-only one.
-                    if let (Some((root, _)), Some(Ok(_))) = (pin, &pinning) {
-                        if let Some(Ok((d, swapped))) = pinning.take() {
-                            swapped.undo(root);
-                            let _ = pins::remove_dir(&d);
-                        }
-                        pinning = Some(Err(format!(
-                            "not pinned: enforcement did not attach ({why}), so the guard pinned \
-                             before this start, if any, stays in place"
-                        )));
+                    if matches!(pinning, Some(Ok(_))) {
+                        abandon(
+                            &mut pinning,
+                            format!(
+                                "not pinned: enforcement did not attach ({why}), so the guard \
+                                 pinned before this start, if any, stays in place"
+                            ),
+                        );
                     }
                     g.not_enforcing = Some(why);
                 }
             }
         }
-        let Some((root, _)) = pin else {
+        fault_point("attached");
+        let Some((root, volumes_dirs)) = pin else {
             return Ok((g, None));
         };
-        let result = match pinning.expect("set when pinning") {
-            Err(e) => Err(e),
-            Ok((d, swapped)) => g.pin_links(&d, attached).and_then(|links| {
-                // Only once the new programs run: the old ones go.
-                let removed = pins::remove_unused(root, &swapped.previous(), &d).map_err(|e| {
-                    format!("the guard is pinned in {}, but the pins of an earlier start could not be removed: {e}", d.display())
-                })?;
-                Ok(Pinned {
-                    dir: d,
-                    links,
-                    removed,
-                })
-            }),
+        let d = match pinning.expect("set when pinning") {
+            Err(e) => return Ok((g, Some(Err(e)))),
+            Ok(d) => d,
         };
+        let result = g.pin_links(&d, attached).and_then(|links| {
+            fault_point("links-pinned");
+            // From here the new programs run without this process: only
+            // now may the plugin be sent to their maps.
+            let swapped = pins::swap_links(root, volumes_dirs, &d).map_err(|e| {
+                format!(
+                    "the guard is attached and pinned in {}, but the volumes directories' \
+                     symlinks could not be pointed at it (the guard before, if any, goes on \
+                     beside it): {e}",
+                    d.display()
+                )
+            })?;
+            fault_point("swapped");
+            // Roots the plugin wrote into the maps the symlinks led to
+            // before the swap. The registry again rather than a copy of
+            // those maps: the plugin stores a volume's record before it
+            // writes the root, so the registry holds all of them, and a
+            // round also takes out what a delete removed meanwhile.
+            fill(&mut g);
+            fault_point("refilled");
+            let removed = pins::remove_unused(root, &swapped.previous(), &d).map_err(|e| {
+                format!(
+                    "the guard is pinned in {}, but the pins of an earlier start could not be \
+                     removed: {e}",
+                    d.display()
+                )
+            })?;
+            Ok(Pinned {
+                dir: d,
+                links,
+                removed,
+            })
+        });
         Ok((g, Some(result)))
     }
 
@@ -1481,6 +1512,18 @@ fn attach_enforcement(
         return Err(NotEnforcing::Program { failures });
     }
     Ok(attached)
+}
+
+/// In the fault-injection build, aborts the process (as a SIGKILL would:
+/// nothing unwinds) when `PRJQUOTA_FAULT_GUARD_START` names `step`, so the
+/// tests can stop a start at each step of [`Guard::load_pinned`].
+fn fault_point(step: &str) {
+    #[cfg(feature = "fault-injection")]
+    if std::env::var_os("PRJQUOTA_FAULT_GUARD_START").is_some_and(|s| s == step) {
+        eprintln!("PRJQUOTA_FAULT_GUARD_START: aborting at {step}");
+        std::process::abort();
+    }
+    let _ = step;
 }
 
 /// [`attach_lsm`]; in the fault-injection build, with

@@ -22,12 +22,20 @@
 //! files), so `escape_path` escapes every dot and the exporter's own names
 //! start with `@` (which `escape_path` never leaves in a name).
 //!
-//! A start makes a new `@guard-<unique>` directory with fresh maps, points
-//! every symlink of its volumes directories at it (a symlink under a
-//! temporary name renamed over the old one: atomic), fills the maps,
-//! attaches and pins the programs, and only then removes the directory the
-//! symlinks pointed at before: old and new programs overlap for a moment,
-//! enforcement never has a gap.
+//! A start makes a new `@guard-<unique>` directory with fresh maps, fills
+//! them, attaches and pins the programs there, and only then points every
+//! symlink of its volumes directories at it (a symlink under a temporary
+//! name renamed over the old one: atomic), fills the maps once more (the
+//! roots the plugin wrote into the old maps meanwhile), and removes the
+//! directory the symlinks pointed at before: old and new programs overlap
+//! for a moment, enforcement never has a gap, and the plugin never writes
+//! into maps no program reads. A start that dies before its swap leaves a
+//! directory no symlink points at, its programs attached beside the guard
+//! in force; the next start removes it once it is older than a start takes.
+//!
+//! Only root may have made anything on the way: the pin root and every
+//! directory above it on its bpffs must be root's and writable by root
+//! only ([`ensure_root`]), and the bpffs this module mounts is 0700.
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
@@ -78,9 +86,11 @@ fn ctx(path: &Path, what: &str, e: io::Error) -> io::Error {
     io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
 }
 
-/// Makes `root` (mode 0700, on bpffs), mounting bpffs at `/sys/fs/bpf`
-/// when nothing is mounted there; refuses a root another user owns or
-/// others may write to.
+/// Makes `root` (mode 0700, on bpffs), mounting bpffs for root only at
+/// `/sys/fs/bpf` when nothing is mounted there; refuses a root another user
+/// owns, and one under a directory others may write (they could have made
+/// or replaced it first), naming the directory and the fix. Makes nothing
+/// when it refuses, and changes no directory above the root.
 pub fn ensure_root(root: &Path) -> io::Result<()> {
     let parent = root.parent().unwrap_or(Path::new("/"));
     if parent == Path::new("/sys/fs/bpf") && fs_type(parent)? != BPF_FS_MAGIC {
@@ -97,11 +107,14 @@ pub fn ensure_root(root: &Path) -> io::Result<()> {
     let on = if root.exists() { root } else { parent };
     if fs_type(on)? != BPF_FS_MAGIC {
         return Err(io::Error::other(format!(
-            "{} is not on a bpf filesystem: mount one (mount -t bpf bpf /sys/fs/bpf) or give \
-             --guard.pin-root on one",
+            "{} is not on a bpf filesystem: mount one (mount -t bpf -o mode=0700 bpf \
+             /sys/fs/bpf) or give --guard.pin-root on one",
             root.display()
         )));
     }
+    // The directories above first: a root made under one of them by
+    // someone else may be root's own by the time it is looked at.
+    refuse_untrusted(root, parent)?;
     match fs::DirBuilder::new().mode(0o700).create(root) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -110,9 +123,11 @@ pub fn ensure_root(root: &Path) -> io::Result<()> {
     let m = fs::symlink_metadata(root).map_err(|e| ctx(root, "cannot stat", e))?;
     if !m.is_dir() || m.uid() != 0 {
         return Err(io::Error::other(format!(
-            "{} must be a directory owned by root (uid {}): remove it and restart",
+            "{} must be a directory owned by root (uid {}), or another user chose what the \
+             guard trusts: remove it (rm -r {}) and restart",
             root.display(),
-            m.uid()
+            m.uid(),
+            root.display()
         )));
     }
     if m.mode() & 0o077 != 0 {
@@ -121,12 +136,25 @@ pub fn ensure_root(root: &Path) -> io::Result<()> {
     }
     if fs_type(root)? != BPF_FS_MAGIC {
         return Err(io::Error::other(format!(
-            "{} is not on a bpf filesystem: mount one (mount -t bpf bpf /sys/fs/bpf) or give \
-             --guard.pin-root on one",
+            "{} is not on a bpf filesystem: mount one (mount -t bpf -o mode=0700 bpf \
+             /sys/fs/bpf) or give --guard.pin-root on one",
             root.display()
         )));
     }
     Ok(())
+}
+
+/// [`prjquota_core::guard_pins::untrusted_dirs`] of `dir`, as the error
+/// that keeps the guard's pins out of `root`.
+fn refuse_untrusted(root: &Path, dir: &Path) -> io::Result<()> {
+    match prjquota_core::guard_pins::untrusted_dirs(dir) {
+        Ok(None) => Ok(()),
+        Ok(Some(why)) => Err(io::Error::other(format!(
+            "refusing to pin the guard in {}: {why}",
+            root.display()
+        ))),
+        Err(e) => Err(ctx(dir, "cannot check who may write", e)),
+    }
 }
 
 fn fs_type(path: &Path) -> io::Result<i64> {
@@ -611,6 +639,32 @@ mod tests {
         fs::remove_dir_all(&dir).unwrap();
         let c = current(&root, &a).unwrap().unwrap();
         assert!(!c.exists && !c.is(&dir, &[]));
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// A start that died after attaching, before its swap, left a directory
+    /// with links no symlink points at: a later start removes it, links
+    /// first, once it is older than a start takes, and not before (a start
+    /// running beside it has not swapped yet).
+    #[test]
+    fn a_dead_start_with_attached_links_is_removed_once_old() {
+        let root = std::env::temp_dir().join(format!("pins-orphan-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir(&root).unwrap();
+        let live = new_dir(&root).unwrap();
+        swap_links(&root, &[PathBuf::from("/v/a")], &live).unwrap();
+        let dead = new_dir(&root).unwrap();
+        fs::write(dead.join("roots"), b"").unwrap();
+        fs::write(dead.join("link-guard_lsm"), b"").unwrap();
+        assert!(remove_unused(&root, &[], &live).unwrap().is_empty());
+        assert!(
+            dead.exists(),
+            "a start still running beside it lost its pins"
+        );
+        let then = SystemTime::now() - ORPHAN_AFTER - Duration::from_secs(1);
+        fs::File::open(&dead).unwrap().set_modified(then).unwrap();
+        assert_eq!(remove_unused(&root, &[], &live).unwrap(), [(dead, 2)]);
+        assert!(live.exists());
         fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -278,22 +278,24 @@ pub(crate) fn statfs_type(path: &std::path::Path) -> std::io::Result<i64> {
     Ok(st.f_type as i64)
 }
 
-/// Mounts a bpf filesystem on `dir` (as systemd does at boot on
-/// /sys/fs/bpf).
+/// Mounts a bpf filesystem on `dir` for root only: mode 0700, nosuid,
+/// nodev, noexec (as systemd mounts /sys/fs/bpf at boot).
 pub(crate) fn mount_bpffs(dir: &std::path::Path) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let target = std::ffi::CString::new(dir.as_os_str().as_bytes())
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
     let bpf = c"bpf";
+    // The kernel's default is 1777: anyone could make the pin root first.
+    let data = c"mode=0700";
     // SAFETY: every pointer is a NUL-terminated string alive for the call;
-    // no data argument.
+    // bpffs reads `data` as a comma-separated option string.
     let r = unsafe {
         libc::mount(
             bpf.as_ptr(),
             target.as_ptr(),
             bpf.as_ptr(),
-            0,
-            std::ptr::null(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            data.as_ptr().cast(),
         )
     };
     if r != 0 {

@@ -34,6 +34,31 @@ pub fn dirs() -> Vec<PathBuf> {
     v
 }
 
+/// The pin directories an exporter of pid `pid` made (`@guard-<pid>-*`).
+pub fn dirs_of(pid: u32) -> Vec<PathBuf> {
+    let prefix = format!("@guard-{pid}-");
+    dirs()
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+        })
+        .collect()
+}
+
+/// Removes the pin directories of the exporters `pids` but `keep` (what a
+/// start that completes removes, and the crashed starts' directories a
+/// later start would remove once they are 120 s old).
+pub fn remove_dirs_of(pids: &[u32], keep: Option<&Path>) {
+    for d in pids.iter().flat_map(|p| dirs_of(*p)) {
+        if Some(d.as_path()) != keep {
+            if let Err(e) = pins::remove_dir(&d) {
+                eprintln!("cannot remove the pin directory {}: {e}", d.display());
+            }
+        }
+    }
+}
+
 fn roots_map(volumes_dir: &Path) -> BpfHashMap<MapData, GuardRootKey, GuardRootValue> {
     let path = pins::link_of(root(), volumes_dir).join("roots");
     let data = MapData::from_pin(&path)

@@ -22,14 +22,14 @@ fn run(cmd: &mut Command) {
     );
 }
 
-/// Mounts bpffs at /sys/fs/bpf when it is not there yet.
+/// Mounts bpffs at /sys/fs/bpf, for root only, when it is not there yet.
 pub fn ensure_bpffs() {
     let mounts = std::fs::read_to_string("/proc/self/mounts").expect("read mounts");
     if !mounts
         .lines()
         .any(|l| l.split(' ').nth(1) == Some("/sys/fs/bpf"))
     {
-        run(Command::new("mount").args(["-t", "bpf", "bpf", "/sys/fs/bpf"]));
+        run(Command::new("mount").args(["-t", "bpf", "-o", "mode=0700", "bpf", "/sys/fs/bpf"]));
     }
 }
 

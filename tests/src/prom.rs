@@ -292,7 +292,13 @@ pub fn command_of(
 /// Runs an exporter command that must refuse to start to its exit (within
 /// 120 s); returns the exit status and its stderr. `what` says in a failure
 /// what should have made it refuse.
-pub fn run_to_refusal(mut cmd: Command, what: &str) -> (std::process::ExitStatus, String) {
+pub fn run_to_refusal(cmd: Command, what: &str) -> (std::process::ExitStatus, String) {
+    let (_, status, err) = run_to_refusal_pid(cmd, what);
+    (status, err)
+}
+
+/// [`run_to_refusal`], and the exporter's pid (which names its pins).
+pub fn run_to_refusal_pid(mut cmd: Command, what: &str) -> (u32, std::process::ExitStatus, String) {
     ensure_loopback();
     let mut child = cmd
         .stdin(Stdio::null())
@@ -300,6 +306,7 @@ pub fn run_to_refusal(mut cmd: Command, what: &str) -> (std::process::ExitStatus
         .stderr(Stdio::piped())
         .spawn()
         .expect("start prjquota-exporter");
+    let pid = child.id();
     let (status, killed) = crate::child::wait_or_kill(&mut child, Duration::from_secs(120));
     assert!(
         !killed,
@@ -308,7 +315,7 @@ pub fn run_to_refusal(mut cmd: Command, what: &str) -> (std::process::ExitStatus
     let mut err = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr piped"), &mut err)
         .expect("read the exporter's stderr");
-    (status, err)
+    (pid, status, err)
 }
 
 /// The exporter binary, running until dropped.

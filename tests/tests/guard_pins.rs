@@ -3,21 +3,24 @@
 //! a create puts its root into the guard before it returns, a delete takes
 //! it out before its tree goes, pins a create cannot trust are refused, and
 //! nothing an unprivileged neighbour does to the announce socket delays or
-//! decides a create.
+//! decides a create. And the exporter's half as an attacker meets it: the
+//! bpffs it mounts and the pin root it accepts are root's alone, and a
+//! start that dies at any step leaves the next create guarded.
 
 use std::io::{BufRead, BufReader};
 use std::os::fd::AsFd;
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use prjquota_core::guard_pins::RootKey;
-use prjquota_vmtests::fixture::{writable, Fixture, FsCase, MIB};
+use prjquota_vmtests::attack::{chproj_as, open, Who, OWNER};
+use prjquota_vmtests::fixture::{fill, writable, Fixture, FsCase, MIB, XFS};
 use prjquota_vmtests::nomad::{run_plugin_with, Spec, TEST_DEADLINE};
 use prjquota_vmtests::pins::HandPins;
-use prjquota_vmtests::prom::Exporter;
-use prjquota_vmtests::{fault_bin, on_every_fs, PYTHON};
+use prjquota_vmtests::prom::{command, command_of, run_to_refusal, run_to_refusal_pid, Exporter};
+use prjquota_vmtests::{fault_bin, fault_exporter, on_every_fs, pinned, sh, PYTHON};
 
 on_every_fs!(
     a_create_guards_its_root_before_it_returns,
@@ -25,7 +28,190 @@ on_every_fs!(
     a_new_project_is_guarded_from_its_claim,
     pins_a_create_cannot_trust_are_refused_and_leave_nothing,
     a_squatter_delays_no_create_and_decides_nothing,
+    a_start_killed_at_any_step_leaves_the_next_create_guarded,
 );
+
+/// With nothing mounted at /sys/fs/bpf (the exporter alone in a mount
+/// namespace where it was unmounted), the exporter mounts bpffs for root
+/// only (mode 0700, nosuid, nodev, noexec): `nobody` can make nothing in
+/// it, so no one can take the pin root before the exporter does.
+#[test]
+fn the_exporter_mounts_bpffs_for_root_only() {
+    let f = XFS.fixture("pins-mount");
+    let inner = command(
+        &[&f.node.volumes_dir],
+        &["--guard=enforce", "--ebpf=off"],
+        false,
+    );
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        "while mountpoint -q /sys/fs/bpf; do umount /sys/fs/bpf || exit 97; done; exec \"$@\"",
+        "sh",
+    ])
+    .arg(inner.get_program())
+    .args(inner.get_args());
+    let e = Exporter::start_command(cmd);
+    let pid = e.pid();
+    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    let line = mountinfo
+        .lines()
+        .rfind(|l| l.split(' ').nth(4) == Some("/sys/fs/bpf"))
+        .unwrap_or_else(|| panic!("nothing mounted at /sys/fs/bpf:\n{mountinfo}\n{}", e.log()));
+    let (left, right) = line.split_once(" - ").expect("a mountinfo line");
+    let opts: Vec<&str> = left.split(' ').nth(5).unwrap().split(',').collect();
+    let fs: Vec<&str> = right.split(' ').collect();
+    assert_eq!(fs[0], "bpf", "{line}");
+    for o in ["nosuid", "nodev", "noexec"] {
+        assert!(opts.contains(&o), "{o} missing: {line}");
+    }
+    assert!(fs[2].split(',').any(|o| o == "mode=700"), "{line}");
+    // bpffs sets the sticky bit on its root whatever the mode.
+    let here = format!("/proc/{pid}/root/sys/fs/bpf");
+    assert_eq!(
+        std::fs::metadata(&here).unwrap().mode() & 0o777,
+        0o700,
+        "{line}"
+    );
+    let out = Command::new("nsenter")
+        .args(["--target", &pid.to_string(), "--mount"])
+        .args([
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ])
+        .args(["mkdir", "/sys/fs/bpf/squat"])
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+        "nobody made a directory in the bpffs the exporter mounted: {out:?}"
+    );
+    assert_eq!(e.scrape().value("prjquota_exporter_guard_pinned", &[]), 1.0);
+    e.stop();
+}
+
+/// A bpffs others may write (mode 1777: the kernel's default, which a
+/// container runtime may leave): whether `nobody` made the pin root first
+/// or root did (`nobody` could have replaced it), an enforcing exporter
+/// refuses to start, naming the directory and the fix, and pins nothing.
+#[test]
+fn a_pin_root_others_could_have_made_is_refused() {
+    let f = XFS.fixture("pins-1777");
+    let mnt = PathBuf::from(format!("/tmp/pins-1777-{}", std::process::id()));
+    std::fs::create_dir_all(&mnt).unwrap();
+    sh(&format!("mount -t bpf -o mode=1777 bpf {}", mnt.display()));
+    let root = mnt.join("prjquota");
+    let root_arg = root.to_str().expect("a UTF-8 path");
+    let st = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "mkdir"])
+        .arg(&root)
+        .status()
+        .unwrap();
+    assert!(st.success(), "nobody could not squat the pin root");
+    let want = format!(
+        "{} is writable by users other than root (mode 1777)",
+        mnt.display()
+    );
+    for who in ["nobody", "root"] {
+        let (status, err) = run_to_refusal(
+            command(
+                &[&f.node.volumes_dir],
+                &[
+                    "--guard=enforce",
+                    "--ebpf=off",
+                    "--guard.pin-root",
+                    root_arg,
+                ],
+                false,
+            ),
+            &format!("a pin root {who} made on a 1777 bpffs"),
+        );
+        assert!(!status.success(), "{err}");
+        assert!(
+            err.lines().any(|l| l.contains("msg=exiting")
+                && l.contains(&want)
+                && l.contains(root_arg)
+                && l.contains("chmod go-w")
+                && l.contains("mode=0700")),
+            "{who}: {err}"
+        );
+        assert_eq!(
+            std::fs::read_dir(&root).unwrap().count(),
+            0,
+            "{who}: pinned in a pin root refused"
+        );
+        std::fs::remove_dir(&root).unwrap();
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&root)
+            .unwrap();
+    }
+    sh(&format!("umount {}", mnt.display()));
+    std::fs::remove_dir(&mnt).unwrap();
+}
+
+/// The steps of a start at which `PRJQUOTA_FAULT_GUARD_START` stops the
+/// fault-injection exporter, in their order (`Guard::load_pinned`).
+const START_STEPS: [&str; 6] = [
+    "pinned-maps",
+    "filled",
+    "attached",
+    "links-pinned",
+    "swapped",
+    "refilled",
+];
+
+/// An exporter start stopped dead at each step of pinning its guard (the
+/// fault-injection build aborts there, as SIGKILL would: nothing unwinds)
+/// leaves a guard in force for what the plugin creates next: the new
+/// volume's owner can move neither its root nor a file in it out of its
+/// project.
+fn a_start_killed_at_any_step_leaves_the_next_create_guarded(fs: &FsCase) {
+    let f = fs.fixture("pins-k");
+    let dir = f.node.volumes_dir.clone();
+    let args = ["--guard=enforce", "--ebpf=off"];
+    let first = Exporter::start_with(&[&dir], &args);
+    let mut pids = vec![first.pid()];
+    let _ = first.stop_leaving_pins();
+    let owner = OWNER.to_string();
+    for (i, step) in START_STEPS.iter().enumerate() {
+        let mut cmd = command_of(&fault_exporter(), &[&dir], &args, false);
+        cmd.env("PRJQUOTA_FAULT_GUARD_START", step);
+        let (pid, status, err) =
+            run_to_refusal_pid(cmd, &format!("PRJQUOTA_FAULT_GUARD_START={step}"));
+        pids.push(pid);
+        assert!(
+            !status.success() && err.contains(&format!("aborting at {step}")),
+            "{step}: the fault point was not reached\n{err}"
+        );
+        let spec = Spec::new(&format!("k{i}"), 8 * MIB as i64)
+            .param("uid", &owner)
+            .param("gid", &owner);
+        let (path, _) = f.create(&spec);
+        let projid = f.project_id(&spec.id);
+        assert_eq!(fill(&path.join("data"), 4096, Some(OWNER)).errno, None);
+        for (what, p) in [("its root", path.clone()), ("a file", path.join("data"))] {
+            let (_, r) = chproj_as(Who::User(OWNER), &open(&p), 0);
+            assert_eq!(
+                r,
+                Err(libc::EPERM),
+                "a start killed at {step}: the owner moved {what} out of the new volume's project\n{err}"
+            );
+        }
+        assert_eq!(Fixture::project_of(&path), (projid, true));
+        assert_eq!(Fixture::project_of(&path.join("data")), (projid, false));
+        // What the next start would remove: one guard in force per round.
+        pinned::remove_dirs_of(&pids, pinned::dir_of(&dir).as_deref());
+    }
+    pinned::remove(std::slice::from_ref(&dir));
+    pinned::remove_dirs_of(&pids, None);
+}
 
 /// A squatter on the announce name when the exporter starts keeps it from
 /// listening only while it stays: the exporter binds the name once it is

@@ -81,7 +81,10 @@ export PRJQUOTA_TEST_XFS_NOQUOTA=$base/xfs-noquota
 
 # eBPF tests need tracefs and bpffs.
 mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing
-mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
+# bpffs for root only, as systemd mounts it: the guard refuses a pin root
+# under a directory others may write (the kernel's default mode is 1777).
+mountpoint -q /sys/fs/bpf || mount -t bpf -o mode=0700,nosuid,nodev,noexec bpf /sys/fs/bpf
+chmod go-w /sys/fs/bpf
 
 export PRJQUOTA_IN_VM=1
 echo "prjquota-vm: ready: XFS=${PRJQUOTA_TEST_XFS:--} EXT4=${PRJQUOTA_TEST_EXT4:--} XFS_NOQUOTA=$PRJQUOTA_TEST_XFS_NOQUOTA"
