@@ -22,6 +22,7 @@
 use std::fs;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{chown, MetadataExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -1434,39 +1435,59 @@ fn a_new_volume_project_cannot_be_taken_before_its_create_ends(fs: &FsCase) {
 
 /// Delete removes a volume's tree before its root leaves the guard: an
 /// owner who keeps a file of the volume open and loops on `chproj 0`
-/// through the whole delete is refused to the end.
+/// through the removal of the whole tree (a delete stopped right after it,
+/// at `delete:removed`) is refused every time; the next delete finishes.
 fn a_volume_stays_guarded_while_its_delete_runs(fs: &FsCase) {
+    use prjquota_vmtests::fault_bin;
     use prjquota_vmtests::fixture::make_files;
-    let v = Volume::new(fs, "guard-delete");
-    // Enough files for the delete to take a while under emulation.
+    use prjquota_vmtests::nomad::{run_plugin_with, TEST_DEADLINE};
+    let f = Fixture::with_plugin(
+        &(fs.mount)(),
+        &format!("{}-guard-delete", fs.name),
+        &fault_bin(),
+    );
+    let v = Volume::in_fixture(f, "guard-delete");
+    // Enough files for the removal to take seconds under emulation, past
+    // the exporter's sync rounds.
     let many = v.path.join("many");
     fs::create_dir(&many).unwrap();
     chown(&many, Some(OWNER), Some(OWNER)).unwrap();
     make_files(&many, 3000, Some(OWNER));
     let exp = guarding(&v, &[]);
     let data = open(&v.path.join("sub/more"));
-    let looper = Looper::start(&data, 0, 3);
+    let looper = Looper::start(&data, 0, 2);
     looper.wait_attempts(50);
     looper.enter(1);
     let started = Instant::now();
-    let out = v.f.node.delete(&v.spec);
+    let out = run_plugin_with(
+        &v.f.node.plugin,
+        "delete",
+        &v.f.node.delete_vars(&v.spec, &v.path),
+        TEST_DEADLINE,
+        &[("PRJQUOTA_FAULT", "delete:removed".into())],
+    );
     let took = started.elapsed();
-    looper.enter(2);
-    assert!(out.status.success(), "{out:?}");
-    assert!(!v.path.exists());
+    assert_eq!(out.status.signal(), Some(libc::SIGABRT), "{out:?}");
+    assert!(
+        !v.path.exists(),
+        "the tree is removed before the fault point"
+    );
     let tally = looper.stop();
-    eprintln!("{}: delete took {took:?}; attempts {tally:?}", fs.name);
-    for (phase, (refused, through)) in ["before the delete", "during the delete"]
+    eprintln!("{}: the removal took {took:?}; attempts {tally:?}", fs.name);
+    for (phase, (refused, through)) in ["before the delete", "while the tree is removed"]
         .iter()
         .zip(&tally)
     {
         assert_eq!(
-            *through, 0,
-            "{}: {phase}: {through} changes went through ({refused} refused)",
-            fs.name
+            *through,
+            0,
+            "{}: {phase}: {through} changes went through ({refused} refused)\n{}",
+            fs.name,
+            exp.log()
         );
         assert!(*refused > 0, "{}: {phase}: no attempt was made", fs.name);
     }
+    assert!(v.f.node.delete(&v.spec).status.success());
     drop(exp);
 }
 
