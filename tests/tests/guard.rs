@@ -908,6 +908,16 @@ fn the_default_refuses_an_owners_project_change(fs: &FsCase) {
     assert_eq!(e.value(ATTEMPTS, &labels), 2.0, "{}", e.text);
     let ready = exp.wait_for_line("msg=\"ready:", Duration::from_secs(30));
     assert!(ready.contains("guard=enforce"), "{ready}");
+    // prjquota check reads the same from the pins.
+    let line = prjquota_vmtests::check_guard_line(&v.f.node.volumes_dir);
+    assert!(
+        line["ok"] == true && line.get("warning").is_none(),
+        "{line:#}"
+    );
+    assert!(
+        line["detail"].as_str().unwrap().starts_with("enforcing"),
+        "{line:#}"
+    );
 }
 
 // ---- the guard through a node's life (pinned, synced, no scrape)

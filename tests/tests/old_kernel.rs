@@ -127,6 +127,17 @@ fn defaults_serve_the_quota_metrics_write_telemetry_and_a_counting_guard() {
             "the line names the build, its hook, why and the fix ({needle:?}): {attach}"
         );
     }
+    // prjquota check reads it from the pins: a warning with the fix.
+    let line = prjquota_vmtests::check_guard_line(&f.node.volumes_dir);
+    assert!(line["ok"] == true && line["warning"] == true, "{line:#}");
+    assert!(
+        line["detail"]
+            .as_str()
+            .unwrap()
+            .contains("the BPF LSM is not active"),
+        "{line:#}"
+    );
+    assert!(line["fix"].as_str().unwrap().contains("lsm="), "{line:#}");
     let ready = exp.wait_for_line("msg=\"ready:", std::time::Duration::from_secs(30));
     assert!(ready.contains("guard=\"detect (lsm_inactive)\""), "{ready}");
 }
