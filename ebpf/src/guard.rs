@@ -26,7 +26,10 @@
 //!
 //! # Modes
 //!
-//! - [`GuardMode::Detect`] (default; any kernel with BTF, 5.10 or later):
+//! - [`GuardMode::Auto`] (default): [`GuardMode::Enforce`] where the BPF LSM
+//!   is active, else [`GuardMode::Detect`], decided by [`GuardMode::resolve`]
+//!   before the load (the loads take the resolved mode).
+//! - [`GuardMode::Detect`] (any kernel with BTF, 5.10 or later):
 //!   `fexit/vfs_fileattr_set`, the function every attribute change ends in
 //!   (5.13+), counts attempts per volume by outcome: *allowed* (the call
 //!   succeeded) or *denied* (it failed, e.g. EPERM for a caller who does not
