@@ -111,6 +111,8 @@ pub const DEFAULT_FOR: &[(&str, u64, char)] = &[
     ("PrjquotaExporterEbpfDetached", 30, 'm'),
     ("PrjquotaExporterGuardOff", 30, 'm'),
     ("PrjquotaExporterGuardNotPinned", 10, 'm'),
+    ("PrjquotaExporterGuardNotEnforcing", 15, 'm'),
+    ("PrjquotaExporterGuardCannotEnforce", 1, 'h'),
     ("PrjquotaExporterAnnouncementsUnheard", 5, 'm'),
     ("PrjquotaExporterWebConfigReloadFailed", 10, 'm'),
     ("NomadHostVolumesOvercommitted", 15, 'm'),

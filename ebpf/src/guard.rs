@@ -26,7 +26,10 @@
 //!
 //! # Modes
 //!
-//! - [`GuardMode::Detect`] (default; any kernel with BTF, 5.10 or later):
+//! - [`GuardMode::Auto`] (default): [`GuardMode::Enforce`] where the BPF LSM
+//!   is active, else [`GuardMode::Detect`], decided by [`GuardMode::resolve`]
+//!   before the load (the loads take the resolved mode).
+//! - [`GuardMode::Detect`] (any kernel with BTF, 5.10 or later):
 //!   `fexit/vfs_fileattr_set`, the function every attribute change ends in
 //!   (5.13+), counts attempts per volume by outcome: *allowed* (the call
 //!   succeeded) or *denied* (it failed, e.g. EPERM for a caller who does not
@@ -301,21 +304,28 @@ fn choose(btf: &Btf) -> (Variant, Detect) {
     }
 }
 
-/// What the guard does (the exporter's `--guard` flag: `off`, `detect`,
-/// `enforce`).
+/// What the guard does (the exporter's `--guard` flag: `auto`, `off`,
+/// `detect`, `enforce`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum GuardMode {
     /// Load nothing.
     Off,
     /// Count attempts by outcome; refuse nothing.
-    #[default]
     Detect,
     /// Count, and refuse attempts with EPERM (needs the BPF LSM; falls back
     /// to [`GuardMode::Detect`] without it).
     Enforce,
+    /// [`GuardMode::Enforce`] where the BPF LSM is active, else
+    /// [`GuardMode::Detect`]: [`GuardMode::resolve`] decides before the
+    /// load. A project-ID change by an unprivileged caller inside a volume
+    /// is never legitimate, so refusing is the default wherever the kernel
+    /// can.
+    #[default]
+    Auto,
 }
 
 impl GuardMode {
+    /// The modes a guard can be in (what `auto` resolves to, and off).
     pub const ALL: [GuardMode; 3] = [GuardMode::Off, GuardMode::Detect, GuardMode::Enforce];
 
     pub fn label(self) -> &'static str {
@@ -323,6 +333,29 @@ impl GuardMode {
             GuardMode::Off => "off",
             GuardMode::Detect => "detect",
             GuardMode::Enforce => "enforce",
+            GuardMode::Auto => "auto",
+        }
+    }
+
+    /// The mode to load for this requested mode, given whether the BPF LSM
+    /// is active ([`bpf_lsm_active`]): `auto` becomes enforce where it is,
+    /// and detect, with the reason, where it is not or cannot be told.
+    /// Other modes load as asked (enforce without the LSM is refused by the
+    /// load's [`Guard::not_enforcing`], not here).
+    pub fn resolve(
+        self,
+        lsm: Result<(bool, String), io::Error>,
+    ) -> (GuardMode, Option<NotEnforcing>) {
+        match (self, lsm) {
+            (GuardMode::Auto, Ok((true, _))) => (GuardMode::Enforce, None),
+            (GuardMode::Auto, Ok((false, active))) => (
+                GuardMode::Detect,
+                Some(NotEnforcing::LsmInactive { active }),
+            ),
+            (GuardMode::Auto, Err(source)) => {
+                (GuardMode::Detect, Some(NotEnforcing::LsmUnknown { source }))
+            }
+            (m, _) => (m, None),
         }
     }
 }
@@ -331,11 +364,12 @@ impl FromStr for GuardMode {
     type Err = String;
     fn from_str(s: &str) -> Result<GuardMode, String> {
         match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(GuardMode::Auto),
             "off" => Ok(GuardMode::Off),
             "detect" => Ok(GuardMode::Detect),
             "enforce" => Ok(GuardMode::Enforce),
             _ => Err(format!(
-                "unknown guard mode `{s}` (want off, detect or enforce)"
+                "unknown guard mode `{s}` (want auto, off, detect or enforce)"
             )),
         }
     }
@@ -1732,6 +1766,39 @@ mod tests {
     }
 
     #[test]
+    fn auto_enforces_only_where_the_bpf_lsm_is_active() {
+        let active = || {
+            Ok((
+                true,
+                "lockdown,capability,landlock,yama,apparmor,bpf".to_string(),
+            ))
+        };
+        let inactive = || Ok((false, "lockdown,capability,yama,apparmor".to_string()));
+        let unknown = || Err(io::Error::from_raw_os_error(libc::ENOENT));
+        let (m, why) = GuardMode::Auto.resolve(active());
+        assert_eq!((m, why.is_none()), (GuardMode::Enforce, true));
+        let (m, why) = GuardMode::Auto.resolve(inactive());
+        let why = why.expect("a reason");
+        assert_eq!((m, why.reason()), (GuardMode::Detect, "lsm_inactive"));
+        assert!(
+            why.to_string().contains("add `bpf` to the kernel's `lsm=`"),
+            "{why}"
+        );
+        let (m, why) = GuardMode::Auto.resolve(unknown());
+        assert_eq!(
+            (m, why.unwrap().reason()),
+            (GuardMode::Detect, "lsm_unknown")
+        );
+        // Explicit modes load as asked: enforce's own load reports the LSM.
+        for m in GuardMode::ALL {
+            for lsm in [active(), inactive(), unknown()] {
+                let (r, why) = m.resolve(lsm);
+                assert_eq!((r, why.is_none()), (m, true));
+            }
+        }
+    }
+
+    #[test]
     fn modes_parse() {
         assert_eq!("off".parse::<GuardMode>(), Ok(GuardMode::Off));
         assert_eq!("Detect".parse::<GuardMode>(), Ok(GuardMode::Detect));
@@ -1739,11 +1806,12 @@ mod tests {
         assert!("on"
             .parse::<GuardMode>()
             .unwrap_err()
-            .contains("off, detect or enforce"));
-        for m in GuardMode::ALL {
+            .contains("auto, off, detect or enforce"));
+        assert_eq!("AUTO".parse::<GuardMode>(), Ok(GuardMode::Auto));
+        for m in GuardMode::ALL.into_iter().chain([GuardMode::Auto]) {
             assert_eq!(m.to_string().parse::<GuardMode>(), Ok(m));
         }
-        assert_eq!(GuardMode::default(), GuardMode::Detect);
+        assert_eq!(GuardMode::default(), GuardMode::Auto);
         assert!(Guard::start(GuardMode::Off, &LoadOptions::default())
             .unwrap()
             .is_none());

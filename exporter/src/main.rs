@@ -126,16 +126,18 @@ struct Flags {
     #[arg(long = "ebpf", value_name = "MODE", default_value = "auto", value_parser = parse_ebpf_mode)]
     ebpf: EbpfMode,
 
-    /// Quota-escape guard: off, detect (count and log attempts to change the
-    /// project ID of files under a volume root) or enforce (also deny them
-    /// with EPERM through a BPF LSM program, unless the caller has
-    /// CAP_SYS_ADMIN in the initial user namespace). The guard is pinned
-    /// in bpffs (--guard.pin-root) and keeps working while no exporter
-    /// runs. With enforce the exporter refuses to start, saying why, when
-    /// it cannot enforce: the BPF LSM is not active (bpf missing from the
-    /// kernel's lsm= list), a guard program does not load, or the guard
-    /// cannot be pinned; use detect on such nodes.
-    #[arg(long = "guard", value_name = "MODE", default_value = "detect", value_parser = parse_guard_mode)]
+    /// Quota-escape guard: auto, off, detect (count and log attempts to
+    /// change the project ID of files under a volume root) or enforce (also
+    /// deny them with EPERM through a BPF LSM program, unless the caller
+    /// has CAP_SYS_ADMIN in the initial user namespace). auto enforces
+    /// where the BPF LSM is active and detects, logging and publishing why,
+    /// where it is not or an LSM program does not attach. The guard is
+    /// pinned in bpffs (--guard.pin-root) and keeps working while no
+    /// exporter runs. With enforce the exporter refuses to start, saying
+    /// why, when it cannot enforce: the BPF LSM is not active (bpf missing
+    /// from the kernel's lsm= list), a guard program does not load, or the
+    /// guard cannot be pinned.
+    #[arg(long = "guard", value_name = "MODE", default_value = "auto", value_parser = parse_guard_mode)]
     guard: GuardMode,
 
     /// Where the guard is pinned (a directory on a bpf filesystem, made
@@ -442,7 +444,8 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         let took = warm.warm_up().await;
         info!(
             "ready: the eBPF loads are done (see above for what attached) and every volume is registered",
-            took = format!("{:.3}s", took.as_secs_f64())
+            took = format!("{:.3}s", took.as_secs_f64()),
+            guard = warm.collector_summary("guard").unwrap_or_else(|| "-".into())
         );
         notify_ready();
     });

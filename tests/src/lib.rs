@@ -65,6 +65,29 @@ pub fn xfs_noquota_mount() -> PathBuf {
 
 /// Path of a workspace binary (`prjquota`, `prjquota-exporter`) built by the
 /// runner before the VM boots.
+/// The `quota-escape guard` line of `prjquota check --json` for
+/// `volumes_dir`, as JSON (`ok`, `warning`, `detail`, `fix`).
+pub fn check_guard_line(volumes_dir: &Path) -> serde_json::Value {
+    let out = std::process::Command::new(bin("prjquota"))
+        .args(["check", "--json", "--volumes-dir"])
+        .arg(volumes_dir)
+        .output()
+        .expect("run prjquota check");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "prjquota check --json: {e}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+    v["checks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["check"] == "quota-escape guard")
+        .cloned()
+        .unwrap_or_else(|| panic!("no quota-escape guard line in prjquota check: {v:#}"))
+}
+
 pub fn bin(name: &str) -> PathBuf {
     let path = vm_dir("PRJQUOTA_BIN_DIR").join(name);
     assert!(

@@ -58,6 +58,7 @@ on_every_fs!(
     a_volume_stays_guarded_while_its_delete_runs,
     a_second_exporter_leaves_the_owners_guard_alone,
     pins_changed_behind_the_owners_back_are_put_back,
+    the_default_refuses_an_owners_project_change,
 );
 
 /// Another user, who does not own the files.
@@ -976,6 +977,77 @@ fn the_exporter_counts_refuses_and_logs_attempts() {
         1.0,
         "{}",
         exp.log()
+    );
+}
+
+/// The exporter as shipped, with no `--guard` flag, on a kernel whose BPF
+/// LSM is active (every kernel of the matrix but 5.10): the owner's
+/// project change is refused from the first attempt, through
+/// FS_IOC_FSSETXATTR and through `chattr -p`, and the mode in force is
+/// published and logged as enforce.
+fn the_default_refuses_an_owners_project_change(fs: &FsCase) {
+    const ATTEMPTS: &str = "nomad_host_volume_projid_change_attempts_total";
+    let v = Volume::new(fs, "guard-default");
+    let exp = Exporter::start_with(&[&v.f.node.volumes_dir], &["--ebpf=off"]);
+    let data = open(&v.path.join("data"));
+    let (_, r) = chproj_as(Who::User(OWNER), &data, 0);
+    assert_eq!(
+        r,
+        Err(libc::EPERM),
+        "{}: the owner's FS_IOC_FSSETXATTR under the default --guard\n{}",
+        fs.name,
+        exp.log()
+    );
+    let more = v.path.join("sub").join("more");
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=1000",
+            "--regid=1000",
+            "--clear-groups",
+            "chattr",
+            "-p",
+            "0",
+        ])
+        .arg(&more)
+        .output()
+        .expect("run chattr through setpriv");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("Operation not permitted"),
+        "{}: the owner's chattr -p under the default --guard: {} {err}\n{}",
+        fs.name,
+        out.status,
+        exp.log()
+    );
+    assert_eq!(Fixture::project_of(&v.path.join("data")).0, v.projid);
+    assert_eq!(Fixture::project_of(&more).0, v.projid);
+
+    let e = exp.scrape();
+    assert_eq!(
+        e.value("prjquota_exporter_guard_mode", &[("mode", "enforce")]),
+        1.0,
+        "{}",
+        e.text
+    );
+    assert!(
+        !e.text
+            .contains("prjquota_exporter_guard_not_enforcing_reason{"),
+        "{}",
+        e.text
+    );
+    let labels = [("volume_id", v.spec.id.as_str()), ("result", "denied")];
+    assert_eq!(e.value(ATTEMPTS, &labels), 2.0, "{}", e.text);
+    let ready = exp.wait_for_line("msg=\"ready:", Duration::from_secs(30));
+    assert!(ready.contains("guard=enforce"), "{ready}");
+    // prjquota check reads the same from the pins.
+    let line = prjquota_vmtests::check_guard_line(&v.f.node.volumes_dir);
+    assert!(
+        line["ok"] == true && line.get("warning").is_none(),
+        "{line:#}"
+    );
+    assert!(
+        line["detail"].as_str().unwrap().starts_with("enforcing"),
+        "{line:#}"
     );
 }
 

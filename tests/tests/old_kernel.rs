@@ -1,8 +1,9 @@
 //! On a kernel older than 5.17 (Debian 11's 5.10: no `bpf_loop`, no
 //! `vfs_fileattr_set`, no BPF LSM in its `lsm=`), the plugin, the exporter's
 //! quota metrics, the write telemetry and the guard's detect mode run (the
-//! context builds of their programs), and enforcement is refused loudly: a
-//! refusal to start that names why and the fix. Only the 5.10 pass runs
+//! context builds of their programs), the default guard (`auto`) detects
+//! and says why, and `--guard=enforce` is refused loudly: a refusal to
+//! start that names why and the fix. Only the 5.10 pass runs
 //! this binary (see xtask/src/test.rs); it fails on a kernel new enough for
 //! the helpers builds.
 //!
@@ -26,9 +27,10 @@ fn assert_old_kernel() {
     );
 }
 
-/// The defaults (`--guard=detect`): quota metrics, write telemetry, and a
-/// guard that is ready at start and counts an owner's escape for its
-/// volume at the next scrape.
+/// The defaults (`--guard=auto`, detect here: no BPF LSM in 5.10's
+/// `lsm=`): quota metrics, write telemetry, and a guard that is ready at
+/// start, says why it only detects (metric, warning with the fix, `ready:`
+/// line) and counts an owner's escape for its volume at the next scrape.
 #[test]
 fn defaults_serve_the_quota_metrics_write_telemetry_and_a_counting_guard() {
     assert_old_kernel();
@@ -57,6 +59,15 @@ fn defaults_serve_the_quota_metrics_write_telemetry_and_a_counting_guard() {
     );
     assert_eq!(
         m.get("prjquota_exporter_guard_mode", &[("mode", "detect")]),
+        Some(1.0),
+        "{}",
+        m.text
+    );
+    assert_eq!(
+        m.get(
+            "prjquota_exporter_guard_not_enforcing_reason",
+            &[("reason", "lsm_inactive")]
+        ),
         Some(1.0),
         "{}",
         m.text
@@ -100,16 +111,35 @@ fn defaults_serve_the_quota_metrics_write_telemetry_and_a_counting_guard() {
     ] {
         assert!(!log.contains(needle), "the log says {needle:?}:\n{log}");
     }
+    let attach = log
+        .lines()
+        .find(|l| l.contains("quota-escape guard detects only"))
+        .unwrap_or_else(|| panic!("no line says the guard detects only:\n{log}"));
     for needle in [
-        "quota-escape guard attached",
+        "level=warn",
         "build=context",
         "detect=security_file_ioctl",
+        "reason=lsm_inactive",
+        "add `bpf` to the kernel's `lsm=`",
     ] {
         assert!(
-            log.contains(needle),
-            "the attach line names the context build and its hook ({needle:?}):\n{log}"
+            attach.contains(needle),
+            "the line names the build, its hook, why and the fix ({needle:?}): {attach}"
         );
     }
+    // prjquota check reads it from the pins: a warning with the fix.
+    let line = prjquota_vmtests::check_guard_line(&f.node.volumes_dir);
+    assert!(line["ok"] == true && line["warning"] == true, "{line:#}");
+    assert!(
+        line["detail"]
+            .as_str()
+            .unwrap()
+            .contains("the BPF LSM is not active"),
+        "{line:#}"
+    );
+    assert!(line["fix"].as_str().unwrap().contains("lsm="), "{line:#}");
+    let ready = exp.wait_for_line("msg=\"ready:", std::time::Duration::from_secs(30));
+    assert!(ready.contains("guard=\"detect (lsm_inactive)\""), "{ready}");
 }
 
 /// Enforcement needs the BPF LSM, which Debian 11 builds but does not list

@@ -37,6 +37,8 @@ const PLUGIN: &str = "usr/lib/prjquota/prjquota";
 const ADMIN: &str = "usr/bin/prjquota";
 const GENERATOR: &str = "usr/lib/systemd/system-generators/prjquota-exporter-generator";
 const CONFFILE: &str = "etc/default/prjquota";
+/// The nomad.service drop-in the package ships, not active.
+const NOMAD_DROP_IN: &str = "usr/share/doc/prjquota/nomad-requires-prjquota.conf";
 /// Nomad's default host_volume_plugin_dir, PLUGIN_DIR's default.
 const PLUGIN_DIR: &str = "opt/nomad/data/host_volume_plugins";
 const DASHBOARD: &str = "usr/share/prjquota/dashboards/prjquota.json";
@@ -314,6 +316,29 @@ fn the_deb_installs_its_unit_verifies_and_a_purge_leaves_nothing() {
         std::fs::symlink_metadata(root.at("usr/share/doc/prjquota/changelog.Debian.gz")).is_ok(),
         "no Debian changelog"
     );
+    // The drop-in that makes nomad.service require the exporter ships as
+    // an example and is not active: no nomad.service.d holds it.
+    assert_mode(&root.at(NOMAD_DROP_IN), 0o644);
+    let drop_in = std::fs::read_to_string(root.at(NOMAD_DROP_IN)).unwrap();
+    for needle in [
+        "Requires=prjquota-exporter.service",
+        "After=prjquota-exporter.service",
+    ] {
+        assert!(
+            drop_in.lines().any(|l| l == needle),
+            "/{NOMAD_DROP_IN} lacks {needle}:\n{drop_in}"
+        );
+    }
+    for dir in [
+        "etc/systemd/system/nomad.service.d",
+        "usr/lib/systemd/system/nomad.service.d",
+        "run/systemd/system/nomad.service.d",
+    ] {
+        assert!(
+            std::fs::symlink_metadata(root.at(dir)).is_err(),
+            "the install made /{dir}: the nomad.service drop-in is opt-in"
+        );
+    }
     for page in ["prjquota", "prjquota-exporter"] {
         let p = format!("usr/share/man/man1/{page}.1.gz");
         assert_mode(&root.at(&p), 0o644);

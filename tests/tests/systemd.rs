@@ -45,8 +45,9 @@ const RULES_AT: &str = "/etc/prometheus/rules/prjquota-alerts.yaml";
 /// The shipped config's example targets, which an operator replaces with
 /// the node's address.
 const SHIPPED_TARGETS: &str = r#"["client-1:14646", "client-2:14646"]"#;
-/// Alerts that a 5.10 node has pending from its first scrape (their `for:`
-/// is 30 minutes): the guard is off by name (write telemetry runs).
+/// Alerts that a 5.10 node has pending from its first scrape (its `for:`
+/// is an hour): the guard cannot enforce there, by name (no BPF LSM).
+const PENDING_ON_5_10: [&str; 1] = ["PrjquotaExporterGuardCannotEnforce"];
 /// The node that reboots (a_node_with_volumes_is_set_up_for_a_reboot, then
 /// the_guard_holds_from_the_first_moment_of_a_boot): its volumes
 /// filesystem, an image kept in the root and mounted at boot by a mount
@@ -139,8 +140,9 @@ fn metrics() -> String {
 
 /// Whether this kernel can enforce: the BPF LSM is in its active list
 /// (Debian's 6.x and 7.x; not 5.10, whose `lsm=` leaves it out, and where
-/// `--guard=enforce` is refused by name). The guard detects on every kernel
-/// here, as write telemetry and its self-test run on every one.
+/// the default detects and says why, and `--guard=enforce` is refused by
+/// name). The guard detects on every kernel here, as write telemetry and
+/// its self-test run on every one.
 fn guard_kernel() -> bool {
     sh_ok("cat /sys/kernel/security/lsm")
         .trim()
@@ -164,9 +166,9 @@ fn value(m: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
 }
 
 /// Sets `--guard MODE` in /etc/default/prjquota's EXPORTER_ARGS (an
-/// operator's edit: the package's default has no --guard, which is
-/// detect).
-fn set_guard(mode: &str) {
+/// operator's edit: the package's default has no --guard, which is auto),
+/// or with `None` takes it out again.
+fn set_guard(mode: Option<&str>) {
     let text = std::fs::read_to_string(SETTINGS).unwrap();
     let mut found = false;
     let lines: Vec<String> = text
@@ -176,7 +178,10 @@ fn set_guard(mode: &str) {
                 found = true;
                 let args = rest.trim_end_matches('"');
                 let kept = args.split(" --guard ").next().unwrap_or_default();
-                format!("EXPORTER_ARGS=\"{kept} --guard {mode}\"")
+                match mode {
+                    Some(mode) => format!("EXPORTER_ARGS=\"{kept} --guard {mode}\""),
+                    None => format!("EXPORTER_ARGS=\"{kept}\""),
+                }
             }
             _ => l.to_string(),
         })
@@ -384,7 +389,19 @@ fn prometheus_scrapes_the_service(volume_id: &str, provisioned: u64) {
         "rules loaded of the shipped file: {groups}"
     );
     let alerts = p.alerts();
-    let unexpected: Vec<&serde_json::Value> = alerts.as_array().into_iter().flatten().collect();
+    let expected = |a: &serde_json::Value| {
+        !guard_kernel()
+            && a["state"] == "pending"
+            && PENDING_ON_5_10
+                .iter()
+                .any(|n| a["labels"]["alertname"] == *n)
+    };
+    let unexpected: Vec<&serde_json::Value> = alerts
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|a| !expected(a))
+        .collect();
     assert!(
         unexpected.is_empty(),
         "alerts of a healthy node: {unexpected:#?}\nmetrics:\n{}",
@@ -497,32 +514,70 @@ fn the_package_installs_runs_moves_upgrades_and_purges_under_systemd() {
     lap(t, "prometheus_checked");
 
     // What the package's settings give an operator: no --guard in
-    // EXPORTER_ARGS, so the exporter's default, detect. An owner's escape
-    // goes through and is counted as allowed (5.10: the guard is off,
-    // refused by name, and the escape goes through uncounted).
+    // EXPORTER_ARGS, so the exporter's default, auto. Where the BPF LSM
+    // runs, an owner's escape is refused and counted as denied; on 5.10 it
+    // goes through, is counted as allowed, and the exporter says why it
+    // cannot refuse it.
     let (owned, owned_path, owned_projid, _) = owned_volume(&node, "owned", 1 << 20);
     let (_, r) = act(
         Who::User(OWNER),
         Some(&open(&owned_path.join("data"))),
         &["chproj", "0"],
     );
-    assert_eq!(r, Ok(()), "the package's default refused an owner's escape");
     let m = metrics();
-    assert_eq!(
-        value(&m, "prjquota_exporter_guard_mode", &[("mode", "detect")]),
-        Some(1.0),
-        "the package's default guard mode is not detect:\n{m}"
-    );
-    assert_eq!(
-        value(
-            &m,
-            ATTEMPTS,
-            &[("volume_id", &owned.id), ("result", "allowed")]
-        ),
-        Some(1.0),
-        "the default (detect) did not count the escape:\n{m}"
-    );
-    retag(&owned_path, owned_projid);
+    if guard_kernel() {
+        assert_eq!(
+            r,
+            Err(libc::EPERM),
+            "the package's default let an owner's escape through\njournal:\n{}",
+            journal()
+        );
+        assert_eq!(
+            value(&m, "prjquota_exporter_guard_mode", &[("mode", "enforce")]),
+            Some(1.0),
+            "the package's default guard mode is not enforce:\n{m}"
+        );
+        assert_eq!(
+            value(
+                &m,
+                ATTEMPTS,
+                &[("volume_id", &owned.id), ("result", "denied")]
+            ),
+            Some(1.0),
+            "the default (auto: enforce) did not count the refusal:\n{m}"
+        );
+        assert_eq!(project_of(&owned_path.join("data")).0, owned_projid);
+    } else {
+        assert_eq!(
+            r,
+            Ok(()),
+            "an owner's escape was refused without the BPF LSM"
+        );
+        assert_eq!(
+            value(
+                &m,
+                "prjquota_exporter_guard_not_enforcing_reason",
+                &[("reason", "lsm_inactive")]
+            ),
+            Some(1.0),
+            "the package's default does not say why it only detects:\n{m}"
+        );
+        assert_eq!(
+            value(
+                &m,
+                ATTEMPTS,
+                &[("volume_id", &owned.id), ("result", "allowed")]
+            ),
+            Some(1.0),
+            "the default (auto: detect) did not count the escape:\n{m}"
+        );
+        let j = journal();
+        assert!(
+            j.contains("quota-escape guard detects only") && j.contains("add `bpf`"),
+            "the journal does not say the guard detects only, and the fix:\n{j}"
+        );
+        retag(&owned_path, owned_projid);
+    }
 
     // Move the volumes directory: /etc/default/prjquota, daemon-reload,
     // restart. A restart without the daemon-reload refuses, saying so.
@@ -559,17 +614,11 @@ fn the_package_installs_runs_moves_upgrades_and_purges_under_systemd() {
     assert_exporter_sees(&second.id, 2 << 20);
     lap(t, "moved_dir_checked");
 
-    // The operator turns enforcement on (docs/security.md). 5.10 (no BPF
-    // LSM active) refuses it by name: the exporter does not start, and
-    // says why.
-    set_guard("enforce");
-    let (started, out) = sh(&format!("systemctl restart {UNIT}"));
+    // The defaults enforce through the restart where the BPF LSM runs. On
+    // 5.10 an operator who asks for enforcement by hand is refused by
+    // name: the exporter does not start, and says why; back to the
+    // defaults, it runs (detecting).
     if guard_kernel() {
-        assert!(
-            started,
-            "--guard enforce did not start: {out}\n{}",
-            journal()
-        );
         assert_eq!(
             value(&metrics(), "prjquota_exporter_guard_enforcing", &[]),
             Some(1.0),
@@ -577,6 +626,8 @@ fn the_package_installs_runs_moves_upgrades_and_purges_under_systemd() {
             journal()
         );
     } else {
+        set_guard(Some("enforce"));
+        let (started, _) = sh(&format!("systemctl restart {UNIT}"));
         assert!(
             !started,
             "--guard enforce started on a kernel without the BPF LSM active"
@@ -586,12 +637,12 @@ fn the_package_installs_runs_moves_upgrades_and_purges_under_systemd() {
             j.contains("--guard=enforce") && j.contains("BPF LSM is not active"),
             "the refused start does not name --guard=enforce and the inactive BPF LSM:\n{j}"
         );
-        set_guard("detect");
+        set_guard(None);
         sh_ok(&format!(
             "systemctl reset-failed {UNIT}; systemctl restart {UNIT}"
         ));
     }
-    lap(t, "guard_mode_set");
+    lap(t, "guard_mode_checked");
 
     // Upgrade while creates and writes run as Nomad runs them: 20 creates
     // on two workers, paced so that they span dpkg's unpack, its swap of
@@ -698,7 +749,7 @@ fn the_package_installs_runs_moves_upgrades_and_purges_under_systemd() {
             attacked_data.len()
         );
     } else {
-        // Detect only on 5.10 (enforce refused by name above): the kernel
+        // Detect only on 5.10 (the default's fallback): the kernel
         // lets the owner change the IDs. Said here so that it cannot pass
         // unseen.
         for (name, tally) in &tallies {
@@ -834,8 +885,8 @@ fn assert_boot(n: u32) {
 }
 
 /// The first boot of a node that reboots: the volumes filesystem in fstab,
-/// the package installed with the guard in the mode an operator sets (6.1:
-/// enforce; 5.10, which refuses it by name: the default), a volume owned
+/// the package installed with its default settings (the guard enforces on
+/// 6.1 and detects on 5.10, saying why), a volume owned
 /// by a workload's user, and a stub `nomad.service` that, as that user,
 /// tries every escape the moment systemd starts it at the next boot and
 /// records what the kernel said. Runs after the package test's purge.
@@ -868,9 +919,6 @@ fn a_node_with_volumes_is_set_up_for_a_reboot() {
     sh_ok(&format!(
         "sed -i 's|^VOLUMES_DIR=.*|VOLUMES_DIR={BOOT_VOLUMES}|' {SETTINGS}"
     ));
-    if guard_kernel() {
-        set_guard("enforce");
-    }
     // Enabled, not started: the reboot's exporter is the first to guard.
     sh_ok(&format!(
         "systemctl daemon-reload && systemctl enable {UNIT}"
@@ -933,7 +981,7 @@ fn a_node_with_volumes_is_set_up_for_a_reboot() {
 /// The node of [a_node_with_volumes_is_set_up_for_a_reboot], rebooted:
 /// bpffs is empty, systemd mounts the volumes, starts the exporter and
 /// then the stub agent, whose escapes at its very first moment were
-/// refused (5.10: the guard is off, by name, and they went through) and
+/// refused (5.10: the guard detects, by name, and they went through) and
 /// counted.
 #[test]
 fn the_guard_holds_from_the_first_moment_of_a_boot() {
@@ -1023,6 +1071,15 @@ fn the_guard_holds_from_the_first_moment_of_a_boot() {
         // was counted, the exporter being ready before nomad.service ran.
         assert_eq!(
             value(&m, "prjquota_exporter_guard_mode", &[("mode", "detect")]),
+            Some(1.0),
+            "{m}"
+        );
+        assert_eq!(
+            value(
+                &m,
+                "prjquota_exporter_guard_not_enforcing_reason",
+                &[("reason", "lsm_inactive")]
+            ),
             Some(1.0),
             "{m}"
         );

@@ -320,6 +320,11 @@ fn stage_files(
         ),
         ("deploy/prjquota.toml", "usr/share/prjquota/prjquota.toml"),
         ("docs/runbooks.md", "usr/share/doc/prjquota/runbooks.md"),
+        // Not active: the operator copies it into nomad.service.d.
+        (
+            "deploy/systemd/nomad-requires-prjquota.conf",
+            "usr/share/doc/prjquota/nomad-requires-prjquota.conf",
+        ),
         ("README.md", "usr/share/doc/prjquota/README.md"),
         ("LICENSE", "usr/share/doc/prjquota/copyright"),
     ] {

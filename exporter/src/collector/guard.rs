@@ -1,5 +1,5 @@
 //! The guard collector: attempts to move files out of a volume's project,
-//! counted (and with `--guard=enforce` refused) in the kernel by
+//! counted and, wherever the BPF LSM is active, refused in the kernel by
 //! `prjquota_ebpf::guard`.
 //!
 //! A project quota only holds while the volume's files stay in its project;
@@ -7,7 +7,14 @@
 //! file another project ID (or clear PROJINHERIT on a directory) and stop
 //! paying for it. `--guard` says what the exporter does about it:
 //!
-//! - `detect` (default): count attempts per volume by outcome,
+//! - `auto` (default): `enforce` where the BPF LSM is active, else
+//!   `detect` ([`GuardMode::resolve`]). A project-ID change by an
+//!   unprivileged caller inside a volume is never legitimate, so refusing
+//!   is the default wherever the kernel can; where it cannot, or the LSM
+//!   program does not attach, the guard detects, logs why at warn (error
+//!   when the LSM is active: the node could enforce and does not) and
+//!   publishes it, and the exporter runs;
+//! - `detect`: count attempts per volume by outcome,
 //!   `nomad_host_volume_projid_change_attempts_total{result="allowed|denied"}`,
 //!   and log each one (process name, pid, uid, cgroup ID);
 //! - `enforce`: also refuse them with EPERM through a BPF LSM program. When
@@ -18,7 +25,8 @@
 //! - `off`: load nothing.
 //!
 //! `prjquota_exporter_guard_mode{mode}` has one series per mode, 1 for the
-//! mode in force (`off` when loading failed). Who may change a project ID
+//! mode in force (`off` when loading failed); in detect,
+//! `prjquota_exporter_guard_not_enforcing_reason{reason}` says why. Who may change a project ID
 //! without being counted: callers with CAP_SYS_ADMIN in the initial user
 //! namespace (the plugin, administrators); their changes are logged at info
 //! and counted in `prjquota_exporter_guard_privileged_changes_total`.
@@ -49,7 +57,7 @@ use super::guard_sync::Syncer;
 use super::{BoxFuture, Collector, Scrape};
 use crate::metrics::{Extra, Family};
 use anyhow::anyhow;
-use prjquota_ebpf::guard::{Guard, GuardCounters, GuardEvent, GuardMode, Outcome};
+use prjquota_ebpf::guard::{bpf_lsm_active, Guard, GuardCounters, GuardEvent, GuardMode, Outcome};
 use prjquota_ebpf::{kernel_dev, pins, LoadOptions};
 
 /// How long a scrape waits for the start-up load at most.
@@ -70,8 +78,12 @@ type Status = background::Status<Loaded, guard_owner::Skipped>;
 struct Loaded {
     guard: Arc<Mutex<Guard>>,
     mode: GuardMode,
-    /// Enforcement asked for and not in force: (label, words).
+    /// Enforcement asked for (`enforce`, or `auto`) and not in force:
+    /// (label, words).
     fallback: Option<(&'static str, String)>,
+    /// Why the guard detects only ([`detect_reason`]); `None` when
+    /// enforcing.
+    detect_reason: Option<&'static str>,
     /// The pin directory, or why the guard is not pinned.
     pinned: Result<PathBuf, String>,
     /// Pin directories of earlier starts removed at this start.
@@ -266,8 +278,40 @@ fn spawn_sync(
     });
 }
 
+/// Why a guard in force as `in_force` does not enforce, as the label of
+/// `prjquota_exporter_guard_not_enforcing_reason`: enforcement's failure
+/// (`fallback`, e.g. `verifier`), or detect asked for by hand on a node
+/// whose BPF LSM is active (`detect_requested`: it could enforce), or
+/// inactive (`lsm_inactive`), or unknown (`lsm_unknown`, `lsm_active`
+/// None). The alerts tell "could enforce and does not" from "cannot" by
+/// it.
+fn detect_reason(
+    in_force: GuardMode,
+    fallback: Option<&'static str>,
+    lsm_active: Option<bool>,
+) -> Option<&'static str> {
+    if in_force != GuardMode::Detect {
+        return None;
+    }
+    Some(match (fallback, lsm_active) {
+        (Some(r), _) => r,
+        (None, Some(true)) => "detect_requested",
+        (None, Some(false)) => "lsm_inactive",
+        (None, None) => "lsm_unknown",
+    })
+}
+
+/// Whether a [`detect_reason`] label says the node cannot enforce (rather
+/// than could and does not).
+fn cannot_enforce(reason: &str) -> bool {
+    matches!(reason, "lsm_inactive" | "lsm_unknown")
+}
+
 fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
-    let mode = setup.mode;
+    let requested = setup.mode;
+    let lsm = bpf_lsm_active();
+    let lsm_active = lsm.as_ref().ok().map(|(active, _)| *active);
+    let (mode, auto_why) = requested.resolve(lsm);
     let claimed = guard_owner::claim(
         &setup.pin_root,
         &setup.volumes_dirs,
@@ -340,18 +384,42 @@ fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
                     (Err(e), 0)
                 }
             };
-            let fallback = g.not_enforcing().map(|why| (why.reason(), why.to_string()));
-            match &fallback {
-                Some((reason, why)) => crate::warn!(
+            let fallback = g
+                .not_enforcing()
+                .or(auto_why.as_ref())
+                .map(|why| (why.reason(), why.to_string()));
+            let reason = detect_reason(g.mode(), fallback.as_ref().map(|f| f.0), lsm_active);
+            match (&fallback, reason) {
+                (Some((reason, why)), _) if requested == GuardMode::Enforce => crate::warn!(
                     "quota-escape guard: enforcement unavailable; with --guard=enforce the exporter does not start",
                     build = g.variant().as_str(),
                     detect = g.detect_hook(),
                     reason = reason,
                     err = why
                 ),
-                None => crate::info!(
+                (Some((reason, why)), _) if cannot_enforce(reason) => crate::warn!(
+                    "quota-escape guard detects only: this kernel cannot refuse quota escapes (--guard=auto); project-ID changes are counted and logged, not refused",
+                    build = g.variant().as_str(),
+                    detect = g.detect_hook(),
+                    reason = reason,
+                    err = why
+                ),
+                (Some((reason, why)), _) => crate::error!(
+                    "quota-escape guard detects only: the BPF LSM is active but the guard's LSM program did not attach, so this node could refuse quota escapes and does not; report the kernel and this error, or run with --guard=enforce to refuse to start instead",
+                    build = g.variant().as_str(),
+                    detect = g.detect_hook(),
+                    reason = reason,
+                    err = why
+                ),
+                (None, Some("detect_requested")) => crate::warn!(
+                    "quota-escape guard detects only (--guard=detect) although the BPF LSM is active: this node could refuse quota escapes; drop --guard=detect (the default, auto, enforces here)",
+                    build = g.variant().as_str(),
+                    detect = g.detect_hook()
+                ),
+                _ => crate::info!(
                     "quota-escape guard attached",
                     mode = g.mode(),
+                    requested = requested,
                     build = g.variant().as_str(),
                     detect = g.detect_hook(),
                     lsm = g.lsm_programs().join(",")
@@ -361,6 +429,7 @@ fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
                 mode: g.mode(),
                 guard: Arc::new(Mutex::new(g)),
                 fallback,
+                detect_reason: reason,
                 pinned,
                 removed,
                 syncer,
@@ -371,7 +440,7 @@ fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
         Err(e) => {
             crate::warn!(
                 "quota-escape guard is off: project-ID changes under volume roots are neither counted nor refused",
-                requested = mode,
+                requested = requested,
                 reason = e.reason(),
                 err = e
             );
@@ -535,10 +604,20 @@ fn off_reason_family(reason: &str) -> Family {
     f
 }
 
+/// `…_guard_not_enforcing_reason{reason}`: why a loaded guard detects only.
+fn not_enforcing_family(reason: &str) -> Family {
+    let mut f = Family::gauge(
+        "prjquota_exporter_guard_not_enforcing_reason",
+        "1, labelled with why, while the quota-escape guard runs in detect mode (counts and logs project-ID changes, refuses none): lsm_inactive (bpf is not in the kernel's lsm= list) or lsm_unknown (/sys/kernel/security/lsm unreadable): this node cannot enforce; detect_requested (--guard=detect on a node whose BPF LSM is active), or why the LSM program did not attach (permission, verifier, function_not_found, kernel_too_old, attach, other): it could and does not.",
+    );
+    f.labelled(vec![("reason", reason.to_string())], 1.0);
+    f
+}
+
 fn mode_families(mode: GuardMode) -> Vec<Family> {
     let mut m = Family::gauge(
         "prjquota_exporter_guard_mode",
-        "The quota-escape guard's mode in force (1) among off, detect and enforce: off when disabled or when it could not load (with --guard=enforce the exporter refuses to start instead).",
+        "The quota-escape guard's mode in force (1) among off, detect and enforce (--guard=auto, the default, is enforce where the BPF LSM is active, else detect): off when disabled or when it could not load (with --guard=enforce the exporter refuses to start instead).",
     );
     for x in GuardMode::ALL {
         m.labelled(
@@ -607,6 +686,7 @@ pub fn catalogue() -> Vec<Family> {
     let keeper = Keeper::new(Path::new("/"), None, &[PathBuf::from("/")], Vec::new());
     fams.extend(keeping_families(true, 0, &Syncer::new(&[]), &keeper));
     fams.push(off_reason_family("disabled"));
+    fams.push(not_enforcing_family("detect_requested"));
     fams
 }
 
@@ -644,6 +724,7 @@ impl Collector for GuardCollector {
                 Status::Loaded(Loaded {
                     guard,
                     mode,
+                    detect_reason,
                     pinned,
                     removed,
                     syncer,
@@ -651,6 +732,9 @@ impl Collector for GuardCollector {
                     ..
                 }) => {
                     out.extend(mode_families(*mode));
+                    if let Some(reason) = detect_reason {
+                        out.push(not_enforcing_family(reason));
+                    }
                     out.extend(keeping_families(pinned.is_ok(), *removed, syncer, keeper));
                     self.collect_guard(scrape, guard, out).await
                 }
@@ -660,6 +744,19 @@ impl Collector for GuardCollector {
 
     fn ready(&self) -> BoxFuture<'static, Result<(), String>> {
         Box::pin(self.status.ready())
+    }
+
+    fn summary(&self) -> Option<String> {
+        Some(match &*self.status.now() {
+            Status::Loading => "loading".to_string(),
+            Status::Off { reason, .. } => format!("off ({reason})"),
+            Status::Loaded(Loaded {
+                mode,
+                detect_reason: Some(reason),
+                ..
+            }) => format!("{mode} ({reason})"),
+            Status::Loaded(Loaded { mode, .. }) => mode.to_string(),
+        })
     }
 }
 
@@ -723,6 +820,39 @@ mod tests {
                 .count(),
             2,
             "the volume whose project is not in the guard has no series: {text}"
+        );
+    }
+
+    #[test]
+    fn detect_says_whether_the_node_could_enforce() {
+        use GuardMode::*;
+        assert_eq!(detect_reason(Enforce, None, Some(true)), None);
+        assert_eq!(detect_reason(Off, None, Some(true)), None);
+        // auto or enforce whose LSM program did not attach: could enforce.
+        let r = detect_reason(Detect, Some("verifier"), Some(true)).unwrap();
+        assert_eq!((r, cannot_enforce(r)), ("verifier", false));
+        // detect by hand where the LSM runs: could enforce.
+        let r = detect_reason(Detect, None, Some(true)).unwrap();
+        assert_eq!((r, cannot_enforce(r)), ("detect_requested", false));
+        // auto where it does not, or detect by hand there: cannot.
+        for (fallback, lsm) in [
+            (Some("lsm_inactive"), Some(false)),
+            (None, Some(false)),
+            (Some("lsm_unknown"), None),
+            (None, None),
+        ] {
+            let r = detect_reason(Detect, fallback, lsm).unwrap();
+            assert!(cannot_enforce(r), "{fallback:?} {lsm:?}: {r}");
+        }
+        let text = crate::metrics::encode_all(
+            &[not_enforcing_family("lsm_inactive")],
+            &Inventory::default(),
+        );
+        assert!(
+            text.contains(
+                "prjquota_exporter_guard_not_enforcing_reason{reason=\"lsm_inactive\"} 1\n"
+            ),
+            "{text}"
         );
     }
 

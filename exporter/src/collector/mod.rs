@@ -130,6 +130,12 @@ pub trait Collector: Send + Sync {
         Box::pin(async { Ok(()) })
     }
 
+    /// What this collector runs as, in a few words for the `ready:` log
+    /// line (the guard's mode in force and why); most have nothing to say.
+    fn summary(&self) -> Option<String> {
+        None
+    }
+
     /// Registers the volumes of `scrape` with whatever kernel state this
     /// collector keeps per volume (the eBPF maps), without collecting:
     /// what a plugin's announcement of a new volume runs. Most keep none.
@@ -186,7 +192,7 @@ impl Default for Config {
             quota_events: true,
             disabled_collectors: Vec::new(),
             ebpf: EbpfMode::Auto,
-            guard: GuardMode::Detect,
+            guard: GuardMode::Auto,
             guard_pin_root: PathBuf::from(prjquota_ebpf::pins::PIN_ROOT),
             guard_sync_interval: Duration::from_secs(2),
             guard_replace_stronger: false,
@@ -306,6 +312,14 @@ impl Exporter {
             Some(c) => c.ready().await,
             None => Ok(()),
         }
+    }
+
+    /// The [`Collector::summary`] of the collector called `name`.
+    pub fn collector_summary(&self, name: &str) -> Option<String> {
+        self.collectors
+            .iter()
+            .find(|c| c.name() == name)
+            .and_then(|c| c.summary())
     }
 
     /// Start-up: waits for the eBPF loads, then scrapes once, which

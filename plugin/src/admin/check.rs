@@ -1,7 +1,9 @@
 //! `prjquota check`: is this node ready for its first volume?
 //!
 //! Each line is one thing a `create` needs, ✓ or ✗, and every ✗ carries the
-//! exact fix. The exit status is 0 only when a create would work.
+//! exact fix. The exit status is 0 only when a create would work. A `!`
+//! line is a warning: a create works, but something the node should do it
+//! does not (the quota-escape guard does not enforce), with the fix.
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -17,6 +19,7 @@ use crate::ops::load_config;
 use crate::registry::{self, Entry, Registry};
 use prjquota_core::config::Config;
 use prjquota_core::fs_type::FsType;
+use prjquota_core::guard_pins;
 use prjquota_core::quota::{self, Support};
 use prjquota_core::sys;
 use prjquota_core::units::human;
@@ -29,6 +32,9 @@ pub struct Item {
     pub detail: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fix: Option<String>,
+    /// Passed, with a fix worth applying.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub warning: bool,
 }
 
 fn pass(check: &'static str, detail: impl Into<String>) -> Item {
@@ -37,6 +43,17 @@ fn pass(check: &'static str, detail: impl Into<String>) -> Item {
         ok: true,
         detail: detail.into(),
         fix: None,
+        warning: false,
+    }
+}
+
+fn warn(check: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Item {
+    Item {
+        check,
+        ok: true,
+        detail: detail.into(),
+        fix: Some(fix.into()),
+        warning: true,
     }
 }
 
@@ -46,6 +63,7 @@ fn fail(check: &'static str, detail: impl Into<String>, fix: impl Into<String>) 
         ok: false,
         detail: detail.into(),
         fix: Some(fix.into()),
+        warning: false,
     }
 }
 
@@ -286,7 +304,105 @@ pub fn run(flags: &Flags) -> Vec<Item> {
     if exists {
         items.push(registry_lock(&vfs));
     }
+    items.push(guard(
+        Path::new(guard_pins::PIN_ROOT),
+        &dir,
+        bpf_lsm_active(),
+    ));
     items
+}
+
+/// The kernel's list of active LSMs (the exporter's
+/// `prjquota_ebpf::guard::bpf_lsm_active` reads the same file).
+const LSM_LIST: &str = "/sys/kernel/security/lsm";
+
+/// Whether the BPF LSM runs (`None`: the list cannot be read).
+fn bpf_lsm_active() -> Option<bool> {
+    let list = std::fs::read_to_string(LSM_LIST).ok()?;
+    Some(list.trim().split(',').any(|l| l == "bpf"))
+}
+
+/// The pinned links of the guard's LSM programs (`link-<program>`, as
+/// `prjquota_ebpf::pins` names them): one of these pinned means the
+/// guard refuses; only detecting programs' links means it counts.
+const LSM_LINKS: [&str; 2] = ["link-guard_inode_file_setattr", "link-guard_file_ioctl"];
+
+/// The quota-escape guard of `volumes_dir`, from its pins under
+/// `pin_root`: pinned or not, enforcing or detecting, and whether the BPF
+/// LSM runs. Anything short of enforcing is a warning with the fix.
+fn guard(pin_root: &Path, volumes_dir: &Path, lsm: Option<bool>) -> Item {
+    const CHECK: &str = "quota-escape guard";
+    let lsm_words = match lsm {
+        Some(true) => "the BPF LSM is active",
+        Some(false) => "the BPF LSM is not active",
+        None => "whether the BPF LSM is active is unknown",
+    };
+    let lsm_fix = format!(
+        "add `bpf` to the kernel's `lsm=` boot parameter (keep the others listed in {LSM_LIST}) and reboot"
+    );
+    let pin = pin_root.join(guard_pins::escape_path(
+        &prjquota_core::announce::canonical(volumes_dir),
+    ));
+    let links = match std::fs::read_dir(&pin) {
+        Ok(entries) => entries
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| n.starts_with("link-"))
+            .collect::<Vec<_>>(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return warn(
+                CHECK,
+                format!(
+                    "no guard is pinned for {} ({lsm_words}): project-ID changes inside its volumes are neither refused nor counted",
+                    volumes_dir.display()
+                ),
+                format!(
+                    "run prjquota-exporter with --volumes-dir {} and without --guard off (systemctl enable --now prjquota-exporter)",
+                    volumes_dir.display()
+                ),
+            );
+        }
+        Err(e) => {
+            return warn(
+                CHECK,
+                format!("cannot read the guard's pins at {}: {e}", pin.display()),
+                "run prjquota check as root",
+            );
+        }
+    };
+    let enforcing = links
+        .iter()
+        .any(|l| LSM_LINKS.iter().any(|p| l.starts_with(p)));
+    if enforcing {
+        return pass(
+            CHECK,
+            format!(
+                "enforcing: pinned at {} ({}); {lsm_words}",
+                pin.display(),
+                links.join(", ")
+            ),
+        );
+    }
+    match lsm {
+        Some(true) => warn(
+            CHECK,
+            format!(
+                "detecting only, though {lsm_words}: this node could refuse quota escapes and does not (pinned at {}: {})",
+                pin.display(),
+                links.join(", ")
+            ),
+            "drop --guard detect from EXPORTER_ARGS in /etc/default/prjquota and restart prjquota-exporter; if its log says the LSM program did not attach, see the runbook of PrjquotaExporterGuardNotEnforcing",
+        ),
+        _ => warn(
+            CHECK,
+            format!(
+                "detecting only: {lsm_words}, so this kernel cannot refuse quota escapes (pinned at {}: {})",
+                pin.display(),
+                links.join(", ")
+            ),
+            lsm_fix,
+        ),
+    }
 }
 
 /// The filesystem's size, what the volumes are promised and the ratio in
@@ -453,7 +569,12 @@ pub fn print(items: &[Item], json: bool) -> bool {
         );
     } else {
         for i in items {
-            println!("{} {}: {}", if i.ok { "✓" } else { "✗" }, i.check, i.detail);
+            let mark = match (i.ok, i.warning) {
+                (false, _) => "✗",
+                (true, true) => "!",
+                (true, false) => "✓",
+            };
+            println!("{mark} {}: {}", i.check, i.detail);
             if let Some(f) = &i.fix {
                 println!("    fix: {f}");
             }
@@ -494,5 +615,48 @@ mod tests {
             .unwrap();
         assert!(!plugin.ok);
         assert!(!print(&items, true));
+    }
+
+    #[test]
+    fn the_guard_line_tells_enforcing_from_detecting_from_unguarded() {
+        let tmp = std::env::temp_dir().join(format!("prjquota-check-guard-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let vols = tmp.join("vols");
+        std::fs::create_dir_all(&vols).unwrap();
+        let pin_root = tmp.join("pins");
+        let pin = pin_root.join(guard_pins::escape_path(
+            &prjquota_core::announce::canonical(&vols),
+        ));
+
+        let none = guard(&pin_root, &vols, Some(true));
+        assert!(none.ok && none.warning, "{none:?}");
+        assert!(none.detail.contains("no guard is pinned"), "{none:?}");
+
+        std::fs::create_dir_all(&pin).unwrap();
+        for f in ["roots", "link-guard_fileattr_set_exit"] {
+            std::fs::write(pin.join(f), b"").unwrap();
+        }
+        let could = guard(&pin_root, &vols, Some(true));
+        assert!(could.ok && could.warning, "{could:?}");
+        assert!(could.detail.contains("could refuse"), "{could:?}");
+        assert!(could.fix.as_deref().unwrap().contains("--guard detect"));
+        let cannot = guard(&pin_root, &vols, Some(false));
+        assert!(cannot.ok && cannot.warning, "{cannot:?}");
+        assert!(
+            cannot.fix.as_deref().unwrap().contains("lsm="),
+            "{cannot:?}"
+        );
+
+        for lsm in [
+            "link-guard_file_ioctl_sleepable",
+            "link-guard_inode_file_setattr",
+        ] {
+            std::fs::write(pin.join(lsm), b"").unwrap();
+            let on = guard(&pin_root, &vols, Some(true));
+            assert!(on.ok && !on.warning && on.fix.is_none(), "{on:?}");
+            assert!(on.detail.starts_with("enforcing"), "{on:?}");
+            std::fs::remove_file(pin.join(lsm)).unwrap();
+        }
+        std::fs::remove_dir_all(&tmp).unwrap();
     }
 }
