@@ -84,8 +84,21 @@ pub const OLD_KERNEL_FILTER: &str = "(binary(vm_smoke) | binary(plugin) | binary
      test(prometheus_scrapes_every_volume) - test(promtool_check_metrics)";
 
 /// The full suite: every binary but `old_kernel`, which checks refusals
-/// that only a kernel older than 5.17 makes.
-pub const FULL_FILTER: &str = "all() - binary(old_kernel)";
+/// that only a kernel older than 5.17 makes, and but the guard's killed
+/// starts (`ONE_THREAD_ONLY`), which the compatibility passes run.
+pub const FULL_FILTER: &str =
+    "all() - binary(old_kernel) - (binary(guard_pins) & test(a_start_killed_at_any_step))";
+
+/// Tests that attach and detach the guard's LSM programs a dozen times
+/// while other processes run through the hooked functions: under the
+/// emulator's one thread per vCPU (6.1's full pass), a vCPU ran a stale
+/// breakpoint of the kernel's patching (`int3` at `bpf_lsm_file_ioctl+0x1`)
+/// and the guest hung (both vCPUs in soft lockups, one in the plugin, one
+/// in an ioctl), as 6.12 and 7.x guests did before they got one emulator
+/// thread (`crate::vm::one_emulator_thread`). They run in the
+/// compatibility passes of 6.12 and 7, on one thread.
+#[cfg(test)]
+const ONE_THREAD_ONLY: &str = "a_start_killed_at_any_step";
 
 /// What a pass on `kernel` runs without a `--filter`: (filter, is the full
 /// suite).
@@ -1317,6 +1330,13 @@ fn write_stdout(cmd: &mut Command, path: &std::path::Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_full_pass_leaves_patching_heavy_tests_to_one_thread_guests() {
+        assert!(FULL_FILTER.contains(ONE_THREAD_ONLY));
+        assert!(COMPAT_FILTER.contains("binary(guard_pins)"));
+        assert!(!COMPAT_FILTER.contains(ONE_THREAD_ONLY));
+    }
 
     #[test]
     fn the_full_pass_boots_alone_and_one_thread_guests_two_at_a_time() {
