@@ -59,6 +59,7 @@ on_every_fs!(
     a_second_exporter_leaves_the_owners_guard_alone,
     pins_changed_behind_the_owners_back_are_put_back,
     the_default_refuses_an_owners_project_change,
+    a_change_through_an_overlay_is_judged_by_its_caller,
 );
 
 /// Another user, who does not own the files.
@@ -1295,6 +1296,135 @@ fn a_file_outside_the_volumes_cannot_take_a_volume_project(fs: &FsCase) {
     );
     drop(exp);
     fs::remove_dir_all(&outside).unwrap();
+}
+
+/// An overlay mounted by root (as dockerd mounts a container's root) whose
+/// upper layer lies in a volume, and another whose upper layer lies beside
+/// the volumes on their filesystem: overlayfs passes a change of one of its
+/// files down to the real inode with its mounter's credentials, so the
+/// owner, and root without CAP_SYS_ADMIN, would look privileged. Their
+/// project changes through either overlay are refused and the real files
+/// keep their project; root with CAP_SYS_ADMIN still changes them.
+fn a_change_through_an_overlay_is_judged_by_its_caller(fs: &FsCase) {
+    const ATTEMPTS: &str = "nomad_host_volume_projid_change_attempts_total";
+    let v = Volume::new(fs, "guard-overlay");
+    let exp = guarding(&v, &[]);
+    let inside = Overlay::mount(&(fs.mount)(), &v.path, &format!("{}-ovl-in", fs.name));
+    let beside = Overlay::mount(
+        &(fs.mount)(),
+        &scratch_dir(&(fs.mount)(), &format!("{}-ovl-beside", fs.name)),
+        &format!("{}-ovl-out", fs.name),
+    );
+
+    for (o, id, what) in [
+        (&inside, 0, "out of the volume's project"),
+        (&inside, 4242, "into another project"),
+        (
+            &beside,
+            v.projid,
+            "into the volume's project from beside it",
+        ),
+    ] {
+        let fd = open(&o.merged.join("f"));
+        for who in [Who::User(OWNER), Who::RootWithoutSysAdmin] {
+            let (_, r) = chproj_as(who, &fd, id);
+            assert_eq!(
+                r,
+                Err(libc::EPERM),
+                "{}: {who:?} through an overlay, {what}",
+                fs.name
+            );
+        }
+        assert_eq!(
+            Fixture::project_of(&o.upper.join("f")).0,
+            o.projid,
+            "{}: the real file's project, {what}",
+            fs.name
+        );
+    }
+    let fd = open(&inside.merged.join("f"));
+    assert_eq!(
+        chproj_as(Who::Root, &fd, 4242).1,
+        Ok(()),
+        "root with CAP_SYS_ADMIN"
+    );
+    assert_eq!(Fixture::project_of(&inside.upper.join("f")).0, 4242);
+    assert_eq!(chproj_as(Who::Root, &fd, v.projid).1, Ok(()));
+    drop(fd);
+
+    // Inside the volume each attempt counts against it. Beside it the
+    // request names the volume's project where the kernel's own copy is
+    // judged (inode_file_setattr, 6.17+); before, overlayfs hands the file
+    // on without the request, refused unread and named to no volume.
+    let e = exp.scrape();
+    let labels = [
+        ("namespace", v.spec.namespace.as_str()),
+        ("node_pool", "default"),
+        ("volume_id", v.spec.id.as_str()),
+        ("result", "denied"),
+    ];
+    let read_beside = exp.log().contains("lsm/inode_file_setattr");
+    assert_eq!(
+        e.value(ATTEMPTS, &labels),
+        if read_beside { 6.0 } else { 4.0 },
+        "{}",
+        e.text
+    );
+    drop(exp);
+}
+
+/// An overlay of an empty lower layer and an upper layer in `upper_in`
+/// holding one file `f` owned by the owner (project: the one `upper_in`
+/// gives it), mounted by root under a scratch directory of `mount`;
+/// unmounted (lazily) on drop.
+struct Overlay {
+    merged: PathBuf,
+    upper: PathBuf,
+    projid: u32,
+}
+
+impl Overlay {
+    fn mount(mount: &std::path::Path, upper_in: &std::path::Path, tag: &str) -> Overlay {
+        let base = scratch_dir(mount, tag);
+        let (lower, merged) = (base.join("lower"), base.join("merged"));
+        let (upper, work) = (
+            upper_in.join(format!("{tag}-upper")),
+            upper_in.join(format!("{tag}-work")),
+        );
+        for d in [&lower, &merged, &upper, &work] {
+            fs::create_dir(d).unwrap();
+        }
+        fs::write(upper.join("f"), b"through an overlay").unwrap();
+        chown(upper.join("f"), Some(OWNER), Some(OWNER)).unwrap();
+        let opts = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.display(),
+            upper.display(),
+            work.display()
+        );
+        let out = Command::new("mount")
+            .args(["-t", "overlay", "overlay", "-o", &opts])
+            .arg(&merged)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mount -t overlay -o {opts}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let projid = Fixture::project_of(&upper.join("f")).0;
+        Overlay {
+            merged,
+            upper,
+            projid,
+        }
+    }
+}
+
+impl Drop for Overlay {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.merged).status();
+    }
 }
 
 /// A process with CAP_SYS_ADMIN (here: the test) takes a volume root out of

@@ -22,8 +22,8 @@
  * generation, so a root's owner could otherwise take the whole volume out
  * of the guard (GUARD_WHAT_GENERATION),
  * made by a caller WITHOUT CAP_SYS_ADMIN in the initial user namespace
- * (effective set of the subjective credentials, as capable() checks). The
- * plugin runs as root with it; root in a default Docker container, a file
+ * (the effective set, as capable() checks, of both its subjective and its
+ * objective credentials: see privileged()). The plugin runs as root with it; root in a default Docker container, a file
  * owner, and anything in a user namespace lack it. Privileged changes are
  * allowed, counted apart (GSTAT_PRIVILEGED) and reported as events: they
  * are the plugin or an administrator. Other attribute changes (append-only,
@@ -144,6 +144,7 @@ struct cred {
 } __core;
 
 struct task_struct {
+	const struct cred *real_cred;
 	const struct cred *cred;
 } __core;
 
@@ -336,12 +337,10 @@ static __always_inline void read_requested(void *fa, struct requested *r)
 	}
 }
 
-/* CAP_SYS_ADMIN in the initial user namespace, as capable() would see it
- * (without asking the other LSMs, and without auditing). */
-static __always_inline int privileged(void)
+/* CAP_SYS_ADMIN in the initial user namespace in `cred`, as capable()
+ * would see it (without asking the other LSMs, and without auditing). */
+static __always_inline int cred_privileged(const struct cred *cred)
 {
-	struct task_struct *task = (void *)bpf_get_current_task();
-	const struct cred *cred = BPF_CORE_READ(task, cred);
 	struct guard_caps caps = {};
 
 	if (!cred)
@@ -351,6 +350,24 @@ static __always_inline int privileged(void)
 	if (BPF_CORE_READ(cred, user_ns, level) != 0)
 		return 0;
 	return (caps.lo >> CAP_SYS_ADMIN) & 1;
+}
+
+/*
+ * Whether the caller may change what the guard protects: privileged in
+ * both its credentials. A kernel path that acts for a caller with other
+ * credentials (override_creds) changes only the subjective ones: overlayfs
+ * passes a change of one of its files down to the real inode with the
+ * credentials of whoever mounted it (dockerd, root), so a container's
+ * process on an overlay whose upper layer shares a volume's filesystem
+ * would look privileged. The objective ones (real_cred) are still the
+ * caller's own.
+ */
+static __always_inline int privileged(void)
+{
+	struct task_struct *task = (void *)bpf_get_current_task();
+
+	return cred_privileged(BPF_CORE_READ(task, real_cred)) &&
+	       cred_privileged(BPF_CORE_READ(task, cred));
 }
 
 static __always_inline void stat_add(__u32 slot)
@@ -721,6 +738,11 @@ int BPF_PROG(guard_inode_file_setattr, struct dentry *dentry, void *fa, int ret)
  * (an i386 binary, or int $0x80) comes through file_ioctl_compat since
  * "lsm: new security_file_ioctl_compat() hook" (6.8, backported to stable);
  * before that, through file_ioctl with the compat command number.
+ * overlayfs (5.13 to 6.16) passes a change of one of its files down by
+ * calling security_file_ioctl on the real file with no argument (0): the
+ * request is unreadable, so an unprivileged caller's change through an
+ * overlay is refused at or below a root and, for FS_IOC_FSSETXATTR (whose
+ * project ID is not known), anywhere on a device that holds roots.
  */
 static __always_inline int check_ioctl(struct file *file, unsigned int cmd, unsigned long arg,
 				       int ret, int sleepable, int version_only)
