@@ -336,6 +336,13 @@ pub struct Exporter {
     remove_pins: bool,
 }
 
+/// The flags of an exporter in a test of what the quota-escape guard does
+/// not touch (metrics, write telemetry, TLS): loading, attaching and
+/// pinning the guard's programs is most of an exporter's start on the
+/// VM's emulated CPU. The guard's own tests, and those of the defaults,
+/// start it as shipped.
+pub const UNGUARDED: [&str; 1] = ["--guard=off"];
+
 impl Exporter {
     /// Starts `prjquota-exporter --volumes-dir D…` on 127.0.0.1 with a port
     /// the kernel picks, and returns once it listens.

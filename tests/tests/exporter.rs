@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use prjquota_vmtests::fixture::{fill, statvfs, Fixture, MIB};
 use prjquota_vmtests::nomad::{uuid, Spec};
-use prjquota_vmtests::prom::{self, Exporter, Exposition, Prometheus};
+use prjquota_vmtests::prom::{self, Exporter, Exposition, Prometheus, UNGUARDED};
 use prjquota_vmtests::records::{add_volume, ready_record};
 use prjquota_vmtests::{ext4_mount, scratch_dir, xfs_mount, xfs_noquota_mount};
 
@@ -213,7 +213,7 @@ fn metrics_match_what_was_written(mount: &Path) {
     let mut f = Fixture::new(mount, &format!("exp-metrics-{fstype}"));
     f.node.node_pool = "pool-a".into();
     let made = make(&f, THREE);
-    let exp = Exporter::start(&[&f.node.volumes_dir]);
+    let exp = Exporter::start_with(&[&f.node.volumes_dir], &UNGUARDED);
     let e = exp.scrape();
 
     let ids: BTreeSet<&str> = made.iter().map(|m| m.spec.id.as_str()).collect();
@@ -388,7 +388,7 @@ fn quota_hits_are_counted_for_the_full_volume_only(mount: &Path, uid: Option<u32
             }
         })
         .collect();
-    let exp = Exporter::start(&[&f.node.volumes_dir]);
+    let exp = Exporter::start_with(&[&f.node.volumes_dir], &UNGUARDED);
     let before = exp.scrape();
     assert_eq!(
         before.value("prjquota_exporter_quota_events_subscribed", &[]),
@@ -464,7 +464,7 @@ fn ext4_quota_hits_are_counted_for_the_full_volume_only() {
 fn a_deleted_volumes_series_vanish_at_the_next_scrape() {
     let f = Fixture::new(&xfs_mount(), "exp-delete");
     let made = make(&f, THREE);
-    let exp = Exporter::start(&[&f.node.volumes_dir]);
+    let exp = Exporter::start_with(&[&f.node.volumes_dir], &UNGUARDED);
     let e = exp.scrape();
     let all: BTreeSet<&str> = made.iter().map(|m| m.spec.id.as_str()).collect();
     assert_per_volume_labels(&e, &all);
@@ -540,7 +540,7 @@ fn without_quota_or_without_a_directory_the_scrape_still_answers() {
     // A volumes dir on an XFS without project quota: the quota collector
     // fails, everything else is served.
     {
-        let exp = Exporter::start(&[&noquota]);
+        let exp = Exporter::start_with(&[&noquota], &UNGUARDED);
         let e = exp.scrape();
         let ok = e.collector_successes();
         assert_eq!(ok["quota"], 0.0, "{}", e.text);
@@ -572,7 +572,7 @@ fn without_quota_or_without_a_directory_the_scrape_still_answers() {
 
     // A volumes dir that does not exist: an empty inventory, no failure.
     {
-        let exp = Exporter::start(&[&missing]);
+        let exp = Exporter::start_with(&[&missing], &UNGUARDED);
         let e = exp.scrape();
         for (c, ok) in e.collector_successes() {
             assert_eq!(ok, 1.0, "collector {c}:\n{}", e.text);
@@ -597,7 +597,7 @@ fn without_quota_or_without_a_directory_the_scrape_still_answers() {
     {
         let f = Fixture::new(&xfs_mount(), "exp-mixed");
         let good = make(&f, &THREE[..1]);
-        let exp = Exporter::start(&[&f.node.volumes_dir, &noquota, &missing]);
+        let exp = Exporter::start_with(&[&f.node.volumes_dir, &noquota, &missing], &UNGUARDED);
         let e = exp.scrape();
         assert_eq!(e.collector_successes()["quota"], 0.0);
         assert_eq!(e.value("prjquota_exporter_volumes", &[]), 3.0);

@@ -22,7 +22,7 @@ use prjquota_vmtests::dm::DmDisk;
 use prjquota_vmtests::fixture::{fill, writable, FsCase, MIB, WRITER, XFS};
 use prjquota_vmtests::nomad::Spec;
 use prjquota_vmtests::on_every_fs;
-use prjquota_vmtests::prom::{Exporter, Exposition};
+use prjquota_vmtests::prom::{Exporter, Exposition, UNGUARDED};
 
 on_every_fs!(
     counts_exact_writes_and_quota_refusals_per_volume,
@@ -152,7 +152,7 @@ fn counts_exact_writes_and_quota_refusals_per_volume(fs: &FsCase) {
     let (path_a, _) = f.create(&spec_a);
     let (path_b, _) = f.create(&spec_b);
 
-    let exp = Exporter::start(&[&f.node.volumes_dir]);
+    let exp = Exporter::start_with(&[&f.node.volumes_dir], &UNGUARDED);
     let before = until_counting(&exp, &[&spec_a, &spec_b]);
     for (program, v) in programs(&before) {
         assert_eq!(v, 1.0, "{program} not attached:\n{}", exp.log());
@@ -283,7 +283,8 @@ fn required_attaches_everything_and_off_lists_the_same_programs() {
     let spec = Spec::new("ebpf-modes", (8 * MIB) as i64);
     f.create(&spec);
 
-    let required = Exporter::start_with(&[&f.node.volumes_dir], &["--ebpf=required"]);
+    let required =
+        Exporter::start_with(&[&f.node.volumes_dir], &["--ebpf=required", "--guard=off"]);
     let e = until_counting(&required, &[&spec]);
     let attached = programs(&e);
     assert!(
@@ -293,7 +294,7 @@ fn required_attaches_everything_and_off_lists_the_same_programs() {
     );
     drop(required);
 
-    let off = Exporter::start_with(&[&f.node.volumes_dir], &["--ebpf=off"]);
+    let off = Exporter::start_with(&[&f.node.volumes_dir], &["--ebpf=off", "--guard=off"]);
     let e = off.scrape();
     let names = |p: &[(String, f64)]| p.iter().map(|(n, _)| n.clone()).collect::<BTreeSet<_>>();
     let detached = programs(&e);
@@ -338,7 +339,7 @@ fn writes_right_after_the_exporter_is_ready_count_exactly(fs: &FsCase) {
         })
         .collect();
 
-    let exp = Exporter::start(&[&f.node.volumes_dir]);
+    let exp = Exporter::start_with(&[&f.node.volumes_dir], &UNGUARDED);
     for ((_, engine, direct, size), (_, path)) in cases.iter().zip(&specs) {
         fio_write(&path.join("data"), engine, *direct, *size);
     }
@@ -399,7 +400,7 @@ fn direct_writes_in_flight_while_another_exporter_attaches_are_reported(fs: &FsC
     let f = disk.fixture("dio-inflight");
     let spec = Spec::new("dio-inflight", (64 * MIB) as i64);
     let (path, _) = f.create(&spec);
-    let exp = Exporter::start(&[&f.node.volumes_dir]);
+    let exp = Exporter::start_with(&[&f.node.volumes_dir], &UNGUARDED);
     let other = fs.fixture("dio-inflight-other");
     disk.delay_writes(150);
 
@@ -571,7 +572,7 @@ fn the_self_test_passes_and_fails_a_hook_that_miscounts(fs: &FsCase) {
         v
     };
 
-    let exp = Exporter::start(&[&f.node.volumes_dir]);
+    let exp = Exporter::start_with(&[&f.node.volumes_dir], &UNGUARDED);
     let e = exp.scrape();
     let mut want = vec![
         (buffered.to_string(), 1.0),
@@ -601,7 +602,7 @@ fn the_self_test_passes_and_fails_a_hook_that_miscounts(fs: &FsCase) {
     assert!(f.record(&spec.id).is_some(), "no record for {}", spec.id);
 
     let faulty = prjquota_vmtests::fault_exporter();
-    let exp = Exporter::start_binary(&faulty, &[&f.node.volumes_dir], &[]);
+    let exp = Exporter::start_binary(&faulty, &[&f.node.volumes_dir], &UNGUARDED);
     let e = exp.scrape();
     let mut want = vec![
         (buffered.to_string(), 0.0),
