@@ -915,7 +915,9 @@ fn a_node_with_volumes_is_set_up_for_a_reboot() {
          systemctl daemon-reload; systemctl enable --now {BOOT_MOUNT}; \
          mountpoint {BOOT_VOLUMES}"
     ));
+    lap(t, "reboot_filesystem_mounted");
     sh_ok(&format!("dpkg -i {}", deb().display()));
+    lap(t, "reboot_package_installed");
     sh_ok(&format!(
         "sed -i 's|^VOLUMES_DIR=.*|VOLUMES_DIR={BOOT_VOLUMES}|' {SETTINGS}"
     ));
@@ -929,6 +931,7 @@ fn a_node_with_volumes_is_set_up_for_a_reboot() {
         PLUGIN_DIR.into(),
     );
     let (spec, path, projid, data) = owned_volume(&node, "rebooted", 2 << 20);
+    lap(t, "reboot_volume_created");
     std::fs::write(
         BOOT_STATE,
         format!(

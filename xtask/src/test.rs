@@ -53,35 +53,36 @@ pub struct Opts {
 }
 
 /// The compatibility pass: what runs on 6.12 and 7.x besides the full
-/// suite on 6.1. The plugin's enforcement, resize, delete and crash paths
-/// (plugin, crash), the exporter end to end, eBPF attribution and the
-/// guard, and the storage faults whose handling depends on the kernel's
-/// filesystems (a failing disk, quotas off). Left out as kernel-independent or too long for every kernel:
-/// the stress and admin binaries, hostile inputs, the restore storms (3
-/// minutes each on 5.10 at 200 volumes), the streamed delete of 100,000
-/// entries (our own memory use, about a minute per kernel), the exporter
-/// under load, the dashboards, the timing ratios, what operators install,
-/// and the exposition's checks by a real Prometheus and by promtool (the
-/// text does not depend on the kernel; together two minutes of 5.10's
-/// pass).
-pub const COMPAT_FILTER: &str = "(binary(vm_smoke) | binary(plugin) | binary(crash) | \
-     binary(exporter) | binary(exporter_ebpf) | binary(ebpf) | binary(guard) | binary(guard_pins) | \
-     (binary(faults) & (test(disk_errors) | test(quotas_off)))) - \
-     test(restore_storm) - \
-     test(deleting_a_directory_of_100k_entries) - \
-     test(prometheus_scrapes_every_volume) - test(promtool_check_metrics)";
+/// suite on 6.1, chosen for what the kernel decides. The guard (its LSM
+/// hooks differ from kernel to kernel) and its pins, eBPF write attribution
+/// and the exporter's eBPF telemetry (the hooked functions change), the
+/// plugin's quota enforcement, resize and delete against each kernel's
+/// filesystems ([`KERNEL_FACING_PLUGIN`]), the exporter's report of what the
+/// kernel counts, and the storage faults whose handling depends on the
+/// filesystems (a failing disk, quotas off). Left to 6.1: the plugin's crash
+/// recovery and the rest of its paths and the exporter's (our own fault
+/// points and logic, the same on every kernel: together most of the pass's
+/// time), the stress and admin binaries, hostile inputs, the restore
+/// storms, the streamed delete, the exporter under load, the dashboards,
+/// the timing ratios, what operators install, and the exposition's checks
+/// by Prometheus and promtool.
+pub const COMPAT_FILTER: &str = "binary(vm_smoke) | binary(ebpf) | binary(exporter_ebpf) | \
+     binary(guard) | binary(guard_pins) | \
+     (binary(plugin) & (test(create_enforces) | test(grow_in_place) | test(shrink_is_refused) | \
+       test(max_inodes) | test(delete_removes_everything) | test(a_create_guards_its_root))) | \
+     (binary(exporter) & test(every_metric_matches)) | \
+     (binary(faults) & (test(disk_errors) | test(quotas_off)))";
 
-/// Linux 5.10 runs the plugin's paths, the exporter end to end, the write
-/// telemetry and the guard's detect mode (the context builds of their
-/// programs), and instead of the guard's enforce tests (no BPF LSM in
-/// Debian 11's `lsm=`) the checks that it refuses enforcement by name
-/// (`old_kernel`).
-pub const OLD_KERNEL_FILTER: &str = "(binary(vm_smoke) | binary(plugin) | binary(crash) | \
-     binary(exporter) | binary(exporter_ebpf) | binary(ebpf) | binary(old_kernel) | \
-     (binary(guard) & test(detect_counts))) - \
-     test(restore_storm) - \
-     test(deleting_a_directory_of_100k_entries) - \
-     test(prometheus_scrapes_every_volume) - test(promtool_check_metrics)";
+/// Linux 5.10 runs what the compatibility pass runs of the plugin, the
+/// exporter, the write telemetry (the context builds of their programs),
+/// and instead of the guard's enforce tests (no BPF LSM in Debian 11's
+/// `lsm=`) its detect test and the checks that it refuses enforcement by
+/// name (`old_kernel`).
+pub const OLD_KERNEL_FILTER: &str = "binary(vm_smoke) | binary(ebpf) | binary(exporter_ebpf) | \
+     binary(old_kernel) | (binary(guard) & test(detect_counts)) | \
+     (binary(plugin) & (test(create_enforces) | test(grow_in_place) | test(shrink_is_refused) | \
+       test(max_inodes) | test(delete_removes_everything) | test(a_create_guards_its_root))) | \
+     (binary(exporter) & test(every_metric_matches))";
 
 /// The full suite: every binary but `old_kernel`, which checks refusals
 /// that only a kernel older than 5.17 makes, and but the guard's killed
@@ -786,11 +787,22 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
     } else {
         &opts.kernels[..]
     };
+    let systemd = match &dist {
+        Some(d) if !systemd_kernels.is_empty() => Some(SystemdJob {
+            test_bin: rust_binary_path(&binaries_json, &format!("{VM_PACKAGE}::systemd"))?,
+            deb: d.deb.clone(),
+            attr_act: bin_dir.join("attr-act"),
+        }),
+        None if !systemd_kernels.is_empty() => {
+            bail!("the systemd pass needs the .deb (built above)")
+        }
+        _ => None,
+    };
     let results = std::sync::Mutex::new(Vec::new());
-    for (group, lanes) in vm_groups(kernels, opts.vm_lanes) {
-        // One VM boot per kernel; `lanes` of them at once, each kernel
-        // taken by the first lane that is free, in the order given (the
-        // full pass first: it is the longest).
+    for (group, lanes) in vm_groups(kernels, &systemd_kernels, opts.vm_lanes) {
+        // One VM boot per kernel (or one systemd pass); `lanes` of them at
+        // once, each taken by the first lane that is free, in the order
+        // given (the full pass first: it is the longest).
         let lanes = lanes.clamp(1, group.len().max(1) as u32);
         let queue = std::sync::Mutex::new(group.into_iter());
         let job = KernelJob {
@@ -803,10 +815,16 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
         std::thread::scope(|s| {
             for _ in 0..lanes {
                 s.spawn(|| loop {
-                    let Some((i, kernel)) = queue.lock().unwrap().next() else {
+                    let Some((i, what)) = queue.lock().unwrap().next() else {
                         break;
                     };
-                    let pass = job.run(kernel);
+                    let pass = match (what, &systemd) {
+                        (Boot::Suite(kernel), _) => job.run(kernel),
+                        (Boot::Systemd(kernel), Some(sd)) => {
+                            systemd_pass(kernel, &sd.test_bin, &sd.deb, &sd.attr_act)
+                        }
+                        (Boot::Systemd(_), None) => unreachable!("systemd boots need the .deb"),
+                    };
                     results.lock().unwrap().push((i, pass));
                 });
             }
@@ -815,34 +833,46 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
     let mut results = results.into_inner().unwrap();
     results.sort_by_key(|(i, _)| *i);
     passes.extend(results.into_iter().map(|(_, p)| p));
-
-    if !systemd_kernels.is_empty() {
-        let d = dist
-            .as_ref()
-            .context("the systemd pass needs the .deb (built above)")?;
-        let test_bin = rust_binary_path(&binaries_json, &format!("{VM_PACKAGE}::systemd"))?;
-        for kernel in systemd_kernels {
-            passes.push(systemd_pass(
-                kernel,
-                &test_bin,
-                &d.deb,
-                &bin_dir.join("attr-act"),
-            ));
-        }
-    }
     Ok(())
 }
 
-/// The kernels in the order given (with their place in it), in groups
-/// that boot one after the other, each with how many VMs at once: `lanes`
-/// for all of them when given; else those with an emulator thread per
-/// vCPU alone, then the one-thread ones [`ONE_THREAD_LANES`] at a time.
-fn vm_groups(kernels: &[Kernel], lanes: Option<u32>) -> Vec<(Vec<(usize, Kernel)>, u32)> {
-    let all = kernels.iter().copied().enumerate();
+/// What the systemd passes need from the build.
+struct SystemdJob {
+    test_bin: PathBuf,
+    deb: PathBuf,
+    attr_act: PathBuf,
+}
+
+/// One VM's work: a kernel's pass of prjquota-vmtests, or its systemd pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Boot {
+    Suite(Kernel),
+    Systemd(Kernel),
+}
+
+/// The boots in the order given (with their place in it; the systemd
+/// passes after every suite), in groups that boot one after the other, each
+/// with how many VMs at once: `lanes` for all of them when given; else the
+/// suites with an emulator thread per vCPU alone, then the one-thread
+/// suites and every systemd pass (one emulator thread each:
+/// xtask/src/systemd.rs) [`ONE_THREAD_LANES`] at a time, the suites first.
+fn vm_groups(
+    kernels: &[Kernel],
+    systemd: &[Kernel],
+    lanes: Option<u32>,
+) -> Vec<(Vec<(usize, Boot)>, u32)> {
+    let all = kernels
+        .iter()
+        .map(|k| Boot::Suite(*k))
+        .chain(systemd.iter().map(|k| Boot::Systemd(*k)))
+        .enumerate();
     if let Some(n) = lanes {
         return vec![(all.collect(), n)];
     }
-    let (one, many): (Vec<_>, Vec<_>) = all.partition(|(_, k)| crate::vm::one_emulator_thread(*k));
+    let (one, many): (Vec<_>, Vec<_>) = all.partition(|(_, b)| match b {
+        Boot::Suite(k) => crate::vm::one_emulator_thread(*k),
+        Boot::Systemd(_) => true,
+    });
     [(many, 1), (one, ONE_THREAD_LANES)]
         .into_iter()
         .filter(|(g, _)| !g.is_empty())
@@ -888,10 +918,9 @@ fn lists_any(expr: &str) -> Result<bool> {
 /// every boot of `systemd::boots_of(kernel)` passed.
 fn systemd_pass(kernel: Kernel, test_bin: &Path, deb: &Path, attr_act: &Path) -> Pass {
     header(&format!(
-        "systemd pass on kernel {}: the .deb installed, run, scraped by Prometheus, moved, upgraded (an owner \
-         attacking the guard meanwhile) and purged, then a node with volumes rebooted, on a \
-         Debian root booted with systemd as init",
-        kernel.name()
+        "systemd pass on kernel {}: {}, on a Debian root booted with systemd as init",
+        kernel.name(),
+        crate::systemd::story_of(kernel)
     ));
     let name = format!("systemd {}", kernel.name());
     let t = Instant::now();
@@ -1340,24 +1369,34 @@ mod tests {
 
     #[test]
     fn the_full_pass_boots_alone_and_one_thread_guests_two_at_a_time() {
-        let groups = vm_groups(&Kernel::ALL, None);
-        let kernels =
-            |g: &(Vec<(usize, Kernel)>, u32)| g.0.iter().map(|(_, k)| *k).collect::<Vec<_>>();
+        let groups = vm_groups(&Kernel::ALL, &[Kernel::V6_1, Kernel::V7], None);
+        let boots = |g: &(Vec<(usize, Boot)>, u32)| g.0.iter().map(|(_, b)| *b).collect::<Vec<_>>();
         assert_eq!(groups.len(), 2);
-        assert_eq!((kernels(&groups[0]), groups[0].1), (vec![Kernel::V6_1], 1));
         assert_eq!(
-            (kernels(&groups[1]), groups[1].1),
+            (boots(&groups[0]), groups[0].1),
+            (vec![Boot::Suite(Kernel::V6_1)], 1)
+        );
+        // The systemd passes share the one-thread lanes, after the suites.
+        assert_eq!(
+            (boots(&groups[1]), groups[1].1),
             (
-                vec![Kernel::V5_10, Kernel::V6_12, Kernel::V7],
+                vec![
+                    Boot::Suite(Kernel::V5_10),
+                    Boot::Suite(Kernel::V6_12),
+                    Boot::Suite(Kernel::V7),
+                    Boot::Systemd(Kernel::V6_1),
+                    Boot::Systemd(Kernel::V7),
+                ],
                 ONE_THREAD_LANES
             )
         );
         // Each keeps its place in the order given, for the summary.
         assert_eq!(groups[1].0[0].0, 1);
-        // --vm-lanes N: every kernel in one group, N at a time.
-        let given = vm_groups(&Kernel::ALL, Some(1));
+        assert_eq!(groups[1].0[3].0, 4);
+        // --vm-lanes N: every boot in one group, N at a time.
+        let given = vm_groups(&Kernel::ALL, &[], Some(1));
         assert_eq!((given.len(), given[0].0.len(), given[0].1), (1, 4, 1));
-        assert!(vm_groups(&[Kernel::V6_12], None)
+        assert!(vm_groups(&[Kernel::V6_12], &[], None)
             .iter()
             .all(|(g, _)| !g.is_empty()));
     }
