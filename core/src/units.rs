@@ -150,6 +150,102 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(too_large)
 }
 
+/// Duration units as Prometheus writes them, largest first, in milliseconds.
+const DURATION_UNITS: [(&str, u64); 7] = [
+    ("y", 365 * 24 * 3600 * 1000),
+    ("w", 7 * 24 * 3600 * 1000),
+    ("d", 24 * 3600 * 1000),
+    ("h", 3600 * 1000),
+    ("m", 60 * 1000),
+    ("s", 1000),
+    ("ms", 1),
+];
+
+/// The longest duration Prometheus takes: Go's `time.Duration`, int64
+/// nanoseconds (about 292 years).
+const MAX_DURATION_NANOS: u128 = i64::MAX as u128;
+
+/// Parses a duration as Prometheus does (`model.ParseDuration`, what
+/// `scrape_interval` and `--storage.tsdb.retention.time` take): whole
+/// numbers each followed by a unit, `y` (365 days), `w`, `d`, `h`, `m`,
+/// `s`, `ms`, from the largest to the smallest and each at most once, as in
+/// `1h30m`, `500ms` or `1w2d`; or `0` alone. So a value copied from a
+/// Prometheus configuration means the same here, and one that Prometheus
+/// would refuse is refused. The error is a sentence about the value.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    const FORM: &str = "whole numbers each with a unit, from the largest to the smallest: y, \
+                        w, d, h, m, s, ms, e.g. 30s, 1m30s, 2h or 1d";
+    match s {
+        "0" => return Ok(std::time::Duration::ZERO),
+        "" => return Err(format!("an empty value is not a duration; write {FORM}")),
+        _ => {}
+    }
+    let not_a_duration = |why: &str| format!("{} is not a duration: {why}; write {FORM}", shown(s));
+    let mut rest = s;
+    let mut millis: u128 = 0;
+    // Index in DURATION_UNITS of the last unit read: the next must be smaller.
+    let mut last: Option<usize> = None;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(not_a_duration(if rest.starts_with('.') {
+                "fractions are not taken (write 1h30m, not 1.5h)"
+            } else {
+                "every unit needs a number before it"
+            }));
+        }
+        let (number, after) = rest.split_at(digits);
+        let unit_len = after
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(after.len());
+        let (unit, after) = after.split_at(unit_len);
+        if unit.is_empty() {
+            return Err(format!(
+                "{} is not a duration: {number} needs a unit, e.g. {number}s",
+                shown(s)
+            ));
+        }
+        if unit.starts_with('.') {
+            return Err(not_a_duration(
+                "fractions are not taken (write 1h30m, not 1.5h)",
+            ));
+        }
+        let Some(index) = DURATION_UNITS.iter().position(|(u, _)| *u == unit) else {
+            return Err(format!(
+                "{} has an unknown unit {}: units are y, w, d, h, m, s and ms (lower case)",
+                shown(s),
+                shown(unit)
+            ));
+        };
+        if last.is_some_and(|l| index <= l) {
+            return Err(not_a_duration(&format!(
+                "{unit} comes after {}, but units go from the largest to the smallest, each \
+                 at most once",
+                DURATION_UNITS[last.expect("checked")].0
+            )));
+        }
+        last = Some(index);
+        let too_long = || {
+            format!(
+                "{} is longer than Prometheus takes (about 292 years, 2^63 nanoseconds)",
+                shown(s)
+            )
+        };
+        let n: u128 = number.parse().map_err(|_| too_long())?;
+        millis = n
+            .checked_mul(u128::from(DURATION_UNITS[index].1))
+            .and_then(|add| add.checked_add(millis))
+            .filter(|ms| ms.saturating_mul(1_000_000) <= MAX_DURATION_NANOS)
+            .ok_or_else(too_long)?;
+        rest = after;
+    }
+    Ok(std::time::Duration::from_millis(
+        u64::try_from(millis).expect("below 2^63 ns"),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,5 +357,64 @@ mod tests {
         assert!(err.contains("\\n"), "{err}");
         assert!(!err.contains('\n'));
         assert!(err.len() < 500, "{}", err.len());
+    }
+
+    #[test]
+    fn durations_read_as_prometheus_reads_them() {
+        use std::time::Duration;
+        let secs = Duration::from_secs;
+        let day = 24 * 3600;
+        for (text, want) in [
+            ("0", Duration::ZERO),
+            ("0s", Duration::ZERO),
+            ("500ms", Duration::from_millis(500)),
+            ("1500ms", Duration::from_millis(1500)),
+            ("5s", secs(5)),
+            ("90s", secs(90)),
+            ("1m30s", secs(90)),
+            ("2h", secs(7200)),
+            ("1h30m", secs(5400)),
+            ("1d", secs(day)),
+            ("1w", secs(7 * day)),
+            ("1y", secs(365 * day)),
+            (
+                "1y2w3d4h5m6s7ms",
+                Duration::from_millis(((((365 + 17) * 24 + 4) * 60 + 5) * 60 + 6) * 1000 + 7),
+            ),
+            ("292y", secs(292 * 365 * day)),
+        ] {
+            assert_eq!(parse_duration(text), Ok(want), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn durations_prometheus_refuses_are_refused_saying_why() {
+        for (text, says) in [
+            ("", "an empty value"),
+            ("1m1h", "h comes after m"),
+            ("1s1s", "s comes after s"),
+            ("1ms1s", "s comes after ms"),
+            ("1.5h", "fractions are not taken"),
+            (".5s", "fractions are not taken"),
+            ("5", "5 needs a unit, e.g. 5s"),
+            ("00", "needs a unit"),
+            ("1h30", "30 needs a unit"),
+            ("5x", "unknown unit \"x\""),
+            ("5S", "unknown unit \"S\""),
+            ("5 s", "unknown unit \" s\""),
+            ("-5s", "needs a number"),
+            (" 5s", "needs a number"),
+            ("h", "needs a number"),
+            ("293y", "longer than Prometheus takes"),
+            ("106752d", "longer than Prometheus takes"),
+            ("99999999999999999999999999999999999999999s", "longer than"),
+            ("99999999999999999999999999999999999999y", "longer than"),
+        ] {
+            let err = parse_duration(text).unwrap_err();
+            assert!(err.contains(says), "{text:?}: {err}");
+        }
+        // Just under and over 2^63 ns.
+        assert!(parse_duration("9223372036854ms").is_ok());
+        assert!(parse_duration("9223372036855ms").is_err());
     }
 }

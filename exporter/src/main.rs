@@ -113,7 +113,8 @@ struct Flags {
     /// before that directory is reported as stuck
     /// (nomad_host_volume_stats_error{reason="timeout"}) and not queried again
     /// until the blocked call returns, as node_exporter's
-    /// --collector.filesystem.mount-timeout. E.g. 5s, 1500ms, 1m.
+    /// --collector.filesystem.mount-timeout. A Prometheus duration (5s,
+    /// 1500ms, 1m30s), at most 1h.
     /// (--statfs-timeout, its name before, still works.)
     #[arg(long = "collector.mount-timeout", alias = "statfs-timeout", value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     mount_timeout: Duration,
@@ -150,6 +151,7 @@ struct Flags {
 
     /// How often the guard's maps are synced with the registries and every
     /// volume root's project ID and PROJINHERIT checked (and put back).
+    /// A Prometheus duration (2s, 500ms, 1m), at most 1h.
     #[arg(long = "guard.sync-interval", value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
     guard_sync_interval: Duration,
 
@@ -289,25 +291,23 @@ fn parse_ebpf_mode(s: &str) -> Result<EbpfMode, String> {
     s.parse()
 }
 
+/// The longest --collector.mount-timeout and --guard.sync-interval take:
+/// past it a stuck filesystem or an unsynced guard would go unnoticed for
+/// longer than any operator means.
+const MAX_FLAG_DURATION: Duration = Duration::from_secs(3600);
+
+/// A Prometheus duration (`1m30s`, `500ms`), above 0 and at most 1h.
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration such as 5s, 500ms or 1m"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" | "" => n,
-        "m" => n * 60.0,
-        _ => return Err(format!("unknown unit {unit:?} in {s:?}: use ms, s or m")),
-    };
-    if !(secs > 0.0 && secs <= 3600.0) {
-        return Err(format!("{s:?} must be above 0 and at most 1h"));
+    let d = prjquota_core::units::parse_duration(s)?;
+    if d.is_zero() {
+        return Err(format!(
+            "{s:?} is no time at all: give more than 0, e.g. 5s"
+        ));
     }
-    Ok(Duration::from_secs_f64(secs))
+    if d > MAX_FLAG_DURATION {
+        return Err(format!("{s:?} is longer than 1h, the most this flag takes"));
+    }
+    Ok(d)
 }
 
 /// `:PORT` means every IPv4 address, as in node_exporter.
@@ -570,14 +570,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations_parse_with_units() {
+    fn durations_parse_as_prometheus_writes_them_within_the_flags_bounds() {
         assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
         assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
-        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
-        assert!(parse_duration("0s").is_err());
-        assert!(parse_duration("5h").is_err());
-        assert!(parse_duration("fast").is_err());
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(
+            parse_duration("59m59s999ms"),
+            Ok(Duration::from_millis(3_599_999))
+        );
+        for (text, says) in [
+            ("0", "no time at all"),
+            ("0s", "no time at all"),
+            ("1h1ms", "longer than 1h"),
+            ("2h", "longer than 1h"),
+            ("1d", "longer than 1h"),
+            ("2", "2 needs a unit, e.g. 2s"),
+            ("1.5s", "fractions"),
+            ("1m1h", "units go from the largest"),
+            ("fast", "needs a number"),
+        ] {
+            let e = parse_duration(text).unwrap_err();
+            assert!(e.contains(says), "{text:?}: {e}");
+        }
+        let e = Flags::try_parse_from(["prjquota-exporter", "--guard.sync-interval=1.5s"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--guard.sync-interval") && e.contains("1h30m"),
+            "{e}"
+        );
     }
 
     #[test]
