@@ -7,7 +7,8 @@
 //! are the safe layers above it. [`record`] is the registry record and its one reader,
 //! [`config`] the node configuration and its one reader, [`fs_type`] the
 //! filesystems it runs on; [`volume_id`],
-//! [`volume_params`], [`units`] and [`quoted`] are what those two are made of.
+//! [`volume_params`], [`units`] and [`quoted`] are what those two are made of;
+//! [`suggest`] answers both binaries' mistyped flags.
 
 pub mod announce;
 pub mod config;
@@ -17,6 +18,7 @@ pub mod mountinfo;
 pub mod quota;
 pub mod quoted;
 pub mod record;
+pub mod suggest;
 pub mod volume_params;
 // The kernel boundary: raw syscalls and C layouts that libc lacks. Every
 // block states its SAFETY invariant (clippy::undocumented_unsafe_blocks).

@@ -283,6 +283,53 @@ fn completion_script(shell: clap_complete::Shell) -> Vec<u8> {
     out
 }
 
+/// The command line, or the process exits with clap's answer; an unknown
+/// flag is answered with the nearest known one, as the plugin's commands
+/// answer theirs (clap's own suggestions would take its `suggestions`
+/// feature and another crate, and word it differently).
+fn parse_flags() -> Flags {
+    Flags::try_parse().unwrap_or_else(|e| match unknown_flag(&e) {
+        Some(message) => {
+            use clap::CommandFactory;
+            eprintln!(
+                "error: {message}\n\n{}\n\nFor more information, try '--help'.",
+                Flags::command().render_usage()
+            );
+            std::process::exit(2);
+        }
+        None => e.exit(),
+    })
+}
+
+/// "unknown flag --x; did you mean --y?" when `e` is about a `--` flag
+/// clap does not know.
+fn unknown_flag(e: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    use clap::CommandFactory;
+    if e.kind() != ErrorKind::UnknownArgument {
+        return None;
+    }
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    let typed = arg.split_once('=').map_or(arg.as_str(), |(name, _)| name);
+    if !typed.starts_with("--") {
+        return None;
+    }
+    let command = Flags::command();
+    let known: Vec<String> = command
+        .get_arguments()
+        .filter(|a| !a.is_hide_set())
+        .filter_map(|a| a.get_long())
+        .chain(["help", "version"])
+        .map(|l| format!("--{l}"))
+        .collect();
+    Some(prjquota_core::suggest::unknown_flag(
+        typed,
+        known.iter().map(String::as_str),
+    ))
+}
+
 fn parse_guard_mode(s: &str) -> Result<GuardMode, String> {
     s.parse()
 }
@@ -341,7 +388,7 @@ fn main() {
         }
         None => {}
     }
-    let flags = Flags::parse();
+    let flags = parse_flags();
     log::set_level(flags.log_level);
     log::set_format(flags.log_format);
     // A daemon that builds and frees megabytes per scrape: keep its RSS to
@@ -600,6 +647,33 @@ mod tests {
             e.contains("--guard.sync-interval") && e.contains("1h30m"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_mistyped_flag_is_answered_with_the_nearest_one() {
+        let answer = |args: &[&str]| {
+            let argv = std::iter::once("prjquota-exporter").chain(args.iter().copied());
+            unknown_flag(&Flags::try_parse_from(argv).unwrap_err())
+        };
+        assert_eq!(
+            answer(&["--web.listen-adress", ":1"]).as_deref(),
+            Some("unknown flag --web.listen-adress; did you mean --web.listen-address?")
+        );
+        assert_eq!(
+            answer(&["--web.config-file=/etc/web.yml"]).as_deref(),
+            Some("unknown flag --web.config-file; did you mean --web.config.file?")
+        );
+        assert_eq!(
+            answer(&["--no-collector.statf"]).as_deref(),
+            Some("unknown flag --no-collector.statf; did you mean --no-collector.statfs?")
+        );
+        assert_eq!(
+            answer(&["--verbose"]).as_deref(),
+            Some("unknown flag --verbose")
+        );
+        // Not about a flag's name: clap's own answer stands.
+        assert_eq!(answer(&["--ebpf=maybe"]), None);
+        assert_eq!(answer(&["stray"]), None);
     }
 
     #[test]

@@ -73,13 +73,20 @@ pub fn parse_flags(args: &[String], booleans: &[&str]) -> Result<Flags> {
             "--json" if booleans.contains(&"--json") => f.json = true,
             "--bytes" if booleans.contains(&"--bytes") => f.bytes = true,
             "--fix" if booleans.contains(&"--fix") => f.fix = true,
-            other => bail!(
-                "unknown flag {other:?}; accepted: --volumes-dir DIR, --plugin-dir DIR{}",
-                booleans
+            other => {
+                let known = ["--volumes-dir", "--plugin-dir"]
                     .iter()
-                    .map(|b| format!(", {b}"))
-                    .collect::<String>()
-            ),
+                    .chain(booleans)
+                    .copied();
+                bail!(
+                    "{} (accepted: --volumes-dir DIR, --plugin-dir DIR{})",
+                    prjquota_core::suggest::unknown_flag(other, known),
+                    booleans
+                        .iter()
+                        .map(|b| format!(", {b}"))
+                        .collect::<String>()
+                )
+            }
         }
     }
     Ok(f)
@@ -109,6 +116,20 @@ mod tests {
     fn unknown_and_unaccepted_flags_are_refused() {
         assert!(parse_flags(&s(&["--fix"]), &["--json"]).is_err());
         assert!(parse_flags(&s(&["--nope"]), &[]).is_err());
+        let e = parse_flags(&s(&["--volume-dir=/v"]), &["--json"]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "unknown flag --volume-dir; did you mean --volumes-dir? (accepted: --volumes-dir \
+             DIR, --plugin-dir DIR, --json)"
+        );
+        let e = parse_flags(&s(&["--jsno"]), &["--json"]).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("unknown flag --jsno; did you mean --json?"),
+            "{e}"
+        );
+        let e = parse_flags(&s(&["--fix"]), &["--json"]).unwrap_err();
+        assert!(!e.to_string().contains("did you mean"), "{e}");
         assert!(parse_flags(&s(&["--volumes-dir"]), &[]).is_err());
         assert_eq!(
             parse_flags(&[], &[]).unwrap().volumes_dir(),
