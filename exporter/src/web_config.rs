@@ -13,9 +13,10 @@
 //!
 //! `http_server_config.headers` adds exporter-toolkit's security headers to
 //! every answer (the same five names, the same allowed values); `http2`
-//! is accepted either way, as only HTTP/1.1 is served. Fields of the format
-//! this exporter does not implement (cipher_suites, curve_preferences,
-//! client_allowed_sans, rate_limit) are refused by name rather than
+//! is accepted either way, as only HTTP/1.1 is served. `cipher_suites` and
+//! `curve_preferences` ([`crypto`]) are kept exactly or the file is
+//! refused. Fields of the format this exporter does not implement
+//! (client_allowed_sans, rate_limit) are refused by name rather than
 //! ignored: a file that asks for client SAN checks must not be served
 //! without them.
 
@@ -39,6 +40,8 @@ use tokio::sync::Semaphore;
 use hyper::header::{HeaderName, HeaderValue};
 
 use crate::metrics::Family;
+
+mod crypto;
 
 /// A web config that cannot be used: the file, the field (dotted path, empty
 /// for the file as a whole) and what is wrong with it.
@@ -86,8 +89,8 @@ struct TlsSpec {
     min_version: Option<String>,
     max_version: Option<String>,
     prefer_server_cipher_suites: Option<bool>,
-    cipher_suites: Option<serde_norway::Value>,
-    curve_preferences: Option<serde_norway::Value>,
+    cipher_suites: Option<Vec<String>>,
+    curve_preferences: Option<Vec<String>>,
     client_allowed_sans: Option<serde_norway::Value>,
 }
 
@@ -267,8 +270,8 @@ fn yaml_error(file: &Path, e: &serde_norway::Error) -> Error {
     }
 }
 
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+fn provider() -> CryptoProvider {
+    rustls::crypto::ring::default_provider()
 }
 
 type FieldError = (String, String);
@@ -371,17 +374,28 @@ fn tls_version(
     }
 }
 
+/// The protocol versions from `min` to `max`, newest first.
+fn versions(
+    min: &'static rustls::SupportedProtocolVersion,
+    max: &'static rustls::SupportedProtocolVersion,
+) -> Result<Vec<&'static rustls::SupportedProtocolVersion>, FieldError> {
+    match (min.version, max.version) {
+        (a, b) if a == b => Ok(vec![min]),
+        (rustls::ProtocolVersion::TLSv1_2, rustls::ProtocolVersion::TLSv1_3) => {
+            Ok(vec![&rustls::version::TLS13, &rustls::version::TLS12])
+        }
+        _ => Err(field_err(
+            "max_version",
+            "is below min_version; raise it or lower min_version",
+        )),
+    }
+}
+
 /// The rustls server config the spec describes; `None` when it sets no TLS
 /// field at all (exporter-toolkit's "TLS config is not present").
 fn tls_config(t: &TlsSpec, dir: &Path) -> Result<Option<Arc<rustls::ServerConfig>>, FieldError> {
-    for (set, name) in [
-        (t.cipher_suites.is_some(), "cipher_suites"),
-        (t.curve_preferences.is_some(), "curve_preferences"),
-        (t.client_allowed_sans.is_some(), "client_allowed_sans"),
-    ] {
-        if set {
-            return Err(field_err(name, unsupported()));
-        }
+    if t.client_allowed_sans.is_some() {
+        return Err(field_err("client_allowed_sans", unsupported()));
     }
     let min = tls_version(&t.min_version, "min_version")?.unwrap_or(&rustls::version::TLS12);
     let max = tls_version(&t.max_version, "max_version")?.unwrap_or(&rustls::version::TLS13);
@@ -424,7 +438,13 @@ fn tls_config(t: &TlsSpec, dir: &Path) -> Result<Option<Arc<rustls::ServerConfig
         "client_ca_file",
         dir,
     )?;
-    let provider = provider();
+    let versions = versions(min, max)?;
+    let provider = Arc::new(crypto::narrow(
+        provider(),
+        t.cipher_suites.as_deref(),
+        t.curve_preferences.as_deref(),
+        &versions,
+    )?);
     let auth = t.client_auth_type.as_deref().unwrap_or("NoClientCert");
     let roots = |required_by: &str| -> Result<Arc<RootCertStore>, FieldError> {
         let Some((pem, field)) = &client_ca else {
@@ -484,19 +504,6 @@ fn tls_config(t: &TlsSpec, dir: &Path) -> Result<Option<Arc<rustls::ServerConfig
         }
     };
 
-    let versions: Vec<&'static rustls::SupportedProtocolVersion> = match (min.version, max.version)
-    {
-        (a, b) if a == b => vec![min],
-        (rustls::ProtocolVersion::TLSv1_2, rustls::ProtocolVersion::TLSv1_3) => {
-            vec![&rustls::version::TLS13, &rustls::version::TLS12]
-        }
-        _ => {
-            return Err(field_err(
-                "max_version",
-                "is below min_version; raise it or lower min_version",
-            ))
-        }
-    };
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&versions)
         .map_err(|e| field_err("min_version", e.to_string()))?
@@ -1038,14 +1045,78 @@ mod tests {
         let e = load_err("tls_server_config:\n  key_file: k\n");
         assert_eq!(e.field, "tls_server_config.cert_file", "{e}");
 
-        let e = load_err("tls_server_config:\n  cert_file: c\n  key_file: k\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n");
-        assert_eq!(e.field, "tls_server_config.cipher_suites", "{e}");
-
         let e = load_err("rate_limit:\n  interval: 1s\n  burst: 2\n");
         assert_eq!(e.field, "rate_limit", "{e}");
 
         let e = load_err("bogus: 1\n");
         assert!(e.message.contains("bogus"), "{e}");
+    }
+
+    /// A server certificate and key, and a client CA, in `d`.
+    fn pki(d: &Path) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        write(d, "server.pem", &cert.pem());
+        write(d, "server.key", &key.serialize_pem());
+        write(d, "ca.pem", &cert.pem());
+    }
+
+    const TLS: &str = "tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n";
+
+    #[test]
+    fn a_fleets_cipher_and_curve_settings_load() {
+        let d = temp_dir();
+        pki(&d);
+        let c = WebConfig::load(&write(
+            &d,
+            "web.yml",
+            &format!(
+                "{TLS}  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.pem\n  \
+                 cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, TLS_AES_128_GCM_SHA256]\n  \
+                 curve_preferences: [X25519, CurveP256]\n"
+            ),
+        ))
+        .unwrap();
+        let tls = c.tls().unwrap();
+        let suites: Vec<u16> = tls
+            .crypto_provider()
+            .cipher_suites
+            .iter()
+            .map(|s| u16::from(s.suite()))
+            .collect();
+        assert_eq!(suites, [0x1301, 0xc02b]);
+        assert_eq!(tls.crypto_provider().kx_groups.len(), 2);
+    }
+
+    #[test]
+    fn tls_settings_that_cannot_be_kept_are_refused_by_name() {
+        let d = temp_dir();
+        pki(&d);
+        for (more, field, says) in [
+            (
+                "  cipher_suites: [TLS_RSA_WITH_AES_128_CBC_SHA]\n",
+                "cipher_suites",
+                "TLS_RSA_WITH_AES_128_CBC_SHA is not offered",
+            ),
+            (
+                "  curve_preferences: [CurveP521]\n",
+                "curve_preferences",
+                "CurveP521 is not offered",
+            ),
+            ("  curve_preferences: X25519\n", "", "curve_preferences"),
+        ] {
+            let f = write(&d, "web.yml", &format!("{TLS}{more}"));
+            let e = WebConfig::load(&f).unwrap_err();
+            if field.is_empty() {
+                assert!(e.to_string().contains(says), "{more}: {e}");
+            } else {
+                assert_eq!(e.field, format!("tls_server_config.{field}"), "{more}: {e}");
+                assert!(e.message.contains(says), "{more}: {e}");
+            }
+        }
     }
 
     #[test]
