@@ -14,11 +14,10 @@
 //! `http_server_config.headers` adds exporter-toolkit's security headers to
 //! every answer (the same five names, the same allowed values); `http2`
 //! is accepted either way, as only HTTP/1.1 is served. `cipher_suites` and
-//! `curve_preferences` ([`crypto`]) are kept exactly or the file is
-//! refused. Fields of the format this exporter does not implement
-//! (client_allowed_sans, rate_limit) are refused by name rather than
-//! ignored: a file that asks for client SAN checks must not be served
-//! without them.
+//! `curve_preferences` ([`crypto`]) and `client_allowed_sans`
+//! ([`client_sans`]) are kept exactly or the file is refused. `rate_limit`,
+//! which this exporter does not implement, is refused by name rather than
+//! ignored: a file that asks for a limit must not be served without it.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -41,6 +40,7 @@ use hyper::header::{HeaderName, HeaderValue};
 
 use crate::metrics::Family;
 
+mod client_sans;
 mod crypto;
 
 /// A web config that cannot be used: the file, the field (dotted path, empty
@@ -91,7 +91,7 @@ struct TlsSpec {
     prefer_server_cipher_suites: Option<bool>,
     cipher_suites: Option<Vec<String>>,
     curve_preferences: Option<Vec<String>>,
-    client_allowed_sans: Option<serde_norway::Value>,
+    client_allowed_sans: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -391,12 +391,49 @@ fn versions(
     }
 }
 
+/// `verifier` with `client_allowed_sans` checked after it.
+fn allowed_sans(
+    verifier: Arc<dyn ClientCertVerifier>,
+    allowed: &[String],
+    auth: &str,
+) -> Result<Arc<dyn ClientCertVerifier>, FieldError> {
+    // As exporter-toolkit: a client that may withhold its certificate
+    // leaves nothing to match, so the list would be a promise not kept.
+    if !matches!(
+        auth,
+        "RequireAndVerifyClientCert" | "RequireAnyClientCert" | "RequireClientCert"
+    ) {
+        return Err(field_err(
+            "client_allowed_sans",
+            format!(
+                "needs every client to show a certificate, but client_auth_type is {auth}; set \
+                 client_auth_type: RequireAndVerifyClientCert (with client_ca_file), or remove \
+                 client_allowed_sans"
+            ),
+        ));
+    }
+    if allowed.is_empty() {
+        return Err(field_err(
+            "client_allowed_sans",
+            "is empty, so no client would be served; list the DNS, IP, email or URI SANs of \
+             the clients to serve, or remove it",
+        ));
+    }
+    if let Some(i) = allowed.iter().position(|s| s.trim().is_empty()) {
+        return Err(field_err(
+            &format!("client_allowed_sans[{i}]"),
+            "is empty, and no certificate has an empty SAN; remove it",
+        ));
+    }
+    Ok(Arc::new(client_sans::AllowedSans::new(
+        verifier,
+        allowed.to_vec(),
+    )))
+}
+
 /// The rustls server config the spec describes; `None` when it sets no TLS
 /// field at all (exporter-toolkit's "TLS config is not present").
 fn tls_config(t: &TlsSpec, dir: &Path) -> Result<Option<Arc<rustls::ServerConfig>>, FieldError> {
-    if t.client_allowed_sans.is_some() {
-        return Err(field_err("client_allowed_sans", unsupported()));
-    }
     let min = tls_version(&t.min_version, "min_version")?.unwrap_or(&rustls::version::TLS12);
     let max = tls_version(&t.max_version, "max_version")?.unwrap_or(&rustls::version::TLS13);
     let enabled = t.cert.is_some()
@@ -504,6 +541,10 @@ fn tls_config(t: &TlsSpec, dir: &Path) -> Result<Option<Arc<rustls::ServerConfig
         }
     };
 
+    let verifier = match &t.client_allowed_sans {
+        None => verifier,
+        Some(allowed) => allowed_sans(verifier, allowed, auth)?,
+    };
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&versions)
         .map_err(|e| field_err("min_version", e.to_string()))?
@@ -1067,7 +1108,7 @@ mod tests {
     const TLS: &str = "tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n";
 
     #[test]
-    fn a_fleets_cipher_and_curve_settings_load() {
+    fn a_fleets_cipher_curve_and_san_settings_load() {
         let d = temp_dir();
         pki(&d);
         let c = WebConfig::load(&write(
@@ -1076,7 +1117,8 @@ mod tests {
             &format!(
                 "{TLS}  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.pem\n  \
                  cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, TLS_AES_128_GCM_SHA256]\n  \
-                 curve_preferences: [X25519, CurveP256]\n"
+                 curve_preferences: [X25519, CurveP256]\n  \
+                 client_allowed_sans: [prometheus.example, 10.0.0.7]\n"
             ),
         ))
         .unwrap();
@@ -1097,6 +1139,26 @@ mod tests {
         pki(&d);
         for (more, field, says) in [
             (
+                "  client_auth_type: VerifyClientCertIfGiven\n  client_ca_file: ca.pem\n  client_allowed_sans: [a]\n",
+                "client_allowed_sans",
+                "client_auth_type is VerifyClientCertIfGiven",
+            ),
+            (
+                "  client_allowed_sans: [a]\n",
+                "client_allowed_sans",
+                "client_auth_type is NoClientCert",
+            ),
+            (
+                "  client_auth_type: RequireAnyClientCert\n  client_allowed_sans: []\n",
+                "client_allowed_sans",
+                "no client would be served",
+            ),
+            (
+                "  client_auth_type: RequireAnyClientCert\n  client_allowed_sans: [a, '']\n",
+                "client_allowed_sans[1]",
+                "is empty",
+            ),
+            (
                 "  cipher_suites: [TLS_RSA_WITH_AES_128_CBC_SHA]\n",
                 "cipher_suites",
                 "TLS_RSA_WITH_AES_128_CBC_SHA is not offered",
@@ -1106,7 +1168,11 @@ mod tests {
                 "curve_preferences",
                 "CurveP521 is not offered",
             ),
-            ("  curve_preferences: X25519\n", "", "curve_preferences"),
+            (
+                "  curve_preferences: X25519\n",
+                "",
+                "curve_preferences",
+            ),
         ] {
             let f = write(&d, "web.yml", &format!("{TLS}{more}"));
             let e = WebConfig::load(&f).unwrap_err();

@@ -41,11 +41,24 @@ impl Ca {
     /// A leaf certificate and key: for the server (localhost, 127.0.0.1)
     /// or a client. Returns (cert, key) paths.
     fn leaf(&self, dir: &Path, name: &str, server: bool) -> (PathBuf, PathBuf) {
-        let sans = if server {
-            vec!["localhost".to_string(), "127.0.0.1".to_string()]
+        let sans: &[&str] = if server {
+            &["localhost", "127.0.0.1"]
         } else {
-            Vec::new()
+            &[]
         };
+        self.leaf_with_sans(dir, name, sans, server)
+    }
+
+    /// As [`Ca::leaf`], with these subject alternative names (an IP
+    /// address as text becomes an IP SAN, anything else a DNS name).
+    fn leaf_with_sans(
+        &self,
+        dir: &Path,
+        name: &str,
+        sans: &[&str],
+        server: bool,
+    ) -> (PathBuf, PathBuf) {
+        let sans: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
         let mut params = CertificateParams::new(sans).unwrap();
         params.distinguished_name.push(DnType::CommonName, name);
         params.extended_key_usages = vec![if server {
@@ -307,6 +320,83 @@ fn mtls_refuses_clients_without_a_certificate_from_the_client_ca() {
     assert_eq!(s.status, 0, "served a certificate of another CA: {s:?}");
     let log = r.stop();
     assert!(log.contains("tls=true"), "{log}");
+}
+
+/// A fleet's node_exporter TLS settings, all three at once: only a client
+/// certificate carrying an allowed SAN is served (another from the same CA
+/// is refused), and only the named TLS 1.2 and 1.3 suites and the named
+/// curve are agreed on. curl (OpenSSL) is the client, so the names are
+/// checked against a second TLS implementation.
+#[test]
+fn client_allowed_sans_cipher_suites_and_curves_are_kept() {
+    let dir = volumes_dir("fleet");
+    let server_ca = Ca::new(&dir, "server");
+    let client_ca = Ca::new(&dir, "client");
+    server_ca.leaf(&dir, "server", true);
+    let allowed = client_ca.leaf_with_sans(
+        &dir,
+        "prometheus",
+        &["prometheus.example", "10.0.0.7"],
+        false,
+    );
+    let other = client_ca.leaf_with_sans(&dir, "grafana", &["grafana.example"], false);
+    let cfg = write_config(
+        &dir,
+        "tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n  \
+         client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: client-ca.pem\n  \
+         client_allowed_sans: [10.0.0.7, spiffe://example.org/prometheus]\n  \
+         cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384, TLS_AES_256_GCM_SHA384]\n  \
+         curve_preferences: [CurveP384]\n",
+    );
+    let r = start(&dir, &cfg);
+    let served = Client {
+        ca: Some(server_ca.cert.clone()),
+        cert: Some(allowed.clone()),
+        ..Client::default()
+    };
+    wait_ready(&served, &https(&r, "/healthz"));
+    let s = served.get(&https(&r, "/metrics"));
+    assert_eq!(s.status, 200, "{s:?}");
+    assert!(has_volume(&s.body));
+
+    let s = Client {
+        cert: Some(other.clone()),
+        ..served.clone()
+    }
+    .get(&https(&r, "/metrics"));
+    assert_eq!(
+        s.status, 0,
+        "served a certificate without an allowed SAN: {s:?}"
+    );
+    assert!(!has_volume(&s.body));
+    let s = Client {
+        cert: None,
+        ..served.clone()
+    }
+    .get(&https(&r, "/metrics"));
+    assert_eq!(s.status, 0, "served without a client certificate: {s:?}");
+
+    let (cert, key) = (allowed.0.to_str().unwrap(), allowed.1.to_str().unwrap());
+    for (options, want) in [
+        (
+            "--tls-max 1.2 --ciphers ECDHE-ECDSA-AES256-GCM-SHA384",
+            "200",
+        ),
+        (
+            "--tls-max 1.2 --ciphers ECDHE-ECDSA-AES128-GCM-SHA256",
+            "000",
+        ),
+        ("--tlsv1.3 --tls13-ciphers TLS_AES_256_GCM_SHA384", "200"),
+        ("--tlsv1.3 --tls13-ciphers TLS_AES_128_GCM_SHA256", "000"),
+        ("--curves P-384", "200"),
+        ("--curves X25519:P-256", "000"),
+    ] {
+        let mut args = vec!["--cert", cert, "--key", key];
+        args.extend(options.split(' '));
+        let (code, out) = healthz_with(&server_ca, &r, &args);
+        assert_eq!(code, want, "{options}: {out:?}");
+    }
+    r.stop();
 }
 
 #[test]
