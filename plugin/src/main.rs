@@ -122,7 +122,11 @@ fn admin(op: &str, booleans: &[&str], args: &[OsString]) -> ExitCode {
 fn install(args: &[OsString]) -> ExitCode {
     let dir = match args {
         [flag, dir] if flag == "--plugin-dir" => Path::new(dir).to_path_buf(),
-        [flag] if flag.to_str().is_some_and(|f| f.starts_with("--plugin-dir=")) => {
+        [flag]
+            if flag
+                .to_str()
+                .is_some_and(|f| f.starts_with("--plugin-dir=")) =>
+        {
             Path::new(&flag.to_str().unwrap()["--plugin-dir=".len()..]).to_path_buf()
         }
         _ => {

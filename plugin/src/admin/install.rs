@@ -110,7 +110,8 @@ mod tests {
     use std::sync::Arc;
 
     fn scratch(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("prjquota-install-{name}-{}", std::process::id()));
+        let d =
+            std::env::temp_dir().join(format!("prjquota-install-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&d);
         fs::create_dir_all(d.join("host_volume_plugins")).unwrap();
         d
