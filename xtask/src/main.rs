@@ -19,6 +19,7 @@ mod deps;
 mod dist;
 mod docs;
 mod kernels;
+mod notice;
 mod stress;
 mod systemd;
 mod test;
