@@ -168,6 +168,13 @@ pub fn build() -> Result<Dist> {
     std::fs::write(out.join("SHA256SUMS"), &sums.stdout)?;
     print!("{}", String::from_utf8_lossy(&sums.stdout));
 
+    header("lint: lintian and rpmlint");
+    crate::lint::run(
+        &root,
+        &out.join(&deb),
+        &out.join(&rpm),
+        crate::lint::Build::Release,
+    )?;
     println!("in {}", out.display());
     Ok(Dist {
         deb: out.join(&deb),

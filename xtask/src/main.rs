@@ -19,6 +19,7 @@ mod deps;
 mod dist;
 mod docs;
 mod kernels;
+mod lint;
 mod notice;
 mod stress;
 mod systemd;
