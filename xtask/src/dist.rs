@@ -2,11 +2,16 @@
 //! - `prjquota-<version>-x86_64-linux.tar.gz`: statically linked `prjquota`
 //!   and `prjquota-exporter`, their man pages and completions under
 //!   `share/` (as under `/usr/local`), `deploy/`, the dashboard, the rules,
-//!   the runbooks, README and LICENSE;
+//!   the runbooks, README, LICENSE and THIRD-PARTY-LICENSES;
 //! - `prjquota_<version>-1_amd64.deb`, built by Debian's own `dpkg-deb`;
 //! - `prjquota-<version>-1.x86_64.rpm`, built by `rpmbuild` (Debian's `rpm`)
-//!   from the same files and the same scripts (deploy/package);
-//! - `SHA256SUMS` over the three.
+//!   from the same files and the same scripts (deploy/package), in the RPM
+//!   family's paths (`Family`);
+//! - `prjquota-<version>-x86_64-linux-debug.tar.gz`: the binaries' symbols,
+//!   which the packages and the tarball ship stripped, by build ID;
+//! - `SHA256SUMS` over the four;
+//!
+//! then checks the .deb with lintian and the .rpm with rpmlint (`lint.rs`).
 //!
 //! Why Debian's tools and not cargo-deb/cargo-generate-rpm: each is a
 //! `cargo install` of its own in `cargo xtask deps`; cargo-deb alone took
@@ -119,6 +124,10 @@ pub fn build() -> Result<Dist> {
     ] {
         copy_tree(&root.join(item), &stage.join(item))?;
     }
+    write(
+        &stage.join(crate::notice::FILE),
+        &crate::notice::render_for_workspace(&root)?,
+    )?;
     stage_share(
         &bin_dir.join("prjquota"),
         &bin_dir.join("prjquota-exporter"),
@@ -654,7 +663,8 @@ const MAINTAINER: &str = "prjquota developers <prjquota@users.noreply.github.com
 const SUMMARY: &str = "Nomad host volumes sized by filesystem project quotas";
 const DESCRIPTION: &str = "prjquota is a Nomad dynamic host volume plugin: each volume is a \
 directory on XFS or ext4 whose size a kernel project quota enforces. This package installs \
-the plugin into Nomad's host_volume_plugin_dir (PLUGIN_DIR in /etc/default/prjquota) and \
+the plugin into Nomad's host_volume_plugin_dir (PLUGIN_DIR in /etc/default/prjquota, \
+/etc/sysconfig/prjquota in the .rpm) and \
 keeps it up to date there, the prjquota admin command, prjquota-exporter (Prometheus metrics \
 and the quota guard; systemd unit shipped but not enabled), the Grafana dashboard, the alert \
 rules and a Prometheus configuration under /usr/share/prjquota.";
