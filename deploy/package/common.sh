@@ -1,40 +1,35 @@
 # Shared by the .deb's and the .rpm's scripts (xtask/src/dist.rs puts it at
 # the top of each).
 
-# The value of KEY in /etc/default/prjquota (its last assignment, without
-# surrounding double quotes), else DEFAULT. The file is read, never run: it
-# is systemd's EnvironmentFile syntax, not a shell script.
+# The value of KEY in this node's settings, else DEFAULT: its last
+# assignment (without surrounding double quotes) in /etc/default/prjquota
+# (the .deb's), then /etc/sysconfig/prjquota (the .rpm's), the order in
+# which the unit reads them. The files are read, never run: they are
+# systemd's EnvironmentFile syntax, not shell scripts.
 prjquota_get() {
-	v=
-	if [ -r /etc/default/prjquota ]; then
-		v=$(sed -n "s/^[[:space:]]*$1=//p" /etc/default/prjquota | tail -n 1 | sed 's/^"\(.*\)"$/\1/')
-	fi
+	v=$(cat /etc/default/prjquota /etc/sysconfig/prjquota 2>/dev/null | sed -n "s/^[[:space:]]*$1=//p" | tail -n 1 | sed 's/^"\(.*\)"$/\1/')
 	echo "${v:-$2}"
 }
 
-# This node's settings: /etc/default/prjquota, else Nomad's defaults.
+# This node's settings, else Nomad's defaults.
 prjquota_settings() {
 	VOLUMES_DIR=$(prjquota_get VOLUMES_DIR /opt/nomad/data/host_volumes)
 	PLUGIN_DIR=$(prjquota_get PLUGIN_DIR /opt/nomad/data/host_volume_plugins)
 }
 
-# Puts the package's plugin into Nomad's plugin directory when it exists:
-# a regular file (Nomad 2.0.1+ refuses a symlinked plugin), written under a
-# temporary name in the same directory, flushed, then renamed over the old
-# one. Nomad starts the plugin for every create and delete; a rename swaps
-# the file in one step, so every run gets the old or the new plugin whole
-# (`install` alone unlinks the target first, and a run in between fails).
+# Puts the package's plugin into Nomad's plugin directory when it exists,
+# with `prjquota install` (plugin/src/admin/install.rs): a regular file
+# (Nomad 2.0.1+ refuses a symlinked plugin) written beside the directory,
+# flushed, then renamed over the old one, so that every create and delete
+# Nomad starts meanwhile runs the old or the new plugin whole, and nothing
+# else ever appears in the directory Nomad's fingerprint reads.
 prjquota_install_plugin() {
 	prjquota_settings
 	if [ ! -d "$PLUGIN_DIR" ]; then
-		echo "prjquota: $PLUGIN_DIR does not exist, so Nomad's plugin was not installed. Set PLUGIN_DIR in /etc/default/prjquota to the client's host_volume_plugin_dir (or create it), then reinstall the package or run: install -m 0755 /usr/lib/prjquota/prjquota \"\$PLUGIN_DIR/.prjquota.new\" && sync \"\$PLUGIN_DIR/.prjquota.new\" && mv -f \"\$PLUGIN_DIR/.prjquota.new\" \"\$PLUGIN_DIR/prjquota\"" >&2
+		echo "prjquota: $PLUGIN_DIR does not exist, so Nomad's plugin was not installed. Set PLUGIN_DIR in /etc/default/prjquota (/etc/sysconfig/prjquota on RPM systems) to the client's host_volume_plugin_dir (or create it), then reinstall the package or run: /usr/lib/prjquota/prjquota install --plugin-dir \"\$PLUGIN_DIR\"" >&2
 		return 0
 	fi
-	tmp="$PLUGIN_DIR/.prjquota.new"
-	install -m 0755 -o root -g root /usr/lib/prjquota/prjquota "$tmp"
-	sync "$tmp"
-	mv -f "$tmp" "$PLUGIN_DIR/prjquota"
-	echo "prjquota: installed the plugin as $PLUGIN_DIR/prjquota ($(/usr/lib/prjquota/prjquota --version))"
+	/usr/lib/prjquota/prjquota install --plugin-dir "$PLUGIN_DIR"
 }
 
 # On remove: the plugin stays where Nomad runs it. Nomad runs it to delete
@@ -49,4 +44,15 @@ prjquota_plugin_notice() {
 
 prjquota_systemd() {
 	[ -d /run/systemd/system ]
+}
+
+# systemctl ACTION UNIT through deb-systemd-invoke where there is one (it
+# asks policy-rc.d, and starts only an enabled unit), else systemctl
+# (start only when enabled, as deb-systemd-invoke does).
+prjquota_invoke() {
+	if command -v deb-systemd-invoke >/dev/null 2>&1; then
+		deb-systemd-invoke "$@"
+	elif [ "$1" != start ] || systemctl --quiet is-enabled "$2"; then
+		systemctl "$@"
+	fi
 }

@@ -7,6 +7,8 @@ use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 
+use anyhow::Context;
+
 use prjquota::admin;
 use prjquota::contract::{self, Operation};
 use prjquota::ops;
@@ -28,6 +30,9 @@ Operator commands (Nomad never runs these):
         the volumes on this node, fullest first
   prjquota reconcile [--volumes-dir DIR] [--plugin-dir DIR] [--fix] [--json]
         compare records, directories and quotas; --fix repairs what loses no data
+  prjquota install --plugin-dir DIR
+        put this executable into DIR as prjquota, replacing the old one in one
+        step (what the packages run; DIR: Nomad's host_volume_plugin_dir)
 
   --volumes-dir defaults to /opt/nomad/data/host_volumes; --plugin-dir to the
   directory of this executable (where prjquota.toml is looked up).
@@ -36,7 +41,7 @@ Options:
   -h, --help               this text
   -V, --version            the version
 
-Install: copy this file into the Nomad client's host_volume_plugin_dir and put
+Install: `prjquota install --plugin-dir` Nomad's host_volume_plugin_dir, and put
 host_volumes_dir on an XFS filesystem mounted with -o prjquota (see docs/install.md).";
 
 /// Prints the one JSON value Nomad reads. A failed write (closed pipe) can
@@ -112,6 +117,41 @@ fn admin(op: &str, booleans: &[&str], args: &[OsString]) -> ExitCode {
     }
 }
 
+/// `prjquota install --plugin-dir DIR`: this executable into Nomad's
+/// plugin directory (`admin::install`).
+fn install(args: &[OsString]) -> ExitCode {
+    let dir = match args {
+        [flag, dir] if flag == "--plugin-dir" => Path::new(dir).to_path_buf(),
+        [flag]
+            if flag
+                .to_str()
+                .is_some_and(|f| f.starts_with("--plugin-dir=")) =>
+        {
+            Path::new(&flag.to_str().unwrap()["--plugin-dir=".len()..]).to_path_buf()
+        }
+        _ => {
+            eprintln!("prjquota install: expected --plugin-dir DIR\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let installed = std::env::current_exe()
+        .context("find this executable (/proc/self/exe)")
+        .and_then(|src| admin::install::install(&src, &dir));
+    match installed {
+        Ok(path) => {
+            println!(
+                "prjquota: installed the plugin as {} (prjquota {VERSION})",
+                path.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("prjquota install: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     // A bug must still give Nomad an error object rather than empty stdout
     // (which Nomad takes as an unparsable success).
@@ -133,6 +173,9 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         _ => {}
+    }
+    if op == "install" {
+        return install(&args[2..]);
     }
     if let Some(booleans) = admin::booleans(op) {
         return admin(op, booleans, &args[2..]);

@@ -37,6 +37,8 @@ const PLUGIN: &str = "usr/lib/prjquota/prjquota";
 const ADMIN: &str = "usr/bin/prjquota";
 const GENERATOR: &str = "usr/lib/systemd/system-generators/prjquota-exporter-generator";
 const CONFFILE: &str = "etc/default/prjquota";
+/// The .rpm's settings, where the RPM family keeps them.
+const CONFFILE_RPM: &str = "etc/sysconfig/prjquota";
 /// The nomad.service drop-in the package ships, not active.
 const NOMAD_DROP_IN: &str = "usr/share/doc/prjquota/nomad-requires-prjquota.conf";
 /// Nomad's default host_volume_plugin_dir, PLUGIN_DIR's default.
@@ -535,14 +537,14 @@ fn the_deb_installs_its_unit_verifies_and_a_purge_leaves_nothing() {
     eprintln!("after the purge the overlay holds only dpkg's records: {written:?}");
 }
 
-/// docs/install.md's hand install of the plugin: the line that starts with
-/// `install -m 0755` and renames (never `install` onto the target, which
-/// unlinks it first: a create in between fails).
+/// docs/install.md's hand install of the plugin: `prjquota install`, which
+/// renames the new plugin over the old one (never `install` onto the
+/// target, which unlinks it first: a create in between fails).
 fn hand_install_line() -> String {
     let doc = include_str!("../../docs/install.md");
     let line = doc
         .lines()
-        .find(|l| l.starts_with("install -m 0755 ") && l.contains("&& mv -f "))
+        .find(|l| l.starts_with("/usr/lib/prjquota/prjquota install --plugin-dir "))
         .expect("docs/install.md has the plugin's hand install one-liner");
     line.to_string()
 }
@@ -583,9 +585,30 @@ fn the_rpm_holds_the_debs_files_and_scripts() {
         .filter(|l| !l.starts_with('d'))
         .filter_map(|l| l.split_whitespace().last())
         .map(|p| p.trim_start_matches('.').to_string())
-        // zsh's completions have another home on Fedora.
+        // zsh's completions, the settings and the licence notice have other
+        // homes on Fedora; Debian's copyright, changelog and lintian
+        // overrides have none.
         .map(|p| p.replace(&format!("/{ZSH_DEB}/"), &format!("/{ZSH_RPM}/")))
+        .map(|p| p.replace(&format!("/{CONFFILE}"), &format!("/{CONFFILE_RPM}")))
+        .map(|p| {
+            p.replace(
+                "/usr/share/doc/prjquota/THIRD-PARTY-LICENSES",
+                "/usr/share/licenses/prjquota/THIRD-PARTY-LICENSES",
+            )
+        })
+        .filter(|p| {
+            ![
+                "/usr/share/doc/prjquota/copyright",
+                "/usr/share/doc/prjquota/changelog.Debian.gz",
+                "/usr/share/lintian/overrides/prjquota",
+            ]
+            .contains(&p.as_str())
+        })
         .collect();
+    for licence in ["LICENSE", "THIRD-PARTY-LICENSES"] {
+        let f = format!("/usr/share/licenses/prjquota/{licence}");
+        assert!(rpm_files.contains(&f), "no {f} in the .rpm: {rpm_files:?}");
+    }
     for p in completions(ZSH_RPM) {
         assert!(
             deb_files.contains(&format!("/{p}")),
@@ -600,7 +623,7 @@ fn the_rpm_holds_the_debs_files_and_scripts() {
     }
     assert_eq!(
         q(&["-c"]).trim(),
-        format!("/{CONFFILE}"),
+        format!("/{CONFFILE_RPM}"),
         "the .rpm's config files"
     );
     let perms = q(&["--qf", "[%{FILEMODES:perms} %{FILENAMES}\n]"]);
@@ -618,7 +641,7 @@ fn the_rpm_holds_the_debs_files_and_scripts() {
         ),
         (
             "the atomic rename",
-            "mv -f \"$tmp\" \"$PLUGIN_DIR/prjquota\"",
+            "/usr/lib/prjquota/prjquota install --plugin-dir \"$PLUGIN_DIR\"",
         ),
         (
             "a restart on upgrade",

@@ -63,6 +63,14 @@ const APT_PACKAGES: &[(&str, &str)] = &[
         "rpmbuild, which makes the .rpm of `cargo xtask dist`, and rpm -qp, which checks it",
     ),
     (
+        "lintian",
+        "Debian's checks of the .deb, run by `cargo xtask test` (xtask/src/lint.rs)",
+    ),
+    (
+        "rpmlint",
+        "the RPM family's checks of the .rpm, run by `cargo xtask test` (xtask/src/lint.rs)",
+    ),
+    (
         "help2man",
         "the packages' man pages, from the binaries' --help (xtask/src/dist.rs)",
     ),

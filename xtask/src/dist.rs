@@ -2,11 +2,16 @@
 //! - `prjquota-<version>-x86_64-linux.tar.gz`: statically linked `prjquota`
 //!   and `prjquota-exporter`, their man pages and completions under
 //!   `share/` (as under `/usr/local`), `deploy/`, the dashboard, the rules,
-//!   the runbooks, README and LICENSE;
+//!   the runbooks, README, LICENSE and THIRD-PARTY-LICENSES;
 //! - `prjquota_<version>-1_amd64.deb`, built by Debian's own `dpkg-deb`;
 //! - `prjquota-<version>-1.x86_64.rpm`, built by `rpmbuild` (Debian's `rpm`)
-//!   from the same files and the same scripts (deploy/package);
-//! - `SHA256SUMS` over the three.
+//!   from the same files and the same scripts (deploy/package), in the RPM
+//!   family's paths (`Family`);
+//! - `prjquota-<version>-x86_64-linux-debug.tar.gz`: the binaries' symbols,
+//!   which the packages and the tarball ship stripped, by build ID;
+//! - `SHA256SUMS` over the four;
+//!
+//! then checks the .deb with lintian and the .rpm with rpmlint (`lint.rs`).
 //!
 //! Why Debian's tools and not cargo-deb/cargo-generate-rpm: each is a
 //! `cargo install` of its own in `cargo xtask deps`; cargo-deb alone took
@@ -106,6 +111,7 @@ pub fn build() -> Result<Dist> {
     let stage = fresh_dir(&out.join(&name))?;
     for bin in BINS {
         install_file(&bin_dir.join(bin), &stage.join("bin").join(bin), 0o755)?;
+        strip(&stage.join("bin").join(bin))?;
     }
     for item in [
         "deploy",
@@ -118,6 +124,10 @@ pub fn build() -> Result<Dist> {
     ] {
         copy_tree(&root.join(item), &stage.join(item))?;
     }
+    write(
+        &stage.join(crate::notice::FILE),
+        &crate::notice::render_for_workspace(&root)?,
+    )?;
     stage_share(
         &bin_dir.join("prjquota"),
         &bin_dir.join("prjquota-exporter"),
@@ -149,10 +159,13 @@ pub fn build() -> Result<Dist> {
         &epoch,
     )?;
 
+    header("debug symbols");
+    let debug = debug_archive(&bin_dir, &out, &epoch)?;
+
     header("SHA256SUMS");
     let sums = Command::new("sha256sum")
         .current_dir(&out)
-        .args([&tarball, &deb, &rpm])
+        .args([&tarball, &deb, &rpm, &debug])
         .output()
         .context("run sha256sum (coreutils)")?;
     if !sums.status.success() {
@@ -163,12 +176,78 @@ pub fn build() -> Result<Dist> {
     }
     std::fs::write(out.join("SHA256SUMS"), &sums.stdout)?;
     print!("{}", String::from_utf8_lossy(&sums.stdout));
+
+    header("lint: lintian and rpmlint");
+    crate::lint::run(
+        &root,
+        &out.join(&deb),
+        &out.join(&rpm),
+        crate::lint::Build::Release,
+    )?;
     println!("in {}", out.display());
     Ok(Dist {
         deb: out.join(&deb),
         rpm: out.join(&rpm),
         bin_dir,
     })
+}
+
+/// `prjquota-<version>-x86_64-linux-debug.tar.gz`: what stripping took
+/// out of the shipped binaries (their symbol tables; the release profile
+/// keeps no DWARF), as `objcopy --only-keep-debug` files under
+/// `usr/lib/debug/.build-id/`, where gdb, perf and eu-stack look them up
+/// by the build ID the stripped binaries keep. Unpacked into /, a
+/// backtrace of a shipped binary has its function names. Returns its name.
+fn debug_archive(bin_dir: &Path, out: &Path, epoch: &str) -> Result<String> {
+    let name = format!("prjquota-{}-x86_64-linux-debug", env!("CARGO_PKG_VERSION"));
+    let stage = fresh_dir(&out.join(&name))?;
+    for bin in BINS {
+        let path = bin_dir.join(bin);
+        let o = Command::new("readelf")
+            .args(["-n"])
+            .arg(&path)
+            .output()
+            .context("run readelf (binutils)")?;
+        let notes = String::from_utf8_lossy(&o.stdout);
+        let id = build_id(&notes).with_context(|| {
+            format!(
+                "{} has no build ID (readelf -n): the linker must be run with --build-id",
+                path.display()
+            )
+        })?;
+        let debug = stage.join(debug_path(&id));
+        std::fs::create_dir_all(debug.parent().unwrap())?;
+        run(Command::new("objcopy")
+            .arg("--only-keep-debug")
+            .arg(&path)
+            .arg(&debug))?;
+        println!(
+            "{bin}: build ID {id}, symbols in {name}.tar.gz:/{}",
+            debug_path(&id)
+        );
+    }
+    // Its paths start at usr/: `tar -xzf ... -C /` puts them in place.
+    let tarball = format!("{name}.tar.gz");
+    tar_gz(&stage, "usr", &out.join(&tarball), epoch)?;
+    Ok(tarball)
+}
+
+/// The build ID in `readelf -n`'s output.
+pub fn build_id(readelf_notes: &str) -> Option<String> {
+    readelf_notes
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .map(|id| id.trim().to_ascii_lowercase())
+        .filter(|id| id.len() > 2 && id.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
+/// Where debuggers look up the symbols of the binary with this build ID.
+pub fn debug_path(build_id: &str) -> String {
+    format!(
+        "usr/lib/debug/.build-id/{}/{}.debug",
+        &build_id[..2],
+        &build_id[2..]
+    )
 }
 
 /// `prjquota_<version>-1_amd64.deb`.
@@ -270,22 +349,72 @@ const REVISION: &str = "1";
 /// The maintainer scripts' shared functions, put at the top of each.
 const SCRIPT_COMMON: &str = "deploy/package/common.sh";
 
+/// What a package is for: the Debian or the RPM family, whose paths for
+/// the settings, the licences, the changelog and zsh's completions differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    Deb,
+    Rpm,
+}
+
+impl Family {
+    /// The node's settings, a conffile (`%config(noreplace)`).
+    pub fn conffile(self) -> &'static str {
+        match self {
+            Family::Deb => "etc/default/prjquota",
+            Family::Rpm => "etc/sysconfig/prjquota",
+        }
+    }
+
+    fn zsh_dir(self) -> &'static str {
+        match self {
+            Family::Deb => crate::completions::ZSH_DEB,
+            Family::Rpm => crate::completions::ZSH_RPM,
+        }
+    }
+
+    /// Where LICENSE and the third-party notice go: Debian's doc directory
+    /// (the copyright file refers to the notice), the RPM's %license one.
+    pub fn licence_dir(self) -> &'static str {
+        match self {
+            Family::Deb => DOC_DIR,
+            Family::Rpm => "usr/share/licenses/prjquota",
+        }
+    }
+}
+
+/// The package's documentation.
+const DOC_DIR: &str = "usr/share/doc/prjquota";
+
+/// The lintian overrides the .deb ships, each with its reason.
+pub const LINTIAN_OVERRIDES: &str = "deploy/package/lintian-overrides";
+
+/// The settings file for `family`: deploy/package/default, naming the
+/// family's path in its comments.
+pub fn settings_text(default: &str, family: Family) -> String {
+    default.replace("/etc/default/prjquota", &format!("/{}", family.conffile()))
+}
+
 /// The files both packages install, staged under `d`: the exporter and the
 /// admin wrapper on PATH, the plugin as a regular file that the scripts put
 /// into Nomad's plugin directory (Nomad 2.0.1+ refuses symlinked plugins),
-/// the unit (shipped, not enabled) and its generator, the node's settings
-/// (a conffile), the dashboard, the rules and the Prometheus configuration.
-/// zsh's completions go to `zsh_dir` (Debian and Fedora differ).
+/// both binaries stripped (`cargo xtask dist` keeps their symbols in the
+/// debug archive), the unit (shipped, not enabled) and its generator, the
+/// node's settings (a conffile), the dashboard, the rules, the Prometheus
+/// configuration, and the licences: the project's and the crates' linked
+/// in (`notice.rs`).
 fn stage_files(
     root: &Path,
     plugin: &Path,
     exporter: &Path,
     d: &Path,
     epoch: &str,
-    zsh_dir: &str,
+    family: Family,
 ) -> Result<()> {
     install_file(exporter, &d.join("usr/bin/prjquota-exporter"), 0o755)?;
     install_file(plugin, &d.join(PLUGIN_PATH), 0o755)?;
+    strip(&d.join("usr/bin/prjquota-exporter"))?;
+    strip(&d.join(PLUGIN_PATH))?;
     install_file(
         &root.join("deploy/package/prjquota"),
         &d.join("usr/bin/prjquota"),
@@ -301,7 +430,6 @@ fn stage_files(
             "deploy/systemd/prjquota-exporter.service",
             "usr/lib/systemd/system/prjquota-exporter.service",
         ),
-        ("deploy/package/default", CONFFILE),
         (
             "dashboards/prjquota.json",
             "usr/share/prjquota/dashboards/prjquota.json",
@@ -326,16 +454,98 @@ fn stage_files(
             "usr/share/doc/prjquota/nomad-requires-prjquota.conf",
         ),
         ("README.md", "usr/share/doc/prjquota/README.md"),
-        ("LICENSE", "usr/share/doc/prjquota/copyright"),
     ] {
         install_file(&root.join(from), &d.join(to), 0o644)?;
     }
+    let default = std::fs::read_to_string(root.join("deploy/package/default"))?;
+    write(&d.join(family.conffile()), &settings_text(&default, family))?;
+    let licences = d.join(family.licence_dir());
+    write(
+        &licences.join(crate::notice::FILE),
+        &crate::notice::render_for_workspace(root)?,
+    )?;
     stage_man_pages(plugin, exporter, d, epoch)?;
-    crate::completions::stage(exporter, d, zsh_dir)?;
-    // Debian policy: the changelog, gzipped with no timestamp.
-    let changelog = d.join("usr/share/doc/prjquota/changelog.Debian");
-    write(&changelog, &debian_changelog(epoch)?)?;
-    run(Command::new("gzip").args(["-n", "-9"]).arg(&changelog))
+    crate::completions::stage(exporter, d, family.zsh_dir())?;
+    match family {
+        Family::Deb => {
+            let years = copyright_years(root, epoch)?;
+            write(&licences.join("copyright"), &debian_copyright(&years))?;
+            install_file(
+                &root.join(LINTIAN_OVERRIDES),
+                &d.join("usr/share/lintian/overrides/prjquota"),
+                0o644,
+            )?;
+            // Debian policy: the changelog, gzipped with no timestamp.
+            let changelog = d.join(DOC_DIR).join("changelog.Debian");
+            write(&changelog, &debian_changelog(epoch)?)?;
+            run(Command::new("gzip").args(["-n", "-9"]).arg(&changelog))
+        }
+        Family::Rpm => install_file(&root.join("LICENSE"), &licences.join("LICENSE"), 0o644),
+    }
+}
+
+/// Strips a staged binary as dh_strip does an executable: the symbol
+/// table and what debuggers read go (the debug archive keeps them), the
+/// build ID that finds them stays.
+fn strip(bin: &Path) -> Result<()> {
+    run(Command::new("strip")
+        .args(["--remove-section=.comment", "--remove-section=.note"])
+        .arg(bin))
+}
+
+/// The years of the project's history: its first commit's to the build's
+/// (SOURCE_DATE_EPOCH's alone outside a git checkout).
+fn copyright_years(root: &Path, epoch: &str) -> Result<String> {
+    let year = |args: &[&str]| -> Option<String> {
+        let o = Command::new(args[0])
+            .args(&args[1..])
+            .current_dir(root)
+            .output()
+            .ok()?;
+        let y = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .next()?
+            .trim()
+            .to_string();
+        (o.status.success() && y.len() == 4).then_some(y)
+    };
+    let last = year(&["date", "-u", "+%Y", "-d", &format!("@{epoch}")])
+        .with_context(|| format!("the year of SOURCE_DATE_EPOCH {epoch}"))?;
+    let first = year(&[
+        "git",
+        "log",
+        "--reverse",
+        "--format=%ad",
+        "--date=format:%Y",
+    ]);
+    Ok(match first {
+        Some(f) if f < last => format!("{f}-{last}"),
+        _ => last,
+    })
+}
+
+/// The machine-readable copyright file (DEP-5): the project's licence,
+/// and the notice of what the static binaries link.
+fn debian_copyright(years: &str) -> String {
+    format!(
+        "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n\
+         Upstream-Name: prjquota\n\
+         Upstream-Contact: {MAINTAINER}\n\
+         Source: https://github.com/prjquota/prjquota\n\
+         \n\
+         Files: *\n\
+         Copyright: {years} prjquota developers\n\
+         License: MPL-2.0\n\
+         Comment: /usr/bin/prjquota-exporter and /usr/lib/prjquota/prjquota are\n \
+         statically linked: they contain third-party Rust crates and the GNU C\n \
+         Library. /{DOC_DIR}/{notice} lists each crate with\n \
+         its version and licence, and holds their licence texts.\n\
+         \n\
+         License: MPL-2.0\n \
+         On Debian systems, the complete text of the Mozilla Public License\n \
+         version 2.0 can be found in /usr/share/common-licenses/MPL-2.0.\n",
+        notice = crate::notice::FILE,
+    )
 }
 
 /// The tarball's `share/`, laid out as under `/usr/local`: man pages and
@@ -428,8 +638,6 @@ fn stage_man_pages(plugin: &Path, exporter: &Path, d: &Path, epoch: &str) -> Res
 
 /// Where the package puts the plugin (the scripts copy it from there).
 const PLUGIN_PATH: &str = "usr/lib/prjquota/prjquota";
-/// The node's settings, kept across upgrades.
-const CONFFILE: &str = "etc/default/prjquota";
 
 /// One entry for this version, dated by the commit (reproducible); the
 /// project's own CHANGELOG.md, in the package's docs, says what changed.
@@ -444,7 +652,8 @@ fn debian_changelog(epoch: &str) -> Result<String> {
     let date = String::from_utf8_lossy(&o.stdout).trim().to_string();
     Ok(format!(
         "prjquota ({v}-{REVISION}) unstable; urgency=medium\n\n  \
-         * prjquota {v}: see https://github.com/prjquota/prjquota/blob/v{v}/CHANGELOG.md\n\n \
+         * prjquota {v}. What changed: CHANGELOG.md at\n    \
+         https://github.com/prjquota/prjquota/blob/v{v}/CHANGELOG.md\n\n \
          -- {MAINTAINER}  {date}\n",
         v = env!("CARGO_PKG_VERSION")
     ))
@@ -454,7 +663,8 @@ const MAINTAINER: &str = "prjquota developers <prjquota@users.noreply.github.com
 const SUMMARY: &str = "Nomad host volumes sized by filesystem project quotas";
 const DESCRIPTION: &str = "prjquota is a Nomad dynamic host volume plugin: each volume is a \
 directory on XFS or ext4 whose size a kernel project quota enforces. This package installs \
-the plugin into Nomad's host_volume_plugin_dir (PLUGIN_DIR in /etc/default/prjquota) and \
+the plugin into Nomad's host_volume_plugin_dir (PLUGIN_DIR in /etc/default/prjquota, \
+/etc/sysconfig/prjquota in the .rpm) and \
 keeps it up to date there, the prjquota admin command, prjquota-exporter (Prometheus metrics \
 and the quota guard; systemd unit shipped but not enabled), the Grafana dashboard, the alert \
 rules and a Prometheus configuration under /usr/share/prjquota.";
@@ -469,14 +679,7 @@ fn script(root: &Path, name: &str) -> Result<String> {
 /// The .deb's tree: the files, then `DEBIAN/` (control, conffiles,
 /// md5sums, the maintainer scripts).
 fn stage_deb(root: &Path, plugin: &Path, exporter: &Path, d: &Path, epoch: &str) -> Result<()> {
-    stage_files(
-        root,
-        plugin,
-        exporter,
-        d,
-        epoch,
-        crate::completions::ZSH_DEB,
-    )?;
+    stage_files(root, plugin, exporter, d, epoch, Family::Deb)?;
     let size_kib = du_kib(d)?;
     let version = env!("CARGO_PKG_VERSION");
     let description = wrap_description(DESCRIPTION);
@@ -494,7 +697,8 @@ fn stage_deb(root: &Path, plugin: &Path, exporter: &Path, d: &Path, epoch: &str)
              Description: {SUMMARY}\n{description}"
         ),
     )?;
-    write(&d.join("DEBIAN/conffiles"), &format!("/{CONFFILE}\n"))?;
+    let conffile = Family::Deb.conffile();
+    write(&d.join("DEBIAN/conffiles"), &format!("/{conffile}\n"))?;
     for name in ["postinst", "prerm", "postrm"] {
         let p = d.join("DEBIAN").join(name);
         write(&p, &script(root, name)?)?;
@@ -504,7 +708,7 @@ fn stage_deb(root: &Path, plugin: &Path, exporter: &Path, d: &Path, epoch: &str)
     // sorted, relative to /.
     let mut files = Vec::new();
     list_files(d, d, &mut files)?;
-    files.retain(|f| !f.starts_with("DEBIAN/") && f != CONFFILE);
+    files.retain(|f| !f.starts_with("DEBIAN/") && f != conffile);
     files.sort();
     let out = Command::new("md5sum")
         .current_dir(d)
@@ -521,11 +725,16 @@ fn stage_deb(root: &Path, plugin: &Path, exporter: &Path, d: &Path, epoch: &str)
 /// control's extended description: lines of at most 79 columns, each
 /// starting with a space.
 fn wrap_description(text: &str) -> String {
+    wrap(text, 79, " ")
+}
+
+/// `text`'s words in lines of at most `width` columns, `indent` included.
+fn wrap(text: &str, width: usize, indent: &str) -> String {
     let mut out = String::new();
     let mut line = String::new();
     for word in text.split_whitespace() {
-        if !line.is_empty() && line.len() + 1 + word.len() > 78 {
-            out += &format!(" {line}\n");
+        if !line.is_empty() && indent.len() + line.len() + 1 + word.len() > width {
+            out += &format!("{indent}{line}\n");
             line.clear();
         }
         if !line.is_empty() {
@@ -534,9 +743,55 @@ fn wrap_description(text: &str) -> String {
         line += word;
     }
     if !line.is_empty() {
-        out += &format!(" {line}\n");
+        out += &format!("{indent}{line}\n");
     }
     out
+}
+
+/// The spec's %files: the package's own directories, the settings as
+/// `%config(noreplace)`, the licences as `%license`, the docs as `%doc`.
+fn rpm_files(files: &[String]) -> String {
+    let mut listed = String::new();
+    for d in [
+        "/usr/lib/prjquota",
+        "/usr/share/prjquota",
+        "/usr/share/doc/prjquota",
+        "/usr/share/licenses/prjquota",
+    ] {
+        listed += &format!("%dir {d}\n");
+    }
+    for f in files {
+        let attr = if f == Family::Rpm.conffile() {
+            "%config(noreplace) "
+        } else if f.starts_with(&format!("{}/", Family::Rpm.licence_dir())) {
+            "%license "
+        } else if f.starts_with(&format!("{DOC_DIR}/")) {
+            "%doc "
+        } else {
+            ""
+        };
+        listed += &format!("{attr}/{f}\n");
+    }
+    listed
+}
+
+/// The spec's %changelog: one entry for this version, dated by the commit
+/// (reproducible), pointing at CHANGELOG.md as the Debian one does.
+fn rpm_changelog(epoch: &str) -> Result<String> {
+    let o = Command::new("date")
+        .env("LC_ALL", "C")
+        .args(["-u", "+%a %b %d %Y", "-d", &format!("@{epoch}")])
+        .output()
+        .context("run date")?;
+    if !o.status.success() {
+        bail!("date -d @{epoch} failed");
+    }
+    let date = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let v = env!("CARGO_PKG_VERSION");
+    Ok(format!(
+        "* {date} {MAINTAINER} - {v}-{REVISION}\n\
+         - prjquota {v}: see\n  https://github.com/prjquota/prjquota/blob/v{v}/CHANGELOG.md\n"
+    ))
 }
 
 /// Files (not directories) under `d`, relative to `base`.
@@ -574,34 +829,12 @@ pub fn build_rpm(
     let dir = rpm.parent().context("the .rpm's directory")?;
     let top = fresh_dir(&dir.join("rpm-build"))?;
     let tree = top.join("tree");
-    stage_files(
-        root,
-        plugin,
-        exporter,
-        &tree,
-        epoch,
-        crate::completions::ZSH_RPM,
-    )?;
+    stage_files(root, plugin, exporter, &tree, epoch, Family::Rpm)?;
     normalise(&tree, epoch)?;
     let mut files = Vec::new();
     list_files(&tree, &tree, &mut files)?;
     files.sort();
-    let mut listed = String::new();
-    // The directories that are the package's own.
-    for d in [
-        "/usr/lib/prjquota",
-        "/usr/share/prjquota",
-        "/usr/share/doc/prjquota",
-    ] {
-        listed += &format!("%dir {d}\n");
-    }
-    for f in &files {
-        if f == CONFFILE {
-            listed += &format!("%config(noreplace) /{f}\n");
-        } else {
-            listed += &format!("/{f}\n");
-        }
-    }
+    let listed = rpm_files(&files);
     let scripts = ["rpm-post", "rpm-preun", "rpm-postun"]
         .iter()
         .zip(["%post", "%preun", "%postun"])
@@ -618,17 +851,21 @@ pub fn build_rpm(
          Release: {REVISION}\n\
          Summary: {SUMMARY}\n\
          License: MPL-2.0\n\
+         Group: System Environment/Daemons\n\
          URL: https://github.com/prjquota/prjquota\n\
          Packager: {MAINTAINER}\n\
          BuildArch: x86_64\n\
          %global debug_package %{{nil}}\n\
          %global __os_install_post %{{nil}}\n\
          %global _build_id_links none\n\
-         \n%description\n{DESCRIPTION}\n\
+         \n%description\n{description}\
          \n%install\ncp -a {tree}/. %{{buildroot}}/\n\
-         \n%files\n%defattr(-,root,root,-)\n{listed}\n{scripts}",
+         \n%files\n%defattr(-,root,root,-)\n{listed}\n{scripts}\
+         \n%changelog\n{changelog}",
         version = env!("CARGO_PKG_VERSION"),
         tree = tree.display(),
+        description = wrap(DESCRIPTION, 79, ""),
+        changelog = rpm_changelog(epoch)?,
     );
     let spec_path = top.join("prjquota.spec");
     write(&spec_path, &spec)?;
@@ -736,4 +973,79 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
         install_file(from, to, 0o644)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_build_id_is_read_from_readelf() {
+        let notes = "Displaying notes found in: .note.gnu.build-id\n  \
+                     Owner                Data size \tDescription\n  \
+                     GNU                  0x00000014\tNT_GNU_BUILD_ID (unique build ID bitstring)\n    \
+                     Build ID: 5fe46b4f4976bfe48d28834bfddac7fc43ffef57\n";
+        let id = build_id(notes).unwrap();
+        assert_eq!(id, "5fe46b4f4976bfe48d28834bfddac7fc43ffef57");
+        assert_eq!(
+            debug_path(&id),
+            "usr/lib/debug/.build-id/5f/e46b4f4976bfe48d28834bfddac7fc43ffef57.debug"
+        );
+        assert_eq!(build_id("no notes\n"), None);
+        assert_eq!(build_id("    Build ID: zz\n"), None);
+    }
+
+    #[test]
+    fn each_family_has_its_paths() {
+        assert_eq!(Family::Deb.conffile(), "etc/default/prjquota");
+        assert_eq!(Family::Rpm.conffile(), "etc/sysconfig/prjquota");
+        let text = "# /etc/default/prjquota: this node's settings\nVOLUMES_DIR=/v\n";
+        assert_eq!(settings_text(text, Family::Deb), text);
+        assert_eq!(
+            settings_text(text, Family::Rpm),
+            "# /etc/sysconfig/prjquota: this node's settings\nVOLUMES_DIR=/v\n"
+        );
+    }
+
+    #[test]
+    fn the_rpm_marks_settings_licences_and_docs() {
+        let files: Vec<String> = [
+            "etc/sysconfig/prjquota",
+            "usr/bin/prjquota",
+            "usr/share/doc/prjquota/README.md",
+            "usr/share/licenses/prjquota/LICENSE",
+            "usr/share/licenses/prjquota/THIRD-PARTY-LICENSES",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let listed = rpm_files(&files);
+        for line in [
+            "%config(noreplace) /etc/sysconfig/prjquota\n",
+            "\n/usr/bin/prjquota\n",
+            "%doc /usr/share/doc/prjquota/README.md\n",
+            "%license /usr/share/licenses/prjquota/LICENSE\n",
+            "%license /usr/share/licenses/prjquota/THIRD-PARTY-LICENSES\n",
+            "%dir /usr/share/licenses/prjquota\n",
+        ] {
+            assert!(listed.contains(line), "{line:?} not in:\n{listed}");
+        }
+    }
+
+    #[test]
+    fn descriptions_wrap_within_79_columns() {
+        for (indent, text) in [
+            (" ", wrap_description(DESCRIPTION)),
+            ("", wrap(DESCRIPTION, 79, "")),
+        ] {
+            assert!(text.lines().count() > 3);
+            for line in text.lines() {
+                assert!(line.len() <= 79 && line.starts_with(indent), "{line:?}");
+            }
+            assert_eq!(
+                text.split_whitespace().collect::<Vec<_>>(),
+                DESCRIPTION.split_whitespace().collect::<Vec<_>>()
+            );
+        }
+    }
 }

@@ -19,6 +19,8 @@ mod deps;
 mod dist;
 mod docs;
 mod kernels;
+mod lint;
+mod notice;
 mod stress;
 mod systemd;
 mod test;

@@ -350,6 +350,13 @@ fn run_steps(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
             secs,
         ));
         println!("xtask: host tests took {secs:.0}s");
+        if opts.filter.is_none() {
+            step(
+                "lint: lintian and rpmlint on packages staged by dist's code (the static \
+                 release plugin, this run's debug exporter)",
+                lint_test_packages,
+            )?;
+        }
     }
     if opts.vm {
         vm_pass(opts, passes)?;
@@ -1300,6 +1307,43 @@ fn dist_for_tests(opts: &Opts, root: &Path, run_dir: &Path, bin_dir: &Path) -> R
         deb_bins,
         static_dir,
     })
+}
+
+/// lintian and rpmlint on a .deb and an .rpm that `cargo xtask dist`'s
+/// own code stages, strips and packs, from the static release plugin
+/// (built exactly as dist builds it, and reused by the VM pass's package
+/// tests) and the debug exporter (the release exporter is most of a cold
+/// dist, which CI's budget has no room for). What dist ships differs only
+/// in the exporter's build, and dist lints its own packages too.
+fn lint_test_packages() -> Result<()> {
+    let root = crate::repo_root();
+    let target = crate::target_dir();
+    let epoch = crate::dist::source_date_epoch(&root)?;
+    let release = crate::dist::build_static(&root, &epoch, &["prjquota"])?;
+    // The host pass's nextest run has just built it (the exporter's tests
+    // run the binary): a `cargo build -p prjquota-exporter` of its own
+    // resolves other features and rebuilds a dozen crates.
+    let built_exporter = target.join("debug/prjquota-exporter");
+    if !built_exporter.exists() {
+        run(cargo().args(["build", "--workspace", "--bins"]))?;
+    }
+    let dir = target
+        .join("xtask")
+        .join(format!("lint-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let result = (|| {
+        let (plugin, exporter) = (dir.join("prjquota"), dir.join("prjquota-exporter"));
+        std::fs::copy(release.join("prjquota"), &plugin)?;
+        std::fs::copy(&built_exporter, &exporter)?;
+        let deb = dir.join(crate::dist::deb_name());
+        crate::dist::build_deb(&root, &plugin, &exporter, &deb, &epoch, "xz")?;
+        let rpm = dir.join(crate::dist::rpm_name());
+        crate::dist::build_rpm(&root, &plugin, &exporter, &rpm, &epoch)?;
+        crate::lint::run(&root, &deb, &rpm, crate::lint::Build::Test)
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
 }
 
 /// The timing tests' baseline, Nomad's plain-directory plugin

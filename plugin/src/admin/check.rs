@@ -483,7 +483,7 @@ fn plugin_executable(plugin_dir: Option<&Path>) -> Item {
         Err(e) => fail(
             "plugin executable",
             format!("{}: {e}", path.display()),
-            format!("install -m 0755 prjquota {}", path.display()),
+            format!("prjquota install --plugin-dir {}", dir.display()),
         ),
     }
 }

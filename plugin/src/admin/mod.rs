@@ -1,10 +1,12 @@
-//! Operator commands: `prjquota check`, `list` and `reconcile`.
+//! Operator commands: `prjquota check`, `list` and `reconcile`, and
+//! `install` (the plugin into Nomad's plugin directory).
 //!
 //! Nomad never runs these; they share the plugin's library so that what they
 //! report is exactly what `create` and `delete` would see. They never change
 //! how `fingerprint`, `create` or `delete` behave.
 
 pub mod check;
+pub mod install;
 pub mod list;
 pub mod reconcile;
 
