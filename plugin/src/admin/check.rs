@@ -323,7 +323,7 @@ fn bpf_lsm_active() -> Option<bool> {
 }
 
 /// The pinned links of the guard's LSM programs (`link-<program>`, as
-/// `prjquota_ebpf::pins` names them): one of these pinned means the
+/// `prjquota_ebpf::guard::pins` names them): one of these pinned means the
 /// guard refuses; only detecting programs' links means it counts.
 const LSM_LINKS: [&str; 2] = ["link-guard_inode_file_setattr", "link-guard_file_ioctl"];
 
