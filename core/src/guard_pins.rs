@@ -28,7 +28,7 @@ use crate::sys::{self, BpfMap, BPF_ANY};
 pub const PIN_ROOT: &str = "/sys/fs/bpf/prjquota";
 
 /// `BPF_FS_MAGIC` (include/uapi/linux/magic.h).
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+pub const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
 /// The pinned maps' names in a pin directory.
 pub const MAP_ROOTS: &str = "roots";
@@ -167,7 +167,7 @@ impl PinnedGuard {
                 ),
             ));
         }
-        let fs = nix_statfs(pin_root).map_err(|e| unusable(pin_root, e))?;
+        let fs = fs_type(pin_root).map_err(|e| unusable(pin_root, e))?;
         if fs != BPF_FS_MAGIC {
             return Err(unusable(pin_root, "it is not on a bpf filesystem"));
         }
@@ -347,10 +347,13 @@ pub fn untrusted_dirs(dir: &Path) -> io::Result<Option<String>> {
     Ok(None)
 }
 
-/// The filesystem type (`f_type`) of `path`.
-fn nix_statfs(path: &Path) -> io::Result<i64> {
-    let dir = std::fs::File::open(path)?;
-    Ok(sys::fstatfs(std::os::fd::AsFd::as_fd(&dir))?.f_type as i64)
+/// The filesystem type (`f_type`) of `path`: [`BPF_FS_MAGIC`] for a pin
+/// root both sides may use.
+pub fn fs_type(path: &Path) -> io::Result<i64> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "the path holds a NUL byte"))?;
+    #[allow(clippy::unnecessary_cast)] // __fsword_t is i64 on x86_64, i32 elsewhere
+    Ok(sys::statfs(&c)?.f_type as i64)
 }
 
 #[cfg(test)]

@@ -46,6 +46,8 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use prjquota_core::guard_pins::BPF_FS_MAGIC;
+
 /// Where the exporter pins the guard by default.
 pub const PIN_ROOT: &str = "/sys/fs/bpf/prjquota";
 
@@ -68,8 +70,6 @@ pub const LINK_PREFIX: &str = "link-";
 /// A pin directory no symlink points at is a crashed start's only after
 /// this long (a start running at the same time has not swapped yet).
 const ORPHAN_AFTER: Duration = Duration::from_secs(120);
-/// `BPF_FS_MAGIC` (include/uapi/linux/magic.h).
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
 /// The name of a volumes directory's symlink, and the form of the
 /// directory it is named after: the plugin's own functions, so both sides
@@ -158,7 +158,7 @@ fn refuse_untrusted(root: &Path, dir: &Path) -> io::Result<()> {
 }
 
 fn fs_type(path: &Path) -> io::Result<i64> {
-    crate::raw::statfs_type(path).map_err(|e| ctx(path, "cannot statfs", e))
+    prjquota_core::guard_pins::fs_type(path).map_err(|e| ctx(path, "cannot statfs", e))
 }
 
 /// Makes a new, empty pin directory under `root`.
