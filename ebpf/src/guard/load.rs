@@ -11,12 +11,15 @@ use aya::util::KernelVersion;
 use aya::{Btf, Ebpf, EbpfLoader};
 
 use super::maps::{MAP_COUNTERS, MAP_EVENTS, MAP_PROJECTS, MAP_ROOTS};
-use super::mode::bpf_lsm_active;
 use super::pinning::{pin_name, Attached, LinkId, Pinned};
 use super::{pins, Guard, GuardMode, NotEnforcing};
 use crate::error::{chain, errno_of};
 use crate::loader::{classify, has_function, kernel_btf, object_error, one_load_at_a_time};
 use crate::{FailureReason, LoadError, LoadOptions, ProgramFailure, Variant};
+use prjquota_core::guard_pins::{
+    bpf_lsm_active, LsmHook, LSM_FILEATTR, LSM_IOCTL, LSM_IOCTL_COMPAT, LSM_VERSION,
+    LSM_VERSION_COMPAT,
+};
 
 const COMPONENT: &str = "quota-escape guard";
 
@@ -61,62 +64,6 @@ const DETECT_IOCTL: Detect = Detect {
         },
     ],
 };
-
-/// An LSM hook the guard enforces through, and its programs in the order
-/// tried: sleepable first (bpf_copy_from_user faults the argument in), then
-/// the plain one.
-struct Enforcer {
-    hook: &'static str,
-    /// `(program, section)`.
-    variants: &'static [(&'static str, &'static str)],
-}
-
-/// 6.17+: one hook inside vfs_fileattr_set sees every path (ioctl, compat
-/// ioctl, file_setattr(2)) with the request already in kernel memory.
-const FILEATTR: Enforcer = Enforcer {
-    hook: "inode_file_setattr",
-    variants: &[("guard_inode_file_setattr", "lsm/inode_file_setattr")],
-};
-/// Before 6.17: the ioctl, native ...
-const IOCTL: Enforcer = Enforcer {
-    hook: "file_ioctl",
-    variants: &[
-        ("guard_file_ioctl_sleepable", "lsm.s/file_ioctl"),
-        ("guard_file_ioctl", "lsm/file_ioctl"),
-    ],
-};
-/// ... and 32-bit (6.8+ and its stable backports; before it, compat
-/// ioctls reach file_ioctl with the compat command number, which the
-/// program knows).
-const IOCTL_COMPAT: Enforcer = Enforcer {
-    hook: "file_ioctl_compat",
-    variants: &[
-        (
-            "guard_file_ioctl_compat_sleepable",
-            "lsm.s/file_ioctl_compat",
-        ),
-        ("guard_file_ioctl_compat", "lsm/file_ioctl_compat"),
-    ],
-};
-/// 6.17+, beside [`FILEATTR`]: the inode generation is set by ioctls that
-/// never reach `vfs_fileattr_set` (`FS_IOC_SETVERSION`, ext4's own and
-/// their 32-bit twins), and the guard keys roots by it. Before 6.17,
-/// [`IOCTL`] and [`IOCTL_COMPAT`] judge them with the rest.
-const VERSION: Enforcer = Enforcer {
-    hook: "file_ioctl",
-    variants: &[("guard_file_ioctl_version", "lsm/file_ioctl")],
-};
-const VERSION_COMPAT: Enforcer = Enforcer {
-    hook: "file_ioctl_compat",
-    variants: &[("guard_file_ioctl_compat_version", "lsm/file_ioctl_compat")],
-};
-/// Whether `prog` (a link pin's `link-<prog>` name) is one of the guard's
-/// BPF LSM programs: a pinned guard holding one refuses changes.
-pub fn is_lsm_program(prog: &str) -> bool {
-    [FILEATTR, IOCTL, IOCTL_COMPAT, VERSION, VERSION_COMPAT]
-        .iter()
-        .any(|e| e.variants.iter().any(|&(p, _)| p == prog))
-}
 
 /// The oldest kernel the guard is built and tested for (fexit 5.5, the
 /// BPF ring buffer 5.8; Debian 11's 5.10 is the oldest tested). Which build
@@ -447,18 +394,18 @@ fn load_fexit(
 
 /// The hooks that together cover every path that can change a project ID
 /// on this kernel.
-fn enforcement_plan(btf: &Btf) -> Vec<&'static Enforcer> {
+fn enforcement_plan(btf: &Btf) -> Vec<&'static LsmHook> {
     let compat = has_function(btf, "bpf_lsm_file_ioctl_compat");
     if has_function(btf, "bpf_lsm_inode_file_setattr") {
         if compat {
-            vec![&FILEATTR, &VERSION, &VERSION_COMPAT]
+            vec![&LSM_FILEATTR, &LSM_VERSION, &LSM_VERSION_COMPAT]
         } else {
-            vec![&FILEATTR, &VERSION]
+            vec![&LSM_FILEATTR, &LSM_VERSION]
         }
     } else if compat {
-        vec![&IOCTL, &IOCTL_COMPAT]
+        vec![&LSM_IOCTL, &LSM_IOCTL_COMPAT]
     } else {
-        vec![&IOCTL]
+        vec![&LSM_IOCTL]
     }
 }
 

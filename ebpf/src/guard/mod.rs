@@ -79,7 +79,8 @@
 //! (the roots, devices and projects maps), `counters` (attempts and the
 //! guard-wide statistics), `events` (the ring buffer), `pinning` (this
 //! guard's maps and links in its pin directory) and [`pins`] (the pin
-//! directories in bpffs).
+//! directories in bpffs). The names the exporter and the plugin both rely
+//! on (pins, link pins, the LSM programs) are `prjquota_core::guard_pins`'s.
 //!
 //! # Use
 //!
@@ -118,10 +119,10 @@ use aya::Ebpf;
 pub use crate::raw::{GuardProject, GuardRawRoot as GuardRootValue, GuardRootKey};
 pub use counters::{GuardCounters, Outcomes};
 pub use events::{EventSource, GuardEvent, Outcome, Place, MAX_EVENTS_PER_DRAIN};
-pub use load::is_lsm_program;
 pub use maps::{root_identity, root_identity_of, Snapshot};
-pub use mode::{bpf_lsm_active, GuardMode, NotEnforcing};
+pub use mode::{bpf_lsm_active, GuardMode, NotEnforcing, LSM_LIST};
 pub use pinning::Pinned;
+pub use prjquota_core::guard_pins::is_lsm_program;
 
 use crate::loader::one_load_at_a_time;
 use crate::{LoadError, LoadOptions, Variant};
@@ -134,9 +135,6 @@ pub const GUARD_MAX_DEPTH: u32 = 4096;
 /// [`GUARD_MAX_DEPTH`] of the context build (no `bpf_loop`): every level of
 /// its bounded loop costs the verifier instructions, so it is lower.
 pub const GUARD_MAX_DEPTH_CONTEXT: u32 = 1024;
-
-/// Where the kernel lists the active LSMs.
-pub const LSM_LIST: &str = "/sys/kernel/security/lsm";
 
 /// The loaded guard. Counters are cumulative from load; a project that
 /// leaves the guard loses its counters.

@@ -5,8 +5,8 @@ use std::fmt;
 use std::io;
 use std::str::FromStr;
 
-use super::LSM_LIST;
 use crate::ProgramFailure;
+pub use prjquota_core::guard_pins::{bpf_lsm_active, LSM_LIST};
 
 /// What the guard does (the exporter's `--guard` flag: `auto`, `off`,
 /// `detect`, `enforce`).
@@ -141,13 +141,6 @@ impl fmt::Display for NotEnforcing {
             }
         }
     }
-}
-
-/// Whether the BPF LSM is in the kernel's list of active LSMs.
-pub fn bpf_lsm_active() -> Result<(bool, String), io::Error> {
-    let list = std::fs::read_to_string(LSM_LIST)?;
-    let list = list.trim().to_string();
-    Ok((list.split(',').any(|l| l == "bpf"), list))
 }
 
 #[cfg(test)]

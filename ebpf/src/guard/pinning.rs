@@ -15,6 +15,7 @@ use aya::programs::{FExit, Lsm};
 use super::maps::MAP_EVENTS;
 use super::{pins, Guard};
 use crate::error::chain;
+use prjquota_core::guard_pins::link_pin;
 
 /// How the guard came to be pinned ([`Guard::load_pinned`]).
 #[derive(Debug)]
@@ -67,7 +68,7 @@ impl Guard {
     ) -> Result<Vec<&'static str>, String> {
         let mut pinned = Vec::new();
         for (prog, id) in attached {
-            let path = dir.join(format!("{}{prog}", pins::LINK_PREFIX));
+            let path = dir.join(link_pin(prog));
             let p = self
                 .ebpf
                 .program_mut(prog)
@@ -134,7 +135,7 @@ impl Guard {
             done.push(name.to_string());
         }
         for (prog, _, spare) in &mut self.held {
-            let path = dir.join(format!("{}{prog}", pins::LINK_PREFIX));
+            let path = dir.join(link_pin(prog));
             if path.exists() {
                 continue;
             }
@@ -152,7 +153,7 @@ impl Guard {
                 )
             })?;
             *spare = Some(FdLink::from(link));
-            done.push(format!("{}{prog}", pins::LINK_PREFIX));
+            done.push(link_pin(prog));
         }
         Ok(done)
     }
