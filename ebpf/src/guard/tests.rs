@@ -304,3 +304,40 @@ fn kernel_roots(g: &Guard) -> Vec<(GuardRootKey, RawRoot)> {
     v.sort();
     v
 }
+
+/// The one list of the guard's BPF LSM programs (which a pinned guard's
+/// link pins are judged by, in the exporter and in `prjquota check`) is
+/// exactly guard.c's, section for section.
+#[test]
+fn the_lsm_programs_are_guard_c_s() {
+    let c = include_str!("../bpf/guard.c");
+    let mut in_c: Vec<(String, String)> = Vec::new();
+    let mut lines = c.lines();
+    while let Some(l) = lines.next() {
+        let Some(section) = l
+            .strip_prefix("SEC(\"")
+            .and_then(|s| s.strip_suffix("\")"))
+            .filter(|s| s.starts_with("lsm"))
+        else {
+            continue;
+        };
+        let next = lines.next().expect("a program after its SEC");
+        let prog = next
+            .split_once("BPF_PROG(")
+            .and_then(|(_, r)| r.split(',').next())
+            .unwrap_or_else(|| panic!("a BPF_PROG after SEC(\"{section}\"): {next}"));
+        in_c.push((prog.to_string(), section.to_string()));
+    }
+    let mut listed: Vec<(String, String)> = prjquota_core::guard_pins::LSM_HOOKS
+        .iter()
+        .flat_map(|h| h.variants.iter())
+        .map(|&(p, s)| (p.to_string(), s.to_string()))
+        .collect();
+    in_c.sort();
+    listed.sort();
+    assert_eq!(in_c, listed);
+    for (prog, _) in &in_c {
+        assert!(is_lsm_program(prog), "{prog}");
+    }
+    assert!(!is_lsm_program(DETECT_FILEATTR.parts[0].prog));
+}
