@@ -1,14 +1,30 @@
-//! The quota-escape guard's pinned maps, as the plugin writes them.
+//! The quota-escape guard's pins: the contract between the exporter, which
+//! loads the guard and pins its maps and links in bpffs
+//! (`prjquota_ebpf::guard::pins`), so the kernel keeps enforcing while no
+//! exporter runs (restart, crash, upgrade), and the plugin, which opens
+//! the maps from their pins ([`PinnedGuard`]). Every name both sides must
+//! agree on is written here once: the pin root, the layout below, the map
+//! pins' names and layouts, the owner lock's name, the link pins and which
+//! of their programs enforce.
 //!
-//! The exporter loads the guard and pins its maps and links in bpffs, so the
-//! kernel keeps enforcing while no exporter runs (restart, crash, upgrade).
-//! For each volumes directory `D` it keeps a symlink
-//! `<pin root>/<escape_path(D)>` to the directory holding the pins. The
-//! plugin opens the maps through that symlink and puts a new volume's root
-//! into them itself, before the root is tagged and handed to its owner: a
-//! create never waits on, or trusts, anything an unprivileged process can
-//! reach. The layouts are `ebpf/src/bpf/guard_shared.h`'s (a host test of
-//! the ebpf crate holds them to this file).
+//! ```text
+//! <pin root>/                      root:root 0700 (default PIN_ROOT)
+//!   @guard-<unique>/               one per exporter start (DIR_PREFIX)
+//!     roots devs projects counters stats events      the maps (MAP_*)
+//!     link-<program>               one per attached program (link_pin)
+//!   <escape_path(D)> -> <pin root>/@guard-<unique>   one per volumes directory D (link_of)
+//!   @owner-<escape_path(D)>/       flock'ed by the exporter that owns D's guard (owner_lock_of)
+//! ```
+//!
+//! No name holds a `.`: bpffs refuses them (reserved for the kernel's own
+//! files), so [`escape_path`] escapes every dot and the exporter's own
+//! names start with `@` (which [`escape_path`] never leaves in a name).
+//!
+//! The plugin puts a new volume's root into the maps itself, before the
+//! root is tagged and handed to its owner: a create never waits on, or
+//! trusts, anything an unprivileged process can reach. The layouts are
+//! `ebpf/src/bpf/guard_shared.h`'s (a host test of the ebpf crate holds
+//! them to this file).
 //!
 //! No pin (no exporter with a guard has run since boot, or it runs with
 //! `--guard=off`) is not an error: nothing guards any volume then, and the
@@ -28,13 +44,129 @@ use crate::sys::{self, BpfMap, BPF_ANY};
 pub const PIN_ROOT: &str = "/sys/fs/bpf/prjquota";
 
 /// `BPF_FS_MAGIC` (include/uapi/linux/magic.h).
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+pub const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
 /// The pinned maps' names in a pin directory.
 pub const MAP_ROOTS: &str = "roots";
 pub const MAP_DEVS: &str = "devs";
 pub const MAP_PROJECTS: &str = "projects";
 pub const MAP_COUNTERS: &str = "counters";
+/// The exporter's own: the plugin neither opens nor needs them.
+pub const MAP_STATS: &str = "stats";
+pub const MAP_EVENTS: &str = "events";
+
+/// A pin directory's name starts with this.
+pub const DIR_PREFIX: &str = "@guard-";
+/// A temporary symlink's name starts with this (a swap renames it over
+/// the volumes directory's).
+pub const TMP_PREFIX: &str = "@tmp-";
+/// A volumes directory's owner lock's name starts with this.
+pub const OWNER_PREFIX: &str = "@owner-";
+/// A link pin's name starts with this; the program's name follows.
+pub const LINK_PREFIX: &str = "link-";
+
+/// The symlink of volumes directory `volumes_dir` under `pin_root`, which
+/// leads to the pin directory of its guard.
+pub fn link_of(pin_root: &Path, volumes_dir: &Path) -> PathBuf {
+    pin_root.join(escape_path(&crate::announce::canonical(volumes_dir)))
+}
+
+/// The owner lock of volumes directory `volumes_dir` under `pin_root`.
+pub fn owner_lock_of(pin_root: &Path, volumes_dir: &Path) -> PathBuf {
+    pin_root.join(format!(
+        "{OWNER_PREFIX}{}",
+        escape_path(&crate::announce::canonical(volumes_dir))
+    ))
+}
+
+/// The link pin's name of program `prog`.
+pub fn link_pin(prog: &str) -> String {
+    format!("{LINK_PREFIX}{prog}")
+}
+
+/// The program whose link pin is named `name`; `None` for a map's pin.
+pub fn linked_program(name: &str) -> Option<&str> {
+    name.strip_prefix(LINK_PREFIX)
+}
+
+/// A BPF LSM hook the guard enforces through, and its programs in the
+/// order tried: sleepable first (bpf_copy_from_user faults the argument
+/// in), then the plain one. The programs' names are their link pins'
+/// ([`link_pin`]).
+#[derive(Debug)]
+pub struct LsmHook {
+    pub hook: &'static str,
+    /// `(program, section)`.
+    pub variants: &'static [(&'static str, &'static str)],
+}
+
+/// 6.17+: one hook inside vfs_fileattr_set sees every path (ioctl, compat
+/// ioctl, file_setattr(2)) with the request already in kernel memory.
+pub const LSM_FILEATTR: LsmHook = LsmHook {
+    hook: "inode_file_setattr",
+    variants: &[("guard_inode_file_setattr", "lsm/inode_file_setattr")],
+};
+/// Before 6.17: the ioctl, native ...
+pub const LSM_IOCTL: LsmHook = LsmHook {
+    hook: "file_ioctl",
+    variants: &[
+        ("guard_file_ioctl_sleepable", "lsm.s/file_ioctl"),
+        ("guard_file_ioctl", "lsm/file_ioctl"),
+    ],
+};
+/// ... and 32-bit (6.8+ and its stable backports; before it, compat
+/// ioctls reach file_ioctl with the compat command number, which the
+/// program knows).
+pub const LSM_IOCTL_COMPAT: LsmHook = LsmHook {
+    hook: "file_ioctl_compat",
+    variants: &[
+        (
+            "guard_file_ioctl_compat_sleepable",
+            "lsm.s/file_ioctl_compat",
+        ),
+        ("guard_file_ioctl_compat", "lsm/file_ioctl_compat"),
+    ],
+};
+/// 6.17+, beside [`LSM_FILEATTR`]: the inode generation is set by ioctls
+/// that never reach `vfs_fileattr_set` (`FS_IOC_SETVERSION`, ext4's own
+/// and their 32-bit twins), and the guard keys roots by it. Before 6.17,
+/// [`LSM_IOCTL`] and [`LSM_IOCTL_COMPAT`] judge them with the rest.
+pub const LSM_VERSION: LsmHook = LsmHook {
+    hook: "file_ioctl",
+    variants: &[("guard_file_ioctl_version", "lsm/file_ioctl")],
+};
+pub const LSM_VERSION_COMPAT: LsmHook = LsmHook {
+    hook: "file_ioctl_compat",
+    variants: &[("guard_file_ioctl_compat_version", "lsm/file_ioctl_compat")],
+};
+/// Every hook the guard enforces through (which of them load on a kernel
+/// is the exporter's plan).
+pub const LSM_HOOKS: [&LsmHook; 5] = [
+    &LSM_FILEATTR,
+    &LSM_IOCTL,
+    &LSM_IOCTL_COMPAT,
+    &LSM_VERSION,
+    &LSM_VERSION_COMPAT,
+];
+
+/// Whether `prog` (a link pin's `link-<prog>` name) is one of the guard's
+/// BPF LSM programs: a pinned guard holding one refuses changes.
+pub fn is_lsm_program(prog: &str) -> bool {
+    LSM_HOOKS
+        .iter()
+        .any(|h| h.variants.iter().any(|&(p, _)| p == prog))
+}
+
+/// Where the kernel lists the active LSMs.
+pub const LSM_LIST: &str = "/sys/kernel/security/lsm";
+
+/// Whether the BPF LSM is in the kernel's list of active LSMs, and the
+/// list.
+pub fn bpf_lsm_active() -> io::Result<(bool, String)> {
+    let list = std::fs::read_to_string(LSM_LIST)?;
+    let list = list.trim().to_string();
+    Ok((list.split(',').any(|l| l == "bpf"), list))
+}
 
 /// The name of a volumes directory's pin: `systemd-escape --path`, but for
 /// `.`, which bpffs refuses in a name (it keeps dotted names for itself):
@@ -167,14 +299,14 @@ impl PinnedGuard {
                 ),
             ));
         }
-        let fs = nix_statfs(pin_root).map_err(|e| unusable(pin_root, e))?;
+        let fs = fs_type(pin_root).map_err(|e| unusable(pin_root, e))?;
         if fs != BPF_FS_MAGIC {
             return Err(unusable(pin_root, "it is not on a bpf filesystem"));
         }
         if let Some(why) = untrusted_dirs(pin_root).map_err(|e| unusable(pin_root, e))? {
             return Err(unusable(pin_root, why));
         }
-        let pin = pin_root.join(escape_path(&crate::announce::canonical(volumes_dir)));
+        let pin = link_of(pin_root, volumes_dir);
         match std::fs::symlink_metadata(&pin) {
             Ok(m) if m.file_type().is_symlink() || m.is_dir() => {
                 if m.uid() != 0 {
@@ -347,10 +479,13 @@ pub fn untrusted_dirs(dir: &Path) -> io::Result<Option<String>> {
     Ok(None)
 }
 
-/// The filesystem type (`f_type`) of `path`.
-fn nix_statfs(path: &Path) -> io::Result<i64> {
-    let dir = std::fs::File::open(path)?;
-    Ok(sys::fstatfs(std::os::fd::AsFd::as_fd(&dir))?.f_type as i64)
+/// The filesystem type (`f_type`) of `path`: [`BPF_FS_MAGIC`] for a pin
+/// root both sides may use.
+pub fn fs_type(path: &Path) -> io::Result<i64> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "the path holds a NUL byte"))?;
+    #[allow(clippy::unnecessary_cast)] // __fsword_t is i64 on x86_64, i32 elsewhere
+    Ok(sys::statfs(&c)?.f_type as i64)
 }
 
 #[cfg(test)]
@@ -375,6 +510,25 @@ mod tests {
             escape_path(Path::new("/a-b")),
             escape_path(Path::new("/a/b"))
         );
+    }
+
+    #[test]
+    fn names_under_the_pin_root() {
+        let root = Path::new("/sys/fs/bpf/prjquota");
+        assert_eq!(
+            link_of(root, Path::new("/v/a.b")),
+            Path::new("/sys/fs/bpf/prjquota/v-a\\x2eb")
+        );
+        assert_eq!(
+            owner_lock_of(root, Path::new("/v/a")),
+            Path::new("/sys/fs/bpf/prjquota/@owner-v-a")
+        );
+        assert_eq!(link_pin("guard_file_ioctl"), "link-guard_file_ioctl");
+        assert_eq!(linked_program("link-x"), Some("x"));
+        assert_eq!(linked_program("roots"), None);
+        assert!(is_lsm_program("guard_file_ioctl_compat_version"));
+        assert!(is_lsm_program("guard_inode_file_setattr"));
+        assert!(!is_lsm_program("guard_fileattr_set_exit"));
     }
 
     #[test]

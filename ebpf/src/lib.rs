@@ -42,7 +42,6 @@
 mod error;
 pub mod guard;
 mod loader;
-pub mod pins;
 // The crate's kernel boundary: raw bpf(2) and the C layouts shared with
 // the programs. Every block states its SAFETY invariant
 // (clippy::undocumented_unsafe_blocks).

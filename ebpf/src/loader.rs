@@ -7,7 +7,7 @@ use aya::programs::{FEntry, FExit, ProgramError};
 use aya::{Btf, BtfError, Ebpf, EbpfError, EbpfLoader};
 
 use crate::error::{chain, errno_name, errno_of};
-use crate::{raw, FailureReason, LoadError, ProgramFailure, KERNEL_BTF};
+use crate::{FailureReason, LoadError, ProgramFailure, KERNEL_BTF};
 
 #[derive(Clone, Copy)]
 pub(crate) enum Kind {
@@ -43,7 +43,7 @@ pub(crate) fn one_load_at_a_time<T>(load: impl FnOnce() -> T) -> T {
     let _one = LOADING.lock().unwrap_or_else(|e| e.into_inner());
     let loaded = load();
     // The parsed BTF is dropped by now; its pages go back too.
-    raw::trim_heap();
+    prjquota_core::sys::trim_heap();
     loaded
 }
 

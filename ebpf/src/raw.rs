@@ -125,21 +125,6 @@ unsafe impl aya::Pod for GuardProject {}
 // pattern valid.
 unsafe impl aya::Pod for GuardRawCounters {}
 
-/// Hands the heap that loading freed back to the kernel.
-///
-/// Loading parses the kernel's BTF (several MB of types) and frees it again,
-/// but glibc keeps freed heap mapped: measured, an exporter that loaded both
-/// objects kept ~30 MiB of RSS it no longer used (7 MiB without eBPF).
-pub(crate) fn trim_heap() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: `malloc_trim` takes no pointers and has no preconditions; it
-    // only returns free pages of glibc's heaps to the kernel, under the
-    // allocator's own locks, so it is safe to call from any thread.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 /// A `bpf_prog_info` of zeros: what the kernel wants in the fields it does
 /// not fill (a zero length asks for no array).
 pub(crate) fn zeroed_prog_info() -> aya_obj::generated::bpf_prog_info {
@@ -148,44 +133,19 @@ pub(crate) fn zeroed_prog_info() -> aya_obj::generated::bpf_prog_info {
     unsafe { std::mem::zeroed() }
 }
 
-/// `union bpf_attr` as `BPF_OBJ_GET_INFO_BY_FD` reads it.
-#[repr(C)]
-struct InfoByFdAttr {
-    bpf_fd: u32,
-    info_len: u32,
-    info: u64,
-}
-
 /// `bpf_prog_info` of the program behind `fd`, and how many of its bytes the
 /// running kernel filled (an older kernel knows fewer fields: the rest stay
-/// zero). One `bpf(2)` call, where `/proc/self/fdinfo` costs an open, a read,
-/// a close and a parse: the exporter asks at every scrape.
+/// zero). One `bpf(2)` call: the exporter asks at every scrape.
 pub(crate) fn prog_info(
     fd: std::os::fd::BorrowedFd<'_>,
 ) -> std::io::Result<(aya_obj::generated::bpf_prog_info, usize)> {
-    use std::os::fd::AsRawFd;
     let mut info = zeroed_prog_info();
-    let mut attr = InfoByFdAttr {
-        bpf_fd: fd.as_raw_fd() as u32,
-        info_len: std::mem::size_of_val(&info) as u32,
-        info: &mut info as *mut _ as u64,
-    };
-    // SAFETY: `attr` is a valid `bpf_attr` prefix for this command, and the
-    // size passed is its own; `attr.info` points to `info`, writable for the
-    // `info_len` bytes announced, and both outlive the call. The kernel writes
-    // at most `info_len` bytes there and the filled length back into `attr`.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            aya_obj::generated::bpf_cmd::BPF_OBJ_GET_INFO_BY_FD as libc::c_long,
-            &mut attr as *mut InfoByFdAttr,
-            std::mem::size_of::<InfoByFdAttr>() as libc::c_long,
-        )
-    };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok((info, attr.info_len as usize))
+    // SAFETY: `bpf_prog_info` is the kernel's `#[repr(C)]` struct for a
+    // program's descriptor, holding only integers and integer arrays; its
+    // pointer fields are zero, with zero lengths, so the kernel fills no
+    // array through them.
+    let filled = unsafe { prjquota_core::sys::obj_get_info(fd, &mut info) }?;
+    Ok((info, filled))
 }
 
 /// `union bpf_attr` as the `BPF_MAP_*_BATCH` commands read it.
@@ -243,39 +203,19 @@ pub(crate) fn lookup_counters(
     // share to) on `ncpu` possible CPUs. All outlive the call, which writes
     // at most that much and the filled count back into `attr`.
     let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
+        prjquota_core::sys::bpf(
             aya_obj::generated::bpf_cmd::BPF_MAP_LOOKUP_BATCH as libc::c_long,
-            &mut attr as *mut BatchAttr,
-            std::mem::size_of::<BatchAttr>() as libc::c_long,
+            &mut attr,
         )
     };
-    if r < 0 {
-        let e = std::io::Error::last_os_error();
+    match r {
+        Ok(_) => {}
         // ENOENT: the array ended; `count` says how many came back.
-        if e.raw_os_error() != Some(libc::ENOENT) {
-            return Err(e);
-        }
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+        Err(e) => return Err(e),
     }
     out.truncate(attr.count as usize * ncpu);
     Ok(attr.count)
-}
-
-/// `f_type` of the filesystem holding `path`.
-pub(crate) fn statfs_type(path: &std::path::Path) -> std::io::Result<i64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-    let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
-    // SAFETY: `c` is a NUL-terminated path alive for the call; statfs writes
-    // one `struct statfs` into `st`, which is that large.
-    if unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: statfs succeeded and filled the struct.
-    let st = unsafe { st.assume_init() };
-    #[allow(clippy::unnecessary_cast)] // __fsword_t is i64 on x86_64, i32 elsewhere
-    Ok(st.f_type as i64)
 }
 
 /// Mounts a bpf filesystem on `dir` for root only: mode 0700, nosuid,

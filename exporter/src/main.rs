@@ -146,7 +146,7 @@ struct Flags {
     /// crash, upgrade), and the plugin writes new volumes into it. With
     /// --guard=off, the pins of the --volumes-dir directories are removed
     /// (not those of an exporter that still runs: one owns each).
-    #[arg(long = "guard.pin-root", value_name = "DIR", default_value = prjquota_ebpf::pins::PIN_ROOT)]
+    #[arg(long = "guard.pin-root", value_name = "DIR", default_value = prjquota_ebpf::guard::pins::PIN_ROOT)]
     guard_pin_root: PathBuf,
 
     /// How often the guard's maps are synced with the registries and every

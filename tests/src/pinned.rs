@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData};
+use prjquota_ebpf::guard::pins;
 use prjquota_ebpf::guard::{GuardRootKey, GuardRootValue};
-use prjquota_ebpf::pins;
 
 /// The pin root the tests' exporters use (the default).
 pub fn root() -> &'static Path {

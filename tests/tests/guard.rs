@@ -1817,7 +1817,7 @@ fn pins_changed_behind_the_owners_back_are_put_back(fs: &FsCase) {
     // The symlink to another directory, renamed over it as a start does.
     let other = pinned::root().join(format!("@guard-1-{}", std::process::id()));
     fs::create_dir(&other).unwrap();
-    let link = prjquota_ebpf::pins::link_of(pinned::root(), &dir);
+    let link = prjquota_ebpf::guard::pins::link_of(pinned::root(), &dir);
     let tmp = pinned::root().join(format!("swap-{}", std::process::id()));
     std::os::unix::fs::symlink(&other, &tmp).unwrap();
     fs::rename(&tmp, &link).unwrap();

@@ -32,7 +32,7 @@
 //! and counted in `prjquota_exporter_guard_privileged_changes_total`.
 //!
 //! The guard outlives the exporter: it is pinned in bpffs
-//! (`--guard.pin-root`, `prjquota_ebpf::pins`), so the kernel keeps
+//! (`--guard.pin-root`, `prjquota_ebpf::guard::pins`), so the kernel keeps
 //! enforcing through a restart, a crash or an upgrade, and a new exporter
 //! replaces it without a gap, but never while its owner runs
 //! (`guard_owner`). `--guard=off` removes the pins of its volumes
@@ -57,8 +57,10 @@ use super::guard_sync::Syncer;
 use super::{BoxFuture, Collector, Scrape};
 use crate::metrics::{Extra, Family};
 use anyhow::anyhow;
-use prjquota_ebpf::guard::{bpf_lsm_active, Guard, GuardCounters, GuardEvent, GuardMode, Outcome};
-use prjquota_ebpf::{kernel_dev, pins, LoadOptions};
+use prjquota_ebpf::guard::{
+    bpf_lsm_active, pins, Guard, GuardCounters, GuardEvent, GuardMode, Outcome,
+};
+use prjquota_ebpf::{kernel_dev, LoadOptions};
 
 /// How long a scrape waits for the start-up load at most.
 const LOAD_WAIT: Duration = Duration::from_secs(2);

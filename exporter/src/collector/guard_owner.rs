@@ -1,7 +1,7 @@
 //! One owner for each volumes directory's pinned guard.
 //!
 //! The exporter that pins the guard of a volumes directory holds its owner
-//! lock (`prjquota_ebpf::pins::claim`) for as long as it runs. Another
+//! lock (`prjquota_ebpf::guard::pins::claim`) for as long as it runs. Another
 //! exporter started on the same directory (an operator debugging on
 //! another port) finds the lock held and leaves those pins alone: it does
 //! not swap the symlink, remove the pins, or with `--guard=off` unpin
@@ -24,8 +24,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::metrics::Family;
+use prjquota_ebpf::guard::pins::{self, Claim, Current, OwnerLock};
 use prjquota_ebpf::guard::{Guard, GuardMode};
-use prjquota_ebpf::pins::{self, Claim, Current, OwnerLock};
 
 /// Why a volumes directory's guard is not this exporter's (the
 /// `prjquota_exporter_guard_off_reason` label when none is).

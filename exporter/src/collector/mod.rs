@@ -193,7 +193,7 @@ impl Default for Config {
             disabled_collectors: Vec::new(),
             ebpf: EbpfMode::Auto,
             guard: GuardMode::Auto,
-            guard_pin_root: PathBuf::from(prjquota_ebpf::pins::PIN_ROOT),
+            guard_pin_root: PathBuf::from(prjquota_ebpf::guard::pins::PIN_ROOT),
             guard_sync_interval: Duration::from_secs(2),
             guard_replace_stronger: false,
             max_volumes: prjquota_ebpf::LoadOptions::default().max_volumes,

@@ -312,20 +312,11 @@ pub fn run(flags: &Flags) -> Vec<Item> {
     items
 }
 
-/// The kernel's list of active LSMs (the exporter's
-/// `prjquota_ebpf::guard::bpf_lsm_active` reads the same file).
-const LSM_LIST: &str = "/sys/kernel/security/lsm";
-
-/// Whether the BPF LSM runs (`None`: the list cannot be read).
+/// Whether the BPF LSM runs (`None`: the list cannot be read), as the
+/// exporter reads it.
 fn bpf_lsm_active() -> Option<bool> {
-    let list = std::fs::read_to_string(LSM_LIST).ok()?;
-    Some(list.trim().split(',').any(|l| l == "bpf"))
+    guard_pins::bpf_lsm_active().ok().map(|(active, _)| active)
 }
-
-/// The pinned links of the guard's LSM programs (`link-<program>`, as
-/// `prjquota_ebpf::pins` names them): one of these pinned means the
-/// guard refuses; only detecting programs' links means it counts.
-const LSM_LINKS: [&str; 2] = ["link-guard_inode_file_setattr", "link-guard_file_ioctl"];
 
 /// The quota-escape guard of `volumes_dir`, from its pins under
 /// `pin_root`: pinned or not, enforcing or detecting, and whether the BPF
@@ -338,16 +329,15 @@ fn guard(pin_root: &Path, volumes_dir: &Path, lsm: Option<bool>) -> Item {
         None => "whether the BPF LSM is active is unknown",
     };
     let lsm_fix = format!(
-        "add `bpf` to the kernel's `lsm=` boot parameter (keep the others listed in {LSM_LIST}) and reboot"
+        "add `bpf` to the kernel's `lsm=` boot parameter (keep the others listed in {}) and reboot",
+        guard_pins::LSM_LIST
     );
-    let pin = pin_root.join(guard_pins::escape_path(
-        &prjquota_core::announce::canonical(volumes_dir),
-    ));
+    let pin = guard_pins::link_of(pin_root, volumes_dir);
     let links = match std::fs::read_dir(&pin) {
         Ok(entries) => entries
             .flatten()
             .filter_map(|e| e.file_name().into_string().ok())
-            .filter(|n| n.starts_with("link-"))
+            .filter(|n| guard_pins::linked_program(n).is_some())
             .collect::<Vec<_>>(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return warn(
@@ -370,9 +360,12 @@ fn guard(pin_root: &Path, volumes_dir: &Path, lsm: Option<bool>) -> Item {
             );
         }
     };
+    // One of the guard's LSM programs pinned means it refuses; only
+    // detecting programs' links means it counts.
     let enforcing = links
         .iter()
-        .any(|l| LSM_LINKS.iter().any(|p| l.starts_with(p)));
+        .filter_map(|l| guard_pins::linked_program(l))
+        .any(guard_pins::is_lsm_program);
     if enforcing {
         return pass(
             CHECK,
@@ -624,9 +617,7 @@ mod tests {
         let vols = tmp.join("vols");
         std::fs::create_dir_all(&vols).unwrap();
         let pin_root = tmp.join("pins");
-        let pin = pin_root.join(guard_pins::escape_path(
-            &prjquota_core::announce::canonical(&vols),
-        ));
+        let pin = guard_pins::link_of(&pin_root, &vols);
 
         let none = guard(&pin_root, &vols, Some(true));
         assert!(none.ok && none.warning, "{none:?}");

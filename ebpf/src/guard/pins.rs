@@ -1,26 +1,14 @@
 //! Where the quota-escape guard lives in bpffs, so that it outlives the
 //! exporter that loaded it (restart, crash, upgrade).
 //!
-//! Layout (the contract with the plugin, which writes new volumes' roots
-//! into the pinned maps itself; `docs/security.md`):
-//!
-//! ```text
-//! <pin root>/                      root:root 0700 (default /sys/fs/bpf/prjquota)
-//!   @guard-<unique>/               one per exporter start
-//!     roots devs projects counters stats events      the maps
-//!     link-<program>               one per attached program
-//!   <escape_path(D)> -> <pin root>/@guard-<unique>   one per volumes directory D
-//!   @owner-<escape_path(D)>/       flock'ed by the exporter that owns D's guard
-//! ```
+//! The layout and every name in it are the contract with the plugin,
+//! which writes new volumes' roots into the pinned maps itself:
+//! `prjquota_core::guard_pins` (and `docs/security.md`).
 //!
 //! One exporter owns a volumes directory's guard while it runs (its
 //! [`OwnerLock`]): another exporter on the same directory leaves those pins
 //! alone, and the owner checks on every sync that the symlink still points
 //! at its own pins ([`current`]).
-//!
-//! No name holds a `.`: bpffs refuses them (reserved for the kernel's own
-//! files), so `escape_path` escapes every dot and the exporter's own names
-//! start with `@` (which `escape_path` never leaves in a name).
 //!
 //! A start makes a new `@guard-<unique>` directory with fresh maps, fills
 //! them, attaches and pins the programs there, and only then points every
@@ -46,41 +34,29 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Where the exporter pins the guard by default.
-pub const PIN_ROOT: &str = "/sys/fs/bpf/prjquota";
+use prjquota_core::guard_pins::{
+    self, linked_program, owner_lock_of, BPF_FS_MAGIC, DIR_PREFIX, LINK_PREFIX, MAP_COUNTERS,
+    MAP_DEVS, MAP_EVENTS, MAP_PROJECTS, MAP_ROOTS, MAP_STATS, TMP_PREFIX,
+};
+
+use super::maps;
+
+/// The contract's names this module's callers use.
+pub use prjquota_core::guard_pins::{link_of, PIN_ROOT};
 
 /// The maps' pin names in a pin directory, by the guard object's map name.
 pub const MAP_PINS: [(&str, &str); 6] = [
-    ("guard_roots", "roots"),
-    ("guard_root_devs", "devs"),
-    ("guard_projects", "projects"),
-    ("guard_counters", "counters"),
-    ("guard_stats", "stats"),
-    ("guard_events", "events"),
+    (maps::MAP_ROOTS, MAP_ROOTS),
+    (maps::MAP_ROOT_DEVS, MAP_DEVS),
+    (maps::MAP_PROJECTS, MAP_PROJECTS),
+    (maps::MAP_COUNTERS, MAP_COUNTERS),
+    (maps::MAP_STATS, MAP_STATS),
+    (maps::MAP_EVENTS, MAP_EVENTS),
 ];
 
-/// A pin directory's name starts with this.
-const DIR_PREFIX: &str = "@guard-";
-/// A temporary symlink's name starts with this.
-const TMP_PREFIX: &str = "@tmp-";
-/// A link pin's name starts with this.
-pub const LINK_PREFIX: &str = "link-";
 /// A pin directory no symlink points at is a crashed start's only after
 /// this long (a start running at the same time has not swapped yet).
 const ORPHAN_AFTER: Duration = Duration::from_secs(120);
-/// `BPF_FS_MAGIC` (include/uapi/linux/magic.h).
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
-
-/// The name of a volumes directory's symlink, and the form of the
-/// directory it is named after: the plugin's own functions, so both sides
-/// name the pin alike.
-pub use prjquota_core::announce::canonical;
-pub use prjquota_core::guard_pins::escape_path;
-
-/// The symlink of volumes directory `d` under `root`.
-pub fn link_of(root: &Path, d: &Path) -> PathBuf {
-    root.join(escape_path(&canonical(d)))
-}
 
 fn ctx(path: &Path, what: &str, e: io::Error) -> io::Error {
     io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
@@ -144,10 +120,10 @@ pub fn ensure_root(root: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// [`prjquota_core::guard_pins::untrusted_dirs`] of `dir`, as the error
+/// [`guard_pins::untrusted_dirs`] of `dir`, as the error
 /// that keeps the guard's pins out of `root`.
 fn refuse_untrusted(root: &Path, dir: &Path) -> io::Result<()> {
-    match prjquota_core::guard_pins::untrusted_dirs(dir) {
+    match guard_pins::untrusted_dirs(dir) {
         Ok(None) => Ok(()),
         Ok(Some(why)) => Err(io::Error::other(format!(
             "refusing to pin the guard in {}: {why}",
@@ -158,7 +134,7 @@ fn refuse_untrusted(root: &Path, dir: &Path) -> io::Result<()> {
 }
 
 fn fs_type(path: &Path) -> io::Result<i64> {
-    crate::raw::statfs_type(path).map_err(|e| ctx(path, "cannot statfs", e))
+    guard_pins::fs_type(path).map_err(|e| ctx(path, "cannot statfs", e))
 }
 
 /// Makes a new, empty pin directory under `root`.
@@ -405,9 +381,6 @@ pub fn remove_for(root: &Path, volumes_dirs: &[PathBuf]) -> io::Result<Removed> 
     Ok(removed)
 }
 
-/// A volumes directory's owner lock's name starts with this.
-const OWNER_PREFIX: &str = "@owner-";
-
 /// The exclusive `flock` an exporter holds on a volumes directory's lock
 /// directory under the pin root for as long as it runs: the guard pinned
 /// for that volumes directory is this exporter's, and no other exporter
@@ -433,7 +406,7 @@ pub enum Claim {
 /// Takes the owner lock of volumes directory `d` under `root` (which must
 /// exist: [`ensure_root`]) without waiting.
 pub fn claim(root: &Path, d: &Path) -> io::Result<Claim> {
-    let path = root.join(format!("{OWNER_PREFIX}{}", escape_path(&canonical(d))));
+    let path = owner_lock_of(root, d);
     match fs::DirBuilder::new().mode(0o700).create(&path) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -480,7 +453,7 @@ impl Current {
     /// Whether one of its link pins attaches a BPF LSM program: a guard
     /// that refuses changes, not one that only counts them.
     pub fn enforces(&self) -> bool {
-        self.links.iter().any(|p| crate::guard::is_lsm_program(p))
+        self.links.iter().any(|p| guard_pins::is_lsm_program(p))
     }
 
     /// The pid of the exporter that made the directory (`@guard-<pid>-…`).
@@ -533,7 +506,7 @@ pub fn held(dir: &Path) -> io::Result<Current> {
     c.exists = true;
     for e in rd {
         let name = e?.file_name().to_string_lossy().into_owned();
-        match name.strip_prefix(LINK_PREFIX) {
+        match linked_program(&name) {
             Some(prog) => c.links.push(prog.to_string()),
             None => c.maps.push(name),
         }
