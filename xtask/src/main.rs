@@ -77,7 +77,7 @@ kernels (K): 5.10 (bullseye), 6.1 (bookworm, the default), 6.12 (trixie), 7 (sid
 environment:
   PRJQUOTA_VM_KERNEL         kernel image to boot, overriding --kernel
   PRJQUOTA_VM_TIMEOUT        seconds before the VM is killed (default: 35 min for a full pass,
-                             13 for a compatibility pass, 45 and 20 with one CPU; 30 for `vm`)
+                             20 for a compatibility pass, 45 and 20 with one CPU; 30 for `vm`)
   PRJQUOTA_VM_VERBOSE=1      pass --verbose to vng (kernel console, for boot failures)
   PRJQUOTA_VNG               the vng executable (default: target/venv/bin/vng, from `deps`)
   The tests themselves get only what xtask sets (PRJQUOTA_PROMETHEUS3 is the Prometheus 3
