@@ -489,7 +489,7 @@ fn attach_lsm_or_fault(
     if std::env::var_os("PRJQUOTA_FAULT_GUARD_LSM").is_some() {
         return Err(ProgramError::SyscallError(aya::sys::SyscallError {
             call: "bpf_prog_load (PRJQUOTA_FAULT_GUARD_LSM)",
-            io_error: io::Error::from_raw_os_error(libc::EACCES),
+            io_error: std::io::Error::from_raw_os_error(libc::EACCES),
         }));
     }
     attach_lsm(ebpf, btf, prog, hook)
