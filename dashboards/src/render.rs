@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::config::{human, Config, FillingUp};
-use crate::{label_values, with_matchers, DASHBOARD, RULES};
+use crate::{label_values, query_result, with_matchers, DASHBOARD, RULES};
 
 pub const RULES_TEMPLATE: &str = include_str!("../templates/alerts.yaml");
 pub const DASHBOARD_TEMPLATE: &str = include_str!("../templates/prjquota.json");
@@ -178,7 +178,8 @@ pub fn dashboard(c: &Config) -> Result<String, String> {
 }
 
 /// The dashboard's panel and annotation `expr`s and its variables'
-/// `label_values(…)` selectors with `selector` added (every string value is
+/// `label_values(…)` selectors and `query_result(…)` expressions with
+/// `selector` added (every string value is
 /// on its own line in the template).
 fn json_exprs_with(text: &str, selector: &str) -> Result<String, String> {
     if selector.trim().is_empty() {
@@ -212,6 +213,8 @@ fn json_exprs_with(text: &str, selector: &str) -> Result<String, String> {
                 with_matchers(&sel, selector)?
             };
             format!("label_values({sel}, {label})")
+        } else if let Some(expr) = query_result(&value) {
+            format!("query_result({})", with_matchers(&expr, selector)?)
         } else {
             // The datasource variable's `"query": "prometheus"`.
             value
