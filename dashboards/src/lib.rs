@@ -193,8 +193,19 @@ pub fn label_values(query: &str) -> Option<(String, String)> {
     }
 }
 
+/// `query_result(EXPR)`'s expression: a variable whose options come from
+/// whole series (the volume picker, which takes two labels of each).
+pub fn query_result(query: &str) -> Option<String> {
+    let inner = query
+        .trim()
+        .strip_prefix("query_result(")?
+        .strip_suffix(')')?;
+    Some(inner.trim().to_string())
+}
+
 /// Every expression of the dashboard: panel targets, the selectors of
-/// `label_values` variables, and annotation queries.
+/// `label_values` variables and the expressions of `query_result` ones,
+/// and annotation queries.
 pub fn dashboard_exprs(dashboard: &Value) -> Vec<Expr> {
     let mut out = panel_exprs(dashboard);
     for v in variables(dashboard) {
@@ -202,12 +213,16 @@ pub fn dashboard_exprs(dashboard: &Value) -> Vec<Expr> {
             continue;
         }
         let q = variable_query(v).unwrap_or("");
-        let (selector, _) = label_values(q).unwrap_or_else(|| {
-            panic!(
-                "variable {}: only label_values(…) queries are linted, got {q:?}",
-                v["name"]
-            )
-        });
+        let selector = label_values(q)
+            .map(|(selector, _)| selector)
+            .or_else(|| query_result(q))
+            .unwrap_or_else(|| {
+                panic!(
+                    "variable {}: only label_values(…) and query_result(…) queries are \
+                     linted, got {q:?}",
+                    v["name"]
+                )
+            });
         out.push(Expr {
             place: format!("variable {}", v["name"]),
             expr: selector,
@@ -799,5 +814,10 @@ mod tests {
             Some((String::new(), "node_pool".to_string()))
         );
         assert_eq!(label_values("query_result(x)"), None);
+        assert_eq!(
+            query_result("query_result(max by (a) (m{b=\"c\"}))").as_deref(),
+            Some("max by (a) (m{b=\"c\"})")
+        );
+        assert_eq!(query_result("label_values(m, a)"), None);
     }
 }

@@ -13,8 +13,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use prjquota_dashboards::config::Config as Mixin;
 use prjquota_dashboards::{
     cases, dashboard, dashboard_exprs, label_values, metric_uses, panel_exprs, panels,
-    parse_matchers, recorded, rule_exprs, selectors, variable_query, variables, variables_in, Expr,
-    Matcher, Selector,
+    parse_matchers, query_result, recorded, rule_exprs, selectors, variable_query, variables,
+    variables_in, Expr, Matcher, Selector,
 };
 use prjquota_exporter::collector::quota_events::QuotaEvents;
 use prjquota_exporter::collector::{Collector, Scrape};
@@ -454,9 +454,14 @@ fn variables_are_chained(d: &Value, c: &Mixin) {
         assert_eq!(v["multi"], true, "{name}: multi-value");
         assert_eq!(v["includeAll"], true, "{name}: include All");
         let q = variable_query(v).unwrap_or_else(|| panic!("{name}: no query"));
-        let (selector, l) =
-            label_values(q).unwrap_or_else(|| panic!("{name}: {q:?} is not label_values(…)"));
-        assert_eq!(l, label, "{name}: {q}");
+        let selector = if name == "volume" {
+            volume_picker(v, q)
+        } else {
+            let (selector, l) =
+                label_values(q).unwrap_or_else(|| panic!("{name}: {q:?} is not label_values(…)"));
+            assert_eq!(l, label, "{name}: {q}");
+            selector
+        };
         assert!(
             selector.starts_with(metric),
             "{name}: values come from {metric}: {q}"
@@ -489,6 +494,31 @@ fn variables_are_chained(d: &Value, c: &Mixin) {
         };
         assert!(used, "variable {name} is used by no panel");
     }
+}
+
+/// The volume picker lists volumes by name and filters by ID: Grafana's
+/// Prometheus `label_values` gives one label, so the options are whole
+/// series of `query_result(max by (volume_id, volume_name) (info))`, whose
+/// `volume_id` a named group `value` and whose `volume_name` a named group
+/// `text` take (Grafana 7.4+). Lookaheads, so the labels' order in the
+/// series text does not matter; the name's optional, so a volume without
+/// one is listed by its ID. Returns the info selector.
+fn volume_picker(v: &Value, q: &str) -> String {
+    let expr = query_result(q).unwrap_or_else(|| panic!("volume: {q:?} is not query_result(…)"));
+    let selector = expr
+        .strip_prefix("max by (volume_id, volume_name) (")
+        .and_then(|e| e.strip_suffix(')'))
+        .unwrap_or_else(|| {
+            panic!("volume: one option per (volume_id, volume_name): max by them, got {q:?}")
+        });
+    assert_eq!(
+        v["regex"],
+        r#"/^(?=.*\bvolume_id="(?<value>[^"]+)")(?=(?:.*\bvolume_name="(?<text>[^"]+)")?)/"#,
+        "volume: the value is the ID, the text the name"
+    );
+    assert_eq!(v["label"], "Volume");
+    assert_eq!(v["allValue"], ".*", "volume: All matches every ID");
+    selector.to_string()
 }
 
 /// The matchers `s` has on `label` beyond the config's selector, or a

@@ -33,6 +33,11 @@ Operator commands (Nomad never runs these):
   prjquota install --plugin-dir DIR
         put this executable into DIR as prjquota, replacing the old one in one
         step (what the packages run; DIR: Nomad's host_volume_plugin_dir)
+  prjquota dashboards render [--config FILE] --out DIR
+        write the Prometheus rules (alerts.yaml) and the Grafana dashboard
+        (prjquota.json) rendered from FILE, a copy of
+        /usr/share/prjquota/dashboards/config.toml (the default) with the
+        fields you change (see docs/dashboards.md#customising)
 
   --volumes-dir defaults to /opt/nomad/data/host_volumes; --plugin-dir to the
   directory of this executable (where prjquota.toml is looked up).
@@ -152,6 +157,37 @@ fn install(args: &[OsString]) -> ExitCode {
     }
 }
 
+/// `prjquota dashboards render [--config FILE] --out DIR`
+/// (`admin::dashboards`).
+fn dashboards(args: &[OsString]) -> ExitCode {
+    let args: Vec<String> = match args.iter().map(|a| a.clone().into_string()).collect() {
+        Ok(a) => a,
+        Err(_) => {
+            eprintln!("prjquota dashboards: arguments must be UTF-8");
+            return ExitCode::from(2);
+        }
+    };
+    let render = match admin::dashboards::parse(&args) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("prjquota dashboards: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match admin::dashboards::run(&render) {
+        Ok(written) => {
+            for p in written {
+                println!("wrote {} (from {})", p.display(), render.config.display());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("prjquota dashboards render: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     // A bug must still give Nomad an error object rather than empty stdout
     // (which Nomad takes as an unparsable success).
@@ -176,6 +212,9 @@ fn main() -> ExitCode {
     }
     if op == "install" {
         return install(&args[2..]);
+    }
+    if op == "dashboards" {
+        return dashboards(&args[2..]);
     }
     if let Some(booleans) = admin::booleans(op) {
         return admin(op, booleans, &args[2..]);

@@ -45,6 +45,9 @@ const NOMAD_DROP_IN: &str = "usr/share/doc/prjquota/nomad-requires-prjquota.conf
 const PLUGIN_DIR: &str = "opt/nomad/data/host_volume_plugins";
 const DASHBOARD: &str = "usr/share/prjquota/dashboards/prjquota.json";
 const RULES: &str = "usr/share/prjquota/rules/prjquota-alerts.yaml";
+/// The dashboards' default config, which `prjquota dashboards render`
+/// reads when given no --config (`admin::dashboards::DEFAULT_CONFIG`).
+const DASHBOARDS_CONFIG: &str = "usr/share/prjquota/dashboards/config.toml";
 /// Where Debian's zsh (zsh-common) and Fedora's look for packaged
 /// completions.
 const ZSH_DEB: &str = "usr/share/zsh/vendor-completions";
@@ -372,6 +375,12 @@ fn the_deb_installs_its_unit_verifies_and_a_purge_leaves_nothing() {
     assert_mode(&root.at(UNIT), 0o644);
     assert_mode(&root.at(DASHBOARD), 0o644);
     assert_mode(&root.at(RULES), 0o644);
+    assert_mode(&root.at(DASHBOARDS_CONFIG), 0o644);
+    assert_eq!(
+        format!("/{DASHBOARDS_CONFIG}"),
+        prjquota::admin::dashboards::DEFAULT_CONFIG,
+        "the package ships the dashboards config where the command looks"
+    );
     // dpkg installed exactly the binaries the .deb was built from: by
     // default (a test .deb, see `cargo xtask test`) the static release
     // plugin and this run's debug exporter; with --release-deb both static
@@ -444,6 +453,22 @@ fn the_deb_installs_its_unit_verifies_and_a_purge_leaves_nothing() {
     );
     let v = root.chroot_ok(&["/usr/bin/prjquota", "--version"]);
     assert_eq!(v.trim(), format!("prjquota {VERSION}"));
+    // From the installed default config, the installed command renders
+    // exactly the dashboard and rules the package ships.
+    root.chroot_ok(&[
+        "/usr/bin/prjquota",
+        "dashboards",
+        "render",
+        "--out",
+        "/tmp/prjquota-dashboards",
+    ]);
+    for (shipped, name) in [(DASHBOARD, "prjquota.json"), (RULES, "alerts.yaml")] {
+        assert!(
+            std::fs::read(root.at(shipped)).unwrap()
+                == std::fs::read(root.at("tmp/prjquota-dashboards").join(name)).unwrap(),
+            "prjquota dashboards render gave another {name} than /{shipped}"
+        );
+    }
     // The plugin, installed into a plugin directory by the one-liner of
     // docs/install.md, answers Nomad's fingerprint with its version.
     let plugin_dir = scratch_dir(&xfs_mount(), "pkg-plugins");
@@ -481,7 +506,16 @@ fn the_deb_installs_its_unit_verifies_and_a_purge_leaves_nothing() {
         std::fs::symlink_metadata(root.at(CONFFILE)).is_ok(),
         "dpkg -r removed the settings (only a purge does)"
     );
-    for p in [EXPORTER, PLUGIN, ADMIN, GENERATOR, UNIT, DASHBOARD, RULES] {
+    for p in [
+        EXPORTER,
+        PLUGIN,
+        ADMIN,
+        GENERATOR,
+        UNIT,
+        DASHBOARD,
+        RULES,
+        DASHBOARDS_CONFIG,
+    ] {
         assert!(
             std::fs::symlink_metadata(root.at(p)).is_err(),
             "/{p} is still there after dpkg -r"

@@ -120,7 +120,46 @@ pub fn plugin_command() -> clap::Command {
             command("reconcile", "compare records, directories and quotas")
                 .arg(flag("fix", "repair what loses no data")),
         )
+        .subcommand(dashboards_command())
 }
+
+/// `prjquota dashboards render`, which takes its own flags
+/// (`prjquota::admin::dashboards::FLAGS`), not the volume commands'.
+fn dashboards_command() -> clap::Command {
+    let value = |name: &'static str, v: &'static str, hint: ValueHint, help: &'static str| {
+        Arg::new(name)
+            .long(name)
+            .value_name(v)
+            .value_hint(hint)
+            .action(ArgAction::Set)
+            .help(help)
+    };
+    clap::Command::new(DASHBOARDS)
+        .about("the Prometheus rules and Grafana dashboard from a config")
+        .disable_help_flag(true)
+        .disable_help_subcommand(true)
+        .subcommand_required(true)
+        .subcommand(
+            clap::Command::new("render")
+                .about("write alerts.yaml and prjquota.json rendered from a config")
+                .disable_help_flag(true)
+                .arg(value(
+                    "config",
+                    "FILE",
+                    ValueHint::FilePath,
+                    "the config (default: the shipped one)",
+                ))
+                .arg(value(
+                    "out",
+                    "DIR",
+                    ValueHint::DirPath,
+                    "where to write the two files",
+                )),
+        )
+}
+
+/// The command whose flags are not the volume commands' table.
+const DASHBOARDS: &str = "dashboards";
 
 #[cfg(test)]
 mod tests {
@@ -143,9 +182,10 @@ mod tests {
     fn the_plugin_description_matches_the_parsers_table() {
         let cmd = plugin_command();
         let names: Vec<&str> = cmd.get_subcommands().map(|s| s.get_name()).collect();
-        let table: Vec<&str> = admin::COMMANDS.iter().map(|(c, _)| *c).collect();
+        let mut table: Vec<&str> = admin::COMMANDS.iter().map(|(c, _)| *c).collect();
+        table.push(DASHBOARDS);
         assert_eq!(names, table, "the completed commands are not the plugin's");
-        for sub in cmd.get_subcommands() {
+        for sub in volume_commands(&cmd) {
             let booleans = admin::booleans(sub.get_name()).unwrap();
             let mut want: Vec<String> = admin::VALUE_FLAGS
                 .iter()
@@ -169,11 +209,40 @@ mod tests {
 
     /// The plugin's real parser accepts every flag completed for a command,
     /// and refuses the other commands' flags that are not completed there.
+    /// The commands that take the table's flags (all but `dashboards`).
+    fn volume_commands(cmd: &clap::Command) -> impl Iterator<Item = &clap::Command> {
+        cmd.get_subcommands().filter(|s| s.get_name() != DASHBOARDS)
+    }
+
+    /// `dashboards render` completes exactly the flags its parser takes,
+    /// and the parser accepts each.
+    #[test]
+    fn the_dashboards_render_flags_match_its_parser() {
+        let cmd = plugin_command();
+        let d = cmd.find_subcommand(DASHBOARDS).unwrap();
+        let names: Vec<&str> = d.get_subcommands().map(|s| s.get_name()).collect();
+        assert_eq!(names, [admin::dashboards::SUBCOMMAND]);
+        let render = d.get_subcommands().next().unwrap();
+        let mut want: Vec<String> = admin::dashboards::FLAGS
+            .iter()
+            .map(|f| f.to_string())
+            .collect();
+        want.sort();
+        assert_eq!(longs(render), want);
+        for long in longs(render) {
+            let mut args = vec!["render".to_string(), long.clone(), "/x".into()];
+            if long != "--out" {
+                args.extend(["--out".into(), "/o".into()]);
+            }
+            assert!(admin::dashboards::parse(&args).is_ok(), "{args:?}");
+        }
+    }
+
     #[test]
     fn the_plugin_parser_accepts_what_is_completed_and_no_more() {
         let cmd = plugin_command();
-        let every: Vec<String> = cmd.get_subcommands().flat_map(longs).collect();
-        for sub in cmd.get_subcommands() {
+        let every: Vec<String> = volume_commands(&cmd).flat_map(longs).collect();
+        for sub in volume_commands(&cmd) {
             let booleans = admin::booleans(sub.get_name()).unwrap();
             let completed = longs(sub);
             for long in &every {

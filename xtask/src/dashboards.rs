@@ -2,12 +2,13 @@
 //! `alerts.yaml` and `prjquota.json` from a config (dashboards/config.toml
 //! by default) into DIR (dashboards/ by default, over the shipped files).
 //! The rendering is the dashboards crate's (`prjquota_dashboards::render`),
-//! which the host tests hold the shipped files to.
+//! which the host tests hold the shipped files to, and which the installed
+//! `prjquota dashboards render` runs too.
 
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Result};
-use prjquota_dashboards::config::{self, Config};
+use prjquota_dashboards::config;
 use prjquota_dashboards::render;
 
 pub fn main(args: &[String]) -> Result<u8> {
@@ -28,8 +29,7 @@ pub fn main(args: &[String]) -> Result<u8> {
         }
         i += 1;
     }
-    let c = Config::load(&config).map_err(|e| anyhow!(e))?;
-    let written = render::write(&c, &out).map_err(|e| anyhow!(e))?;
+    let written = render::config_into(&config, &out).map_err(|e| anyhow!(e))?;
     for p in written {
         println!("wrote {} (from {})", p.display(), config.display());
     }

@@ -117,6 +117,7 @@ pub fn build() -> Result<Dist> {
         "deploy",
         "dashboards/prjquota.json",
         "dashboards/alerts.yaml",
+        "dashboards/config.toml",
         "dashboards/README.md",
         "docs/runbooks.md",
         "README.md",
@@ -437,6 +438,12 @@ fn stage_files(
         (
             "dashboards/alerts.yaml",
             "usr/share/prjquota/rules/prjquota-alerts.yaml",
+        ),
+        // What `prjquota dashboards render` reads without --config, and
+        // what an operator copies and edits.
+        (
+            "dashboards/config.toml",
+            "usr/share/prjquota/dashboards/config.toml",
         ),
         (
             "deploy/prometheus/prometheus.yml",

@@ -1,11 +1,13 @@
-//! Operator commands: `prjquota check`, `list` and `reconcile`, and
-//! `install` (the plugin into Nomad's plugin directory).
+//! Operator commands: `prjquota check`, `list` and `reconcile`,
+//! `install` (the plugin into Nomad's plugin directory) and `dashboards
+//! render` (the rules and dashboard from an operator's config).
 //!
 //! Nomad never runs these; they share the plugin's library so that what they
 //! report is exactly what `create` and `delete` would see. They never change
 //! how `fingerprint`, `create` or `delete` behave.
 
 pub mod check;
+pub mod dashboards;
 pub mod install;
 pub mod list;
 pub mod reconcile;
