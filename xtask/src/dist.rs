@@ -494,7 +494,7 @@ fn stage_files(
 /// Strips a staged binary as dh_strip does an executable: the symbol
 /// table and what debuggers read go (the debug archive keeps them), the
 /// build ID that finds them stays.
-fn strip(bin: &Path) -> Result<()> {
+pub fn strip(bin: &Path) -> Result<()> {
     run(Command::new("strip")
         .args(["--remove-section=.comment", "--remove-section=.note"])
         .arg(bin))

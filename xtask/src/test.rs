@@ -1269,10 +1269,17 @@ fn dist_for_tests(opts: &Opts, root: &Path, run_dir: &Path, bin_dir: &Path) -> R
         copy(&d.deb, &deb)?;
         let rpm = run_dir.join(crate::dist::rpm_name());
         copy(&d.rpm, &rpm)?;
+        // The packages hold the binaries stripped as dist strips them.
+        let deb_bins = run_dir.join("release-deb-bins");
+        std::fs::create_dir_all(&deb_bins)?;
+        for b in crate::dist::BINS {
+            copy(&d.bin_dir.join(b), &deb_bins.join(b))?;
+            crate::dist::strip(&deb_bins.join(b))?;
+        }
         return Ok(TestDist {
             deb,
             rpm,
-            deb_bins: static_dir.clone(),
+            deb_bins,
             static_dir,
         });
     }
@@ -1287,12 +1294,13 @@ fn dist_for_tests(opts: &Opts, root: &Path, run_dir: &Path, bin_dir: &Path) -> R
         &bin_dir.join("prjquota-exporter"),
         &deb_bins.join("prjquota-exporter"),
     )?;
-    // Without its debug information (119 MB of 120): the systemd pass
-    // unpacks, repacks and installs the package several times under
-    // emulation.
-    run(Command::new("strip")
-        .arg("--strip-debug")
-        .arg(deb_bins.join("prjquota-exporter")))?;
+    // Stripped as dist strips what it packages (it strips them again, to
+    // the same bytes): the package test compares what dpkg installed with
+    // these, and the systemd pass unpacks, repacks and installs the
+    // package several times under emulation (the debug exporter's debug
+    // information is 119 MB of its 120).
+    crate::dist::strip(&deb_bins.join("prjquota"))?;
+    crate::dist::strip(&deb_bins.join("prjquota-exporter"))?;
     let deb = run_dir.join("test-deb").join(crate::dist::deb_name());
     std::fs::create_dir_all(deb.parent().unwrap())?;
     crate::dist::build_deb(
