@@ -140,7 +140,7 @@ pub const STORM_VOLUMES: &str = "100";
 /// at a time on one core each ([`ONE_THREAD_LANES`]). A guest of one
 /// CPU (a compatibility pass beside the full pass with `--vm-lanes 2`, or
 /// `--vm-cpus 1`) runs slower and gets 20 or 45 minutes. Each systemd boot
-/// gets 15 (xtask/src/systemd.rs). A pass that hits its limit fails the
+/// gets 20 (xtask/src/systemd.rs). A pass that hits its limit fails the
 /// run.
 ///
 /// These limits catch one hung pass; together they are more than CI has.
