@@ -166,43 +166,6 @@ mod tests {
             .clone()
     }
 
-    /// Trusts every certificate: what is tested is the SAN check alone.
-    #[derive(Debug)]
-    struct Anything;
-
-    impl ClientCertVerifier for Anything {
-        fn root_hint_subjects(&self) -> &[DistinguishedName] {
-            &[]
-        }
-        fn verify_client_cert(
-            &self,
-            _: &CertificateDer<'_>,
-            _: &[CertificateDer<'_>],
-            _: UnixTime,
-        ) -> Result<ClientCertVerified, rustls::Error> {
-            Ok(ClientCertVerified::assertion())
-        }
-        fn verify_tls12_signature(
-            &self,
-            _: &[u8],
-            _: &CertificateDer<'_>,
-            _: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            Ok(HandshakeSignatureValid::assertion())
-        }
-        fn verify_tls13_signature(
-            &self,
-            _: &[u8],
-            _: &CertificateDer<'_>,
-            _: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            Ok(HandshakeSignatureValid::assertion())
-        }
-        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-            Vec::new()
-        }
-    }
-
     #[test]
     fn every_kind_of_san_is_read_as_go_writes_it() {
         let c = cert(vec![
@@ -231,7 +194,11 @@ mod tests {
     #[test]
     fn only_a_listed_san_is_let_through() {
         let v = AllowedSans::new(
-            Arc::new(Anything),
+            // Trusts every certificate: what is tested is the SAN check alone.
+            Arc::new(crate::web_config::AnyClientCert {
+                mandatory: true,
+                provider: Arc::new(crate::web_config::provider()),
+            }),
             vec!["10.0.0.7".into(), "spiffe://example.org/prometheus".into()],
         );
         let check = |sans: Vec<SanType>| {
