@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 pub mod config;
+pub mod grafana;
 pub mod render;
 
 /// `dashboards/`, where the artefacts live.

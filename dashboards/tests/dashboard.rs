@@ -511,10 +511,24 @@ fn volume_picker(v: &Value, q: &str) -> String {
         .unwrap_or_else(|| {
             panic!("volume: one option per (volume_id, volume_name): max by them, got {q:?}")
         });
+    let regex = v["regex"].as_str().expect("volume: a regex");
+    let texts: Vec<String> = [
+        r#"{volume_id="v1",volume_name="web"} 1 1700000000000"#,
+        r#"{volume_name="db",volume_id="v2"} 1 1700000000000"#,
+        r#"{volume_id="v3"} 1 1700000000000"#,
+        r#"{volume_id="v1",volume_name="web"} 1 1700000000000"#,
+    ]
+    .map(String::from)
+    .to_vec();
+    let options = prjquota_dashboards::grafana::regex_options(regex, &texts)
+        .unwrap_or_else(|e| panic!("volume: {e}"));
     assert_eq!(
-        v["regex"],
-        r#"/^(?=.*\bvolume_id="(?<value>[^"]+)")(?=(?:.*\bvolume_name="(?<text>[^"]+)")?)/"#,
-        "volume: the value is the ID, the text the name"
+        options,
+        [("v1", "web"), ("v2", "db"), ("v3", "v3")]
+            .map(|(v, t)| (v.to_string(), t.to_string()))
+            .to_vec(),
+        "volume: the value is the ID and the text the name (the ID when unnamed), \
+         whatever the labels' order: {regex}"
     );
     assert_eq!(v["label"], "Volume");
     assert_eq!(v["allValue"], ".*", "volume: All matches every ID");

@@ -60,20 +60,13 @@ const ALERT_TIMEOUT: Duration = Duration::from_secs(900);
 /// How long a panel that must show data may stay empty: a few scrapes.
 const EMPTY_PANEL_RETRY: Duration = Duration::from_secs(5);
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
-        .to_path_buf()
-}
-
 // ---------------------------------------------------------------------------
 // The artefacts under test
 
 /// `dashboards/alerts.yaml` with every `for:` set to 1s, written to a temp
 /// file (a line-wise rewrite: the file keeps `for:` on lines of its own).
 fn rules_with_short_for() -> PathBuf {
-    let src = repo_root().join("dashboards/alerts.yaml");
+    let src = prjquota_dashboards::dir().join(prjquota_dashboards::RULES);
     let text =
         std::fs::read_to_string(&src).unwrap_or_else(|e| panic!("read {}: {e}", src.display()));
     let mut n = 0;
@@ -97,12 +90,6 @@ fn rules_with_short_for() -> PathBuf {
     let (code, out) = prom::promtool(&["check", "rules", dst.to_str().expect("UTF-8")]);
     assert_eq!(code, Some(0), "the rewritten rules:\n{out}");
     dst
-}
-
-fn dashboard() -> Value {
-    let p = repo_root().join("dashboards/prjquota.json");
-    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", p.display()))
 }
 
 /// (panel title, refId, expression, panel type) of every panel target.
@@ -290,7 +277,7 @@ fn a_volume_filling_past_its_limit_shows_on_every_panel_and_fires_its_alerts() {
         ("__interval", "15s".into()),
         ("__range", "1h".into()),
     ];
-    let d = dashboard();
+    let d = prjquota_dashboards::dashboard();
     let targets = panel_targets(&d);
     assert!(targets.len() > 20, "only {} panel targets", targets.len());
     let mut empty = Vec::new();
@@ -359,30 +346,51 @@ fn a_volume_filling_past_its_limit_shows_on_every_panel_and_fires_its_alerts() {
         );
     }
 
-    // The variables find the test's values.
-    for v in d["templating"]["list"].as_array().unwrap() {
+    // The variables find the test's values: a `label_values` variable the
+    // label's values of its selector, the volume picker the volumes (by
+    // ID, named) of its `query_result` through its regex, as Grafana
+    // makes its options.
+    for v in prjquota_dashboards::variables(&d) {
         if v["type"] != "query" {
             continue;
         }
         let name = v["name"].as_str().unwrap();
-        let query = v["query"]["query"]
-            .as_str()
-            .or_else(|| v["query"].as_str())
-            .unwrap();
-        let inner = query
-            .strip_prefix("label_values(")
-            .and_then(|q| q.strip_suffix(')'))
-            .unwrap_or_else(|| panic!("{name}: {query}"));
-        let (selector, label) = inner.rsplit_once(',').unwrap();
-        let found: BTreeSet<String> = vector(&prom.query(&substitute(selector.trim(), &vars)))
-            .into_iter()
-            .filter_map(|(l, _)| l.get(label.trim()).cloned())
-            .collect();
+        let query = prjquota_dashboards::variable_query(v).unwrap();
         let want = &vars.iter().find(|(n, _)| *n == name).unwrap().1;
-        assert!(
-            found.contains(want),
-            "variable {name}: {query} found {found:?}"
-        );
+        if let Some((selector, label)) = prjquota_dashboards::label_values(query) {
+            let found: BTreeSet<String> = vector(&prom.query(&substitute(&selector, &vars)))
+                .into_iter()
+                .filter_map(|(l, _)| l.get(&label).cloned())
+                .collect();
+            assert!(
+                found.contains(want),
+                "variable {name}: {query} found {found:?}"
+            );
+            continue;
+        }
+        let expr = prjquota_dashboards::query_result(query).unwrap_or_else(|| {
+            panic!("variable {name}: neither label_values nor query_result: {query}")
+        });
+        let result = prom.query(&substitute(&expr, &vars));
+        let texts: Vec<String> = result
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(prjquota_dashboards::grafana::query_result_text)
+            .collect();
+        let regex = v["regex"].as_str().unwrap_or("");
+        let options = prjquota_dashboards::grafana::regex_options(regex, &texts)
+            .unwrap_or_else(|e| panic!("variable {name}: {e}"));
+        for (id, volume_name) in [
+            (want.as_str(), "dash-full"),
+            (calm.id.as_str(), "dash-calm"),
+        ] {
+            assert!(
+                options.contains(&(id.to_string(), volume_name.to_string())),
+                "variable {name}: no option valued {id} named {volume_name}: {options:?}\n\
+                 from {texts:?} by {regex}"
+            );
+        }
     }
     // Annotations evaluate (they may be empty by now).
     for a in d["annotations"]["list"].as_array().unwrap() {

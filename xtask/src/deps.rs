@@ -35,6 +35,10 @@ const APT_PACKAGES: &[(&str, &str)] = &[
     ),
     ("fio", "write load in tests and benchmarks"),
     (
+        "nodejs",
+        "runs the dashboard variables' regexes in JavaScript, as Grafana does (dashboards/src/grafana.rs)",
+    ),
+    (
         "strace",
         "counts the plugin's fsyncs in tests/tests/plugin.rs",
     ),
