@@ -12,11 +12,12 @@
 //! prjquota-vmtests (tests/tests/systemd.rs), built on the host for the same
 //! Debian release, writes their output to a file in the root and powers off.
 //!
-//! The same copy boots once per entry of [`BOOTS`]: the first boot installs
-//! the package and leaves a node with volumes; the second is that node's
-//! reboot (empty bpffs, the unit and a stub `nomad.service` started by
-//! systemd in their boot order: from the second boot on, the test's unit
-//! pulls in multi-user.target, which a `systemd.run=` boot leaves out).
+//! The same copy boots once per entry of its pass ([`passes`]): the first
+//! boot installs the package and leaves a node with volumes; the next are
+//! that node's reboots, into the same kernel and then into newer ones
+//! (empty bpffs, the unit and a stub `nomad.service` started by systemd in
+//! their boot order: from the second boot on, the test's unit pulls in
+//! multi-user.target, which a `systemd.run=` boot leaves out).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -35,75 +36,92 @@ const SUITE: &str = "bookworm";
 /// and the tests call (mkfs.xfs, losetup, mount), the kernel modules' tools.
 const PACKAGES: &str = "systemd,systemd-sysv,udev,kmod,xfsprogs,util-linux,procps,mount";
 
-/// The kernels the pass runs on: every one of the matrix. The package
-/// test on the default and the oldest (5.10 reads quotas through the block
-/// device: the sandbox must allow it); the reboot of a node with volumes
-/// wherever the guard can enforce.
+/// The kernels the systemd passes boot: every one of the matrix.
 pub const KERNELS: [Kernel; 4] = [Kernel::V6_1, Kernel::V5_10, Kernel::V6_12, Kernel::V7];
 
-/// A boot's limit, each of [`BOOTS`]. The first (the root's copy, the boot,
-/// the package test, the reboot's set-up, the power-off) took 340 to 470 s
-/// on 6.1 on a loaded 2-core machine (the package test about 250 s, the
-/// upgrade's creates and looping owners beside dpkg about 60 s, the boot
-/// about a minute); the reboot about two minutes. With the guard enforcing
-/// by default (its owner loops refused, the guard's start and sync doing
-/// more), the package test took 445 s beside another VM, and dpkg's
+/// A boot's limit. The first boot on 6.1 (the root's copy, the boot, the
+/// package test, the reboot's set-up, the power-off) took 340 to 470 s on
+/// a loaded 2-core machine (the package test about 250 s, the upgrade's
+/// creates and looping owners beside dpkg about 60 s, the boot about a
+/// minute); a reboot about two minutes. With the guard enforcing by
+/// default, the package test took 445 s beside another VM, and dpkg's
 /// upgrade 104 s. On one emulator thread, on a machine loaded with another
 /// VM and builds, the first boot took 730 s. The limit leaves room for
 /// that, and still ends a hung boot well within the run's deadline.
 pub const BOOT_LIMIT_SECS: u64 = 20 * 60;
 
-/// The boots of one pass, on one copy of the root, and the tests of
-/// tests/tests/systemd.rs each runs, in order (a test that fails ends its
+/// One boot of a pass: the kernel it boots and the tests of
+/// tests/tests/systemd.rs it runs, in order (a test that fails ends its
 /// boot, and a failed boot the pass: each leaves the state the next starts
 /// from). The guest's `PRJQUOTA_SYSTEMD_BOOT` is the boot's number, from 1.
-pub const BOOTS: [&[&str]; 2] = [
-    &[
-        "the_package_installs_runs_moves_upgrades_and_purges_under_systemd",
-        "a_node_with_volumes_is_set_up_for_a_reboot",
-    ],
-    &["the_guard_holds_from_the_first_moment_of_a_boot"],
+pub type Planned = (Kernel, &'static [&'static str]);
+
+/// The package's whole story on a node, then the node's set-up for a
+/// reboot (after the purge).
+const PACKAGE_STORY: &[&str] = &[
+    "the_package_installs_runs_moves_upgrades_and_purges_under_systemd",
+    "a_node_with_volumes_is_set_up_for_a_reboot",
 ];
+/// A node set up with the package's defaults, for a reboot.
+const SET_UP: &[&str] = &["a_node_with_volumes_is_set_up_for_a_reboot"];
+/// The node rebooted, its volume's owner attacking at the first moment.
+const REBOOT: &[&str] = &["the_guard_holds_from_the_first_moment_of_a_boot"];
+/// What a kernel without the BPF LSM changes of the package's story. A
+/// reboot there would prove only that the guard is off, which this
+/// already asserts.
+const WITHOUT_ENFORCEMENT: &[&str] =
+    &["the_package_runs_and_says_what_it_cannot_guard_on_a_kernel_without_the_bpf_lsm"];
 
-/// The boots on 5.10: the package's, without the reboot. The guard cannot
-/// enforce there (its LSM needs newer helpers), so a reboot would prove
-/// only that it is off, which the package test already asserts; CI's
-/// budget has no room for a boot that proves nothing more.
-const BOOTS_WITHOUT_ENFORCEMENT: [&[&str]; 1] =
-    [&["the_package_installs_runs_moves_upgrades_and_purges_under_systemd"]];
-
-/// The boots on 6.12 and 7.x: a node set up with the package's defaults
-/// and rebooted, its owner attacking at the first moment. The package test
-/// itself (install, upgrade, purge) exercises dpkg and systemd, which do
-/// not change with the kernel: 6.1 and 5.10 run it.
-const BOOTS_OF_A_NODE: [&[&str]; 2] = [
-    &["a_node_with_volumes_is_set_up_for_a_reboot"],
-    &["the_guard_holds_from_the_first_moment_of_a_boot"],
-];
-
-/// The boots of a pass on `kernel`.
-pub fn boots_of(kernel: Kernel) -> &'static [&'static [&'static str]] {
-    match kernel {
-        Kernel::V5_10 => &BOOTS_WITHOUT_ENFORCEMENT,
-        Kernel::V6_1 => &BOOTS,
-        Kernel::V6_12 | Kernel::V7 => &BOOTS_OF_A_NODE,
+/// The systemd passes of a run on `kernels`, each the boots of one copy of
+/// the root. 6.1 runs the package's story and reboots the node, then
+/// reboots it into each newer kernel of the run, as a node whose kernel is
+/// upgraded: the story (install, upgrade, purge) is dpkg's and systemd's
+/// and does not change with the kernel, the guard's first moment does.
+/// Without 6.1, a newer kernel sets up its own node. 5.10 runs what its
+/// kernel changes of the story.
+pub fn passes(kernels: &[Kernel]) -> Vec<Vec<Planned>> {
+    let newer = |k: &Kernel| matches!(k, Kernel::V6_12 | Kernel::V7);
+    let with_6_1 = kernels.contains(&Kernel::V6_1);
+    let mut out = Vec::new();
+    for &k in kernels.iter().filter(|k| KERNELS.contains(k)) {
+        match k {
+            Kernel::V5_10 => out.push(vec![(k, WITHOUT_ENFORCEMENT)]),
+            Kernel::V6_1 => {
+                let mut boots = vec![(k, PACKAGE_STORY), (k, REBOOT)];
+                boots.extend(kernels.iter().filter(|k| newer(k)).map(|&n| (n, REBOOT)));
+                out.push(boots);
+            }
+            _ if !with_6_1 => out.push(vec![(k, SET_UP), (k, REBOOT)]),
+            _ => {}
+        }
     }
+    out
 }
 
-/// What a pass on `kernel` does, for its header.
-pub fn story_of(kernel: Kernel) -> &'static str {
-    match kernel {
-        Kernel::V5_10 => {
-            "the .deb installed, run, scraped by Prometheus, moved, upgraded and purged"
+/// What a pass does, for its header.
+pub fn story_of(pass: &[Planned]) -> String {
+    let kernels = || {
+        let mut ks: Vec<&str> = pass.iter().map(|(k, _)| k.name()).collect();
+        ks.dedup();
+        ks.join(", then ")
+    };
+    match pass.first() {
+        Some((_, t)) if *t == WITHOUT_ENFORCEMENT => {
+            "the .deb installed, run, scraped by Prometheus, restarted asking for enforcement \
+             it cannot give"
+                .into()
         }
-        Kernel::V6_1 => {
+        Some((_, t)) if *t == PACKAGE_STORY => format!(
             "the .deb installed, run, scraped by Prometheus, moved, upgraded (an owner \
-             attacking the guard meanwhile) and purged, then a node with volumes rebooted"
-        }
-        Kernel::V6_12 | Kernel::V7 => {
-            "a node with volumes set up with the .deb's defaults and rebooted, its volume's \
-             owner attacking the guard at the first moment"
-        }
+             attacking the guard meanwhile) and purged, then a node with volumes rebooted \
+             into {}",
+            kernels()
+        ),
+        _ => format!(
+            "a node with volumes set up with the .deb's defaults and rebooted into {}, its \
+             volume's owner attacking the guard at the first moment",
+            kernels()
+        ),
     }
 }
 
@@ -163,14 +181,14 @@ pub struct Boot {
     pub secs: f64,
 }
 
-/// Boots `kernel` with systemd as init on a copy of the Debian root, once
-/// per entry of [`boots_of`] it, and runs that boot's tests of `test_bin` there
+/// Boots each kernel of `pass` in turn with systemd as init on one copy of
+/// the Debian root, and runs that boot's tests of `test_bin` there
 /// with `env`; `files` are copied into `/prjquota-test/` of the guest first,
 /// and each of `installs` (a host file, its absolute path in the guest)
 /// put in place as a package would have.
 /// The boots until the first that failed.
 pub fn boots(
-    kernel: Kernel,
+    pass: &[Planned],
     test_bin: &Path,
     files: &[&Path],
     installs: &[(&Path, &str)],
@@ -178,8 +196,7 @@ pub fn boots(
 ) -> Result<Vec<Boot>> {
     let base = debian_root()?;
     let started = Instant::now();
-    let image = crate::kernels::to_boot(kernel)?;
-    let release = release_of(&image)?;
+    let kernel = pass.first().context("a systemd pass of no boot")?.0;
     let work = crate::target_dir().join("xtask").join(format!(
         "systemd-{}-{}",
         kernel.name(),
@@ -197,24 +214,34 @@ pub fn boots(
             .arg(&base)
             .arg(&root),
     )?;
-    // The modules of the booted kernel, linked (the guest only reads them).
-    let modules = Path::new("/lib/modules").join(&release);
-    if !modules.is_dir() {
-        bail!(
-            "{} is missing: run `cargo xtask deps` (it installs kernel {}'s modules)",
-            modules.display(),
-            kernel.name()
-        );
-    }
-    let into = root.join("usr/lib/modules");
-    std::fs::create_dir_all(&into)?;
-    let linked = Command::new("cp")
-        .arg("-al")
-        .arg(&modules)
-        .arg(&into)
-        .status()?;
-    if !linked.success() {
-        crate::quiet(Command::new("cp").arg("-a").arg(&modules).arg(&into))?;
+    // The modules of every booted kernel, linked (the guest only reads
+    // them).
+    let mut images = Vec::new();
+    for (k, _) in pass {
+        let image = crate::kernels::to_boot(*k)?;
+        let release = release_of(&image)?;
+        images.push(image);
+        let into = root.join("usr/lib/modules");
+        if into.join(&release).is_dir() {
+            continue;
+        }
+        let modules = Path::new("/lib/modules").join(&release);
+        if !modules.is_dir() {
+            bail!(
+                "{} is missing: run `cargo xtask deps` (it installs kernel {}'s modules)",
+                modules.display(),
+                k.name()
+            );
+        }
+        std::fs::create_dir_all(&into)?;
+        let linked = Command::new("cp")
+            .arg("-al")
+            .arg(&modules)
+            .arg(&into)
+            .status()?;
+        if !linked.success() {
+            crate::quiet(Command::new("cp").arg("-a").arg(&modules).arg(&into))?;
+        }
     }
 
     // Linked where they can be (the same filesystem: Prometheus's 100 MB
@@ -242,8 +269,8 @@ pub fn boots(
         started.elapsed().as_secs_f64()
     );
     let mut done = Vec::new();
-    for (n, tests) in boots_of(kernel).iter().enumerate() {
-        let b = boot_once(kernel, &image, &root, n + 1, tests, env)?;
+    for (n, ((k, tests), image)) in pass.iter().zip(&images).enumerate() {
+        let b = boot_once(*k, image, &root, n + 1, tests, env)?;
         let failed = b.status != Some(0);
         done.push(b);
         if failed {
@@ -385,5 +412,39 @@ struct RemoveOnDrop(PathBuf);
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kernels_and_tests(pass: &[Planned]) -> Vec<(&str, &[&str])> {
+        pass.iter().map(|(k, t)| (k.name(), *t)).collect()
+    }
+
+    #[test]
+    fn the_node_set_up_on_6_1_reboots_into_each_newer_kernel() {
+        let all = passes(&Kernel::ALL);
+        assert_eq!(all.len(), 2, "{all:?}");
+        let one = all.iter().find(|p| p[0].0 == Kernel::V6_1).unwrap();
+        assert_eq!(
+            kernels_and_tests(one),
+            [
+                ("6.1", PACKAGE_STORY),
+                ("6.1", REBOOT),
+                ("6.12", REBOOT),
+                ("7", REBOOT)
+            ]
+        );
+        let old = all.iter().find(|p| p[0].0 == Kernel::V5_10).unwrap();
+        assert_eq!(kernels_and_tests(old), [("5.10", WITHOUT_ENFORCEMENT)]);
+    }
+
+    #[test]
+    fn a_newer_kernel_alone_sets_up_its_own_node() {
+        let p = passes(&[Kernel::V7]);
+        assert_eq!(kernels_and_tests(&p[0]), [("7", SET_UP), ("7", REBOOT)]);
+        assert!(passes(&[]).is_empty());
     }
 }

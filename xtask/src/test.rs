@@ -52,23 +52,41 @@ pub struct Opts {
     pub release_deb: bool,
 }
 
+/// Tests that start, restart or kill the exporter (attaching and
+/// detaching the guard's LSM programs, a dozen times) while an owner loops
+/// on the hooked ioctl: under the emulator's one thread per vCPU (6.1's
+/// full pass), a vCPU ran a stale breakpoint of the kernel's patching
+/// (`int3` at `bpf_lsm_file_ioctl+0x1`) and the guest hung, both vCPUs in
+/// soft lockups for the rest of the pass (one in the exporter, one in
+/// `attr-act`), as 6.12 and 7.x guests did before they got one emulator
+/// thread (`crate::vm::one_emulator_thread`). They run on one thread: the
+/// XFS cases on 6.12, the ext4 cases on 7.x (one filesystem each, for
+/// CI's budget: a guard test takes three to five times as long there).
+macro_rules! attach_races {
+    () => {
+        "((binary(guard) & (test(the_guard_holds_through_exporter_restarts_and_crashes) | \
+           test(a_record_the_exporter_cannot_read_keeps_its_volume_guarded) | \
+           test(a_second_exporter_leaves_the_owners_guard_alone))) | \
+          (binary(guard_pins) & test(a_start_killed_at_any_step)))"
+    };
+}
+
 /// The compatibility pass: what runs on 6.12 and 7.x besides the full
 /// suite on 6.1, chosen for what the kernel decides and for what one
-/// emulator thread can run in CI's budget (a guard test takes three to
-/// five times as long there as on 6.1's two). The guard's enforcement
+/// emulator thread can run in CI's budget. The guard's enforcement
 /// through each kernel's hooks (7.x judges in `inode_file_setattr`, 6.12
 /// has `file_ioctl_compat`), on both filesystems: an owner's escapes, the
 /// defaults, a file outside the volumes, an overlay, the generation, the
-/// detect counts, what the exporter counts and logs; a start killed at
-/// each step (on ext4, where a killed start once left a create unguarded;
-/// the emulator's one thread keeps its dozen attaches coherent, which
-/// 6.1's guest did not); the programs attaching, the
-/// exporter's write counts and quota refusals and its self-test; the
-/// plugin's enforcement; ext4 on a failing disk. Everything else runs on
-/// 6.1 only: the plugin's and the exporter's own logic, crash recovery,
-/// the write paths at every depth, the stress, admin, load, hostile,
-/// timing, package and dashboard tests.
-pub const COMPAT_FILTER: &str = "binary(vm_smoke) | \
+/// detect counts, what the exporter counts and logs; the programs
+/// attaching, the exporter's write counts and quota refusals and its
+/// self-test; the plugin's enforcement; ext4 on a failing disk. Each adds
+/// one filesystem's cases of the attach races (`attach_races!`). Everything
+/// else runs on 6.1 only: the plugin's and the exporter's own logic, crash
+/// recovery, the write paths at every depth, the stress, admin, load,
+/// hostile, timing, package and dashboard tests.
+macro_rules! compat {
+    () => {
+        "binary(vm_smoke) | \
      (binary(ebpf) & test(all_programs_attach_and_say_so)) | \
      (binary(exporter_ebpf) & (test(counts_exact_writes_and_quota_refusals_per_volume) | \
        test(=xfs::the_self_test_passes_and_fails_a_hook_that_miscounts))) | \
@@ -78,8 +96,16 @@ pub const COMPAT_FILTER: &str = "binary(vm_smoke) | \
        test(enforce_keeps_every_root_generation) | test(enforce_keeps_a_root_generation_on_ext4) | \
        test(detect_counts_escapes) | test(guard_loads_in_both_modes) | \
        test(the_exporter_counts_refuses))) | \
-     (binary(guard_pins) & test(=ext4::a_start_killed_at_any_step_leaves_the_next_create_guarded)) | \
-     (binary(faults) & test(=ext4::disk_errors))";
+     (binary(faults) & test(=ext4::disk_errors))"
+    };
+}
+
+/// 6.12's compatibility pass.
+pub const COMPAT_FILTER_6_12: &str =
+    concat!(compat!(), " | (", attach_races!(), " & test(/^xfs::/))");
+/// 7.x's compatibility pass.
+pub const COMPAT_FILTER_7: &str =
+    concat!(compat!(), " | (", attach_races!(), " & test(/^ext4::/))");
 
 /// Linux 5.10 runs the context builds of the write telemetry (the write
 /// paths on XFS, the exporter's counts on both filesystems) and of the
@@ -94,30 +120,24 @@ pub const OLD_KERNEL_FILTER: &str = "binary(vm_smoke) | binary(old_kernel) | \
      (binary(guard) & test(detect_counts)) | (binary(plugin) & test(create_enforces)) | \
      (binary(exporter) & test(every_metric_matches))";
 
-/// The full suite: every binary but `old_kernel`, which checks refusals
-/// that only a kernel older than 5.17 makes, and but the guard's killed
-/// starts (`ONE_THREAD_ONLY`), which the compatibility passes run.
-pub const FULL_FILTER: &str =
-    "all() - binary(old_kernel) - (binary(guard_pins) & test(a_start_killed_at_any_step))";
+/// The full suite on 6.1: every binary but `old_kernel`, which checks
+/// refusals that only a kernel older than 5.17 makes, and but the attach
+/// races, which one-thread guests run.
+pub const FULL_FILTER: &str = concat!("all() - binary(old_kernel) - ", attach_races!());
 
-/// Tests that attach and detach the guard's LSM programs a dozen times
-/// while other processes run through the hooked functions: under the
-/// emulator's one thread per vCPU (6.1's full pass), a vCPU ran a stale
-/// breakpoint of the kernel's patching (`int3` at `bpf_lsm_file_ioctl+0x1`)
-/// and the guest hung (both vCPUs in soft lockups, one in the plugin, one
-/// in an ioctl), as 6.12 and 7.x guests did before they got one emulator
-/// thread (`crate::vm::one_emulator_thread`). They run in the
-/// compatibility passes of 6.12 and 7, on one thread.
-#[cfg(test)]
-const ONE_THREAD_ONLY: &str = "a_start_killed_at_any_step";
+/// The full suite on a one-thread guest (`--full`).
+const FULL_ONE_THREAD_FILTER: &str = "all() - binary(old_kernel)";
 
 /// What a pass on `kernel` runs without a `--filter`: (filter, is the full
 /// suite).
 fn pass_selection(kernel: Kernel, full: bool) -> (&'static str, bool) {
+    let one_thread = crate::vm::one_emulator_thread(kernel);
     match (kernel, full) {
         (Kernel::V5_10, _) => (OLD_KERNEL_FILTER, false),
+        (_, true) if one_thread => (FULL_ONE_THREAD_FILTER, true),
         (_, true) => (FULL_FILTER, true),
-        (_, false) => (COMPAT_FILTER, false),
+        (Kernel::V6_12, false) => (COMPAT_FILTER_6_12, false),
+        (_, false) => (COMPAT_FILTER_7, false),
     }
 }
 
@@ -221,6 +241,8 @@ struct Pass {
     /// Why the pass failed beyond its test results: binaries below their
     /// floor, a VM that did not boot or was killed.
     problems: Vec<String>,
+    /// The tests nextest reported failed, timed out or killed, by name.
+    failures: Vec<String>,
 }
 
 pub fn main(args: &[String]) -> Result<u8> {
@@ -310,6 +332,9 @@ pub fn run_opts(opts: &Opts) -> Result<u8> {
     }
     for pass in passes.iter().filter(|p| !p.ok) {
         println!("xtask test: FAILED: {} pass", pass.name);
+        for t in &pass.failures {
+            println!("xtask test:     failed: {t}");
+        }
     }
     println!(
         "xtask test: {} in {:.0}s",
@@ -475,7 +500,35 @@ fn pass(
         counts,
         secs,
         problems,
+        failures: failed_tests(lines),
     }
+}
+
+/// The tests of nextest's status lines that failed, timed out or died of a
+/// signal (`FAIL [ 1.2s] prjquota-vmtests::guard xfs::name`), each once,
+/// whatever prefix a lane gave the line.
+fn failed_tests(lines: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for l in lines {
+        let words: Vec<&str> = l.split_whitespace().collect();
+        let Some(i) = words
+            .iter()
+            .position(|w| *w == "FAIL" || *w == "TIMEOUT" || (w.starts_with("SIG") && w.len() > 3))
+        else {
+            continue;
+        };
+        let Some(close) = words[i + 1..].iter().position(|w| w.ends_with(']')) else {
+            continue;
+        };
+        if !words.get(i + 1).is_some_and(|w| w.starts_with('[')) {
+            continue;
+        }
+        let name = words[i + 2 + close..].join(" ");
+        if name.starts_with(VM_PACKAGE) && !out.contains(&name) {
+            out.push(name);
+        }
+    }
+    out
 }
 
 /// `binary-id minimum` lines of the floors file (`#` starts a comment).
@@ -809,6 +862,7 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
             test_bin: rust_binary_path(&binaries_json, &format!("{VM_PACKAGE}::systemd"))?,
             deb: d.deb.clone(),
             attr_act: bin_dir.join("attr-act"),
+            passes: crate::systemd::passes(&systemd_kernels),
         }),
         None if !systemd_kernels.is_empty() => {
             bail!("the systemd pass needs the .deb (built above)")
@@ -816,7 +870,11 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
         _ => None,
     };
     let results = std::sync::Mutex::new(Vec::new());
-    for (group, lanes) in vm_groups(kernels, &systemd_kernels, opts.vm_lanes) {
+    let systemd_leads: Vec<Kernel> = systemd
+        .iter()
+        .flat_map(|sd| sd.passes.iter().map(|p| p[0].0))
+        .collect();
+    for (group, lanes) in vm_groups(kernels, &systemd_leads, opts.vm_lanes) {
         // One VM boot per kernel (or one systemd pass); `lanes` of them at
         // once, each taken by the first lane that is free, in the order
         // given (the full pass first: it is the longest).
@@ -838,7 +896,12 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
                     let pass = match (what, &systemd) {
                         (Boot::Suite(kernel), _) => job.run(kernel),
                         (Boot::Systemd(kernel), Some(sd)) => {
-                            systemd_pass(kernel, &sd.test_bin, &sd.deb, &sd.attr_act)
+                            let pass = sd
+                                .passes
+                                .iter()
+                                .find(|p| p[0].0 == kernel)
+                                .expect("a systemd pass leads with each of its kernels");
+                            systemd_pass(pass, &sd.test_bin, &sd.deb, &sd.attr_act)
                         }
                         (Boot::Systemd(_), None) => unreachable!("systemd boots need the .deb"),
                     };
@@ -858,21 +921,25 @@ struct SystemdJob {
     test_bin: PathBuf,
     deb: PathBuf,
     attr_act: PathBuf,
+    /// The boots of each pass (`crate::systemd::passes`).
+    passes: Vec<Vec<crate::systemd::Planned>>,
 }
 
-/// One VM's work: a kernel's pass of prjquota-vmtests, or its systemd pass.
+/// One VM's work: a kernel's pass of prjquota-vmtests, or a systemd pass
+/// (by the kernel it boots first).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Boot {
     Suite(Kernel),
     Systemd(Kernel),
 }
 
-/// The boots in the order given (with their place in it; the systemd
-/// passes after every suite), in groups that boot one after the other, each
-/// with how many VMs at once: `lanes` for all of them when given; else the
-/// suites with an emulator thread per vCPU alone, then the one-thread
-/// suites and every systemd pass (one emulator thread each:
-/// xtask/src/systemd.rs) [`ONE_THREAD_LANES`] at a time, the suites first.
+/// The boots (with their place in the report: the systemd passes after
+/// every suite), in groups that boot one after the other, each with how
+/// many VMs at once: `lanes` for all of them when given; else the suites
+/// with an emulator thread per vCPU alone, then the one-thread suites and
+/// every systemd pass (one emulator thread each: xtask/src/systemd.rs)
+/// [`ONE_THREAD_LANES`] at a time, the systemd passes first: 6.1's boots
+/// the node four times and is the group's longest.
 fn vm_groups(
     kernels: &[Kernel],
     systemd: &[Kernel],
@@ -886,10 +953,11 @@ fn vm_groups(
     if let Some(n) = lanes {
         return vec![(all.collect(), n)];
     }
-    let (one, many): (Vec<_>, Vec<_>) = all.partition(|(_, b)| match b {
+    let (mut one, many): (Vec<_>, Vec<_>) = all.partition(|(_, b)| match b {
         Boot::Suite(k) => crate::vm::one_emulator_thread(*k),
         Boot::Systemd(_) => true,
     });
+    one.sort_by_key(|(_, b)| matches!(b, Boot::Suite(_)));
     [(many, 1), (one, ONE_THREAD_LANES)]
         .into_iter()
         .filter(|(g, _)| !g.is_empty())
@@ -930,16 +998,24 @@ fn lists_any(expr: &str) -> Result<bool> {
         .any(|l| l.starts_with(VM_PACKAGE)))
 }
 
-/// The systemd boots (xtask/src/systemd.rs) of one kernel as a pass: the
+/// The boots of one systemd pass (xtask/src/systemd.rs) as a pass: the
 /// libtest summaries of tests/tests/systemd.rs in the guest, every test of
-/// every boot of `systemd::boots_of(kernel)` passed.
-fn systemd_pass(kernel: Kernel, test_bin: &Path, deb: &Path, attr_act: &Path) -> Pass {
+/// every boot of `planned` passed.
+fn systemd_pass(
+    planned: &[crate::systemd::Planned],
+    test_bin: &Path,
+    deb: &Path,
+    attr_act: &Path,
+) -> Pass {
+    let kernel = planned[0].0;
     header(&format!(
         "systemd pass on kernel {}: {}, on a Debian root booted with systemd as init",
         kernel.name(),
-        crate::systemd::story_of(kernel)
+        crate::systemd::story_of(planned)
     ));
-    let name = format!("systemd {}", kernel.name());
+    let mut kernels: Vec<&str> = planned.iter().map(|(k, _)| k.name()).collect();
+    kernels.dedup();
+    let name = format!("systemd {}", kernels.join(" > "));
     let t = Instant::now();
     let guest_deb = format!("/prjquota-test/{}", crate::dist::deb_name());
     // The real Prometheus scrapes the packaged service with the shipped
@@ -955,7 +1031,7 @@ fn systemd_pass(kernel: Kernel, test_bin: &Path, deb: &Path, attr_act: &Path) ->
         ))
     } else {
         crate::systemd::boots(
-            kernel,
+            planned,
             test_bin,
             &[deb, attr_act],
             &[
@@ -984,6 +1060,7 @@ fn systemd_pass(kernel: Kernel, test_bin: &Path, deb: &Path, attr_act: &Path) ->
                 ok: false,
                 secs,
                 problems: vec![format!("systemd VM: {e:#}")],
+                failures: Vec::new(),
             }
         }
     };
@@ -998,11 +1075,18 @@ fn systemd_pass(kernel: Kernel, test_bin: &Path, deb: &Path, attr_act: &Path) ->
     let (mut passed, mut failed) = (0, 0);
     let mut problems = Vec::new();
     let mut summaries = Vec::new();
+    let mut failures = Vec::new();
     for (n, b) in boots.iter().enumerate() {
         for l in b.lines.iter().filter(|l| l.starts_with("test result: ")) {
             passed += count(l, "passed");
             failed += count(l, "failed");
         }
+        // libtest: "test NAME ... FAILED".
+        failures.extend(b.lines.iter().filter_map(|l| {
+            l.strip_prefix("test ")?
+                .strip_suffix(" ... FAILED")
+                .map(|t| format!("boot {}: {t}", n + 1))
+        }));
         summaries.push(format!("boot {} {:.0}s", n + 1, b.secs));
         if b.status != Some(0) {
             problems.push(format!(
@@ -1012,8 +1096,7 @@ fn systemd_pass(kernel: Kernel, test_bin: &Path, deb: &Path, attr_act: &Path) ->
             ));
         }
     }
-    let planned = crate::systemd::boots_of(kernel);
-    let expected: usize = planned.iter().map(|b| b.len()).sum();
+    let expected: usize = planned.iter().map(|(_, tests)| tests.len()).sum();
     if boots.len() < planned.len() {
         problems.push(format!(
             "{} of {} boots ran: each starts from the state the one before left",
@@ -1038,6 +1121,7 @@ fn systemd_pass(kernel: Kernel, test_bin: &Path, deb: &Path, attr_act: &Path) ->
         },
         secs,
         problems,
+        failures,
     }
 }
 
@@ -1161,7 +1245,9 @@ impl KernelJob<'_> {
             Err(e) => {
                 println!("{prefix}xtask test: kernel {}: {e:#}", kernel.name());
                 let mut problems = vec![format!("VM: {e:#}")];
+                let mut failures = Vec::new();
                 if let Some(killed) = e.downcast_ref::<crate::vm::Killed>() {
+                    failures = failed_tests(&killed.lines);
                     problems.extend(
                         unfinished(&killed.lines)
                             .into_iter()
@@ -1175,6 +1261,7 @@ impl KernelJob<'_> {
                     ok: false,
                     secs,
                     problems,
+                    failures,
                 }
             }
         }
@@ -1423,9 +1510,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_full_pass_leaves_patching_heavy_tests_to_one_thread_guests() {
-        assert!(FULL_FILTER.contains(ONE_THREAD_ONLY));
-        assert!(COMPAT_FILTER.contains(ONE_THREAD_ONLY));
+    fn a_failed_pass_names_its_failed_tests_once() {
+        let lines: Vec<String> = [
+            "        PASS [   1.0s] prjquota-vmtests::crash xfs::ok",
+            "[6.12]         FAIL [  38.3s] prjquota-vmtests::guard xfs::broken",
+            "     TIMEOUT [ 120.0s] prjquota-vmtests::guard ext4::slow",
+            "     SIGSEGV [   0.1s] prjquota-vmtests::ebpf crashed",
+            "        FAIL [  38.3s] prjquota-vmtests::guard xfs::broken",
+            "thread 'x' panicked: FAIL [not a status line]",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(
+            failed_tests(&lines),
+            [
+                "prjquota-vmtests::guard xfs::broken",
+                "prjquota-vmtests::guard ext4::slow",
+                "prjquota-vmtests::ebpf crashed"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_attach_races_run_on_one_thread_guests_only() {
+        let races = attach_races!();
+        assert!(FULL_FILTER.ends_with(&format!("- {races}")));
+        assert!(!FULL_ONE_THREAD_FILTER.contains(races));
+        for (k, fs) in [(Kernel::V6_12, "xfs"), (Kernel::V7, "ext4")] {
+            assert!(crate::vm::one_emulator_thread(k));
+            let (f, full) = pass_selection(k, false);
+            assert!(!full);
+            assert!(f.contains(&format!("({races} & test(/^{fs}::/))")), "{f}");
+        }
+        assert_eq!(pass_selection(Kernel::V6_1, true).0, FULL_FILTER);
+        assert!(!crate::vm::one_emulator_thread(Kernel::V6_1));
+        assert_eq!(pass_selection(Kernel::V7, true).0, FULL_ONE_THREAD_FILTER);
     }
 
     #[test]
@@ -1437,23 +1556,23 @@ mod tests {
             (boots(&groups[0]), groups[0].1),
             (vec![Boot::Suite(Kernel::V6_1)], 1)
         );
-        // The systemd passes share the one-thread lanes, after the suites.
+        // The systemd passes share the one-thread lanes, first: the longest.
         assert_eq!(
             (boots(&groups[1]), groups[1].1),
             (
                 vec![
+                    Boot::Systemd(Kernel::V6_1),
+                    Boot::Systemd(Kernel::V7),
                     Boot::Suite(Kernel::V5_10),
                     Boot::Suite(Kernel::V6_12),
                     Boot::Suite(Kernel::V7),
-                    Boot::Systemd(Kernel::V6_1),
-                    Boot::Systemd(Kernel::V7),
                 ],
                 ONE_THREAD_LANES
             )
         );
-        // Each keeps its place in the order given, for the summary.
-        assert_eq!(groups[1].0[0].0, 1);
-        assert_eq!(groups[1].0[3].0, 4);
+        // Each keeps its place in the report (suites, then systemd passes).
+        assert_eq!(groups[1].0[0].0, 4);
+        assert_eq!(groups[1].0[2].0, 1);
         // --vm-lanes N: every boot in one group, N at a time.
         let given = vm_groups(&Kernel::ALL, &[], Some(1));
         assert_eq!((given.len(), given[0].0.len(), given[0].1), (1, 4, 1));
