@@ -300,6 +300,38 @@ fn write_data(dir: &Path, bytes: usize, seed: u8) -> Vec<u8> {
     data
 }
 
+/// systemd's own review of the running unit's sandbox: a system-call
+/// allow list, and `systemd-analyze security`'s exposure (0 to 10; 10 is
+/// no sandbox at all) no higher than [`MAX_EXPOSURE`].
+fn assert_the_sandbox_passes_systemds_review() {
+    let filter = sh_ok(&format!(
+        "systemctl show -p SystemCallFilter --value {UNIT}"
+    ));
+    assert!(
+        filter.contains("bpf") && filter.contains("quotactl"),
+        "the unit's system-call allow list lacks what the exporter calls: {filter:?}"
+    );
+    let review = sh_ok(&format!("systemd-analyze security --no-pager {UNIT}"));
+    let exposure = review
+        .lines()
+        .find_map(|l| l.split("Overall exposure level for ").nth(1))
+        .and_then(|r| r.split(": ").nth(1))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no overall exposure in systemd-analyze security:\n{review}"));
+    eprintln!("MEASURE systemd_analyze_security_exposure {exposure}");
+    assert!(
+        exposure <= MAX_EXPOSURE,
+        "systemd-analyze security rates the unit {exposure}, above {MAX_EXPOSURE}:\n{review}"
+    );
+}
+
+/// The highest exposure the unit may have: what it has with every
+/// setting the exporter can live with (root with six capabilities, a
+/// system-call allow list that must hold bpf(2), quotactl(2) and mount(2),
+/// the network), rounded up.
+const MAX_EXPOSURE: f64 = 3.5;
+
 /// The start-up self-test's result on a node with no volume yet: 1 per
 /// hook the volumes filesystem exercises (XFS: the buffered and the
 /// O_DIRECT hook), under the unit's sandbox; the exporter made the
@@ -506,6 +538,7 @@ fn installed_and_running(t: Instant) -> (PathBuf, Vec<Made>) {
         rw.contains(VOLUMES) && rw.contains("/sys/fs/bpf"),
         "the sandbox's writable paths are {rw:?}: the generator did not follow VOLUMES_DIR"
     );
+    assert_the_sandbox_passes_systemds_review();
     assert_selftest_before_the_first_volume();
     let node = Node::new(nomads.clone(), VOLUMES.into(), PLUGIN_DIR.into());
     let first = Spec::new("first", 64 << 20).param("max_inodes", MAX_INODES);
@@ -655,7 +688,10 @@ fn the_package_installs_runs_moves_upgrades_and_purges_under_systemd() {
     let (nomads, mut made) = installed_and_running(t);
 
     // Move the volumes directory: /etc/default/prjquota, daemon-reload,
-    // restart. A restart without the daemon-reload refuses, saying so.
+    // restart, and keep exporting the old one as an extra --volumes-dir of
+    // EXPORTER_ARGS, as for a node's second filesystem. A restart without
+    // the daemon-reload refuses, saying so; after it, the sandbox lets the
+    // exporter write in both.
     xfs("moved", MOVED, 512);
     let moved_node = Node::new(nomads.clone(), MOVED.into(), PLUGIN_DIR.into());
     let second = Spec::new("second", 64 << 20).param("max_inodes", MAX_INODES);
@@ -672,6 +708,10 @@ fn the_package_installs_runs_moves_upgrades_and_purges_under_systemd() {
         !restarted,
         "a restart with VOLUMES_DIR changed but no daemon-reload started: {out}"
     );
+    sh_ok(&format!(
+        "sed -i 's|^EXPORTER_ARGS=\"\\(.*\\)\"$|EXPORTER_ARGS=\"\\1 --volumes-dir {VOLUMES}\"|' {SETTINGS} \
+         && grep -q -- '--volumes-dir {VOLUMES}\"$' {SETTINGS}"
+    ));
     assert!(
         journal().contains("run systemctl daemon-reload"),
         "the refused start does not say to run daemon-reload:\n{}",
@@ -683,10 +723,18 @@ fn the_package_installs_runs_moves_upgrades_and_purges_under_systemd() {
     assert_eq!(is_active(), "active", "journal:\n{}", journal());
     let rw = sh_ok(&format!("systemctl show -p ReadWritePaths --value {UNIT}"));
     assert!(
-        rw.contains(MOVED),
-        "the sandbox did not follow to {MOVED}: {rw:?}"
+        rw.contains(MOVED) && rw.contains(VOLUMES),
+        "the sandbox did not follow to {MOVED} and the extra {VOLUMES}: {rw:?}"
     );
     assert_exporter_sees(&second.id, 2 << 20);
+    let first_id = made[0]
+        .path
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert_exporter_sees(&first_id, 1 << 20);
     lap(t, "moved_dir_checked");
 
     the_guard_mode_holds_through_a_restart(t);
