@@ -395,6 +395,11 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
         // once, with the kernel's last words, and the pass gets its one
         // retry (`crate::test`).
         .args(["--append", "oops=panic"])
+        // A guest hung in a soft lockup (a vCPU spinning on the stale
+        // breakpoint above, seen on 6.1's two-thread guest) never recovers:
+        // as a panic it too ends the boot at once and gets the retry,
+        // instead of holding its pass until the limit.
+        .args(["--append", "softlockup_panic=1"])
         .args(
             opts.disks
                 .iter()
