@@ -70,8 +70,9 @@ fn the_example_node_config_parses() {
 
 #[test]
 fn the_systemd_unit_passes_systemd_analyze_verify() {
-    // verify also checks that ExecStart exists: point it at a binary that
-    // does, in a copy, and verify everything else as written.
+    // verify also checks that ExecStart= and ExecStartPre= exist: point
+    // them at a binary that does, in a copy, and verify everything else as
+    // written.
     let unit = std::fs::read_to_string(deploy("systemd/prjquota-exporter.service")).unwrap();
     assert!(unit.contains("ProtectSystem=strict") && unit.contains("NoNewPrivileges=yes"));
     let dir = std::env::temp_dir().join(format!("prjquota-unit-{}", std::process::id()));
@@ -81,6 +82,10 @@ fn the_systemd_unit_passes_systemd_analyze_verify() {
         &copy,
         // The man page is the package's: not on the build machine.
         unit.replace("/usr/bin/prjquota-exporter", "/bin/true")
+            .replace(
+                "/usr/lib/systemd/system-generators/prjquota-exporter-generator",
+                "/bin/true",
+            )
             .replace("man:prjquota-exporter(1) ", ""),
     )
     .unwrap();
