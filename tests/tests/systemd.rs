@@ -477,6 +477,18 @@ struct Made {
     data: Vec<u8>,
 }
 
+/// Every volume of `made` still holds its data, after `what`.
+fn assert_data_intact(made: &[Made], what: &str) {
+    for m in made {
+        assert_eq!(
+            std::fs::read(m.path.join("data")).unwrap_or_default(),
+            m.data,
+            "{}'s data changed or is gone after {what}",
+            m.path.display()
+        );
+    }
+}
+
 /// A create of the upgrade's load: the volume or the plugin's error, when
 /// it started and ended.
 type Timed = (Result<Made, String>, Instant, Instant);
@@ -672,14 +684,7 @@ fn the_package_runs_and_says_what_it_cannot_guard_on_a_kernel_without_the_bpf_ls
     let (_, made) = installed_and_running(t);
     the_guard_mode_holds_through_a_restart(t);
     assert_eq!(is_active(), "active", "journal:\n{}", journal());
-    for m in &made {
-        assert_eq!(
-            std::fs::read(m.path.join("data")).unwrap_or_default(),
-            m.data,
-            "{}'s data changed or is gone after the restarts",
-            m.path.display()
-        );
-    }
+    assert_data_intact(&made, "the restarts");
 }
 
 #[test]
@@ -948,14 +953,7 @@ fn the_package_installs_runs_moves_upgrades_and_purges_under_systemd() {
         !wants.contains(UNIT),
         "the purge left the .wants link: {wants}"
     );
-    for m in &made {
-        assert_eq!(
-            std::fs::read(m.path.join("data")).unwrap_or_default(),
-            m.data,
-            "{}'s data changed or is gone after the purge",
-            m.path.display()
-        );
-    }
+    assert_data_intact(&made, "the purge");
     for dir in [VOLUMES, MOVED] {
         assert!(
             Path::new(dir).join(".prjquota").is_dir(),

@@ -98,13 +98,16 @@ pub fn passes(kernels: &[Kernel]) -> Vec<Vec<Planned>> {
     out
 }
 
+/// The kernels a pass boots, in order, each once.
+pub fn kernels_of(pass: &[Planned]) -> Vec<&'static str> {
+    let mut ks: Vec<&str> = pass.iter().map(|(k, _)| k.name()).collect();
+    ks.dedup();
+    ks
+}
+
 /// What a pass does, for its header.
 pub fn story_of(pass: &[Planned]) -> String {
-    let kernels = || {
-        let mut ks: Vec<&str> = pass.iter().map(|(k, _)| k.name()).collect();
-        ks.dedup();
-        ks.join(", then ")
-    };
+    let kernels = || kernels_of(pass).join(", then ");
     match pass.first() {
         Some((_, t)) if *t == WITHOUT_ENFORCEMENT => {
             "the .deb installed, run, scraped by Prometheus, restarted asking for enforcement \

@@ -531,6 +531,17 @@ fn failed_tests(lines: &[String]) -> Vec<String> {
     out
 }
 
+/// The test of a failed systemd boot that failed: the boot runs `tests`
+/// one by one and stops at the first that fails, the one after those whose
+/// libtest summary said ok.
+fn failed_in_boot<'a>(tests: &[&'a str], lines: &[String]) -> Option<&'a str> {
+    let ok = lines
+        .iter()
+        .filter(|l| l.starts_with("test result: ok."))
+        .count();
+    tests.get(ok).copied()
+}
+
 /// `binary-id minimum` lines of the floors file (`#` starts a comment).
 fn parse_floors(text: &str) -> Vec<(String, usize)> {
     text.lines()
@@ -1013,9 +1024,10 @@ fn systemd_pass(
         kernel.name(),
         crate::systemd::story_of(planned)
     ));
-    let mut kernels: Vec<&str> = planned.iter().map(|(k, _)| k.name()).collect();
-    kernels.dedup();
-    let name = format!("systemd {}", kernels.join(" > "));
+    let name = format!(
+        "systemd {}",
+        crate::systemd::kernels_of(planned).join(" > ")
+    );
     let t = Instant::now();
     let guest_deb = format!("/prjquota-test/{}", crate::dist::deb_name());
     // The real Prometheus scrapes the packaged service with the shipped
@@ -1081,12 +1093,12 @@ fn systemd_pass(
             passed += count(l, "passed");
             failed += count(l, "failed");
         }
-        // libtest: "test NAME ... FAILED".
-        failures.extend(b.lines.iter().filter_map(|l| {
-            l.strip_prefix("test ")?
-                .strip_suffix(" ... FAILED")
-                .map(|t| format!("boot {}: {t}", n + 1))
-        }));
+        if b.status != Some(0) {
+            let tests = planned.get(n).map_or(&[][..], |(_, t)| *t);
+            if let Some(t) = failed_in_boot(tests, &b.lines) {
+                failures.push(format!("boot {}: {t}", n + 1));
+            }
+        }
         summaries.push(format!("boot {} {:.0}s", n + 1, b.secs));
         if b.status != Some(0) {
             problems.push(format!(
@@ -1529,6 +1541,20 @@ mod tests {
                 "prjquota-vmtests::ebpf crashed"
             ]
         );
+    }
+
+    #[test]
+    fn a_failed_systemd_boot_names_the_test_after_those_that_passed() {
+        let lines: Vec<String> = [
+            "test result: ok. 1 passed; 0 failed; 0 ignored",
+            "thread 'b' panicked at tests/tests/systemd.rs:1:1:",
+            "FAILED",
+            "test result: FAILED. 0 passed; 1 failed; 0 ignored",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(failed_in_boot(&["a", "b", "c"], &lines), Some("b"));
+        assert_eq!(failed_in_boot(&["a"], &lines[..1]), None);
     }
 
     #[test]
