@@ -129,8 +129,12 @@ pub fn story_of(pass: &[Planned]) -> String {
 }
 
 /// The cached Debian root, made when missing or made for another package
-/// list.
+/// list. The systemd passes run in lanes of one process, each wanting the
+/// root: the first makes it while the others wait, since two makers would
+/// remove each other's half-made copy.
 pub fn debian_root() -> Result<PathBuf> {
+    static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_maker = MAKING.lock().unwrap_or_else(|e| e.into_inner());
     let base = crate::target_dir().join("systemd-root");
     let dir = base.join(SUITE);
     let key = format!("mmdebstrap --variant=minbase --include={PACKAGES} {SUITE}\n");
