@@ -610,6 +610,17 @@ impl Exporter {
         self.log.lock().unwrap().clone()
     }
 
+    /// The log lines that mention `needle` (a volume ID, say): what a
+    /// failed count is explained by, where the whole log and exposition
+    /// would be cut short in a CI report.
+    pub fn log_lines_with(&self, needle: &str) -> String {
+        self.log()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// CPU time the exporter's threads have used so far (the kernel's
     /// schedstat, in nanoseconds, summed over `/proc/PID/task`): threads
     /// that ended are not in it, so compare readings taken close together.

@@ -1367,8 +1367,14 @@ fn a_change_through_an_overlay_is_judged_by_its_caller(fs: &FsCase) {
     assert_eq!(
         e.value(ATTEMPTS, &labels),
         if read_beside { 6.0 } else { 4.0 },
-        "{}",
-        e.text
+        "{}: the volume's attempts; missed runs {:?}, unattributed {:?}; its log:\n{}",
+        fs.name,
+        e.get("prjquota_exporter_guard_missed_runs_total", &[]),
+        e.get(
+            "prjquota_exporter_guard_unattributed_attempts_total",
+            &[("result", "denied")]
+        ),
+        exp.log_lines_with(&v.spec.id)
     );
     drop(exp);
 }
