@@ -15,6 +15,7 @@ pub mod nomad;
 pub mod pinned;
 pub mod pins;
 pub mod prom;
+pub mod readme;
 pub mod records;
 pub mod witness;
 

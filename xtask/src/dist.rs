@@ -784,7 +784,7 @@ fn rpm_files(files: &[String]) -> String {
 
 /// The spec's %changelog: one entry for this version, dated by the commit
 /// (reproducible), pointing at CHANGELOG.md as the Debian one does.
-fn rpm_changelog(epoch: &str) -> Result<String> {
+fn rpm_changelog(epoch: &str, release: &str) -> Result<String> {
     let o = Command::new("date")
         .env("LC_ALL", "C")
         .args(["-u", "+%a %b %d %Y", "-d", &format!("@{epoch}")])
@@ -796,7 +796,7 @@ fn rpm_changelog(epoch: &str) -> Result<String> {
     let date = String::from_utf8_lossy(&o.stdout).trim().to_string();
     let v = env!("CARGO_PKG_VERSION");
     Ok(format!(
-        "* {date} {MAINTAINER} - {v}-{REVISION}\n\
+        "* {date} {MAINTAINER} - {v}-{release}\n\
          - prjquota {v}: see\n  https://github.com/prjquota/prjquota/blob/v{v}/CHANGELOG.md\n"
     ))
 }
@@ -816,8 +816,13 @@ fn list_files(base: &Path, d: &Path, out: &mut Vec<String>) -> Result<()> {
 
 /// `prjquota-<version>-1.x86_64.rpm`.
 pub fn rpm_name() -> String {
+    rpm_name_of(REVISION)
+}
+
+/// `prjquota-<version>-<release>.x86_64.rpm`.
+pub fn rpm_name_of(release: &str) -> String {
     format!(
-        "prjquota-{}-{REVISION}.x86_64.rpm",
+        "prjquota-{}-{release}.x86_64.rpm",
         env!("CARGO_PKG_VERSION")
     )
 }
@@ -833,10 +838,38 @@ pub fn build_rpm(
     rpm: &Path,
     epoch: &str,
 ) -> Result<()> {
+    build_rpm_release(root, plugin, exporter, rpm, epoch, REVISION, b"")
+}
+
+/// [`build_rpm`] with another release than the package's own, and
+/// `trailer` appended to both binaries once staged (stripping would drop
+/// it; an ELF runs with trailing data): the newer package an upgrade test
+/// installs over it, its files told from the old by the trailer.
+pub fn build_rpm_release(
+    root: &Path,
+    plugin: &Path,
+    exporter: &Path,
+    rpm: &Path,
+    epoch: &str,
+    release: &str,
+    trailer: &[u8],
+) -> Result<()> {
     let dir = rpm.parent().context("the .rpm's directory")?;
     let top = fresh_dir(&dir.join("rpm-build"))?;
     let tree = top.join("tree");
     stage_files(root, plugin, exporter, &tree, epoch, Family::Rpm)?;
+    if !trailer.is_empty() {
+        for bin in [
+            tree.join("usr/bin/prjquota-exporter"),
+            tree.join(PLUGIN_PATH),
+        ] {
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&bin)
+                .with_context(|| format!("open {}", bin.display()))?;
+            std::io::Write::write_all(&mut f, trailer)?;
+        }
+    }
     normalise(&tree, epoch)?;
     let mut files = Vec::new();
     list_files(&tree, &tree, &mut files)?;
@@ -855,7 +888,7 @@ pub fn build_rpm(
     let spec = format!(
         "Name: prjquota\n\
          Version: {version}\n\
-         Release: {REVISION}\n\
+         Release: {release}\n\
          Summary: {SUMMARY}\n\
          License: MPL-2.0\n\
          Group: System Environment/Daemons\n\
@@ -872,7 +905,7 @@ pub fn build_rpm(
         version = env!("CARGO_PKG_VERSION"),
         tree = tree.display(),
         description = wrap(DESCRIPTION, 79, ""),
-        changelog = rpm_changelog(epoch)?,
+        changelog = rpm_changelog(epoch, release)?,
     );
     let spec_path = top.join("prjquota.spec");
     write(&spec_path, &spec)?;
@@ -893,8 +926,9 @@ pub fn build_rpm(
         .args(["--define", "clamp_mtime_to_source_date_epoch 1"])
         .args(["--define", "_buildhost reproducible"])
         .arg(&spec_path))?;
-    std::fs::rename(top.join("out").join(rpm_name()), rpm)
-        .with_context(|| format!("rpmbuild made no {}", rpm_name()))?;
+    let made = rpm_name_of(release);
+    std::fs::rename(top.join("out").join(&made), rpm)
+        .with_context(|| format!("rpmbuild made no {made}"))?;
     Ok(())
 }
 

@@ -34,7 +34,9 @@ const SUITE: &str = "bookworm";
 
 /// What the root holds beyond minbase: systemd as init, what dpkg's scripts
 /// and the tests call (mkfs.xfs, losetup, mount), the kernel modules' tools.
-const PACKAGES: &str = "systemd,systemd-sysv,udev,kmod,xfsprogs,util-linux,procps,mount";
+/// `rpm` installs the .rpm as an RPM-family node does: no RPM-family root
+/// can be fetched here (the machine reaches Debian's archive only).
+const PACKAGES: &str = "systemd,systemd-sysv,udev,kmod,xfsprogs,util-linux,procps,mount,rpm";
 
 /// The kernels the systemd passes boot: every one of the matrix.
 pub const KERNELS: [Kernel; 4] = [Kernel::V6_1, Kernel::V5_10, Kernel::V6_12, Kernel::V7];
@@ -66,19 +68,20 @@ const PACKAGE_STORY: &[&str] = &[
 const SET_UP: &[&str] = &["a_node_with_volumes_is_set_up_for_a_reboot"];
 /// The node rebooted, its volume's owner attacking at the first moment.
 const REBOOT: &[&str] = &["the_guard_holds_from_the_first_moment_of_a_boot"];
-/// What a kernel without the BPF LSM changes of the package's story. A
+/// The .rpm's story, on a kernel without the BPF LSM: what that kernel
+/// changes of the .deb's story, and what rpm and its macros change. A
 /// reboot there would prove only that the guard is off, which this
 /// already asserts.
 const WITHOUT_ENFORCEMENT: &[&str] =
-    &["the_package_runs_and_says_what_it_cannot_guard_on_a_kernel_without_the_bpf_lsm"];
+    &["the_rpm_installs_runs_upgrades_and_erases_on_a_kernel_without_the_bpf_lsm"];
 
 /// The systemd passes of a run on `kernels`, each the boots of one copy of
 /// the root. 6.1 runs the package's story and reboots the node, then
 /// reboots it into each newer kernel of the run, as a node whose kernel is
 /// upgraded: the story (install, upgrade, purge) is dpkg's and systemd's
 /// and does not change with the kernel, the guard's first moment does.
-/// Without 6.1, a newer kernel sets up its own node. 5.10 runs what its
-/// kernel changes of the story.
+/// Without 6.1, a newer kernel sets up its own node. 5.10 runs the .rpm's
+/// story, which is what its kernel changes of the .deb's too.
 pub fn passes(kernels: &[Kernel]) -> Vec<Vec<Planned>> {
     let newer = |k: &Kernel| matches!(k, Kernel::V6_12 | Kernel::V7);
     let with_6_1 = kernels.contains(&Kernel::V6_1);
@@ -110,8 +113,8 @@ pub fn story_of(pass: &[Planned]) -> String {
     let kernels = || kernels_of(pass).join(", then ");
     match pass.first() {
         Some((_, t)) if *t == WITHOUT_ENFORCEMENT => {
-            "the .deb installed, run, scraped by Prometheus, restarted asking for enforcement \
-             it cannot give"
+            "the .rpm installed, run, scraped by Prometheus, restarted asking for enforcement \
+             it cannot give, upgraded under load, erased"
                 .into()
         }
         Some((_, t)) if *t == PACKAGE_STORY => format!(

@@ -872,6 +872,8 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
         Some(d) if !systemd_kernels.is_empty() => Some(SystemdJob {
             test_bin: rust_binary_path(&binaries_json, &format!("{VM_PACKAGE}::systemd"))?,
             deb: d.deb.clone(),
+            rpm: d.rpm.clone(),
+            newer_rpm: newer_rpm(d)?,
             attr_act: bin_dir.join("attr-act"),
             passes: crate::systemd::passes(&systemd_kernels),
         }),
@@ -912,7 +914,7 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
                                 .iter()
                                 .find(|p| p[0].0 == kernel)
                                 .expect("a systemd pass leads with each of its kernels");
-                            systemd_pass(pass, &sd.test_bin, &sd.deb, &sd.attr_act)
+                            systemd_pass(pass, sd)
                         }
                         (Boot::Systemd(_), None) => unreachable!("systemd boots need the .deb"),
                     };
@@ -931,6 +933,10 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
 struct SystemdJob {
     test_bin: PathBuf,
     deb: PathBuf,
+    rpm: PathBuf,
+    /// The .rpm again as release 2, its binaries told apart
+    /// ([`newer_rpm`]): what an upgrade installs.
+    newer_rpm: PathBuf,
     attr_act: PathBuf,
     /// The boots of each pass (`crate::systemd::passes`).
     passes: Vec<Vec<crate::systemd::Planned>>,
@@ -1012,12 +1018,7 @@ fn lists_any(expr: &str) -> Result<bool> {
 /// The boots of one systemd pass (xtask/src/systemd.rs) as a pass: the
 /// libtest summaries of tests/tests/systemd.rs in the guest, every test of
 /// every boot of `planned` passed.
-fn systemd_pass(
-    planned: &[crate::systemd::Planned],
-    test_bin: &Path,
-    deb: &Path,
-    attr_act: &Path,
-) -> Pass {
+fn systemd_pass(planned: &[crate::systemd::Planned], job: &SystemdJob) -> Pass {
     let kernel = planned[0].0;
     header(&format!(
         "systemd pass on kernel {}: {}, on a Debian root booted with systemd as init",
@@ -1029,7 +1030,12 @@ fn systemd_pass(
         crate::systemd::kernels_of(planned).join(" > ")
     );
     let t = Instant::now();
-    let guest_deb = format!("/prjquota-test/{}", crate::dist::deb_name());
+    let in_guest = |p: &Path| {
+        format!(
+            "/prjquota-test/{}",
+            p.file_name().unwrap_or_default().to_string_lossy()
+        )
+    };
     // The real Prometheus scrapes the packaged service with the shipped
     // rules and config: Prometheus 3 from `cargo xtask deps`, installed in
     // the root where its Debian package puts it.
@@ -1044,14 +1050,16 @@ fn systemd_pass(
     } else {
         crate::systemd::boots(
             planned,
-            test_bin,
-            &[deb, attr_act],
+            &job.test_bin,
+            &[&job.deb, &job.rpm, &job.newer_rpm, &job.attr_act],
             &[
                 (&prometheus, "/usr/bin/prometheus"),
                 (&promtool, "/usr/bin/promtool"),
             ],
             &[
-                ("PRJQUOTA_DEB", guest_deb),
+                ("PRJQUOTA_DEB", in_guest(&job.deb)),
+                ("PRJQUOTA_RPM", in_guest(&job.rpm)),
+                ("PRJQUOTA_NEWER_RPM", in_guest(&job.newer_rpm)),
                 ("PRJQUOTA_BIN_DIR", "/prjquota-test".into()),
                 ("PRJQUOTA_PROMETHEUS3", "/usr/bin/prometheus".into()),
             ],
@@ -1424,6 +1432,29 @@ fn dist_for_tests(opts: &Opts, root: &Path, run_dir: &Path, bin_dir: &Path) -> R
         deb_bins,
         static_dir,
     })
+}
+
+/// The test .rpm rebuilt as release 2, with a trailer on both binaries so
+/// that an upgrade's new files are told from the old: the package an
+/// upgrade test installs over it. On the host, as rpmbuild is not in the
+/// systemd pass's root.
+fn newer_rpm(d: &TestDist) -> Result<PathBuf> {
+    let root = crate::repo_root();
+    let epoch = crate::dist::source_date_epoch(&root)?;
+    let dir = d.rpm.with_file_name("newer-rpm");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let rpm = dir.join(crate::dist::rpm_name_of("2"));
+    crate::dist::build_rpm_release(
+        &root,
+        &d.deb_bins.join("prjquota"),
+        &d.deb_bins.join("prjquota-exporter"),
+        &rpm,
+        &epoch,
+        "2",
+        b"prjquota-upgrade-test",
+    )?;
+    Ok(rpm)
 }
 
 /// lintian and rpmlint on a .deb and an .rpm that `cargo xtask dist`'s
