@@ -18,8 +18,8 @@ use prjquota_dashboards::{
 };
 use prjquota_exporter::collector::quota_events::QuotaEvents;
 use prjquota_exporter::collector::{Collector, Scrape};
+use prjquota_exporter::exposition::Kind;
 use prjquota_exporter::inventory::Inventory;
-use prjquota_exporter::metrics::Kind;
 use prjquota_exporter::{Config, Exporter};
 use serde_json::Value;
 

@@ -44,8 +44,8 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::collector::{Exporter, BUILD_VERSION};
-use crate::metrics::Family;
-use crate::metrics::{Created, Format, Rendered, Renderer, Wire};
+use crate::exposition::Family;
+use crate::exposition::{Created, Format, Rendered, Renderer, Wire};
 use crate::web_config::{Verdict, Web};
 
 /// Time a client has to send a request's headers (and an idle keep-alive
@@ -561,7 +561,7 @@ async fn answer(
     let gzip = app.options.compression && accepts_gzip(req.headers());
     Ok(match req.uri().path() {
         p if p == app.options.telemetry_path => {
-            let format = crate::openmetrics::negotiate(
+            let format = crate::exposition::negotiate(
                 req.headers().get_all(ACCEPT).iter().map(|v| v.as_bytes()),
             );
             metrics(&app, &conn, head, gzip, format).await

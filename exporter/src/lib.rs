@@ -2,11 +2,9 @@
 //! by the prjquota plugin.
 //!
 //! [`collector`] holds the sources (one module each) and the scrape driver,
-//! [`http`] serves what they produce, [`metrics`] is the compact metric
-//! representation and its text encoding ([`openmetrics`]: what OpenMetrics
-//! writes differently, and which format a scraper asked for), [`inventory`]
-//! the volumes a scrape
-//! reports. The binary (`main.rs`) only parses flags and wires these up, so
+//! [`http`] serves what they produce, [`exposition`] is the compact metric
+//! model and its two text formats (text 0.0.4 and OpenMetrics, and which
+//! one a scraper asked for), [`inventory`] the volumes a scrape reports. The binary (`main.rs`) only parses flags and wires these up, so
 //! tests can run an exporter against any volumes directory in-process.
 //!
 //! No `unsafe` here: the project's syscalls live in `prjquota-core`'s `sys`
@@ -21,12 +19,11 @@ pub mod announce;
 pub mod blocking;
 pub mod collector;
 pub mod deflate;
+pub mod exposition;
 pub mod genetlink;
 pub mod http;
 pub mod inventory;
 pub mod listen;
-pub mod metrics;
-pub mod openmetrics;
 pub mod process;
 pub mod web_config;
 

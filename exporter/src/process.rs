@@ -1,7 +1,7 @@
 //! The standard `process_*` metrics of the exporter itself, from procfs, as
 //! every Prometheus client library exports them.
 
-use crate::metrics::Family;
+use crate::exposition::Family;
 
 /// The families, or none (and a log line) when /proc cannot be read: a scrape
 /// never fails for them.

@@ -38,7 +38,7 @@ use tokio::sync::Semaphore;
 
 use hyper::header::{HeaderName, HeaderValue};
 
-use crate::metrics::Family;
+use crate::exposition::Family;
 
 mod client_sans;
 mod crypto;

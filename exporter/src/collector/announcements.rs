@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use crate::metrics::Family;
+use crate::exposition::Family;
 
 /// What the announcements did, for `/metrics`.
 #[derive(Debug)]

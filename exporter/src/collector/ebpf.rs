@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use super::background::{self, Background};
 use super::{kernel_maps, BoxFuture, Collector, Scrape};
-use crate::metrics::{Extra, Family};
+use crate::exposition::{Extra, Family};
 use anyhow::anyhow;
 use prjquota_ebpf::{
     Counters, ErrnoBucket, LoadOptions, Mode, ProgramFailure, WriteTelemetry, HOOK_NAMES,
@@ -581,7 +581,7 @@ mod tests {
     }
 
     fn text(fams: &[Family], scrape: &Scrape) -> String {
-        crate::metrics::encode_all(fams, &scrape.inventory)
+        crate::exposition::encode_all(fams, &scrape.inventory)
     }
 
     /// Indexes stay with their volume, stay low (the counters are an

@@ -28,7 +28,7 @@ use anyhow::anyhow;
 use super::statfs::{statvfs, FsStat, StatFn};
 use super::{BoxFuture, Collector, Scrape};
 use crate::blocking::InFlight;
-use crate::metrics::Family;
+use crate::exposition::Family;
 
 pub struct Filesystem {
     timeout: Duration,
@@ -474,7 +474,7 @@ mod tests {
     async fn text(c: &Filesystem, s: &Scrape) -> (String, anyhow::Result<()>) {
         let mut out = Vec::new();
         let r = c.collect(s, &mut out).await;
-        (crate::metrics::encode_all(&out, &s.inventory), r)
+        (crate::exposition::encode_all(&out, &s.inventory), r)
     }
 
     /// The per-directory series carry the node's ID and pool, as Nomad's

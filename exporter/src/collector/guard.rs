@@ -55,7 +55,7 @@ use super::background::{self, Background};
 use super::guard_owner::{self, Keeper};
 use super::guard_sync::Syncer;
 use super::{BoxFuture, Collector, Scrape};
-use crate::metrics::{Extra, Family};
+use crate::exposition::{Extra, Family};
 use anyhow::anyhow;
 use prjquota_ebpf::guard::{
     bpf_lsm_active, pins, Guard, GuardCounters, GuardEvent, GuardMode, Outcome,
@@ -804,7 +804,7 @@ mod tests {
         c.privileged = 1;
         let mut out = counter_families(&scrape, &c);
         out.extend(mode_families(GuardMode::Detect));
-        let text = crate::metrics::encode_all(&out, &scrape.inventory);
+        let text = crate::exposition::encode_all(&out, &scrape.inventory);
         let v1 = &scrape.inventory.volumes[0].volume_id;
         for line in [
             "# TYPE nomad_host_volume_projid_change_attempts_total counter".to_string(),
@@ -846,7 +846,7 @@ mod tests {
             let r = detect_reason(Detect, fallback, lsm).unwrap();
             assert!(cannot_enforce(r), "{fallback:?} {lsm:?}: {r}");
         }
-        let text = crate::metrics::encode_all(
+        let text = crate::exposition::encode_all(
             &[not_enforcing_family("lsm_inactive")],
             &Inventory::default(),
         );
@@ -868,7 +868,7 @@ mod tests {
         let scrape = Scrape::new(Inventory::for_tests(vec![volume("a", "b", 1)]));
         let mut out = Vec::new();
         c.collect(&scrape, &mut out).await.unwrap();
-        let text = crate::metrics::encode_all(&out, &scrape.inventory);
+        let text = crate::exposition::encode_all(&out, &scrape.inventory);
         assert!(
             text.contains("prjquota_exporter_guard_mode{mode=\"off\"} 1\n"),
             "{text}"
@@ -894,7 +894,7 @@ mod tests {
         let scrape = Scrape::new(Inventory::for_tests(vec![]));
         let mut out = Vec::new();
         let r = c.collect(&scrape, &mut out).await;
-        let text = crate::metrics::encode_all(&out, &scrape.inventory);
+        let text = crate::exposition::encode_all(&out, &scrape.inventory);
         match r {
             Err(e) => {
                 assert!(e.to_string().contains("did not load"), "{e}");

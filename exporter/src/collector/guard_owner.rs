@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use crate::metrics::Family;
+use crate::exposition::Family;
 use prjquota_ebpf::guard::pins::{self, Claim, Current, OwnerLock};
 use prjquota_ebpf::guard::{Guard, GuardMode};
 

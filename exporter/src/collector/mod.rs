@@ -46,8 +46,8 @@ use std::time::{Duration, Instant};
 pub use prjquota_ebpf::guard::GuardMode;
 pub use prjquota_ebpf::Mode as EbpfMode;
 
+use crate::exposition::Family;
 use crate::inventory::Inventory;
-use crate::metrics::Family;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -212,7 +212,7 @@ pub struct Scraped {
 impl Scraped {
     /// The whole exposition as one string (tests; HTTP streams instead).
     pub fn to_text(&self) -> String {
-        crate::metrics::encode_all(&self.families, &self.inventory)
+        crate::exposition::encode_all(&self.families, &self.inventory)
     }
 }
 

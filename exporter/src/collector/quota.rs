@@ -21,8 +21,8 @@ use prjquota_core::quota::ProjectQuota;
 
 use super::{BoxFuture, Collector, Scrape};
 use crate::blocking::InFlight;
+use crate::exposition::Family;
 use crate::inventory::Inventory;
-use crate::metrics::Family;
 
 pub type ListFn =
     Arc<dyn Fn(&Path, RangeInclusive<u32>) -> io::Result<Vec<ProjectQuota>> + Send + Sync>;
@@ -235,7 +235,7 @@ mod tests {
         assert_eq!(q[0].unwrap().used_bytes, 0, "1005 has no dquot: zero usage");
         assert_eq!(q[1].unwrap().limits.inodes_hard, 100);
         // Only the project with an inode limit has the limit's series.
-        let text = crate::metrics::encode_all(&out, &scrape.inventory);
+        let text = crate::exposition::encode_all(&out, &scrape.inventory);
         let id = &scrape.inventory.volumes[1].volume_id;
         assert_eq!(
             text.lines()
@@ -263,6 +263,6 @@ mod tests {
             .to_string();
         assert!(err.contains("prjquota"), "{err}");
         assert_eq!(scrape.quota().await.per_volume, vec![None]);
-        assert!(crate::metrics::encode_all(&out, &scrape.inventory).is_empty());
+        assert!(crate::exposition::encode_all(&out, &scrape.inventory).is_empty());
     }
 }

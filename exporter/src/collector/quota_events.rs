@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use anyhow::anyhow;
 
 use super::{BoxFuture, Collector, Scrape};
+use crate::exposition::{Extra, Family};
 use crate::genetlink::{Hit, QuotaSocket, Warning, PRJQUOTA};
-use crate::metrics::{Extra, Family};
 
 /// Label sets of `nomad_host_volume_quota_limit_hits_total`, indexed by
 /// [`slot`].
@@ -349,7 +349,7 @@ mod tests {
         ]));
         let mut out = Vec::new();
         ev.collect(&scrape, &mut out).await.unwrap();
-        let text = crate::metrics::encode_all(&out, &scrape.inventory);
+        let text = crate::exposition::encode_all(&out, &scrape.inventory);
         let (v1, v2) = (
             &scrape.inventory.volumes[0].volume_id,
             &scrape.inventory.volumes[1].volume_id,
@@ -408,7 +408,7 @@ mod tests {
         let mut out = Vec::new();
         let err = ev.collect(&scrape, &mut out).await.unwrap_err();
         assert_eq!(err.to_string(), "no netlink here");
-        let text = crate::metrics::encode_all(&out, &scrape.inventory);
+        let text = crate::exposition::encode_all(&out, &scrape.inventory);
         assert!(text.contains("prjquota_exporter_quota_events_subscribed 0\n"));
         assert!(!text.contains("# TYPE nomad_host_volume_quota_limit_hits_total"));
     }

@@ -30,8 +30,8 @@ use prjquota_core::record::{self, records_dir, Record, State};
 
 use super::{BoxFuture, Collector, Scrape};
 use crate::blocking::InFlight;
+use crate::exposition::Family;
 use crate::inventory::{Dir, Inventory, Volume};
-use crate::metrics::Family;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct FileKey {
@@ -449,7 +449,7 @@ pub mod tests {
             record(C, "default", 1003, State::Creating),
         ];
         let inv = Inventory::from_records(Path::new("/srv/volumes"), Some(1), &recs);
-        let text = crate::metrics::encode_all(&families(&inv), &inv);
+        let text = crate::exposition::encode_all(&families(&inv), &inv);
         let expect_lines = [
             "# HELP nomad_host_volume_info Information about a Nomad dynamic host volume made by prjquota on this node; always 1.",
             "# TYPE nomad_host_volume_info gauge",

@@ -30,8 +30,8 @@ use prjquota_core::quota::ProjectQuota;
 
 use super::{BoxFuture, Collector, Scrape};
 use crate::blocking::InFlight;
+use crate::exposition::{Extra, Family};
 use crate::inventory::Volume;
-use crate::metrics::{Extra, Family};
 
 /// The statfs numbers the metrics need.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -411,7 +411,7 @@ mod tests {
         ];
         let vols = (0..5).map(|i| volume("default", "default", i)).collect();
         let inv = Inventory::for_tests(vols);
-        let text = crate::metrics::encode_all(&families(&results, None), &inv);
+        let text = crate::exposition::encode_all(&families(&results, None), &inv);
         for reason in ["not_found", "permission", "other", "timeout"] {
             assert_eq!(
                 text.matches(&format!("reason=\"{reason}\"}} 1")).count(),
@@ -454,7 +454,7 @@ mod tests {
         });
         let c = Statfs::with_stat(Duration::from_millis(100), stat);
         let scrape = Scrape::new(Inventory::for_tests(vols));
-        let text = |fams: &[Family]| crate::metrics::encode_all(fams, &scrape.inventory);
+        let text = |fams: &[Family]| crate::exposition::encode_all(fams, &scrape.inventory);
 
         let mut out = Vec::new();
         assert!(c.collect(&scrape, &mut out).await.is_err());

@@ -1,7 +1,7 @@
 //! OpenMetrics 1.0: which format a scraper asked for, and what the
 //! OpenMetrics text writes differently from text 0.0.4.
 //!
-//! The encoder ([`crate::metrics`]) writes both formats; the differences
+//! The encoder ([`super::encoder`]) writes both formats; the differences
 //! are here:
 //!
 //! - a counter's family is named without `_total` in `# HELP` and
@@ -23,7 +23,8 @@
 //! text 0.0.4 when none does. Unlike client_golang, a range with `q=0` is
 //! refused, as RFC 9110 says.
 
-use crate::metrics::{escape, Family, Kind};
+use super::family::{Family, Kind};
+use super::text::escape;
 
 /// A body's format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -162,7 +163,7 @@ pub fn created(name: &str, labels: std::ops::Range<usize>, created: f64, out: &m
     out.extend_from_slice(b"_created");
     out.extend_from_within(labels);
     out.push(b' ');
-    crate::metrics::value(out, created);
+    super::text::value(out, created);
     out.push(b'\n');
 }
 
