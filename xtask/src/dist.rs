@@ -127,7 +127,7 @@ pub fn build() -> Result<Dist> {
     }
     write(
         &stage.join(crate::notice::FILE),
-        &crate::notice::render_for_workspace(&root)?,
+        &crate::notice::render_for_workspace(&root, TRIPLE, &BINS)?,
     )?;
     stage_share(
         &bin_dir.join("prjquota"),
@@ -387,9 +387,6 @@ impl Family {
 /// The package's documentation.
 const DOC_DIR: &str = "usr/share/doc/prjquota";
 
-/// The lintian overrides the .deb ships, each with its reason.
-pub const LINTIAN_OVERRIDES: &str = "deploy/package/lintian-overrides";
-
 /// The settings file for `family`: deploy/package/default, naming the
 /// family's path in its comments.
 pub fn settings_text(default: &str, family: Family) -> String {
@@ -469,7 +466,7 @@ fn stage_files(
     let licences = d.join(family.licence_dir());
     write(
         &licences.join(crate::notice::FILE),
-        &crate::notice::render_for_workspace(root)?,
+        &crate::notice::render_for_workspace(root, TRIPLE, &BINS)?,
     )?;
     stage_man_pages(plugin, exporter, d, epoch)?;
     crate::completions::stage(exporter, d, family.zsh_dir())?;
@@ -478,7 +475,7 @@ fn stage_files(
             let years = copyright_years(root, epoch)?;
             write(&licences.join("copyright"), &debian_copyright(&years))?;
             install_file(
-                &root.join(LINTIAN_OVERRIDES),
+                &root.join(crate::lint::LINTIAN_OVERRIDES),
                 &d.join("usr/share/lintian/overrides/prjquota"),
                 0o644,
             )?;

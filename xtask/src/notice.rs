@@ -33,8 +33,9 @@ pub struct Crate {
     pub dir: PathBuf,
 }
 
-/// The notice for the crates `cargo metadata` says the binaries link.
-pub fn render_for_workspace(root: &Path) -> Result<String> {
+/// The notice for the crates `cargo metadata` says the workspace packages
+/// `bins` link when built for `triple`.
+pub fn render_for_workspace(root: &Path, triple: &str, bins: &[&str]) -> Result<String> {
     let o = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(root)
         .args([
@@ -43,7 +44,7 @@ pub fn render_for_workspace(root: &Path) -> Result<String> {
             "1",
             "--locked",
             "--filter-platform",
-            crate::dist::TRIPLE,
+            triple,
         ])
         .output()
         .context("run cargo metadata")?;
@@ -54,7 +55,7 @@ pub fn render_for_workspace(root: &Path) -> Result<String> {
         );
     }
     let meta: Value = serde_json::from_slice(&o.stdout).context("cargo metadata's JSON")?;
-    let crates = linked(&meta, &crate::dist::BINS)?;
+    let crates = linked(&meta, bins)?;
     let texts = crates
         .iter()
         .map(|c| Ok((c.clone(), licence_files(&c.dir)?)))
