@@ -1347,6 +1347,14 @@ fn a_node_with_volumes_is_set_up_for_a_reboot() {
     sh_ok(&format!(
         "sed -i 's|^VOLUMES_DIR=.*|VOLUMES_DIR={BOOT_VOLUMES}|' {SETTINGS}"
     ));
+    // The exporter's log on the console too: a boot's journal is gone when
+    // its test fails, and the console is what the pass's report keeps.
+    std::fs::create_dir_all(format!("/etc/systemd/system/{UNIT}.d")).unwrap();
+    std::fs::write(
+        format!("/etc/systemd/system/{UNIT}.d/90-console.conf"),
+        "[Service]\nStandardOutput=journal+console\nStandardError=journal+console\n",
+    )
+    .unwrap();
     // Enabled, not started: the reboot's exporter is the first to guard.
     sh_ok(&format!(
         "systemctl daemon-reload && systemctl enable {UNIT}"
@@ -1463,7 +1471,8 @@ fn the_guard_holds_from_the_first_moment_of_a_boot() {
         ready > 0 && ready <= nomad,
         "nomad.service started (at {nomad} µs) before the exporter was ready (at {ready} µs)\n{}",
         sh(&format!(
-            "systemctl status --no-pager {UNIT}; journalctl -b --no-pager -o short-monotonic \
+            "systemctl show -p NRestarts -p Result -p ExecMainStatus -p ExecMainCode {UNIT}; \
+             systemctl status --no-pager {UNIT}; journalctl -b --no-pager -o short-monotonic \
              | grep -v ' kernel: ' | tail -n 80"
         ))
         .1
