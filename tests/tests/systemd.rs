@@ -543,6 +543,45 @@ fn assert_data_intact(made: &[Made], what: &str) {
     }
 }
 
+/// After the package's removal by `what` (its output `out`): the exporter
+/// stopped, and the plugin left where Nomad runs it to delete the volumes
+/// it made, which the removal says.
+fn assert_stopped_leaving_the_plugin(what: &str, out: &str, nomads: &Path) {
+    assert_ne!(is_active(), "active", "{what} left the exporter running");
+    assert!(
+        std::fs::symlink_metadata(nomads).is_ok(),
+        "{what} took away the plugin Nomad needs to delete volumes"
+    );
+    assert!(
+        out.contains("left"),
+        "{what} does not say it left the plugin: {out}"
+    );
+}
+
+/// No `.wants` link of the unit is left after `what`.
+fn assert_not_enabled(what: &str) {
+    let wants = sh("ls /etc/systemd/system/*.wants/ 2>/dev/null").1;
+    assert!(
+        !wants.contains(UNIT),
+        "{what} left the unit enabled: {wants}"
+    );
+}
+
+/// The end of a package's story: every volume of `made` holds its data and
+/// each of `dirs` its registry after `what`; the quickstart's disk leaves
+/// fstab.
+fn assert_volumes_kept(made: &[Made], dirs: &[&str], what: &str) {
+    assert_data_intact(made, what);
+    for dir in dirs {
+        assert!(
+            Path::new(dir).join(".prjquota").is_dir(),
+            "the registry in {dir} is gone after {what}"
+        );
+    }
+    eprintln!("{} volumes and their data intact after {what}", made.len());
+    forget_the_quickstart_disk();
+}
+
 /// A create of the upgrade's load: the volume or the plugin's error, when
 /// it started and ended.
 type Timed = (Result<Made, String>, Instant, Instant);
@@ -959,21 +998,9 @@ fn the_rpm_installs_runs_upgrades_and_erases_on_a_kernel_without_the_bpf_lsm() {
     let out = sh_ok("rpm -e prjquota");
     eprintln!("rpm -e:\n{out}");
     lap(t, "erased");
-    assert_ne!(is_active(), "active", "rpm -e left the exporter running");
-    let wants = sh("ls /etc/systemd/system/*.wants/ 2>/dev/null").1;
-    assert!(
-        !wants.contains(UNIT),
-        "rpm -e left the unit enabled: {wants}"
-    );
+    assert_stopped_leaving_the_plugin("rpm -e", &out, &nomads);
+    assert_not_enabled("rpm -e");
     assert!(!Path::new(EXPORTER).exists(), "rpm -e left {EXPORTER}");
-    assert!(
-        std::fs::symlink_metadata(&nomads).is_ok(),
-        "rpm -e took away the plugin Nomad needs to delete volumes"
-    );
-    assert!(
-        out.contains("left"),
-        "rpm -e does not say it left the plugin: {out}"
-    );
     let saved = format!("{RPM_SETTINGS}.rpmsave");
     assert!(
         std::fs::read_to_string(&saved)
@@ -981,16 +1008,7 @@ fn the_rpm_installs_runs_upgrades_and_erases_on_a_kernel_without_the_bpf_lsm() {
             .contains("# kept through upgrades"),
         "rpm -e did not save the operator's settings as {saved}"
     );
-    assert_data_intact(&made, "the erase");
-    assert!(
-        Path::new(VOLUMES).join(".prjquota").is_dir(),
-        "the registry in {VOLUMES} is gone after the erase"
-    );
-    eprintln!(
-        "{} volumes and their data intact after the erase",
-        made.len()
-    );
-    forget_the_quickstart_disk();
+    assert_volumes_kept(&made, &[VOLUMES], "the erase");
 }
 
 #[test]
@@ -1070,15 +1088,7 @@ fn the_package_installs_runs_moves_upgrades_and_purges_under_systemd() {
     let out = sh_ok("dpkg -r prjquota");
     eprintln!("dpkg -r:\n{out}");
     lap(t, "removed");
-    assert_ne!(is_active(), "active", "dpkg -r left the exporter running");
-    assert!(
-        std::fs::symlink_metadata(&nomads).is_ok(),
-        "dpkg -r took away the plugin Nomad needs to delete volumes"
-    );
-    assert!(
-        out.contains("left"),
-        "dpkg -r does not say it left the plugin: {out}"
-    );
+    assert_stopped_leaving_the_plugin("dpkg -r", &out, &nomads);
 
     // Purge: configuration gone, every volume and its data there.
     sh_ok("dpkg -P prjquota");
@@ -1087,23 +1097,8 @@ fn the_package_installs_runs_moves_upgrades_and_purges_under_systemd() {
         std::fs::symlink_metadata(SETTINGS).is_err(),
         "{SETTINGS} is left after the purge"
     );
-    let wants = sh("ls /etc/systemd/system/*.wants/ 2>/dev/null").1;
-    assert!(
-        !wants.contains(UNIT),
-        "the purge left the .wants link: {wants}"
-    );
-    assert_data_intact(&made, "the purge");
-    for dir in [VOLUMES, MOVED] {
-        assert!(
-            Path::new(dir).join(".prjquota").is_dir(),
-            "the registry in {dir} is gone after the purge"
-        );
-    }
-    eprintln!(
-        "{} volumes and their data intact after the purge",
-        made.len()
-    );
-    forget_the_quickstart_disk();
+    assert_not_enabled("the purge");
+    assert_volumes_kept(&made, &[VOLUMES, MOVED], "the purge");
 }
 
 /// An upgrade to `newer` while creates and writes run as Nomad runs them:
