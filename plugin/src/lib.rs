@@ -9,12 +9,16 @@
 //! layers above it (core's `quota`; [`fs`], [`registry`], [`remove`]).
 
 pub mod admin;
+pub mod admission;
 pub mod capacity;
 pub mod contract;
+pub mod diag;
 pub mod fault;
 pub mod fs;
 pub mod input_bounds;
 pub mod input_error;
+pub mod kernel_error;
+pub mod ledger;
 pub mod ops;
 pub mod param_check;
 pub mod registry;

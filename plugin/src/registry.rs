@@ -9,6 +9,8 @@
 //!     volumes/<id>.json     one record per volume (the exporter's inventory)
 //!     locks/<id>.lock       held for the whole of one create or delete
 //!     ids/<project ID>      the volume ID a project ID is reserved for
+//!     ledger                the sum of the records' promises and the next
+//!                           free project ID (see `crate::ledger`)
 //! ```
 //!
 //! The `ids/` reservations let a create see every project ID in use with one
@@ -49,11 +51,14 @@ pub use prjquota_core::record::{
 
 use crate::contract::VolumeId;
 use crate::fs::VolumesFs;
+use crate::ledger::Ledger;
 use prjquota_core::sys;
 
 const LOCKS: &str = "locks";
 const IDS: &str = "ids";
 const ALLOC_LOCK: &str = "alloc.lock";
+const LEDGER: &str = "ledger";
+const LEDGER_TMP: &str = "ledger.tmp";
 
 pub fn now_unix() -> u64 {
     SystemTime::now()
@@ -445,6 +450,104 @@ impl Registry {
                 Some((pid.parse().ok()?, VolumeId::parse(id).ok()?))
             })
             .collect())
+    }
+
+    /// Whether this registry keeps a ledger: only where the journal orders
+    /// metadata (see [`crate::ledger`]), known once
+    /// [`Registry::follow_journal_of`] was called.
+    pub fn keeps_ledger(&self) -> bool {
+        self.journal_ordered.get()
+    }
+
+    /// The ledger, when there is one written whole. Call under the
+    /// allocation lock.
+    pub fn read_ledger(&self) -> Option<Ledger> {
+        if !self.keeps_ledger() {
+            // One left from when this filesystem ordered its metadata (or
+            // read before [`Registry::follow_journal_of`]) would not be
+            // kept up to date from here on.
+            let _ = self.drop_ledger();
+            return None;
+        }
+        let fd = sys::openat(
+            self.root.as_fd(),
+            &c(LEDGER),
+            libc::O_RDONLY | libc::O_NOFOLLOW,
+            0,
+        )
+        .ok()?;
+        let mut text = Vec::with_capacity(256);
+        use std::io::Read;
+        std::fs::File::from(fd)
+            .take(4096)
+            .read_to_end(&mut text)
+            .ok()?;
+        Ledger::decode(&text)
+            .filter(|l| Some((l.ids_changed, l.records_changed)) == self.last_changes())
+    }
+
+    /// When the reservations' and the records' directories last changed
+    /// (see [`Ledger::ids_changed`]).
+    fn last_changes(&self) -> Option<(u64, u64)> {
+        let changed = |fd: &OwnedFd| {
+            let st = sys::fstat(fd.as_fd()).ok()?;
+            Some((st.st_mtime as u64).saturating_mul(1_000_000_000) + st.st_mtime_nsec as u64)
+        };
+        Some((changed(&self.ids)?, changed(&self.volumes)?))
+    }
+
+    /// [`Registry::store`] for a write that changes no promise and no
+    /// reservation (a record's state, its labels), under the allocation
+    /// lock: a ledger that was right before it is stamped again after it,
+    /// so that the next create still trusts it.
+    pub fn store_keeping_ledger(&self, rec: &Record, when: Durable) -> Result<()> {
+        let before = self.read_ledger();
+        self.store(rec, when)?;
+        match before {
+            Some(l) => self.write_ledger(&l),
+            None => Ok(()),
+        }
+    }
+
+    /// Removes the ledger: the first step of any change to a promise or a
+    /// reservation, under the allocation lock.
+    pub fn drop_ledger(&self) -> Result<()> {
+        match sys::unlinkat(self.root.as_fd(), &c(LEDGER), false) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                Err(e).with_context(|| format!("cannot remove {}/{LEDGER}", self.path.display()))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Writes the ledger whole under its name, with no fsync: the
+    /// operation's own durable writes came before it in the journal, and a
+    /// copy whose content was lost fails its checksum.
+    pub fn write_ledger(&self, ledger: &Ledger) -> Result<()> {
+        if !self.keeps_ledger() {
+            return Ok(());
+        }
+        let ctx = || format!("cannot write {}/{LEDGER}", self.path.display());
+        let (ids_changed, records_changed) = self
+            .last_changes()
+            .ok_or_else(|| anyhow!("cannot stat {}/{IDS} or {VOLUMES}", self.path.display()))
+            .with_context(ctx)?;
+        let ledger = Ledger {
+            ids_changed,
+            records_changed,
+            ..*ledger
+        };
+        let fd = sys::openat(
+            self.root.as_fd(),
+            &c(LEDGER_TMP),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_NOFOLLOW,
+            0o600,
+        )
+        .with_context(ctx)?;
+        std::fs::File::from(fd)
+            .write_all(ledger.encode().as_bytes())
+            .with_context(ctx)?;
+        sys::renameat(self.root.as_fd(), &c(LEDGER_TMP), &c(LEDGER)).with_context(ctx)
     }
 
     /// Leftover temp files of interrupted record writes (`.<id>.json.tmp`).

@@ -406,7 +406,7 @@ fn capacity(vfs: &VolumesFs, records: &[registry::Record], cfg: &Config) -> Item
         .map(|r| r.provisioned_bytes)
         .fold(0u64, u64::saturating_add);
     let ids = records.iter().map(|r| r.project_id).collect();
-    let h = match crate::ops::measure_holdings(vfs, promised, ids, cfg.overcommit_ratio) {
+    let h = match crate::admission::measure_holdings(vfs, promised, ids, cfg.overcommit_ratio) {
         Ok(h) => h,
         Err(e) => {
             return fail(

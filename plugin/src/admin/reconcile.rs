@@ -164,6 +164,11 @@ pub fn run(flags: &Flags) -> Result<Vec<Finding>> {
     // Project-ID reservations and records must cover each other.
     {
         let _alloc = reg.lock_allocation()?;
+        // A repair changes reservations behind the ledger's back: the next
+        // create rebuilds it from what the repair left.
+        if fix {
+            reg.drop_ledger()?;
+        }
         let reservations = reg.reservations()?;
         for (pid, vid) in &reservations {
             if reg.load(vid)?.is_some_and(|r| r.project_id == *pid) {
