@@ -16,6 +16,7 @@ use prjquota_vmtests::fixture::{fill, Fixture, FsCase, SmallFs, MIB};
 use prjquota_vmtests::nomad::Spec;
 use prjquota_vmtests::on_every_fs;
 use prjquota_vmtests::prom::Exporter;
+use prjquota_vmtests::records::{add_volume, assert_ledger_agrees, read_records, trusted_ledger};
 
 on_every_fs!(
     decimal_capacity_max_rounds_down_and_a_replay_returns_the_same_bytes,
@@ -23,6 +24,7 @@ on_every_fs!(
     two_volumes_of_40_percent_fit_a_third_is_refused_and_a_ratio_of_2_admits_it,
     ten_concurrent_creates_of_15_percent_admit_only_what_fits,
     the_exporter_publishes_the_filesystem_the_promises_and_the_ratio,
+    a_ledger_stale_or_torn_behind_the_plugin_is_not_trusted,
 );
 
 const SMALL_FS: u64 = 320 * MIB;
@@ -268,4 +270,45 @@ fn the_exporter_publishes_the_filesystem_the_promises_and_the_ratio(fs: &FsCase)
         m.value("nomad_host_volumes_provisioned_bytes", &at),
         (2 * twenty) as f64
     );
+}
+
+/// The ledger keeps the size promised so that a create need not read every
+/// record; what changes the records or reservations behind it (an older
+/// plugin's grow after a downgrade, a hand, a restore from backup) makes it
+/// stale, and a stale or torn ledger is rebuilt from the records rather
+/// than trusted. Trusted, each of these would admit past the disk.
+fn a_ledger_stale_or_torn_behind_the_plugin_is_not_trusted(fs: &FsCase) {
+    let small = SmallFs::new(fs, "ledger", SMALL_FS);
+    let f = small.fixture("ledger");
+    f.set_overcommit_ratio(1.0);
+    let dir = &f.node.volumes_dir;
+    let (five, forty, ninety) = (
+        share(&small.mount, 5),
+        share(&small.mount, 40),
+        share(&small.mount, 90),
+    );
+    let a = Spec::new("a", forty as i64);
+    f.create(&a);
+    let ledger = trusted_ledger(dir).expect("a create leaves a ledger");
+    assert_eq!((ledger.promised, ledger.volumes), (forty, 1));
+
+    // A ledger whose content never reached the disk whole: rebuilt.
+    let text = std::fs::read(dir.join(".prjquota/ledger")).expect("the ledger");
+    std::fs::write(dir.join(".prjquota/ledger"), &text[..text.len() / 2]).unwrap();
+    f.create(&Spec::new("five", five as i64));
+    assert_ledger_agrees(dir, "after a torn ledger");
+    assert_eq!(trusted_ledger(dir).map(|l| l.promised), Some(forty + five));
+
+    // An older plugin grows `a` to 90 %: its record only, behind the
+    // ledger, which still says 45 % and would admit 40 % more.
+    let mut rec = read_records(dir)
+        .into_iter()
+        .find(|r| r.volume_id.as_str() == a.id)
+        .expect("a's record");
+    rec.provisioned_bytes = ninety;
+    add_volume(dir, rec);
+    let b = Spec::new("b", forty as i64);
+    let msg = assert_refused_for_capacity(&f, &b);
+    let promised = prjquota_core::units::human(ninety + five);
+    assert!(msg.contains(&format!("promised {promised}")), "{msg}");
 }

@@ -5,6 +5,7 @@
 
 use prjquota_vmtests::fixture::{fill, statvfs, writable, Fixture, FsCase, MIB, WRITER};
 use prjquota_vmtests::nomad::{run_plugin_with, Spec, TEST_DEADLINE};
+use prjquota_vmtests::records::assert_ledger_agrees;
 use prjquota_vmtests::{bin, fault_bin, on_every_fs};
 use std::os::unix::process::ExitStatusExt;
 
@@ -28,6 +29,7 @@ fn faulty(fs: &FsCase, tag: &str) -> Fixture {
 const CREATE_POINTS: &[&str] = &[
     "create:project-guarded",
     "create:reserved",
+    "create:stored",
     "create:recorded",
     "create:limited",
     "create:mkdir",
@@ -130,6 +132,7 @@ fn assert_clean(f: &Fixture, spec: &Spec, project_id: Option<u32>) {
         let q = f.quota(pid);
         assert!(q.is_unused(), "project {pid} leaked: {q:?}");
     }
+    assert_ledger_agrees(&f.node.volumes_dir, "after the clean-up");
 }
 
 /// The volume exists, is enforced at `bytes`, and its record is ready.
@@ -141,6 +144,7 @@ fn assert_enforced(f: &Fixture, spec: &Spec, bytes: u64) {
     assert_eq!(Fixture::project_of(&path), (pid, true));
     assert_eq!(f.quota(pid).limits.bytes_hard, bytes);
     assert_eq!(statvfs(&path).0, bytes);
+    assert_ledger_agrees(&f.node.volumes_dir, "after the recovery");
 }
 
 /// The project ID a crashed create reserved, if it got that far.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use prjquota_vmtests::fixture::MIB;
 use prjquota_vmtests::nomad::uuid;
 use prjquota_vmtests::prom::{Exporter, Exposition};
-use prjquota_vmtests::records::{add_volume, ready_record};
+use prjquota_vmtests::records::add_quick_volume;
 use prjquota_vmtests::{median, scratch_dir, xfs_mount};
 
 /// This thread's CPU time so far.
@@ -72,29 +72,14 @@ fn create_via_ops(volumes_dir: &Path, plugin_dir: &Path, node_id: &str, i: usize
         .path
 }
 
-/// Volume `i` with project ID `project_id`, the quick way: the end state of
-/// a create (directory, hard limit, project tag, Ready record written by the
-/// plugin's registry code) without its per-create scan of every record and
-/// quota, which makes `ops::create` O(volumes) per call.
-fn create_quick(volumes_dir: &Path, node_id: &str, i: usize, project_id: u32) -> PathBuf {
-    use prjquota_core::quota::{self, Limits};
-    let id = uuid();
-    let path = volumes_dir.join(&id);
-    std::fs::create_dir(&path).unwrap();
-    let vdir = std::fs::File::open(volumes_dir).unwrap();
-    let limits = Limits {
-        bytes_hard: 16 * MIB,
-        ..Limits::NONE
-    };
-    quota::set_limits(vdir.as_fd(), project_id, &limits).expect("set limits");
-    let root = std::fs::File::open(&path).unwrap();
-    quota::tag(root.as_fd(), project_id).expect("tag");
-    let mut rec = ready_record(&id, &format!("ns-{}", i % 10), project_id);
-    rec.volume_name = format!("vol-{i}");
-    rec.node_id = node_id.into();
-    rec.capacity_max_bytes = 16 * MIB;
-    rec.provisioned_bytes = 16 * MIB;
-    add_volume(volumes_dir, rec)
+/// Volume `i` of the scale, made the quick way (no plugin run: its
+/// create would pay for the admission the scale is not about).
+fn quick(volumes_dir: &Path, node_id: &str, i: usize, project_id: u32) -> PathBuf {
+    add_quick_volume(volumes_dir, project_id, 16 * MIB, |rec| {
+        rec.volume_name = format!("vol-{i}");
+        rec.namespace = format!("ns-{}", i % 10);
+        rec.node_id = node_id.into();
+    })
 }
 
 /// Creates volumes up to each count (the first [`VIA_OPS`] through the
@@ -138,7 +123,7 @@ fn scale(counts: &[usize]) {
                         s.spawn(move || {
                             (from..n)
                                 .filter(|i| i % 2 == w)
-                                .map(|i| (i, create_quick(vd, node, i, base + i as u32)))
+                                .map(|i| (i, quick(vd, node, i, base + i as u32)))
                                 .collect::<Vec<_>>()
                         })
                     })

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use prjquota_vmtests::fixture::{Fixture, FsCase, MIB};
 use prjquota_vmtests::nomad::Spec;
 use prjquota_vmtests::on_every_fs;
+use prjquota_vmtests::records::assert_ledger_agrees;
 use prjquota_vmtests::witness;
 
 on_every_fs!(concurrent_creates_restores_resizes_and_deletes_stay_consistent);
@@ -141,6 +142,7 @@ fn concurrent_creates_restores_resizes_and_deletes_stay_consistent(fs: &FsCase) 
 
 /// Records, directories and the kernel agree; no project ID is shared.
 fn assert_consistent(f: &Fixture, pool: &[Spec], round: u64) {
+    assert_ledger_agrees(&f.node.volumes_dir, &format!("round {round}"));
     let mut ids: BTreeMap<u32, String> = BTreeMap::new();
     for spec in pool {
         let path = f.node.volumes_dir.join(&spec.id);
