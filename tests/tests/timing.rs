@@ -16,11 +16,13 @@
 use prjquota_vmtests::fixture::{Fixture, FsCase, SmallFs, MIB};
 use prjquota_vmtests::nomad::Spec;
 use prjquota_vmtests::on_every_fs;
+use prjquota_vmtests::records::{add_quick_volume, assert_ledger_agrees};
 use prjquota_vmtests::{median, static_bin};
 
 on_every_fs!(
     fingerprint_and_create_are_within_3x_of_a_plain_mkdir,
     a_restore_of_50_volumes_is_within_2x_of_a_plain_mkdir,
+    a_create_among_2000_volumes_costs_what_it_costs_on_an_empty_node,
 );
 
 const SAMPLES: usize = 9;
@@ -109,4 +111,80 @@ fn a_restore_of_50_volumes_is_within_2x_of_a_plain_mkdir(fs: &FsCase) {
     }
     assert_eq!(restored, [RESTORED; 2], "every volume was restored");
     assert_ratio("restore_50", fs, total[0], total[1], 2.0);
+}
+
+/// Volumes already on the crowded node of the flatness test.
+const CROWD: u32 = 2000;
+
+/// A create and a restore on a node that holds 2,000 volumes cost what they
+/// cost on an empty node, side by side on one filesystem: admission and
+/// the project-ID choice read the registry's ledger, not every record and
+/// quota. The volumes are small enough that the default ratio admits them
+/// without measuring the usage inside volumes (a node whose promises exceed
+/// its free space pays that measure: see `crate::admission` in the plugin).
+fn a_create_among_2000_volumes_costs_what_it_costs_on_an_empty_node(fs: &FsCase) {
+    let small = SmallFs::new(fs, "flat", 512 * MIB);
+    let plugin = static_bin("prjquota");
+    let empty = Fixture::with_plugin(&small.mount, "flat-empty", &plugin);
+    let mut crowded = Fixture::with_plugin(&small.mount, "flat-crowded", &plugin);
+    // A range of its own on this filesystem, wide enough for the crowd.
+    (crowded.id_min, crowded.id_max) = (500_000_000, 500_009_999);
+    for f in [&empty, &crowded] {
+        std::fs::write(
+            f.node.plugin_dir.join("prjquota.toml"),
+            format!(
+                "project_id_min = {}\nproject_id_max = {}\novercommit_ratio = 1.0\n",
+                f.id_min, f.id_max
+            ),
+        )
+        .expect("node config");
+    }
+    const SIZE: u64 = 64 * 1024;
+    let dir = &crowded.node.volumes_dir;
+    std::thread::scope(|s| {
+        for w in 0..2 {
+            s.spawn(move || {
+                for i in (0..CROWD).filter(|i| i % 2 == w) {
+                    add_quick_volume(dir, 500_001_000 + i, SIZE, |_| {});
+                }
+            });
+        }
+    });
+    let mut create = [Vec::new(), Vec::new()];
+    let mut restore = [Vec::new(), Vec::new()];
+    // The first create after volumes were added behind the plugin reads
+    // them all, once: not a sample.
+    for i in 0..=SAMPLES {
+        for (k, f) in [&empty, &crowded].into_iter().enumerate() {
+            let spec = Spec::new(&format!("flat{i}"), SIZE as i64);
+            let out = f.node.create(&spec);
+            out.created();
+            let again = f.node.create(&spec);
+            again.created();
+            if i > 0 {
+                create[k].push(out.elapsed.as_secs_f64());
+                restore[k].push(again.elapsed.as_secs_f64());
+            }
+            f.node.delete(&spec).ok();
+        }
+    }
+    assert_eq!(create[1].len(), SAMPLES, "every sample was taken");
+    assert_ledger_agrees(dir, "after the samples");
+    for (what, [e, c]) in [("create", create), ("restore", restore)] {
+        let ratio = median(c.clone()) / median(e.clone());
+        eprintln!(
+            "MEASURE {what}_among_{CROWD}_volumes_{}_ratio {ratio:.2} (crowded {:.4} s, empty {:.4} s)",
+            fs.name,
+            median(c.clone()),
+            median(e.clone())
+        );
+        assert!(
+            ratio <= 1.3,
+            "a {what} on {} among {CROWD} volumes takes {ratio:.2}× one on an empty node \
+             ({:.4} s against {:.4} s), above the 1.3× allowed",
+            fs.name,
+            median(c),
+            median(e)
+        );
+    }
 }
