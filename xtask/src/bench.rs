@@ -12,7 +12,10 @@
 //! Then the docs' generated blocks (the README's comparison,
 //! docs/performance.md) are rendered from the new results (`crate::docs`);
 //! `--render-only` renders them from the committed bench/RESULTS.md alone,
-//! without a VM.
+//! without a VM. `--only SECTIONS` (a comma-separated list of the plugin
+//! comparisons: create, storm, fingerprint, delete, crowd) runs just those,
+//! for probing a figure, and prints them without touching RESULTS.md, which
+//! only a whole run writes.
 
 use std::process::Command;
 
@@ -30,11 +33,12 @@ const GUEST_DISK: &str = "/dev/vda";
 const DISK_BYTES: u64 = 40 << 30;
 
 pub fn main(args: &[String]) -> Result<u8> {
-    let quick = match args {
-        [] => false,
-        [q] if q == "--quick" => true,
+    let (quick, only) = match args {
+        [] => (false, None),
+        [q] if q == "--quick" => (true, None),
         [r] if r == "--render-only" => return render_docs(&crate::repo_root()).map(|()| 0),
-        _ => bail!("bench takes only --quick or --render-only"),
+        [o, sections] if o == "--only" => (false, Some(sections.clone())),
+        _ => bail!("bench takes --quick, --render-only or --only SECTIONS"),
     };
     let root = crate::repo_root();
     let target = crate::target_dir();
@@ -88,11 +92,13 @@ pub fn main(args: &[String]) -> Result<u8> {
     let release = target.join("release");
     let mut script = format!(
         "set -e\nfor i in $(seq 50); do [ -b {dev} ] && break; sleep 0.2; done\n\
-         {} --device {dev} --plugin-dir {} --out {}{}\n",
+         {} --device {dev} --plugin-dir {} --out {}{}{}\n",
         shell_quote(&release.join("bench").to_string_lossy()),
         shell_quote(&plugins.to_string_lossy()),
         shell_quote(&table.to_string_lossy()),
         if quick { " --quick" } else { "" },
+        only.as_ref()
+            .map_or_else(String::new, |o| format!(" --only {}", shell_quote(o))),
         dev = GUEST_DISK,
     );
     let scrape_test = if quick {
@@ -100,10 +106,11 @@ pub fn main(args: &[String]) -> Result<u8> {
     } else {
         "scrape_cost_at_100_1000_and_10000_volumes"
     };
-    for (bin, test) in [
+    let measurement_tests = [
         (&tests[0], scrape_test),
         (&tests[1], "overhead_of_the_attached_programs"),
-    ] {
+    ];
+    for (bin, test) in measurement_tests.iter().filter(|_| only.is_none()) {
         script += &format!(
             "{} --ignored --exact {test} --nocapture --test-threads 1\n",
             shell_quote(&bin.to_string_lossy())
@@ -142,6 +149,14 @@ pub fn main(args: &[String]) -> Result<u8> {
         .iter()
         .filter_map(|l| l.split_once("MEASURE ").map(|(_, m)| m.trim()))
         .collect();
+    if only.is_some() {
+        print!("{plugins_md}");
+        for m in &measures {
+            println!("MEASURE {m}");
+        }
+        println!("a run of some sections: bench/RESULTS.md left as it was");
+        return Ok(0);
+    }
     let report = render(&plugins_md, &measures, quick)?;
     let out = root.join("bench/RESULTS.md");
     std::fs::create_dir_all(out.parent().expect("has a parent"))?;

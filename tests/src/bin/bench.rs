@@ -34,7 +34,8 @@ struct Args {
     out: PathBuf,
     quick: bool,
     /// Run only these sections (a comma-separated list of create, storm,
-    /// fingerprint, delete): for probing a figure on the bench's own disk.
+    /// fingerprint, delete, crowd): for probing a figure on the bench's own
+    /// disk.
     only: Option<String>,
 }
 
@@ -119,7 +120,7 @@ impl Report {
 fn main() {
     let a = args();
     prjquota_vmtests::nomad::raise_open_files_limit();
-    let mount = PathBuf::from("/tmp/bench-xfs");
+    let mount = PathBuf::from(MOUNT);
     sh(&format!(
         "mkfs.xfs -q -f {d} && mkdir -p {m} && mount -o prjquota {d} {m}",
         d = a.device,
@@ -133,18 +134,19 @@ fn main() {
         node(&mount, &a.plugin_dir, "image", "image-plugin.sh"),
         node(&mount, &a.plugin_dir, "guide", "guide-mkdir-plugin.sh"),
     ];
-    let sections: [(&str, Section); 4] = [
+    let sections: [(&str, Section); 5] = [
         ("create", create_latency),
         ("storm", restore_storm),
         ("fingerprint", fingerprint),
         ("delete", delete_many_files),
+        ("crowd", create_among_volumes),
     ];
     // --only create,storm: the named sections, in the report's order.
     let only: Option<Vec<&str>> = a.only.as_deref().map(|o| o.split(',').collect());
     for o in only.iter().flatten() {
         assert!(
             sections.iter().any(|(name, _)| name == o),
-            "--only takes a comma-separated list of create, storm, fingerprint, delete (got {o})"
+            "--only takes a comma-separated list of create, storm, fingerprint, delete, crowd (got {o})"
         );
     }
     for (name, section) in sections {
@@ -160,6 +162,9 @@ fn main() {
 }
 
 const NAMES: [&str; 4] = ["prjquota", "mkdir", "image", "guide"];
+
+/// Where the bench's filesystem is mounted in the guest.
+const MOUNT: &str = "/tmp/bench-xfs";
 
 /// One section of the report: its tables into `r`, its measures printed.
 type Section = fn(&Args, &[Node; 4], u64, &mut Report);
@@ -381,6 +386,87 @@ fn delete_many_files(a: &Args, contenders: &[Node; 4], _free: u64, r: &mut Repor
             ms(took[1]),
             format!("{:.2}×", took[0] / took[1]),
         ]);
+    }
+}
+
+/// Section 5: create and restore on a node that already holds thousands of
+/// volumes, next to the same on an empty node of the same filesystem,
+/// interleaved sample by sample. The crowd is made the quick way (records,
+/// limits and tags written directly, as the plugin leaves them), and grows
+/// from one row to the next; the first create after it grew rebuilds the
+/// registry's ledger once and is not a sample.
+fn create_among_volumes(a: &Args, contenders: &[Node; 4], _free: u64, r: &mut Report) {
+    r.lines.push(String::new());
+    r.lines
+        .push("## Create and restore among many volumes (the same on an empty node = 1×)".into());
+    r.lines.push(String::new());
+    r.row(&[
+        "volumes on the node".into(),
+        "create median (empty node)".into(),
+        "create / empty".into(),
+        "restore median (empty node)".into(),
+        "restore / empty".into(),
+    ]);
+    r.row(&vec!["---".to_string(); 5]);
+    let empty = &contenders[0];
+    let crowded = node(Path::new(MOUNT), &a.plugin_dir, "crowded", "prjquota");
+    // Above the IDs the other nodes of this filesystem choose from.
+    const BASE: u32 = 1_500_000_000;
+    let samples = if a.quick { 5 } else { 15 };
+    let mut made = 0u32;
+    let steps: &[u32] = if a.quick {
+        &[0, 1000]
+    } else {
+        &[0, 1000, 10_000, 100_000]
+    };
+    for &target in steps {
+        let dir = &crowded.volumes_dir;
+        let from = made;
+        std::thread::scope(|s| {
+            for w in 0..2 {
+                s.spawn(move || {
+                    for i in (from..target).filter(|i| i % 2 == w) {
+                        prjquota_vmtests::records::add_quick_volume(
+                            dir,
+                            BASE + i,
+                            64 * MIB as u64,
+                            |_| {},
+                        );
+                    }
+                });
+            }
+        });
+        made = target;
+        let mut t: [[Vec<f64>; 2]; 2] = Default::default();
+        for i in 0..=samples {
+            for (k, n) in [empty, &crowded].into_iter().enumerate() {
+                let spec = Spec::new(&format!("crowd{target}-{i}"), 64 * MIB);
+                let create = n.create(&spec);
+                create.created();
+                let restore = n.create(&spec);
+                restore.created();
+                if i > 0 {
+                    t[0][k].push(create.elapsed.as_secs_f64());
+                    t[1][k].push(restore.elapsed.as_secs_f64());
+                }
+                n.delete(&spec).ok();
+            }
+        }
+        let mut cells = vec![target.to_string()];
+        for (op, [e, c]) in ["create", "restore"].into_iter().zip(t) {
+            let (e, c) = (median(e), median(c));
+            r.measure(
+                &format!("{op}_among_volumes_median_seconds{{volumes={target}}}"),
+                c,
+            );
+            r.measure(
+                &format!("{op}_empty_node_median_seconds{{volumes={target}}}"),
+                e,
+            );
+            cells.push(ms(e));
+            cells.push(format!("{:.2}×", c / e));
+        }
+        r.row(&cells);
     }
 }
 
