@@ -23,11 +23,10 @@ use crate::capacity::{self, Holdings};
 use crate::contract::VolumeId;
 use crate::diag::log;
 use crate::fs::VolumesFs;
-use crate::kernel_error::quota_error;
 use crate::ledger::Ledger;
+use crate::quota_control::Control;
 use crate::registry::{self, Lock, Registry};
 use prjquota_core::config::Config;
-use prjquota_core::quota;
 use prjquota_core::sys;
 
 /// The registry's promises and reservations as one operation sees and
@@ -245,8 +244,8 @@ fn volumes_usage(vfs: &VolumesFs, ids: BTreeSet<u32>) -> Result<u64> {
     let (Some(&lo), Some(&hi)) = (ids.first(), ids.last()) else {
         return Ok(0);
     };
-    Ok(quota::list(vfs.fd(), lo..=hi)
-        .map_err(|e| quota_error(e, "list the usage of", lo, vfs))?
+    Ok(Control::of(vfs)
+        .list(lo..=hi)?
         .iter()
         .filter(|q| ids.contains(&q.id))
         .map(|q| q.used_bytes)
@@ -266,8 +265,7 @@ pub(crate) fn choose_project_id(vfs: &VolumesFs, book: &Book, cfg: &Config) -> R
     let range = cfg.project_id_min..=cfg.project_id_max;
     if let Some(mut candidate) = book.next_unreserved(&range) {
         loop {
-            let q = quota::get(vfs.fd(), candidate)
-                .map_err(|e| quota_error(e, "read the quota of", candidate, vfs))?;
+            let q = Control::of(vfs).get(candidate)?;
             if q.is_unused() {
                 return Ok(candidate);
             }
@@ -285,8 +283,7 @@ pub(crate) fn choose_project_id(vfs: &VolumesFs, book: &Book, cfg: &Config) -> R
 fn lowest_free(vfs: &VolumesFs, reservations: &[(u32, VolumeId)], cfg: &Config) -> Result<u32> {
     let range = cfg.project_id_min..=cfg.project_id_max;
     let mut taken: BTreeSet<u32> = reservations.iter().map(|(p, _)| *p).collect();
-    let kernel = quota::list(vfs.fd(), range.clone())
-        .map_err(|e| quota_error(e, "list", cfg.project_id_min, vfs))?;
+    let kernel = Control::of(vfs).list(range.clone())?;
     taken.extend(kernel.iter().filter(|q| !q.is_unused()).map(|q| q.id));
     let mut candidate = cfg.project_id_min;
     for id in taken.range(range.clone()) {

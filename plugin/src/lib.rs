@@ -17,10 +17,10 @@ pub mod fault;
 pub mod fs;
 pub mod input_bounds;
 pub mod input_error;
-pub mod kernel_error;
 pub mod ledger;
 pub mod ops;
 pub mod param_check;
+pub mod quota_control;
 pub mod registry;
 pub mod remove;
 

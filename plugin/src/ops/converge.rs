@@ -11,8 +11,8 @@ use super::volume_dir::{apply_root_attrs, cname, open_volume_dir};
 use crate::contract::VolumeId;
 use crate::fault;
 use crate::fs::VolumesFs;
-use crate::kernel_error::{quota_error, tag_error};
-use prjquota_core::quota::{self, Limits};
+use crate::quota_control::Control;
+use prjquota_core::quota::Limits;
 use prjquota_core::sys;
 use prjquota_core::volume_params::VolumeParams;
 
@@ -59,11 +59,9 @@ pub(crate) fn converge(
     undo: &mut Undo,
 ) -> Result<()> {
     let want = limits_for(bytes, params);
-    let have = quota::get(vfs.fd(), project_id)
-        .map_err(|e| quota_error(e, "read the quota of", project_id, vfs))?;
+    let have = Control::of(vfs).get(project_id)?;
     if !limits_match(&have.limits, &want) {
-        quota::set_limits(vfs.fd(), project_id, &want)
-            .map_err(|e| quota_error(e, "set the limits of", project_id, vfs))?;
+        Control::of(vfs).set_limits(project_id, &want)?;
         undo.limits |= have.limits.is_none();
     }
     fault::point("create:limited");
@@ -98,8 +96,7 @@ pub(crate) fn converge(
         // is charged to the project. Anything is a file outside the
         // volumes given the ID before the guard knew it (or by a
         // privileged process): the volume would start with it.
-        let q = quota::get(vfs.fd(), project_id)
-            .map_err(|e| quota_error(e, "read the usage of", project_id, vfs))?;
+        let q = Control::of(vfs).get(project_id)?;
         if q.used_bytes != 0 || q.used_inodes != 0 {
             bail!(
                 "project ID {project_id} already charges {} bytes and {} inodes to files outside                  the volume (given that ID before the quota-escape guard knew it, or by a                  privileged process), so the new volume would start with them: the create is                  refused and the ID stays out of use; create the volume again (it gets another                  ID), and find the files with `xfs_quota -x -c 'report -p'` or `repquota -P`",
@@ -108,7 +105,7 @@ pub(crate) fn converge(
             );
         }
     }
-    quota::tag(fd.as_fd(), project_id).map_err(|e| tag_error(e, vfs, project_id))?;
+    Control::of(vfs).tag(fd.as_fd(), project_id)?;
     fault::point("create:tagged");
     apply_root_attrs(&fd, params).with_context(|| {
         format!(

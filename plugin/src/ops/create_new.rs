@@ -18,7 +18,7 @@ use crate::contract::VolumeId;
 use crate::diag::log;
 use crate::fault;
 use crate::fs::VolumesFs;
-use crate::kernel_error::quota_error;
+use crate::quota_control::Control;
 use crate::registry::{self, Durable, Registry, State};
 use prjquota_core::config::Config;
 use prjquota_core::quota::{self, Limits};
@@ -70,8 +70,7 @@ fn allocate_and_claim(
         g.register_project(dev, pid, true)?;
     }
     fault::point("create:project-guarded");
-    quota::set_limits(vfs.fd(), pid, limits)
-        .map_err(|e| quota_error(e, "set the limits of", pid, vfs))?;
+    Control::of(vfs).set_limits(pid, limits)?;
     Ok(pid)
 }
 
@@ -151,7 +150,7 @@ pub(crate) fn create_new(
         };
         let unclaim = || {
             if claimed {
-                let _ = quota::set_limits(vfs.fd(), pid, &Limits::NONE);
+                let _ = Control::of(vfs).clear_limits(pid);
             }
         };
         // An adopted directory brings its own ID: a reservation an earlier,
@@ -256,7 +255,7 @@ fn rollback(
         }
     }
     if undo.limits {
-        if let Err(e) = quota::set_limits(vfs.fd(), project_id, &Limits::NONE) {
+        if let Err(e) = Control::of(vfs).clear_limits(project_id) {
             log(
                 id,
                 format_args!("rollback: cannot clear the limits of project {project_id}: {e}"),

@@ -14,10 +14,10 @@ use crate::contract::DeleteRequest;
 use crate::diag::log;
 use crate::fault;
 use crate::fs::VolumesFs;
-use crate::kernel_error::quota_error;
+use crate::quota_control::Control;
 use crate::registry::{self, Durable, Registry, State};
 use crate::remove;
-use prjquota_core::quota::{self, Limits, Support};
+use prjquota_core::quota::{self, Support};
 use prjquota_core::sys;
 
 /// The project's usage once the filesystem has finished freeing what was
@@ -25,8 +25,7 @@ use prjquota_core::sys;
 /// so a quota read right after a delete can still count them; statfs on XFS
 /// flushes that work, and a few short waits cover what is still in flight.
 fn settled_usage(vfs: &VolumesFs, pid: u32) -> Result<quota::ProjectQuota> {
-    let read =
-        || quota::get(vfs.fd(), pid).map_err(|e| quota_error(e, "read the usage of", pid, vfs));
+    let read = || Control::of(vfs).get(pid);
     let mut q = read()?;
     for _ in 0..20 {
         if q.is_unused() {
@@ -126,8 +125,7 @@ pub fn delete(req: &DeleteRequest) -> Result<()> {
     let pid = rec.project_id;
     match quota::support(vfs.fd()) {
         Ok(Support::Enforced | Support::AccountingOnly) => {
-            quota::set_limits(vfs.fd(), pid, &Limits::NONE)
-                .map_err(|e| quota_error(e, "clear the limits of", pid, &vfs))?;
+            Control::of(&vfs).clear_limits(pid)?;
             let left = settled_usage(&vfs, pid)?;
             if !left.is_unused() {
                 log(id, format_args!("project {pid} still charges {} bytes and {} inodes after the delete (files moved out of the volume, or still open): the ID stays out of use until they are gone", left.used_bytes, left.used_inodes));

@@ -5,8 +5,8 @@ use anyhow::Result;
 use crate::contract::VolumeId;
 use crate::diag::log;
 use crate::fs::VolumesFs;
+use crate::quota_control::Control;
 use crate::registry::Registry;
-use prjquota_core::quota::{self, Limits};
 
 /// Releases every project ID reserved for volume `id` but `keep`, clearing
 /// the limits of each one the kernel charges nothing to (a claim made before
@@ -26,9 +26,9 @@ pub(crate) fn release_other_reservations(
         }
         // Best effort: a limit left on an unused ID only keeps that ID out
         // of use, and `prjquota reconcile` reports it.
-        match quota::get(vfs.fd(), pid) {
+        match Control::of(vfs).get(pid) {
             Ok(q) if q.used_bytes == 0 && q.used_inodes == 0 && !q.limits.is_none() => {
-                if let Err(e) = quota::set_limits(vfs.fd(), pid, &Limits::NONE) {
+                if let Err(e) = Control::of(vfs).clear_limits(pid) {
                     log(
                         id,
                         format_args!("cannot clear the limits of project {pid}: {e}"),

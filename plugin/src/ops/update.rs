@@ -14,7 +14,7 @@ use crate::admission::{self, Book};
 use crate::capacity;
 use crate::diag::log;
 use crate::fs::VolumesFs;
-use crate::kernel_error::quota_error;
+use crate::quota_control::Control;
 use crate::registry::{Durable, Record, Registry, State};
 use prjquota_core::config::Config;
 use prjquota_core::quota;
@@ -56,8 +56,7 @@ pub(crate) fn update(
 
     // Refuse a shrink below what is stored before changing anything.
     if want.shrinks(&rec) {
-        let used =
-            quota::get(vfs.fd(), pid).map_err(|e| quota_error(e, "read the usage of", pid, vfs))?;
+        let used = Control::of(vfs).get(pid)?;
         capacity::check_fits(
             id.as_str(),
             bytes,
@@ -71,7 +70,8 @@ pub(crate) fn update(
     let kernel_ok = rec.state == State::Ready
         && reg.is_reserved(pid, id)
         && (vfs.quota_suspended_read_only()
-            || quota::get(vfs.fd(), pid)
+            || Control::of(vfs)
+                .get(pid)
                 .map(|q| limits_match(&q.limits, &limits_for(bytes, params)))
                 .unwrap_or(false))
         && match open_volume_dir(vfs, id) {
