@@ -1316,6 +1316,15 @@ fn a_change_through_an_overlay_is_judged_by_its_caller(fs: &FsCase) {
         &format!("{}-ovl-out", fs.name),
     );
 
+    let denied_labels = [
+        ("namespace", v.spec.namespace.as_str()),
+        ("node_pool", "default"),
+        ("volume_id", v.spec.id.as_str()),
+        ("result", "denied"),
+    ];
+    // Each attempt, its pid and the volume's count after it: a count that
+    // comes up short names the attempt that went uncounted.
+    let mut trail = Vec::new();
     for (o, id, what) in [
         (&inside, 0, "out of the volume's project"),
         (&inside, 4242, "into another project"),
@@ -1327,13 +1336,17 @@ fn a_change_through_an_overlay_is_judged_by_its_caller(fs: &FsCase) {
     ] {
         let fd = open(&o.merged.join("f"));
         for who in [Who::User(OWNER), Who::RootWithoutSysAdmin] {
-            let (_, r) = chproj_as(who, &fd, id);
+            let (pid, r) = chproj_as(who, &fd, id);
             assert_eq!(
                 r,
                 Err(libc::EPERM),
                 "{}: {who:?} through an overlay, {what}",
                 fs.name
             );
+            let counted = exp.scrape().get(ATTEMPTS, &denied_labels);
+            trail.push(format!(
+                "{who:?} {what}: pid {pid}, count after {counted:?}"
+            ));
         }
         assert_eq!(
             Fixture::project_of(&o.upper.join("f")).0,
@@ -1357,23 +1370,18 @@ fn a_change_through_an_overlay_is_judged_by_its_caller(fs: &FsCase) {
     // judged (inode_file_setattr, 6.17+); before, overlayfs hands the file
     // on without the request, refused unread and named to no volume.
     let e = exp.scrape();
-    let labels = [
-        ("namespace", v.spec.namespace.as_str()),
-        ("node_pool", "default"),
-        ("volume_id", v.spec.id.as_str()),
-        ("result", "denied"),
-    ];
     let read_beside = exp.log().contains("lsm/inode_file_setattr");
     assert_eq!(
-        e.value(ATTEMPTS, &labels),
+        e.value(ATTEMPTS, &denied_labels),
         if read_beside { 6.0 } else { 4.0 },
-        "{}: the volume's attempts; missed runs {:?}, unattributed {:?}; its log:\n{}",
+        "{}: the volume's attempts; missed runs {:?}, unattributed {:?}; attempt by attempt:\n{}\nits log:\n{}",
         fs.name,
         e.get("prjquota_exporter_guard_missed_runs_total", &[]),
         e.get(
             "prjquota_exporter_guard_unattributed_attempts_total",
             &[("result", "denied")]
         ),
+        trail.join("\n"),
         exp.log_lines_with(&v.spec.id)
     );
     drop(exp);
