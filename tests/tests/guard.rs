@@ -1307,12 +1307,17 @@ fn a_file_outside_the_volumes_cannot_take_a_volume_project(fs: &FsCase) {
 /// keep their project; root with CAP_SYS_ADMIN still changes them.
 fn a_change_through_an_overlay_is_judged_by_its_caller(fs: &FsCase) {
     const ATTEMPTS: &str = "nomad_host_volume_projid_change_attempts_total";
-    let v = Volume::new(fs, "guard-overlay");
+    // A filesystem of its own: the guard of a test running beside this one,
+    // with roots on the shared filesystem, refuses an unreadable request
+    // anywhere on it, and a BPF LSM program that refuses first keeps the
+    // programs attached after it from running: they would not count it.
+    let small = SmallFs::new(fs, "guard-overlay", 320 * MIB);
+    let v = Volume::in_fixture(small.fixture("guard-overlay"), "guard-overlay");
     let exp = guarding(&v, &[]);
-    let inside = Overlay::mount(&(fs.mount)(), &v.path, &format!("{}-ovl-in", fs.name));
+    let inside = Overlay::mount(&small.mount, &v.path, &format!("{}-ovl-in", fs.name));
     let beside = Overlay::mount(
-        &(fs.mount)(),
-        &scratch_dir(&(fs.mount)(), &format!("{}-ovl-beside", fs.name)),
+        &small.mount,
+        &scratch_dir(&small.mount, &format!("{}-ovl-beside", fs.name)),
         &format!("{}-ovl-out", fs.name),
     );
 
