@@ -80,7 +80,7 @@ impl<'r> Book<'r> {
     }
 
     /// Removes the ledger before the first change: see [`crate::ledger`].
-    pub fn begin(&mut self) -> Result<()> {
+    pub fn begin(&self) -> Result<()> {
         self.reg.drop_ledger()
     }
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use prjquota_vmtests::fixture::MIB;
 use prjquota_vmtests::nomad::uuid;
 use prjquota_vmtests::prom::{Exporter, Exposition};
-use prjquota_vmtests::records::add_quick_volume;
+use prjquota_vmtests::records::add_quick_volumes;
 use prjquota_vmtests::{median, scratch_dir, xfs_mount};
 
 /// This thread's CPU time so far.
@@ -72,16 +72,6 @@ fn create_via_ops(volumes_dir: &Path, plugin_dir: &Path, node_id: &str, i: usize
         .path
 }
 
-/// Volume `i` of the scale, made the quick way (no plugin run: its
-/// create would pay for the admission the scale is not about).
-fn quick(volumes_dir: &Path, node_id: &str, i: usize, project_id: u32) -> PathBuf {
-    add_quick_volume(volumes_dir, project_id, 16 * MIB, |rec| {
-        rec.volume_name = format!("vol-{i}");
-        rec.namespace = format!("ns-{}", i % 10);
-        rec.node_id = node_id.into();
-    })
-}
-
 /// Creates volumes up to each count (the first [`VIA_OPS`] through the
 /// plugin's library, the rest quickly, on two threads), then starts a fresh
 /// exporter and measures it next to the floor.
@@ -116,25 +106,17 @@ fn scale(counts: &[usize]) {
         }
         if roots.len() < n {
             let from = roots.len();
-            let made: Vec<PathBuf> = std::thread::scope(|s| {
-                let workers: Vec<_> = (0..2)
-                    .map(|w| {
-                        let (vd, node) = (&volumes_dir, &node_id);
-                        s.spawn(move || {
-                            (from..n)
-                                .filter(|i| i % 2 == w)
-                                .map(|i| (i, quick(vd, node, i, base + i as u32)))
-                                .collect::<Vec<_>>()
-                        })
-                    })
-                    .collect();
-                let mut all: Vec<(usize, PathBuf)> = workers
-                    .into_iter()
-                    .flat_map(|w| w.join().expect("creator thread"))
-                    .collect();
-                all.sort();
-                all.into_iter().map(|(_, p)| p).collect()
-            });
+            let made = add_quick_volumes(
+                &volumes_dir,
+                from as u32..n as u32,
+                base,
+                16 * MIB,
+                |i, rec| {
+                    rec.volume_name = format!("vol-{i}");
+                    rec.namespace = format!("ns-{}", i % 10);
+                    rec.node_id = node_id.clone();
+                },
+            );
             roots.extend(made.into_iter().map(cstr));
         }
         assert_eq!(roots.len(), n);

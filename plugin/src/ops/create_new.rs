@@ -269,8 +269,8 @@ fn rollback(
             Ok(l) => l,
             Err(e) => return log(id, format_args!("rollback: the record is kept: {e:#}")),
         };
-        let mut book = Book::open_kept(reg, &alloc);
-        if let Some(Err(e)) = book.as_mut().map(Book::begin) {
+        let book = Book::open_kept(reg, &alloc);
+        if let Some(Err(e)) = book.as_ref().map(Book::begin) {
             return log(id, format_args!("rollback: the record is kept: {e:#}"));
         }
         match reg.remove(id) {

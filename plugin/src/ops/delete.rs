@@ -145,8 +145,8 @@ pub fn delete(req: &DeleteRequest) -> Result<()> {
         // Under the allocation lock: the promise leaves the ledger with the
         // record, and the ID leaves the guard before any create can take it.
         let alloc = reg.lock_allocation()?;
-        let mut book = Book::open_kept(&reg, &alloc);
-        if let Some(b) = &mut book {
+        let book = Book::open_kept(&reg, &alloc);
+        if let Some(b) = &book {
             b.begin()?;
         }
         reg.remove(id)?;

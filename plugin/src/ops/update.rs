@@ -105,9 +105,10 @@ pub(crate) fn update(
     // creates each count the others' promises.
     let alloc = reg.lock_allocation()?;
     let held = rec.provisioned_bytes;
-    let mut book = match bytes != held {
-        true => Some(Book::open(reg, &alloc)?),
-        false => None,
+    let mut book = if bytes != held {
+        Some(Book::open(reg, &alloc)?)
+    } else {
+        None
     };
     if let Some(b) = &mut book {
         // Only a grow is checked: a restore or shrink already holds its

@@ -115,6 +115,18 @@ impl Report {
     fn row(&mut self, cells: &[String]) {
         self.lines.push(format!("| {} |", cells.join(" | ")));
     }
+    /// A section's heading and its table's header row, after a blank line
+    /// unless it is the report's first.
+    fn table(&mut self, heading: &str, columns: &[&str]) {
+        if !self.lines.is_empty() {
+            self.lines.push(String::new());
+        }
+        self.lines.push(format!("## {heading}"));
+        self.lines.push(String::new());
+        let cells: Vec<String> = columns.iter().map(|c| c.to_string()).collect();
+        self.row(&cells);
+        self.row(&vec!["---".to_string(); columns.len()]);
+    }
 }
 
 fn main() {
@@ -171,19 +183,19 @@ type Section = fn(&Args, &[Node; 4], u64, &mut Report);
 
 /// Section 1: Create latency against capacity.
 fn create_latency(a: &Args, contenders: &[Node; 4], free: u64, r: &mut Report) {
-    r.lines.push("## Create latency against capacity".into());
-    r.lines.push(String::new());
-    r.row(&[
-        "capacity".into(),
-        "prjquota median (p95)".into(),
-        "mkdir median (p95)".into(),
-        "image median (p95)".into(),
-        "guide's bash median (p95)".into(),
-        "prjquota / mkdir".into(),
-        "prjquota / guide's bash".into(),
-        "image / prjquota".into(),
-    ]);
-    r.row(&vec!["---".to_string(); 8]);
+    r.table(
+        "Create latency against capacity",
+        &[
+            "capacity",
+            "prjquota median (p95)",
+            "mkdir median (p95)",
+            "image median (p95)",
+            "guide's bash median (p95)",
+            "prjquota / mkdir",
+            "prjquota / guide's bash",
+            "image / prjquota",
+        ],
+    );
     for (cap, label) in [(64 * MIB, "64 MiB"), (GIB, "1 GiB"), (16 * GIB, "16 GiB")] {
         let samples = if a.quick { 3 } else { 15 };
         let image_samples = match cap {
@@ -249,18 +261,16 @@ fn create_latency(a: &Args, contenders: &[Node; 4], free: u64, r: &mut Report) {
 
 /// Section 2: Restore storm: every volume re-created at once, as at agent start.
 fn restore_storm(a: &Args, contenders: &[Node; 4], _free: u64, r: &mut Report) {
-    r.lines.push(String::new());
-    r.lines
-        .push("## Restore storm (Nomad's budget: 50 s for all volumes)".into());
-    r.lines.push(String::new());
-    r.row(&[
-        "volumes".into(),
-        "prjquota mean (each storm)".into(),
-        "mkdir mean (each storm)".into(),
-        "prjquota / mkdir".into(),
-        "prjquota, share of 50 s".into(),
-    ]);
-    r.row(&vec!["---".to_string(); 5]);
+    r.table(
+        "Restore storm (Nomad's budget: 50 s for all volumes)",
+        &[
+            "volumes",
+            "prjquota mean (each storm)",
+            "mkdir mean (each storm)",
+            "prjquota / mkdir",
+            "prjquota, share of 50 s",
+        ],
+    );
     for n_vol in if a.quick { vec![100] } else { vec![100, 1000] } {
         let specs: Vec<Spec> = (0..n_vol)
             .map(|i| Spec::new(&format!("s{i}"), GIB))
@@ -345,17 +355,15 @@ fn fingerprint(a: &Args, contenders: &[Node; 4], _free: u64, r: &mut Report) {
 
 /// Section 4: Delete of a volume full of small files, against Nomad's 60 s.
 fn delete_many_files(a: &Args, contenders: &[Node; 4], _free: u64, r: &mut Report) {
-    r.lines.push(String::new());
-    r.lines
-        .push("## Delete of a volume of small files (Nomad's deadline: 60 s)".into());
-    r.lines.push(String::new());
-    r.row(&[
-        "files".into(),
-        "prjquota".into(),
-        "mkdir (remove_dir_all)".into(),
-        "prjquota / mkdir".into(),
-    ]);
-    r.row(&vec!["---".to_string(); 4]);
+    r.table(
+        "Delete of a volume of small files (Nomad's deadline: 60 s)",
+        &[
+            "files",
+            "prjquota",
+            "mkdir (remove_dir_all)",
+            "prjquota / mkdir",
+        ],
+    );
     for files in if a.quick {
         vec![10_000]
     } else {
@@ -396,18 +404,16 @@ fn delete_many_files(a: &Args, contenders: &[Node; 4], _free: u64, r: &mut Repor
 /// from one row to the next; the first create after it grew rebuilds the
 /// registry's ledger once and is not a sample.
 fn create_among_volumes(a: &Args, contenders: &[Node; 4], _free: u64, r: &mut Report) {
-    r.lines.push(String::new());
-    r.lines
-        .push("## Create and restore among many volumes (the same on an empty node = 1×)".into());
-    r.lines.push(String::new());
-    r.row(&[
-        "volumes on the node".into(),
-        "create median (empty node)".into(),
-        "create / empty".into(),
-        "restore median (empty node)".into(),
-        "restore / empty".into(),
-    ]);
-    r.row(&vec!["---".to_string(); 5]);
+    r.table(
+        "Create and restore among many volumes (the same on an empty node = 1×)",
+        &[
+            "volumes on the node",
+            "create median (empty node)",
+            "create / empty",
+            "restore median (empty node)",
+            "restore / empty",
+        ],
+    );
     let empty = &contenders[0];
     let crowded = node(Path::new(MOUNT), &a.plugin_dir, "crowded", "prjquota");
     // Above the IDs the other nodes of this filesystem choose from.
@@ -420,22 +426,13 @@ fn create_among_volumes(a: &Args, contenders: &[Node; 4], _free: u64, r: &mut Re
         &[0, 1000, 10_000, 100_000]
     };
     for &target in steps {
-        let dir = &crowded.volumes_dir;
-        let from = made;
-        std::thread::scope(|s| {
-            for w in 0..2 {
-                s.spawn(move || {
-                    for i in (from..target).filter(|i| i % 2 == w) {
-                        prjquota_vmtests::records::add_quick_volume(
-                            dir,
-                            BASE + i,
-                            64 * MIB as u64,
-                            |_| {},
-                        );
-                    }
-                });
-            }
-        });
+        prjquota_vmtests::records::add_quick_volumes(
+            &crowded.volumes_dir,
+            made..target,
+            BASE,
+            64 * MIB as u64,
+            |_, _| {},
+        );
         made = target;
         let mut t: [[Vec<f64>; 2]; 2] = Default::default();
         for i in 0..=samples {
