@@ -24,6 +24,7 @@ on_every_fs!(
     two_volumes_of_40_percent_fit_a_third_is_refused_and_a_ratio_of_2_admits_it,
     ten_concurrent_creates_of_15_percent_admit_only_what_fits,
     the_exporter_publishes_the_filesystem_the_promises_and_the_ratio,
+    a_volume_on_a_nearly_full_filesystem_reports_the_room_left_on_it,
     a_ledger_stale_or_torn_behind_the_plugin_is_not_trusted,
 );
 
@@ -270,6 +271,72 @@ fn the_exporter_publishes_the_filesystem_the_promises_and_the_ratio(fs: &FsCase)
         m.value("nomad_host_volumes_provisioned_bytes", &at),
         (2 * twenty) as f64
     );
+}
+
+/// A volume's available bytes are what a writer can still put in it: on a
+/// filesystem promised more than it holds (a ratio of 2) and nearly full,
+/// the filesystem's room, not the limit less the usage that ext4's statfs
+/// of the root reports; its capacity is the limit, as every kernel's
+/// statfs of the root says, and its usage the project's.
+fn a_volume_on_a_nearly_full_filesystem_reports_the_room_left_on_it(fs: &FsCase) {
+    let small = SmallFs::new(fs, "nearly-full", SMALL_FS);
+    let f = small.fixture("nearly-full");
+    f.set_overcommit_ratio(2.0);
+    let sixty = share(&small.mount, 60);
+    let a = Spec::new("a", sixty as i64);
+    let b = Spec::new("b", sixty as i64);
+    let (pa, _) = f.create(&a);
+    let (pb, _) = f.create(&b);
+    assert_eq!(fill(&pa.join("data"), 4 * MIB, None).errno, None);
+    // b takes most of the disk: a's limit less its usage is now far more
+    // than the filesystem has left.
+    assert_eq!(
+        fill(&pb.join("data"), share(&small.mount, 55), None).errno,
+        None
+    );
+    let exp = Exporter::start_with(&[&f.node.volumes_dir], &["--ebpf=off"]);
+    let m = exp.scrape();
+    m.assert_collectors_succeeded("nearly full");
+    let dir = f.node.volumes_dir.display().to_string();
+    let fs_avail = m.value(
+        "nomad_host_volumes_filesystem_available_bytes",
+        &[("volumes_dir", dir.as_str())],
+    );
+    let l = [
+        ("namespace", "default"),
+        ("node_pool", "default"),
+        ("volume_id", a.id.as_str()),
+    ];
+    let q = f.quota(f.project_id(&a.id));
+    let (capacity, used, available) = (
+        m.value("nomad_host_volume_capacity_bytes", &l),
+        m.value("nomad_host_volume_used_bytes", &l),
+        m.value("nomad_host_volume_available_bytes", &l),
+    );
+    let root = prjquota_vmtests::fixture::statvfs(&pa);
+    eprintln!(
+        "{}: capacity {capacity} used {used} available {available}; filesystem available {fs_avail}; statfs of the root: size {} available {}",
+        fs.name, root.0, root.1
+    );
+    assert_eq!(capacity, sixty as f64);
+    assert_eq!(
+        capacity, root.0 as f64,
+        "statfs of the root: the same capacity"
+    );
+    assert_eq!(used, q.used_bytes as f64);
+    assert!(used >= (4 * MIB) as f64, "{used}");
+    assert!(
+        fs_avail < capacity - used,
+        "the setup: the filesystem ({fs_avail}) must have less room than a's limit leaves ({})",
+        capacity - used
+    );
+    assert_eq!(
+        available, fs_avail,
+        "the filesystem's room, from the same scrape's statfs"
+    );
+    // b's numbers are bounded the same way.
+    let lb = [l[0], l[1], ("volume_id", b.id.as_str())];
+    assert!(m.value("nomad_host_volume_available_bytes", &lb) <= fs_avail);
 }
 
 /// The ledger keeps the size promised so that a create need not read every

@@ -239,7 +239,7 @@ fn metrics_match_what_was_written(mount: &Path) {
         let l = m.labels("pool-a");
         let v = |name: &str| e.value(name, &l);
         let q = f.quota(m.project_id);
-        let (_, _, fs_files, _) = statvfs(&m.path);
+        let (root_size, root_available, fs_files, _) = statvfs(&m.path);
 
         // What the registry recorded.
         assert_eq!(v("nomad_host_volume_provisioned_bytes"), m.limit as f64);
@@ -258,11 +258,12 @@ fn metrics_match_what_was_written(mount: &Path) {
             Some(m.project_id.to_string().as_str())
         );
 
-        // Limits: statfs of the project directory reports the quota's hard
-        // limit (so no quota_* series repeats it); the inode limit, which
-        // statfs cannot tell from the filesystem's inodes, is quotactl's and
-        // has a series only where there is one.
+        // Limits: the capacity is the quota's hard limit (so no quota_*
+        // series repeats it), as the kernel's statfs of the root says; the
+        // inode limit is quotactl's and has a series only where there is
+        // one.
         assert_eq!(v("nomad_host_volume_capacity_bytes"), m.limit as f64);
+        assert_eq!(root_size, m.limit, "statfs of the root {}", m.spec.name);
         assert_eq!(q.limits.bytes_hard, m.limit, "{}", m.spec.name);
         assert_eq!(
             e.get("nomad_host_volume_quota_hard_limit_inodes", &l),
@@ -289,15 +290,22 @@ fn metrics_match_what_was_written(mount: &Path) {
             m.spec.name,
             floor + BLOCK
         );
-        // Nothing is written meanwhile. statfs on a project directory
-        // reports the project's usage in whole blocks; usage here is whole
-        // blocks, so statfs and the kernel's quota agree exactly: the reason
-        // the exporter has no quota_used_bytes of its own.
+        // Nothing is written meanwhile: the usage is the kernel's quota,
+        // exactly (the reason the exporter has no quota_used_bytes of its
+        // own). The filesystem has room to spare, so what is available is
+        // the limit less the usage, and every kernel's statfs of the root
+        // agrees (a nearly full one is `capacity`'s test).
         assert_eq!(used, q.used_bytes as f64, "{}", m.spec.name);
         assert_eq!(
             v("nomad_host_volume_available_bytes"),
             m.limit as f64 - used,
             "{}",
+            m.spec.name
+        );
+        assert_eq!(
+            root_available as f64,
+            m.limit as f64 - used,
+            "statfs of the root {}",
             m.spec.name
         );
 

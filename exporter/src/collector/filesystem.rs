@@ -25,15 +25,16 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 
-use super::statfs::{statvfs, FsStat, StatFn};
+use super::dir_stat::Unanswered;
+use super::statfs::FsStat;
 use super::{BoxFuture, Collector, Scrape};
 use crate::blocking::InFlight;
 use crate::exposition::Family;
 
 pub struct Filesystem {
     timeout: Duration,
+    /// The probes' calls (the statfs is [`Scrape::dir_stats`]'s).
     inflight: InFlight,
-    stat: StatFn,
     plugin_dir: Option<PathBuf>,
     /// The ratio as last read, and the file it was read from.
     ratio: Mutex<Option<KeptRatio>>,
@@ -155,24 +156,18 @@ type KeptRatio = (Option<FileKey>, Result<Option<f64>, String>);
 
 impl Filesystem {
     pub fn new(timeout: Duration, plugin_dir: Option<PathBuf>) -> Filesystem {
-        Filesystem::with_stat(timeout, plugin_dir, Arc::new(statvfs))
+        Filesystem::with_probe(timeout, plugin_dir, Arc::new(probe))
     }
 
-    pub fn with_stat(timeout: Duration, plugin_dir: Option<PathBuf>, stat: StatFn) -> Filesystem {
-        Filesystem::with_probe(timeout, plugin_dir, stat, Arc::new(probe))
-    }
-
-    /// With another statfs and probe (tests simulate failing filesystems).
+    /// With another probe (tests simulate failing filesystems).
     pub fn with_probe(
         timeout: Duration,
         plugin_dir: Option<PathBuf>,
-        stat: StatFn,
         probe: ProbeFn,
     ) -> Filesystem {
         Filesystem {
             timeout,
-            inflight: InFlight::new("statfs of a volumes directory"),
-            stat,
+            inflight: InFlight::new("volumes directory probe"),
             plugin_dir,
             ratio: Mutex::default(),
             probe,
@@ -289,6 +284,7 @@ impl Collector for Filesystem {
                 None
             });
             let reading = scrape.quota().await;
+            let stats = scrape.dir_stats().await;
             let g = |name, help| Family::gauge(name, help).with_capacity(inv.dirs.len());
             let mut size = g(
                 "nomad_host_volumes_filesystem_size_bytes",
@@ -333,31 +329,23 @@ impl Collector for Filesystem {
                     }
                     l
                 };
-                let (stat, path) = (self.stat.clone(), dir.path.clone());
-                let key = path.display().to_string();
-                let answered = match self
-                    .inflight
-                    .run(&key, self.timeout, move || stat(&path))
-                    .await
-                {
-                    Ok(Ok(FsStat {
+                let key = dir.path.display().to_string();
+                let answered = match &stats[d] {
+                    Some(Ok(FsStat {
                         frsize,
                         blocks,
                         bavail,
                         ..
                     })) => {
-                        size.labelled(label(), blocks.saturating_mul(frsize) as f64);
-                        avail.labelled(label(), bavail.saturating_mul(frsize) as f64);
+                        size.labelled(label(), blocks.saturating_mul(*frsize) as f64);
+                        avail.labelled(label(), bavail.saturating_mul(*frsize) as f64);
                         true
                     }
-                    Ok(Err(e)) => {
+                    Some(Err(e)) => {
                         errors.push(format!("statfs of {key}: {e}"));
-                        true
+                        !matches!(e, Unanswered::Stuck(_))
                     }
-                    Err(blocked) => {
-                        errors.push(format!("statfs of {key}: {blocked}"));
-                        false
-                    }
+                    None => continue,
                 };
                 // A statfs that did not answer leaves the probe unasked: it
                 // would block on the same filesystem.
@@ -422,6 +410,7 @@ impl Collector for Filesystem {
 mod tests {
     use super::*;
     use crate::collector::quota::{ListFn, QuotaReader};
+    use crate::collector::statfs::StatFn;
     use crate::inventory::tests::volume;
     use crate::inventory::Inventory;
     use prjquota_core::quota::ProjectQuota;
@@ -446,6 +435,7 @@ mod tests {
             Inventory::for_tests(vec![a, b]),
             QuotaReader::with_list(Duration::from_secs(5), list),
         )
+        .with_dir_stat(Duration::from_secs(5), stat())
     }
 
     fn stat() -> StatFn {
@@ -483,14 +473,19 @@ mod tests {
     /// directory without volumes has no record to name them.
     #[tokio::test]
     async fn the_node_labels_come_from_the_newest_record() {
-        let c = Filesystem::with_stat(Duration::from_secs(5), None, stat());
+        let c = Filesystem::new(Duration::from_secs(5), None);
         let mut old = volume("default", "old-pool", 1001);
         old.updated_unix = 100;
         let mut new = volume("default", "gpu", 1002);
         new.updated_unix = 200;
         new.node_id = "node-2".into();
         for vols in [vec![old.clone(), new.clone()], vec![new, old]] {
-            let (t, r) = text(&c, &Scrape::new(Inventory::for_tests(vols))).await;
+            let (t, r) = text(
+                &c,
+                &Scrape::new(Inventory::for_tests(vols))
+                    .with_dir_stat(Duration::from_secs(5), stat()),
+            )
+            .await;
             r.unwrap();
             assert!(
                 t.contains(
@@ -499,7 +494,12 @@ mod tests {
                 "{t}"
             );
         }
-        let (t, r) = text(&c, &Scrape::new(Inventory::for_tests(vec![]))).await;
+        let (t, r) = text(
+            &c,
+            &Scrape::new(Inventory::for_tests(vec![]))
+                .with_dir_stat(Duration::from_secs(5), stat()),
+        )
+        .await;
         r.unwrap();
         assert!(
             t.contains(
@@ -512,7 +512,7 @@ mod tests {
     #[tokio::test]
     async fn one_series_each_per_volumes_dir_with_the_ratio_from_the_plugin_dir() {
         let dir = scratch("ok", Some("overcommit_ratio = 2.5\n"));
-        let c = Filesystem::with_stat(Duration::from_secs(5), Some(dir.clone()), stat());
+        let c = Filesystem::new(Duration::from_secs(5), Some(dir.clone()));
         let (t, r) = text(&c, &scrape(true)).await;
         r.unwrap();
         for line in [
@@ -541,7 +541,7 @@ mod tests {
     async fn a_kept_ratio_follows_every_change_of_the_file() {
         let dir = scratch("kept", Some("overcommit_ratio = 2.5\n"));
         let file = dir.join("prjquota.toml");
-        let c = Filesystem::with_stat(Duration::from_secs(5), Some(dir.clone()), stat());
+        let c = Filesystem::new(Duration::from_secs(5), Some(dir.clone()));
         let settle = || std::thread::sleep(Duration::from_millis(2100));
         let ratio = || async {
             let (t, r) = text(&c, &scrape(true)).await;
@@ -581,17 +581,13 @@ mod tests {
 
     #[tokio::test]
     async fn an_unknown_ratio_or_usage_is_absent_not_zero_or_one() {
-        let c = Filesystem::with_stat(
-            Duration::from_secs(5),
-            Some("/nonexistent/plugins".into()),
-            stat(),
-        );
+        let c = Filesystem::new(Duration::from_secs(5), Some("/nonexistent/plugins".into()));
         let (t, r) = text(&c, &scrape(false)).await;
         r.unwrap();
         assert!(!t.contains("nomad_host_volumes_overcommit_ratio"), "{t}");
         assert!(!t.contains("nomad_host_volumes_used_bytes"), "{t}");
         assert!(t.contains("nomad_host_volumes_provisioned_bytes{"), "{t}");
-        let c = Filesystem::with_stat(Duration::from_secs(5), None, stat());
+        let c = Filesystem::new(Duration::from_secs(5), None);
         let (t, _) = text(&c, &scrape(true)).await;
         assert!(!t.contains("nomad_host_volumes_overcommit_ratio"), "{t}");
     }
@@ -599,7 +595,7 @@ mod tests {
     #[tokio::test]
     async fn a_malformed_ratio_fails_the_collector_naming_the_file() {
         let dir = scratch("bad", Some("overcommit_ratio = 0\n"));
-        let c = Filesystem::with_stat(Duration::from_secs(5), Some(dir.clone()), stat());
+        let c = Filesystem::new(Duration::from_secs(5), Some(dir.clone()));
         let (t, r) = text(&c, &scrape(true)).await;
         let e = r.unwrap_err().to_string();
         assert!(
@@ -622,7 +618,7 @@ mod tests {
         }));
         let seen = state.clone();
         let probe: ProbeFn = Arc::new(move |_| seen.lock().unwrap().clone());
-        let c = Filesystem::with_probe(Duration::from_secs(5), None, stat(), probe);
+        let c = Filesystem::with_probe(Duration::from_secs(5), None, probe);
         let line = |t: &str, name: &str| {
             t.lines()
                 .find(|l| l.starts_with(&format!("{name}{{volumes_dir=\"/srv/volumes\",node_id=\"node-1\",node_pool=\"default\"}}")))
@@ -670,9 +666,10 @@ mod tests {
             Err(std::io::Error::from_raw_os_error(libc::EIO))
         });
         let probe: ProbeFn = Arc::new(|_| panic!("the probe is not asked while statfs is stuck"));
-        let c = Filesystem::with_probe(Duration::from_millis(100), None, stuck, probe);
+        let c = Filesystem::with_probe(Duration::from_millis(100), None, probe);
         let began = std::time::Instant::now();
-        let (t, r) = text(&c, &scrape(true)).await;
+        let s = scrape(true).with_dir_stat(Duration::from_millis(100), stuck);
+        let (t, r) = text(&c, &s).await;
         assert!(began.elapsed() < Duration::from_millis(500));
         assert!(r
             .unwrap_err()

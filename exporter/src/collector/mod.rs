@@ -23,6 +23,7 @@
 
 pub mod announcements;
 mod background;
+pub mod dir_stat;
 pub mod ebpf;
 pub mod filesystem;
 pub mod guard;
@@ -59,6 +60,8 @@ pub struct Scrape {
     quota: tokio::sync::OnceCell<quota::QuotaReading>,
     root_stat: Arc<roots::RootStat>,
     root_ids: tokio::sync::OnceCell<roots::RootIds>,
+    dir_stat: Arc<dir_stat::DirStatReader>,
+    dir_stats: tokio::sync::OnceCell<Vec<dir_stat::DirStat>>,
 }
 
 impl Scrape {
@@ -72,13 +75,24 @@ impl Scrape {
             inventory,
             Arc::new(reader),
             Arc::new(roots::RootStat::new(Duration::from_secs(5))),
+            Arc::new(dir_stat::DirStatReader::new(Duration::from_secs(5))),
         )
+    }
+
+    /// This scrape with the volumes directories' statfs from `stat`
+    /// (tests: a fake filesystem).
+    pub fn with_dir_stat(self, timeout: Duration, stat: statfs::StatFn) -> Scrape {
+        Scrape {
+            dir_stat: Arc::new(dir_stat::DirStatReader::with_stat(timeout, stat)),
+            ..self
+        }
     }
 
     fn with_sources(
         inventory: Inventory,
         quota_reader: Arc<quota::QuotaReader>,
         root_stat: Arc<roots::RootStat>,
+        dir_stat: Arc<dir_stat::DirStatReader>,
     ) -> Scrape {
         Scrape {
             inventory: Arc::new(inventory),
@@ -86,6 +100,8 @@ impl Scrape {
             quota: tokio::sync::OnceCell::new(),
             root_stat,
             root_ids: tokio::sync::OnceCell::new(),
+            dir_stat,
+            dir_stats: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -106,6 +122,15 @@ impl Scrape {
     pub async fn root_ids(&self) -> &roots::RootIds {
         self.root_ids
             .get_or_init(|| self.root_stat.stat_all_or_reuse(&self.inventory))
+            .await
+    }
+
+    /// The statfs of every volumes directory (same index as the
+    /// inventory's `dirs`), made by the first collector that asks in this
+    /// scrape and shared with the others.
+    pub async fn dir_stats(&self) -> &[dir_stat::DirStat] {
+        self.dir_stats
+            .get_or_init(|| self.dir_stat.read(&self.inventory))
             .await
     }
 }
@@ -231,6 +256,7 @@ pub struct Exporter {
     ready: tokio::sync::watch::Sender<bool>,
     root_stat: Arc<roots::RootStat>,
     quota_reader: Arc<quota::QuotaReader>,
+    dir_stat: Arc<dir_stat::DirStatReader>,
     /// Held by a scrape and by [`Exporter::register_volumes`], each of which
     /// reads the registry and then writes the programs' roots maps: without
     /// it, a scrape that read the registry before a create could rewrite
@@ -353,6 +379,7 @@ impl Exporter {
             ready: tokio::sync::watch::Sender::new(false),
             root_stat: Arc::new(roots::RootStat::new(config.mount_timeout)),
             quota_reader: Arc::new(quota::QuotaReader::new(config.mount_timeout)),
+            dir_stat: Arc::new(dir_stat::DirStatReader::new(config.mount_timeout)),
             roots_sync: tokio::sync::Mutex::new(()),
             announcements: Arc::new(announcements::Stats::new(&config.volumes_dirs)),
             disabled: SWITCHABLE
@@ -376,8 +403,12 @@ impl Exporter {
         let _sync = self.roots_sync.lock().await;
         let (inventory, loaded) = self.registry.load().await;
         loaded?;
-        let scrape =
-            Scrape::with_sources(inventory, self.quota_reader.clone(), self.root_stat.clone());
+        let scrape = Scrape::with_sources(
+            inventory,
+            self.quota_reader.clone(),
+            self.root_stat.clone(),
+            self.dir_stat.clone(),
+        );
         let mut errors = Vec::new();
         for c in &self.collectors {
             match tokio::time::timeout(self.deadline, c.register(&scrape)).await {
@@ -405,8 +436,12 @@ impl Exporter {
         let start = Instant::now();
         let (inventory, loaded) = self.registry.load().await;
         let load_time = start.elapsed();
-        let scrape =
-            Scrape::with_sources(inventory, self.quota_reader.clone(), self.root_stat.clone());
+        let scrape = Scrape::with_sources(
+            inventory,
+            self.quota_reader.clone(),
+            self.root_stat.clone(),
+            self.dir_stat.clone(),
+        );
 
         // Every collector at once, as node_exporter runs them: a scrape takes
         // as long as its slowest collector, not the sum of all, and their
