@@ -136,7 +136,7 @@ fn performance(results: &str) -> Result<String> {
     }
     let m = measures(results);
     let kib = |k: String| m.get(&k).map(|v| format!("{:.1} MiB", v / 1024.0));
-    let rows: Vec<String> = [100, 1000, 10_000]
+    let rows: Vec<String> = [100, 1000, 10_000, 100_000]
         .iter()
         .filter_map(|n| {
             let v = format!("{{volumes={n}}}");
