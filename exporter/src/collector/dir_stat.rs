@@ -11,9 +11,37 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::statfs::{statvfs, FsStat, StatFn};
+use std::path::Path;
+
 use crate::blocking::InFlight;
 use crate::inventory::Inventory;
+
+/// The statfs numbers the metrics need.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FsStat {
+    /// `f_frsize`: the unit of the block counts.
+    pub frsize: u64,
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+}
+
+pub type StatFn = Arc<dyn Fn(&Path) -> io::Result<FsStat> + Send + Sync>;
+
+/// `statvfs(2)` of `path`.
+pub fn statvfs(path: &Path) -> io::Result<FsStat> {
+    let s = nix::sys::statvfs::statvfs(path).map_err(|e| io::Error::from_raw_os_error(e as i32))?;
+    Ok(FsStat {
+        frsize: s.fragment_size() as u64,
+        blocks: s.blocks() as u64,
+        bfree: s.blocks_free() as u64,
+        bavail: s.blocks_available() as u64,
+        files: s.files() as u64,
+        ffree: s.files_free() as u64,
+    })
+}
 
 /// Why a volumes directory has no statfs this scrape.
 #[derive(Clone, Debug, PartialEq, Eq)]

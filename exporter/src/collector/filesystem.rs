@@ -25,8 +25,7 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 
-use super::dir_stat::Unanswered;
-use super::statfs::FsStat;
+use super::dir_stat::{FsStat, Unanswered};
 use super::{BoxFuture, Collector, Scrape};
 use crate::blocking::InFlight;
 use crate::exposition::Family;
@@ -409,8 +408,8 @@ impl Collector for Filesystem {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collector::dir_stat::StatFn;
     use crate::collector::quota::{ListFn, QuotaReader};
-    use crate::collector::statfs::StatFn;
     use crate::inventory::tests::volume;
     use crate::inventory::Inventory;
     use prjquota_core::quota::ProjectQuota;

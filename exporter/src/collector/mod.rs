@@ -81,7 +81,7 @@ impl Scrape {
 
     /// This scrape with the volumes directories' statfs from `stat`
     /// (tests: a fake filesystem).
-    pub fn with_dir_stat(self, timeout: Duration, stat: statfs::StatFn) -> Scrape {
+    pub fn with_dir_stat(self, timeout: Duration, stat: dir_stat::StatFn) -> Scrape {
         Scrape {
             dir_stat: Arc::new(dir_stat::DirStatReader::with_stat(timeout, stat)),
             ..self

@@ -32,8 +32,6 @@
 //! stuckMounts). A stuck volumes directory's own statfs does the same for
 //! all its volumes.
 
-use std::io;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -41,41 +39,14 @@ use std::time::Duration;
 use anyhow::anyhow;
 use prjquota_core::quota::ProjectQuota;
 
-use super::dir_stat::Unanswered;
+use super::dir_stat::{statvfs, FsStat, StatFn, Unanswered};
 use super::{BoxFuture, Collector, Scrape};
 use crate::blocking::InFlight;
 use crate::exposition::{Extra, Family};
 use crate::inventory::Volume;
 
-/// The statfs numbers the metrics need.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FsStat {
-    /// `f_frsize`: the unit of the block counts.
-    pub frsize: u64,
-    pub blocks: u64,
-    pub bfree: u64,
-    pub bavail: u64,
-    pub files: u64,
-    pub ffree: u64,
-}
-
-pub type StatFn = Arc<dyn Fn(&Path) -> io::Result<FsStat> + Send + Sync>;
-
 /// One root's statfs: its numbers or errno, `None` while unanswered.
 type Answer = Option<Result<FsStat, i32>>;
-
-/// `statvfs(2)` of `path`.
-pub fn statvfs(path: &Path) -> io::Result<FsStat> {
-    let s = nix::sys::statvfs::statvfs(path).map_err(|e| io::Error::from_raw_os_error(e as i32))?;
-    Ok(FsStat {
-        frsize: s.fragment_size() as u64,
-        blocks: s.blocks() as u64,
-        bfree: s.blocks_free() as u64,
-        bavail: s.blocks_available() as u64,
-        files: s.files() as u64,
-        ffree: s.files_free() as u64,
-    })
-}
 
 /// Bounded reasons of `nomad_host_volume_stats_error`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -461,6 +432,8 @@ mod tests {
     use crate::inventory::tests::{volume, volumes_with_roots};
     use crate::inventory::Inventory;
     use prjquota_core::quota::Limits;
+    use std::io;
+    use std::path::Path;
     use std::sync::atomic::AtomicUsize;
 
     const ST: FsStat = FsStat {
