@@ -252,7 +252,7 @@ fn exporter_tables(measures: &[&str]) -> String {
          filesystem: docs/metrics.md), so a ratio below 1 is a scrape cheaper than that \
          floor. *Scrape* is one `GET /metrics` on a \
          new connection to the last byte; *gzip* is the same asked as Prometheus asks, with \
-         `Accept-Encoding: gzip` on a connection kept open between scrapes. Both are wall \
+         `Accept-Encoding: gzip` on a connection already open. Both are wall \
          times, and the exporter runs its collectors at once, on up to both of the VM's CPUs, \
          while the floor runs on one: *CPU* compares what each used (the exporter's threads \
          from the start of its gzip scrape to the end of the floor pass that follows it, \
