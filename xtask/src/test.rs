@@ -79,7 +79,9 @@ macro_rules! attach_races {
 /// defaults, a file outside the volumes, an overlay, the generation, the
 /// detect counts, what the exporter counts and logs; the programs
 /// attaching, the exporter's write counts and quota refusals and its
-/// self-test; the plugin's enforcement; ext4 on a failing disk. Each adds
+/// self-test; the plugin's enforcement; ext4 on a failing disk; the
+/// volume numbers the exporter derives, against each kernel's statfs of a
+/// root (whose free space the kernels report differently). Each adds
 /// one filesystem's cases of the attach races (`attach_races!`). Everything
 /// else runs on 6.1 only: the plugin's and the exporter's own logic, crash
 /// recovery, the write paths at every depth, the stress, admin, load,
@@ -96,7 +98,9 @@ macro_rules! compat {
        test(enforce_keeps_every_root_generation) | test(enforce_keeps_a_root_generation_on_ext4) | \
        test(detect_counts_escapes) | test(guard_loads_in_both_modes) | \
        test(the_exporter_counts_refuses))) | \
-     (binary(faults) & test(=ext4::disk_errors))"
+     (binary(faults) & test(=ext4::disk_errors)) | \
+     (binary(exporter) & test(every_metric_matches)) | \
+     (binary(capacity) & test(nearly_full_filesystem))"
     };
 }
 
@@ -118,7 +122,7 @@ pub const OLD_KERNEL_FILTER: &str = "binary(vm_smoke) | binary(old_kernel) | \
        test(=xfs::every_write_path_counts_exact_bytes_and_calls_at_every_depth))) | \
      (binary(exporter_ebpf) & test(counts_exact_writes_and_quota_refusals_per_volume)) | \
      (binary(guard) & test(detect_counts)) | (binary(plugin) & test(create_enforces)) | \
-     (binary(exporter) & test(every_metric_matches))";
+     (binary(exporter) & test(every_metric_matches)) | (binary(capacity) & test(nearly_full_filesystem))";
 
 /// The full suite on 6.1: every binary but `old_kernel`, which checks
 /// refusals that only a kernel older than 5.17 makes, and but the attach
