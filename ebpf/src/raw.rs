@@ -218,6 +218,75 @@ pub(crate) fn lookup_counters(
     Ok(attr.count)
 }
 
+/// Every key of the hash map behind `fd`, whose values are `value_size`
+/// bytes (a plain hash map's, not per-CPU), in a few `bpf(2)` calls
+/// (`BPF_MAP_LOOKUP_BATCH`, hash maps since Linux 5.6) where listing them
+/// key by key costs one call per key. A key added or removed during the
+/// listing may be in it or not, as with a listing key by key.
+pub(crate) fn hash_keys<K: aya::Pod + Default>(
+    fd: std::os::fd::BorrowedFd<'_>,
+    value_size: usize,
+) -> std::io::Result<Vec<K>> {
+    use std::os::fd::AsRawFd;
+    let mut out = Vec::new();
+    // Keys per call; doubled when one hash bucket holds more.
+    let mut count: u32 = 1024;
+    // The bucket to go on from (the kernel's batch token for hash maps).
+    let mut from: Option<u32> = None;
+    loop {
+        let mut keys = vec![K::default(); count as usize];
+        let mut values = vec![0u8; count as usize * value_size];
+        let before = from.unwrap_or(0);
+        let mut next: u32 = 0;
+        let mut attr = BatchAttr {
+            in_batch: match from {
+                Some(_) => &before as *const u32 as u64,
+                None => 0,
+            },
+            out_batch: &mut next as *mut u32 as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count,
+            map_fd: fd.as_raw_fd() as u32,
+            elem_flags: 0,
+            flags: 0,
+        };
+        // SAFETY: `attr` is a valid `bpf_attr` for this command and the size
+        // passed is its own. `in_batch` is null or points to `before`, and
+        // `out_batch` to `next`: a hash map's batch token is a 4-byte bucket
+        // index. `keys` points to `count` writable `K` (the map's key type:
+        // aya checked its size when the map was opened; `Pod`, so any bytes
+        // the kernel writes are a valid `K`), `values` to `count *
+        // value_size` writable bytes, one plain value each. All outlive the
+        // call, which writes at most that much and the filled count back
+        // into `attr`.
+        let r = unsafe {
+            prjquota_core::sys::bpf(
+                aya_obj::generated::bpf_cmd::BPF_MAP_LOOKUP_BATCH as libc::c_long,
+                &mut attr,
+            )
+        };
+        let done = match r {
+            Ok(_) => false,
+            // ENOENT: no bucket left; `count` says how many came back.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
+            // The next bucket holds more keys than `count`: nothing came
+            // back, ask again with room for it.
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && count < 1 << 20 => {
+                count *= 2;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        keys.truncate(attr.count as usize);
+        out.extend(keys);
+        if done {
+            return Ok(out);
+        }
+        from = Some(next);
+    }
+}
+
 /// Mounts a bpf filesystem on `dir` for root only: mode 0700, nosuid,
 /// nodev, noexec (as systemd mounts /sys/fs/bpf at boot).
 pub(crate) fn mount_bpffs(dir: &std::path::Path) -> std::io::Result<()> {

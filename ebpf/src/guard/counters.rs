@@ -94,8 +94,9 @@ impl Guard {
         let mut out = GuardCounters::default();
         let projects: BpfHashMap<&MapData, GuardProject, u32> =
             map_err(MAP_PROJECTS, BpfHashMap::try_from(self.map(MAP_PROJECTS)?))?;
-        for p in projects.keys() {
-            let p = map_err(MAP_PROJECTS, p)?;
+        let keys: Vec<GuardProject> =
+            self.keys::<GuardProject, u32, _>(MAP_PROJECTS, || projects.keys().collect())?;
+        for p in keys {
             out.projects.insert((p.dev, p.projid), Outcomes::default());
         }
         let counters: PerCpuHashMap<&MapData, GuardProject, RawCounters> = map_err(

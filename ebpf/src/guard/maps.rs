@@ -57,9 +57,47 @@ impl Guard {
         let projects: BpfHashMap<&MapData, GuardProject, u32> =
             map_err(MAP_PROJECTS, BpfHashMap::try_from(self.map(MAP_PROJECTS)?))?;
         Ok(Snapshot {
-            roots: map_err(MAP_ROOTS, roots.keys().collect())?,
-            projects: map_err(MAP_PROJECTS, projects.keys().collect())?,
+            roots: self.keys::<GuardRootKey, RawRoot, _>(MAP_ROOTS, || roots.keys().collect())?,
+            projects: self
+                .keys::<GuardProject, u32, _>(MAP_PROJECTS, || projects.keys().collect())?,
         })
+    }
+
+    /// The keys of hash map `name` (values `V`): in a few batched calls
+    /// ([`crate::raw::hash_keys`]), or from `one_by_one` where the kernel
+    /// has no batch lookup for the map.
+    pub(super) fn keys<K, V, C>(
+        &self,
+        name: &'static str,
+        one_by_one: impl FnOnce() -> Result<C, aya::maps::MapError>,
+    ) -> Result<C, TelemetryError>
+    where
+        K: aya::Pod + Default,
+        C: FromIterator<K>,
+    {
+        let fd = match self.map(name)? {
+            Map::HashMap(data) => data.fd().as_fd(),
+            _ => return map_err(name, one_by_one()),
+        };
+        match crate::raw::hash_keys::<K>(fd, std::mem::size_of::<V>()) {
+            Ok(keys) => Ok(keys.into_iter().collect()),
+            // EINVAL, ENOTSUPP (524), EOPNOTSUPP: no batch lookup here.
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINVAL | 524 | libc::EOPNOTSUPP)
+                ) =>
+            {
+                map_err(name, one_by_one())
+            }
+            Err(io_error) => Err(TelemetryError::Map {
+                map: name,
+                source: aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+                    call: "bpf_map_lookup_batch",
+                    io_error,
+                }),
+            }),
+        }
     }
 
     /// Replaces the volume roots: `(st_dev, st_ino, generation, project

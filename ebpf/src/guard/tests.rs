@@ -297,6 +297,62 @@ fn roots_projects_and_counters_through_real_maps() {
     assert_eq!(devs.keys().count(), 0);
 }
 
+/// The roots and projects maps listed in batches (a scrape and a sync
+/// round list them: several calls past the first batch's 1,024 keys) hold
+/// exactly the keys a listing key by key finds.
+#[test]
+fn batched_key_listings_are_the_key_by_key_ones() {
+    let (loader, btf) = kernel_btf().unwrap_or_else(|e| {
+        panic!("this test reads real BPF maps and needs the kernel's BTF: {e}")
+    });
+    let mut g = Guard::open(
+        loader,
+        &btf,
+        &LoadOptions::default(),
+        GuardMode::Detect,
+        Variant::Helpers,
+        DETECT_FILEATTR,
+        None,
+    )
+    .unwrap_or_else(|e| panic!("this test needs BPF maps: run it as root (or with CAP_BPF): {e}"));
+    let roots: Vec<(u64, u64, u32, u32)> = (0..3000u64)
+        .map(|i| {
+            let dev = libc::makedev(7, (i % 3) as u32);
+            (dev, 1000 + i, 1, 5000 + (i % 1500) as u32)
+        })
+        .collect();
+    g.set_roots(&roots).unwrap();
+    let no_fallback = || -> Result<std::collections::HashSet<_>, aya::maps::MapError> {
+        panic!("the kernel has batch lookups for hash maps since 5.6")
+    };
+    let batched: std::collections::HashSet<GuardRootKey> = g
+        .keys::<GuardRootKey, RawRoot, _>(MAP_ROOTS, no_fallback)
+        .unwrap();
+    let one_by_one: std::collections::HashSet<GuardRootKey> =
+        BpfHashMap::<&MapData, GuardRootKey, RawRoot>::try_from(g.ebpf.map(MAP_ROOTS).unwrap())
+            .unwrap()
+            .keys()
+            .collect::<Result<_, _>>()
+            .unwrap();
+    assert_eq!(batched.len(), 3000);
+    assert_eq!(batched, one_by_one);
+    let no_fallback = || -> Result<std::collections::HashSet<_>, aya::maps::MapError> {
+        panic!("the kernel has batch lookups for hash maps since 5.6")
+    };
+    let batched: std::collections::HashSet<GuardProject> = g
+        .keys::<GuardProject, u32, _>(MAP_PROJECTS, no_fallback)
+        .unwrap();
+    let one_by_one: std::collections::HashSet<GuardProject> =
+        BpfHashMap::<&MapData, GuardProject, u32>::try_from(g.ebpf.map(MAP_PROJECTS).unwrap())
+            .unwrap()
+            .keys()
+            .collect::<Result<_, _>>()
+            .unwrap();
+    assert_eq!(batched.len(), 1500, "every (device, project) pair once");
+    assert_eq!(batched, one_by_one);
+    assert_eq!(g.read().unwrap().projects.len(), 1500);
+}
+
 fn kernel_roots(g: &Guard) -> Vec<(GuardRootKey, RawRoot)> {
     let m: BpfHashMap<&MapData, GuardRootKey, RawRoot> =
         BpfHashMap::try_from(g.ebpf.map(MAP_ROOTS).unwrap()).unwrap();
