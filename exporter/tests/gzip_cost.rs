@@ -49,6 +49,29 @@ async fn measure(n: u32) {
     let done = tokio::spawn(prjquota_exporter::http::serve(listener, exporter, async {
         let _ = stopped.await;
     }));
+    // A first read of 10,000 records can outlast the mount timeout on a
+    // loaded host; the exporter then serves what it had and finishes the
+    // read in the background. Measured here: scrapes of every volume.
+    let want = format!("\nprjquota_exporter_volumes {n}\n");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let r = tokio::task::spawn_blocking(move || {
+            raw_bytes(
+                addr,
+                "GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+            )
+        })
+        .await
+        .unwrap();
+        if String::from_utf8_lossy(&r.body).contains(&want) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the exporter never served {n} volumes"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     let (plain, body) = best_of_5(addr, "").await;
     let (zipped, z) = best_of_5(addr, "Accept-Encoding: gzip\r\n").await;
     eprintln!(
