@@ -8,10 +8,9 @@
 //! blocked call returns.
 
 use std::io;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-
-use std::path::Path;
 
 use crate::blocking::InFlight;
 use crate::inventory::Inventory;
