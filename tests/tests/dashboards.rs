@@ -516,9 +516,13 @@ fn the_first_write_error_of_a_fresh_volume_counts_in_prometheus_3_with_openmetri
     );
     // Prometheus 2 scrapes OpenMetrics: its `_created` samples are there
     // as series of their own, with the creation time (before the error).
-    let created = vector(&two.query(&format!(
-        "nomad_host_volume_write_errors_created{{volume_id=\"{id}\",errno=\"ENOSPC\"}}"
-    )));
+    // Asked until its scrape brings them: the three servers scrape on
+    // their own clocks, and one that missed a scrape on a loaded host has
+    // not stored them yet when the others have.
+    let created = vector(&two.query_until(
+        &format!("nomad_host_volume_write_errors_created{{volume_id=\"{id}\",errno=\"ENOSPC\"}}"),
+        has_data,
+    ));
     assert_eq!(
         created.len(),
         1,
