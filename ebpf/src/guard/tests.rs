@@ -172,20 +172,7 @@ fn load_outcome_names_the_reason() {
 /// from a snapshot leaves alone what was added after it.
 #[test]
 fn roots_projects_and_counters_through_real_maps() {
-    // Never a silent pass: a host that cannot run it fails it.
-    let (loader, btf) = kernel_btf().unwrap_or_else(|e| {
-        panic!("this test reads real BPF maps and needs the kernel's BTF: {e}")
-    });
-    let mut g = Guard::open(
-        loader,
-        &btf,
-        &LoadOptions::default(),
-        GuardMode::Detect,
-        Variant::Helpers,
-        DETECT_FILEATTR,
-        None,
-    )
-    .unwrap_or_else(|e| panic!("this test needs BPF maps: run it as root (or with CAP_BPF): {e}"));
+    let mut g = maps_only_guard();
     let loop0 = libc::makedev(7, 0);
     let nvme = libc::makedev(259, 3);
     let (k0, kn) = (7u64 << 20, (259u64 << 20) | 3);
@@ -302,19 +289,7 @@ fn roots_projects_and_counters_through_real_maps() {
 /// exactly the keys a listing key by key finds.
 #[test]
 fn batched_key_listings_are_the_key_by_key_ones() {
-    let (loader, btf) = kernel_btf().unwrap_or_else(|e| {
-        panic!("this test reads real BPF maps and needs the kernel's BTF: {e}")
-    });
-    let mut g = Guard::open(
-        loader,
-        &btf,
-        &LoadOptions::default(),
-        GuardMode::Detect,
-        Variant::Helpers,
-        DETECT_FILEATTR,
-        None,
-    )
-    .unwrap_or_else(|e| panic!("this test needs BPF maps: run it as root (or with CAP_BPF): {e}"));
+    let mut g = maps_only_guard();
     let roots: Vec<(u64, u64, u32, u32)> = (0..3000u64)
         .map(|i| {
             let dev = libc::makedev(7, (i % 3) as u32);
@@ -322,9 +297,6 @@ fn batched_key_listings_are_the_key_by_key_ones() {
         })
         .collect();
     g.set_roots(&roots).unwrap();
-    let no_fallback = || -> Result<std::collections::HashSet<_>, aya::maps::MapError> {
-        panic!("the kernel has batch lookups for hash maps since 5.6")
-    };
     let batched: std::collections::HashSet<GuardRootKey> = g
         .keys::<GuardRootKey, RawRoot, _>(MAP_ROOTS, no_fallback)
         .unwrap();
@@ -336,9 +308,6 @@ fn batched_key_listings_are_the_key_by_key_ones() {
             .unwrap();
     assert_eq!(batched.len(), 3000);
     assert_eq!(batched, one_by_one);
-    let no_fallback = || -> Result<std::collections::HashSet<_>, aya::maps::MapError> {
-        panic!("the kernel has batch lookups for hash maps since 5.6")
-    };
     let batched: std::collections::HashSet<GuardProject> = g
         .keys::<GuardProject, u32, _>(MAP_PROJECTS, no_fallback)
         .unwrap();
@@ -351,6 +320,29 @@ fn batched_key_listings_are_the_key_by_key_ones() {
     assert_eq!(batched.len(), 1500, "every (device, project) pair once");
     assert_eq!(batched, one_by_one);
     assert_eq!(g.read().unwrap().projects.len(), 1500);
+}
+
+/// A guard with its maps and no programs attached (the host allows maps).
+/// Never a silent pass: a host that cannot make them fails the test.
+fn maps_only_guard() -> Guard {
+    let (loader, btf) = kernel_btf().unwrap_or_else(|e| {
+        panic!("this test reads real BPF maps and needs the kernel's BTF: {e}")
+    });
+    Guard::open(
+        loader,
+        &btf,
+        &LoadOptions::default(),
+        GuardMode::Detect,
+        Variant::Helpers,
+        DETECT_FILEATTR,
+        None,
+    )
+    .unwrap_or_else(|e| panic!("this test needs BPF maps: run it as root (or with CAP_BPF): {e}"))
+}
+
+/// The one-by-one listing a batched one must not fall back to here.
+fn no_fallback<C>() -> Result<C, aya::maps::MapError> {
+    panic!("the kernel has batch lookups for hash maps since 5.6")
 }
 
 fn kernel_roots(g: &Guard) -> Vec<(GuardRootKey, RawRoot)> {
