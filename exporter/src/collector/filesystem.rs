@@ -314,9 +314,6 @@ impl Collector for Filesystem {
                 "overcommit_ratio in the plugin's prjquota.toml (--plugin-dir): volumes may be promised this times the filesystem's room; absent when unknown.",
             );
             for (d, dir) in inv.dirs.iter().enumerate() {
-                if dir.dev.is_none() {
-                    continue;
-                }
                 // The join labels of Nomad's own client telemetry, once the
                 // directory has a volume whose record names them.
                 let node = inv.node_of(d);
@@ -344,6 +341,7 @@ impl Collector for Filesystem {
                         errors.push(format!("statfs of {key}: {e}"));
                         !matches!(e, Unanswered::Stuck(_))
                     }
+                    // A directory that does not exist: not asked, no series.
                     None => continue,
                 };
                 // A statfs that did not answer leaves the probe unasked: it
