@@ -5,19 +5,23 @@
 //! [`sys`] is this crate's only module allowed `unsafe` code (the workspace
 //! denies it everywhere but there and `prjquota-ebpf`'s `raw`); [`quota`], [`mountinfo`], [`announce`] and [`guard_pins`]
 //! are the safe layers above it. [`record`] is the registry record and its one reader,
-//! [`config`] the node configuration and its one reader, [`fs_type`] the
+//! [`config`] the node configuration and its one reader, [`project_ids`]
+//! the rule both follow to choose a free project ID, [`fs_type`] the
 //! filesystems it runs on; [`volume_id`],
 //! [`volume_params`], [`units`] and [`quoted`] are what those two are made of;
-//! [`suggest`] answers both binaries' mistyped flags.
+//! [`suggest`] answers both binaries' mistyped flags; [`run_dir`] holds the
+//! host-wide locks in `/run/prjquota`.
 
 pub mod announce;
 pub mod config;
 pub mod fs_type;
 pub mod guard_pins;
 pub mod mountinfo;
+pub mod project_ids;
 pub mod quota;
 pub mod quoted;
 pub mod record;
+pub mod run_dir;
 pub mod suggest;
 pub mod volume_params;
 // The kernel boundary: raw syscalls and C layouts that libc lacks. Every

@@ -27,6 +27,7 @@ use crate::ledger::Ledger;
 use crate::quota_control::Control;
 use crate::registry::{self, Lock, Registry};
 use prjquota_core::config::Config;
+use prjquota_core::project_ids;
 use prjquota_core::sys;
 
 /// The registry's promises and reservations as one operation sees and
@@ -263,16 +264,13 @@ fn volumes_usage(vfs: &VolumesFs, ids: BTreeSet<u32>) -> Result<u64> {
 /// reservations and one quota pass over the range.
 pub(crate) fn choose_project_id(vfs: &VolumesFs, book: &Book, cfg: &Config) -> Result<u32> {
     let range = cfg.project_id_min..=cfg.project_id_max;
-    if let Some(mut candidate) = book.next_unreserved(&range) {
-        loop {
-            let q = Control::of(vfs).get(candidate)?;
-            if q.is_unused() {
-                return Ok(candidate);
-            }
-            match candidate.checked_add(1).filter(|c| range.contains(c)) {
-                Some(c) => candidate = c,
-                None => break,
-            }
+    if let Some(start) = book.next_unreserved(&range) {
+        // Nothing at or above the book's next ID is reserved here.
+        let control = Control::of(vfs);
+        if let Some(pid) =
+            project_ids::first_free_from(&range, start, |_| false, |p| control.get(p))?
+        {
+            return Ok(pid);
         }
     }
     lowest_free(vfs, &book.reg.reservations()?, cfg)
@@ -282,30 +280,24 @@ pub(crate) fn choose_project_id(vfs: &VolumesFs, book: &Book, cfg: &Config) -> R
 /// quota holds.
 fn lowest_free(vfs: &VolumesFs, reservations: &[(u32, VolumeId)], cfg: &Config) -> Result<u32> {
     let range = cfg.project_id_min..=cfg.project_id_max;
-    let mut taken: BTreeSet<u32> = reservations.iter().map(|(p, _)| *p).collect();
+    let taken: BTreeSet<u32> = reservations.iter().map(|(p, _)| *p).collect();
     let kernel = Control::of(vfs).list(range.clone())?;
-    taken.extend(kernel.iter().filter(|q| !q.is_unused()).map(|q| q.id));
-    let mut candidate = cfg.project_id_min;
-    for id in taken.range(range.clone()) {
-        if *id != candidate {
-            break;
-        }
-        candidate = match candidate.checked_add(1) {
-            Some(c) => c,
-            None => break,
-        };
-    }
-    if !range.contains(&candidate) || taken.contains(&candidate) {
-        bail!(
+    match project_ids::lowest_free(&range, taken, &kernel) {
+        Some(pid) => Ok(pid),
+        None => bail!(
             "no free project ID left in {}..={} on {} ({} in use): widen project_id_min/project_id_max in {}, or delete volumes",
             cfg.project_id_min,
             cfg.project_id_max,
             vfs.describe(),
-            taken.range(range).count(),
+            reservations
+                .iter()
+                .map(|(p, _)| *p)
+                .chain(kernel.iter().filter(|q| !q.is_unused()).map(|q| q.id))
+                .collect::<BTreeSet<u32>>()
+                .len(),
             cfg.source
                 .as_ref()
                 .map_or_else(|| "prjquota.toml".to_string(), |p| p.display().to_string())
-        );
+        ),
     }
-    Ok(candidate)
 }

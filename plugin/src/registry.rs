@@ -176,47 +176,18 @@ fn lock_file_within(dir: BorrowedFd<'_>, name: &str, wait: Duration) -> io::Resu
     }
 }
 
-/// Refuses a directory of locks that someone other than root could have
-/// made or can write: a lock it holds would guard nothing.
-fn check_lock_dir(dir: BorrowedFd<'_>, what: &dyn std::fmt::Display) -> io::Result<()> {
-    let st = sys::fstat(dir)?;
-    if st.st_uid != 0 || st.st_mode & 0o022 != 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!(
-                "{what} must be root's and writable by root only (uid {}, mode {:o}): fix its owner and mode, or remove it",
-                st.st_uid,
-                st.st_mode & 0o7777
-            ),
-        ));
-    }
-    Ok(())
-}
-
 /// Where the filesystem-wide allocation locks live. Not on the volumes
 /// filesystem: two volumes directories on one filesystem may be reached
 /// through different bind mounts, with no directory both can see, while
 /// every plugin run on a host sees the same `/run`.
-pub const RUN_DIR: &str = "/run/prjquota";
+pub use prjquota_core::run_dir::RUN_DIR;
 
 /// Serialises the choice and kernel claim of project IDs among every volumes
 /// directory of the filesystem with device number `dev` on this host
 /// (`/run/prjquota/fs-<dev>.lock`). Project IDs belong to the filesystem;
 /// a registry's own allocation lock covers only its directory.
 pub fn lock_filesystem(dev: u64) -> io::Result<Lock> {
-    use std::os::unix::fs::DirBuilderExt;
-    match std::fs::DirBuilder::new().mode(0o700).create(RUN_DIR) {
-        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
-        _ => {}
-    }
-    let root = std::fs::File::open("/")?;
-    let dir = sys::openat(
-        root.as_fd(),
-        &c(RUN_DIR.trim_start_matches('/')),
-        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
-        0,
-    )?;
-    check_lock_dir(dir.as_fd(), &RUN_DIR)?;
+    let dir = prjquota_core::run_dir::open()?;
     lock_file(dir.as_fd(), &format!("fs-{dev:x}.lock"))
 }
 
@@ -275,8 +246,8 @@ impl Registry {
             r => r.with_context(ctx)?,
         };
         let locks = open_subdir(root.as_fd(), LOCKS, create).with_context(ctx)?;
-        check_lock_dir(root.as_fd(), &path.display())?;
-        check_lock_dir(locks.as_fd(), &path.join(LOCKS).display())?;
+        prjquota_core::run_dir::check_root_only(root.as_fd(), &path.display())?;
+        prjquota_core::run_dir::check_root_only(locks.as_fd(), &path.join(LOCKS).display())?;
         let ids = open_subdir(root.as_fd(), IDS, create).with_context(ctx)?;
         Ok(Some(Registry {
             path,
@@ -694,7 +665,7 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let (dir, fd) = scratch("mode");
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let err = check_lock_dir(fd.as_fd(), &dir.display()).unwrap_err();
+        let err = prjquota_core::run_dir::check_root_only(fd.as_fd(), &dir.display()).unwrap_err();
         assert!(err.to_string().contains("writable by root only"), "{err}");
         std::fs::remove_dir_all(dir).unwrap();
     }

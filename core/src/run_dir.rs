@@ -1,0 +1,84 @@
+//! `/run/prjquota`: where locks that every prjquota process on the host
+//! must see live (not on a volumes filesystem, which two bind mounts may
+//! show as two directories).
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use crate::sys;
+
+pub const RUN_DIR: &str = "/run/prjquota";
+
+/// Opens [`RUN_DIR`], creating it (0700) when missing. Refuses one that
+/// someone other than root could have made or can write: a lock it holds
+/// would guard nothing.
+pub fn open() -> io::Result<OwnedFd> {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::DirBuilder::new().mode(0o700).create(RUN_DIR) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    let root = std::fs::File::open("/")?;
+    let dir = sys::openat(
+        root.as_fd(),
+        c"run/prjquota",
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        0,
+    )?;
+    check_root_only(dir.as_fd(), &RUN_DIR)?;
+    Ok(dir)
+}
+
+/// Refuses a directory of locks that someone other than root could have
+/// made or can write.
+pub fn check_root_only(dir: BorrowedFd<'_>, what: &dyn std::fmt::Display) -> io::Result<()> {
+    let st = sys::fstat(dir)?;
+    if st.st_uid != 0 || st.st_mode & 0o022 != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{what} must be root's and writable by root only (uid {}, mode {:o}): fix its owner and mode, or remove it",
+                st.st_uid,
+                st.st_mode & 0o7777
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Takes the exclusive lock `name` in [`RUN_DIR`] without waiting, for as
+/// long as the returned descriptor lives; `None` when another process holds
+/// it. The file must be a regular file of root's.
+pub fn try_lock(name: &std::ffi::CStr) -> io::Result<Option<OwnedFd>> {
+    let fd = lock_file(name)?;
+    Ok(sys::try_flock(fd.as_fd(), true)?.then_some(fd))
+}
+
+/// Takes the exclusive lock `name` in [`RUN_DIR`], waiting for it, for as
+/// long as the returned descriptor lives.
+pub fn lock(name: &std::ffi::CStr) -> io::Result<OwnedFd> {
+    let fd = lock_file(name)?;
+    sys::flock(fd.as_fd(), true)?;
+    Ok(fd)
+}
+
+fn lock_file(name: &std::ffi::CStr) -> io::Result<OwnedFd> {
+    let dir = open()?;
+    let fd = sys::openat(
+        dir.as_fd(),
+        name,
+        libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+        0o600,
+    )?;
+    let st = sys::fstat(fd.as_fd())?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_uid != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "the lock file {RUN_DIR}/{} is not a regular file of root's: remove it",
+                name.to_string_lossy()
+            ),
+        ));
+    }
+    Ok(fd)
+}
