@@ -23,6 +23,12 @@
 //! project_id_min = 1000000000
 //! project_id_max = 1999999999
 //!
+//! # Project IDs the exporter may give to Nomad's allocation directories
+//! # when it accounts them (`--nomad.alloc-dir`); never meets the range
+//! # above. Default: 2000000000 to 2999999999.
+//! alloc_project_id_min = 2000000000
+//! alloc_project_id_max = 2999999999
+//!
 //! # Size of a volume whose spec sets neither capacity_min nor capacity_max:
 //! # a size with a unit ("10GiB", "500MB", "1.5TiB") or a number of bytes.
 //! # Default: none, and such volumes are refused.
@@ -60,6 +66,9 @@ use crate::volume_params;
 /// Name of the configuration file, looked up in the plugin's directory.
 pub const FILE_NAME: &str = "prjquota.toml";
 
+/// The allocations' project IDs when the file names none.
+pub const DEFAULT_ALLOC_PROJECT_IDS: std::ops::RangeInclusive<u32> = 2_000_000_000..=2_999_999_999;
+
 /// Highest project ID: 4294967295 is -1 to the quota interfaces.
 pub const MAX_PROJECT_ID: u32 = u32::MAX - 1;
 
@@ -70,6 +79,12 @@ pub struct Config {
     pub project_id_min: u32,
     /// Largest project ID to allocate; at least `project_id_min`.
     pub project_id_max: u32,
+    /// Project IDs for allocation directories (the exporter's allocation
+    /// accounting), never overlapping the volumes' range; `None` when the
+    /// file widened the volumes' range over the default one and set none
+    /// (such a file stays valid for the plugin; only the accounting
+    /// refuses to start, see [`Config::alloc_project_ids`]).
+    pub alloc_project_ids: Option<std::ops::RangeInclusive<u32>>,
     /// Size of a volume whose spec gives none; never `Some(0)`.
     pub default_capacity: Option<u64>,
     /// Mode of a volume's root when its spec sets none; at most `0o7777`.
@@ -93,12 +108,33 @@ impl Default for Config {
         Config {
             project_id_min: 1_000_000_000,
             project_id_max: 1_999_999_999,
+            alloc_project_ids: Some(DEFAULT_ALLOC_PROJECT_IDS),
             default_capacity: None,
             default_mode: 0o700,
             allowed_parameters: volume_params::KNOWN.iter().map(|s| s.to_string()).collect(),
             overcommit_ratio: 1.0,
             source: None,
         }
+    }
+}
+
+impl Config {
+    /// The allocations' project IDs, or why there are none to use.
+    pub fn alloc_project_ids(&self) -> Result<std::ops::RangeInclusive<u32>, String> {
+        self.alloc_project_ids.clone().ok_or_else(|| {
+            format!(
+                "{} gives volumes the project IDs {}..={}, which cover the allocations' default \
+                 range {}..={}: set alloc_project_id_min and alloc_project_id_max there to a \
+                 range clear of the volumes' (IDs no volume holds)",
+                self.source
+                    .as_ref()
+                    .map_or_else(|| FILE_NAME.to_string(), |p| p.display().to_string()),
+                self.project_id_min,
+                self.project_id_max,
+                DEFAULT_ALLOC_PROJECT_IDS.start(),
+                DEFAULT_ALLOC_PROJECT_IDS.end(),
+            )
+        })
     }
 }
 
@@ -200,6 +236,8 @@ fn read_trusted(path: &Path) -> Result<Option<String>, ConfigError> {
 struct RawConfig {
     project_id_min: Option<Spanned<i64>>,
     project_id_max: Option<Spanned<i64>>,
+    alloc_project_id_min: Option<Spanned<i64>>,
+    alloc_project_id_max: Option<Spanned<i64>>,
     default_capacity: Option<Spanned<toml::Value>>,
     default_mode: Option<Spanned<toml::Value>>,
     allowed_parameters: Option<Vec<Spanned<String>>>,
@@ -273,33 +311,86 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
             Ok(id as u32)
         }
     };
-    if let Some(v) = &raw.project_id_min {
-        cfg.project_id_min = project_id("project_id_min", v)?;
-    }
-    if let Some(v) = &raw.project_id_max {
-        cfg.project_id_max = project_id("project_id_max", v)?;
-    }
-    if cfg.project_id_min > cfg.project_id_max {
-        let default_note = |set: bool| if set { "" } else { ", the built-in default" };
-        let span = raw
-            .project_id_max
-            .as_ref()
-            .or(raw.project_id_min.as_ref())
-            .map(|v| v.span())
-            .unwrap_or(0..0);
-        return Err(invalid(
-            "project_id_max",
-            span,
-            format!(
-                "project_id_min ({}{}) is larger than project_id_max ({}{}): the range of \
-                 project IDs is empty; set project_id_min <= project_id_max",
-                cfg.project_id_min,
-                default_note(raw.project_id_min.is_some()),
-                cfg.project_id_max,
-                default_note(raw.project_id_max.is_some()),
-            ),
-        ));
-    }
+    let default_note = |set: bool| if set { "" } else { ", the built-in default" };
+    let range = |min_key: &'static str,
+                 max_key: &'static str,
+                 min: &Option<Spanned<i64>>,
+                 max: &Option<Spanned<i64>>,
+                 lo: &mut u32,
+                 hi: &mut u32| {
+        if let Some(v) = min {
+            *lo = project_id(min_key, v)?;
+        }
+        if let Some(v) = max {
+            *hi = project_id(max_key, v)?;
+        }
+        if *lo > *hi {
+            let span = max
+                .as_ref()
+                .or(min.as_ref())
+                .map(|v| v.span())
+                .unwrap_or(0..0);
+            return Err(invalid(
+                max_key,
+                span,
+                format!(
+                    "{min_key} ({lo}{}) is larger than {max_key} ({hi}{}): the range of \
+                     project IDs is empty; set {min_key} <= {max_key}",
+                    default_note(min.is_some()),
+                    default_note(max.is_some()),
+                ),
+            ));
+        }
+        Ok(())
+    };
+    range(
+        "project_id_min",
+        "project_id_max",
+        &raw.project_id_min,
+        &raw.project_id_max,
+        &mut cfg.project_id_min,
+        &mut cfg.project_id_max,
+    )?;
+    let (mut lo, mut hi) = DEFAULT_ALLOC_PROJECT_IDS.into_inner();
+    range(
+        "alloc_project_id_min",
+        "alloc_project_id_max",
+        &raw.alloc_project_id_min,
+        &raw.alloc_project_id_max,
+        &mut lo,
+        &mut hi,
+    )?;
+    let alloc_set = raw.alloc_project_id_min.is_some() || raw.alloc_project_id_max.is_some();
+    // One filesystem may hold both volumes and allocations: an ID in both
+    // ranges could be given twice.
+    let overlaps = lo <= cfg.project_id_max && cfg.project_id_min <= hi;
+    cfg.alloc_project_ids = match (overlaps, alloc_set) {
+        (false, _) => Some(lo..=hi),
+        // A file written before allocations had a range of their own may
+        // span it: the plugin keeps working, the accounting refuses.
+        (true, false) => None,
+        (true, true) => {
+            let span = raw
+                .alloc_project_id_min
+                .as_ref()
+                .or(raw.alloc_project_id_max.as_ref())
+                .map(|v| v.span())
+                .unwrap_or(0..0);
+            return Err(invalid(
+                "alloc_project_id_min",
+                span,
+                format!(
+                    "the allocations' project IDs ({lo}..={hi}) overlap the volumes' ({}..={}{}): \
+                     one ID could be given to a volume and to an allocation on the same \
+                     filesystem; move alloc_project_id_min/alloc_project_id_max clear of \
+                     project_id_min/project_id_max",
+                    cfg.project_id_min,
+                    cfg.project_id_max,
+                    default_note(raw.project_id_min.is_some() || raw.project_id_max.is_some()),
+                ),
+            ));
+        }
+    };
 
     if let Some(v) = &raw.default_capacity {
         const FIX: &str = "write a size such as \"10GiB\" or a number of bytes, or remove \
@@ -724,6 +815,32 @@ mod tests {
         assert!(
             msg.contains("\"size\"") && msg.contains("mode, uid, gid, max_inodes"),
             "{msg}"
+        );
+    }
+
+    #[test]
+    fn allocation_ids_default_clear_of_volumes_and_refuse_an_overlap() {
+        let d = parse_ok("");
+        assert_eq!(d.alloc_project_ids(), Ok(DEFAULT_ALLOC_PROJECT_IDS));
+        let own = parse_ok("alloc_project_id_min = 10\nalloc_project_id_max = 20\n");
+        assert_eq!(own.alloc_project_ids(), Ok(10..=20));
+        // A file that widened the volumes' range before allocations had one
+        // stays valid for the plugin; the accounting says what to set.
+        let wide = parse_ok("project_id_min = 1\nproject_id_max = 4294967294\n");
+        assert_eq!(
+            (wide.project_id_min, wide.project_id_max),
+            (1, MAX_PROJECT_ID)
+        );
+        let why = wide.alloc_project_ids().unwrap_err();
+        assert!(why.contains("alloc_project_id_min"), "{why}");
+        let e = parse_err("project_id_max = 2000000005\nalloc_project_id_max = 2000000010\n");
+        let msg = e.to_string();
+        assert!(msg.contains("line 2") && msg.contains("overlap"), "{msg}");
+        let e = parse_err("alloc_project_id_min = 30\nalloc_project_id_max = 20\n");
+        assert!(
+            e.to_string()
+                .contains("alloc_project_id_min (30) is larger"),
+            "{e}"
         );
     }
 
