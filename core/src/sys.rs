@@ -563,6 +563,82 @@ pub fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: i32, mode: u32) -> io::Re
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
+/// `struct open_how` (include/uapi/linux/openat2.h); libc's cannot be
+/// built outside libc (non-exhaustive).
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+const _: () = assert!(size_of::<OpenHow>() == 24);
+
+/// Opens `name`, one entry of `dir`, without leaving `dir`'s mount:
+/// `openat2(2)` (Linux 5.6+) with `RESOLVE_NO_XDEV | RESOLVE_NO_SYMLINKS |
+/// RESOLVE_BENEATH`. A mount point (a bind mount, a tmpfs) fails with
+/// `EXDEV`, a symlink with `ELOOP`, whatever the device numbers say;
+/// `O_CLOEXEC` is always added.
+pub fn openat_no_xdev(dir: BorrowedFd<'_>, name: &CStr, flags: i32) -> io::Result<OwnedFd> {
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: libc::RESOLVE_NO_XDEV | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_BENEATH,
+    };
+    // SAFETY: `name` is NUL-terminated and `how` a live `struct open_how`
+    // whose size is passed with it; on success the kernel returns a new
+    // descriptor that nothing else owns.
+    let fd = cvt(unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd() as libc::c_long,
+            name.as_ptr(),
+            &how as *const OpenHow,
+            size_of::<OpenHow>(),
+        )
+    })?;
+    // SAFETY: see above; fd is a fresh, owned descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// `fgetxattr(2)`: the value of extended attribute `name` of `fd`, `None`
+/// when it has none (`ENODATA`).
+pub fn fgetxattr(fd: BorrowedFd<'_>, name: &CStr) -> io::Result<Option<Vec<u8>>> {
+    let mut buf = vec![0u8; 256];
+    // SAFETY: `name` is NUL-terminated; the kernel writes at most
+    // `buf.len()` bytes into `buf`, a live mutable buffer of that length.
+    let n = match cvt(unsafe {
+        libc::fgetxattr(
+            fd.as_raw_fd(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    } as libc::c_long)
+    {
+        Ok(n) => n as usize,
+        Err(e) if e.raw_os_error() == Some(libc::ENODATA) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    buf.truncate(n);
+    Ok(Some(buf))
+}
+
+/// `fsetxattr(2)`: sets extended attribute `name` of `fd` to `value`.
+pub fn fsetxattr(fd: BorrowedFd<'_>, name: &CStr, value: &[u8]) -> io::Result<()> {
+    // SAFETY: `name` is NUL-terminated and `value` a live slice whose
+    // length is passed with it.
+    cvt(unsafe {
+        libc::fsetxattr(
+            fd.as_raw_fd(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    } as libc::c_long)
+    .map(drop)
+}
+
 /// `mkdirat(2)`.
 pub fn mkdirat(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
     // SAFETY: `name` is NUL-terminated.
@@ -644,10 +720,11 @@ pub fn renameat(dir: BorrowedFd<'_>, from: &CStr, to: &CStr) -> io::Result<()> {
     .map(drop)
 }
 
-/// One directory entry: its name and `d_type` (`DT_UNKNOWN` on filesystems
-/// that do not fill it).
+/// One directory entry: its name, inode and `d_type` (`DT_UNKNOWN` on
+/// filesystems that do not fill it).
 pub struct DirEntry {
     pub name: std::ffi::CString,
+    pub ino: u64,
     pub d_type: u8,
 }
 
@@ -728,6 +805,7 @@ fn parse_dirents(mut bytes: &[u8]) -> io::Result<Vec<DirEntry>> {
         if b != b"." && b != b".." {
             out.push(DirEntry {
                 name: name.to_owned(),
+                ino: u64::from_ne_bytes(rec[..8].try_into().map_err(|_| bad())?),
                 d_type,
             });
         }
