@@ -54,6 +54,8 @@ fn exporter_catalogue() -> BTreeMap<String, Kind> {
         // (this host): take them from the collector's own catalogue.
         families.extend(prjquota_exporter::collector::ebpf::catalogue());
         families.extend(prjquota_exporter::collector::guard::catalogue());
+        // Only with --nomad.alloc-dir.
+        families.extend(prjquota_exporter::collector::allocs::catalogue());
         // Added by the HTTP layer to every scrape.
         families.extend(prjquota_exporter::process::families());
         families.extend(prjquota_exporter::http::catalogue());
@@ -86,6 +88,7 @@ fn documented_metrics() -> BTreeMap<String, Vec<String>> {
     const PREFIXES: &[&str] = &[
         "nomad_host_volumes_",
         "nomad_host_volume_",
+        "nomad_alloc_",
         "prjquota_exporter_",
         "process_",
     ];

@@ -4,7 +4,8 @@
 //! [`collector`] holds the sources (one module each) and the scrape driver,
 //! [`http`] serves what they produce, [`exposition`] is the compact metric
 //! model and its two text formats (text 0.0.4 and OpenMetrics, and which
-//! one a scraper asked for), [`inventory`] the volumes a scrape reports. The binary (`main.rs`) only parses flags and wires these up, so
+//! one a scraper asked for), [`inventory`] the volumes a scrape reports, [`allocs`] the projects of
+//! Nomad's allocation directories (`--nomad.alloc-dir`). The binary (`main.rs`) only parses flags and wires these up, so
 //! tests can run an exporter against any volumes directory in-process.
 //!
 //! No `unsafe` here: the project's syscalls live in `prjquota-core`'s `sys`
@@ -15,6 +16,7 @@
 
 pub mod log;
 
+pub mod allocs;
 pub mod announce;
 pub mod blocking;
 pub mod collector;

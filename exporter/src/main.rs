@@ -162,6 +162,30 @@ struct Flags {
     #[arg(long = "guard.replace-stronger")]
     guard_replace_stronger: bool,
 
+    /// Account each Nomad allocation's disk usage with a project quota of
+    /// its own (nomad_alloc_disk_used_bytes{alloc_id}): the agent's
+    /// <data_dir>/alloc. Off unless set. Each allocation directory is put
+    /// into a project (prjquota.toml's alloc_project_id_min..max) when its
+    /// first task starts; the directory must be on a filesystem with
+    /// project quota and not on the mount of /usr (docs/allocations.md).
+    #[arg(long = "nomad.alloc-dir", value_name = "DIR")]
+    nomad_alloc_dir: Option<PathBuf>,
+
+    /// How often the alloc directory is checked for allocations whose
+    /// first task started (a listing of it when it changed, a look at each
+    /// waiting allocation): a started task is accounted within one
+    /// interval. A Prometheus duration, at most 1h.
+    #[arg(long = "nomad.alloc-scan-interval", value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    nomad_alloc_scan_interval: Duration,
+
+    /// A source of the chroots Nomad's exec and java drivers build (the
+    /// client's chroot_env keys). Allocation accounting refuses to run
+    /// when the alloc directory shares a mount with one: those chroots are
+    /// hard links, which an accounted allocation turns into copies.
+    /// Repeat for each; the default is Nomad's default chroot_env.
+    #[arg(long = "nomad.chroot-source", value_name = "DIR", default_values = prjquota_exporter::collector::allocs::CHROOT_SOURCES)]
+    nomad_chroot_sources: Vec<PathBuf>,
+
     /// How many volumes the eBPF counters maps hold (write telemetry and
     /// guard alike; per-CPU entries, about 64 bytes per volume per CPU).
     /// A deleted volume's slot is given to a new one after ten minutes, so
@@ -436,6 +460,14 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         guard_sync_interval: flags.guard_sync_interval,
         guard_replace_stronger: flags.guard_replace_stronger,
         max_volumes: flags.max_volumes,
+        allocs: flags.nomad_alloc_dir.map(|alloc_dir| {
+            prjquota_exporter::collector::allocs::AllocsSetup {
+                alloc_dir,
+                plugin_dir: Some(flags.plugin_dir.clone()),
+                scan_interval: flags.nomad_alloc_scan_interval,
+                chroot_sources: flags.nomad_chroot_sources.clone(),
+            }
+        }),
         plugin_dir: Some(flags.plugin_dir),
     };
     // Before binding or loading anything: a bad web config is the

@@ -21,6 +21,7 @@
 //! for one (`--ebpf=required`, `--guard=enforce`), [`Exporter::warm_up`]
 //! for every collector's [`Collector::ready`].
 
+pub mod allocs;
 pub mod announcements;
 mod background;
 pub mod dir_stat;
@@ -207,6 +208,8 @@ pub struct Config {
     /// The plugin's directory, whose prjquota.toml holds the
     /// overcommit_ratio in force (`--plugin-dir`).
     pub plugin_dir: Option<PathBuf>,
+    /// Per-allocation disk usage (`--nomad.alloc-dir`); off when `None`.
+    pub allocs: Option<allocs::AllocsSetup>,
 }
 
 impl Default for Config {
@@ -223,6 +226,7 @@ impl Default for Config {
             guard_replace_stronger: false,
             max_volumes: prjquota_ebpf::LoadOptions::default().max_volumes,
             plugin_dir: None,
+            allocs: None,
         }
     }
 }
@@ -326,6 +330,12 @@ impl Exporter {
         }
         collectors.push(Box::new(ebpf));
         collectors.push(Box::new(guard));
+        if let Some(setup) = &config.allocs {
+            collectors.push(Box::new(allocs::Allocs::start(
+                setup.clone(),
+                config.mount_timeout,
+            )));
+        }
         Exporter::with_collectors(config, collectors)
     }
 

@@ -1,0 +1,454 @@
+//! Which allocation has which project, kept current by [`Accounting::scan`]
+//! (see the module above for when and how an allocation is tagged).
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::io;
+use std::ops::RangeInclusive;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use anyhow::{bail, Context, Result};
+use prjquota_core::{project_ids, quota, run_dir, sys};
+
+use super::tag_walk::{self, Walked};
+
+/// An accounted allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocProject {
+    pub project_id: u32,
+    /// The allocation directory's inode: the guard's root.
+    pub ino: u64,
+}
+
+/// How many allocation directories are in each state.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Census {
+    /// In their project.
+    pub accounted: u64,
+    /// No task started yet: left alone.
+    pub waiting: u64,
+    /// Already in a project outside the allocations' range (someone else's
+    /// tagging): left alone, not reported.
+    pub foreign: u64,
+}
+
+/// One allocation directory's state, as a scan last saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    Accounted(AllocProject),
+    Waiting,
+    Foreign(u32),
+}
+
+/// The allocations of one Nomad alloc directory and their projects.
+#[derive(Debug)]
+pub struct Accounting {
+    path: PathBuf,
+    dir: OwnedFd,
+    /// The alloc directory's device, as the kernel's quota and the guard
+    /// name it.
+    pub dev: u64,
+    range: RangeInclusive<u32>,
+    allocs: BTreeMap<String, Seen>,
+    /// Where the next ID is looked for: past the last one given, so a
+    /// collected allocation's ID comes back only once the range wraps.
+    cursor: u32,
+    /// The alloc directory's change time at the last full listing, and
+    /// when that listing was made.
+    listed: Option<(i64, i64, SystemTime)>,
+    /// What every walk so far did, summed.
+    pub walked: Walked,
+    /// Walks made (an allocation's first, or one a crash interrupted).
+    pub walks: u64,
+}
+
+/// How long a listing is trusted while the alloc directory's change time
+/// stays the same: two changes within one tick of the filesystem's clock
+/// share a change time, so a listing made close to its last change is made
+/// again.
+const CTIME_TRUST: Duration = Duration::from_secs(2);
+
+impl Accounting {
+    /// Opens `path` and reads back every allocation's project, without
+    /// tagging anything. Refuses a directory that is not on a filesystem
+    /// with project quota, and a range the configuration left empty.
+    pub fn open(path: &Path, range: RangeInclusive<u32>) -> Result<Accounting> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir: OwnedFd = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(path)
+            .map(OwnedFd::from)
+            .with_context(|| {
+                format!(
+                    "cannot open Nomad's alloc directory {} (--nomad.alloc-dir): it must be the \
+                 agent's <data_dir>/alloc",
+                    path.display()
+                )
+            })?;
+        match quota::support(dir.as_fd()) {
+            Ok(quota::Support::Enforced | quota::Support::AccountingOnly) => {}
+            Ok(quota::Support::Off) => bail!(
+                "{} is on a filesystem without project quota: mount it with prjquota (XFS) or \
+                 enable the project feature and prjquota (ext4), as for the volumes directory \
+                 (docs/install.md)",
+                path.display()
+            ),
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("cannot read the quota state of {}", path.display()))
+            }
+        }
+        let (own, inherit) = quota::project_of(dir.as_fd())
+            .with_context(|| format!("cannot read the project ID of {}", path.display()))?;
+        if inherit && own != 0 {
+            bail!(
+                "{} itself is in project {own} with PROJINHERIT: every allocation would start in \
+                 that project, and Nomad's own view of the directory would be a quota's; clear \
+                 it (xfs_io -c 'chattr -P' -c 'chproj 0' {}) or leave allocations unaccounted",
+                path.display(),
+                path.display()
+            );
+        }
+        let dev = sys::fstat(dir.as_fd())
+            .with_context(|| format!("cannot stat {}", path.display()))?
+            .st_dev;
+        let mut a = Accounting {
+            path: path.to_owned(),
+            dir,
+            dev,
+            cursor: *range.start(),
+            range,
+            allocs: BTreeMap::new(),
+            listed: None,
+            walked: Walked::default(),
+            walks: 0,
+        };
+        a.relist()?;
+        if let Some(last) = a.accounted().map(|(_, p)| p.project_id).max() {
+            a.cursor = last.saturating_add(1);
+        }
+        Ok(a)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.dir.as_fd()
+    }
+
+    pub fn range(&self) -> &RangeInclusive<u32> {
+        &self.range
+    }
+
+    /// Every accounted allocation and its project.
+    pub fn accounted(&self) -> impl Iterator<Item = (&str, AllocProject)> + '_ {
+        self.allocs.iter().filter_map(|(id, s)| match s {
+            Seen::Accounted(p) => Some((id.as_str(), *p)),
+            _ => None,
+        })
+    }
+
+    pub fn census(&self) -> Census {
+        let mut c = Census::default();
+        for s in self.allocs.values() {
+            match s {
+                Seen::Accounted(_) => c.accounted += 1,
+                Seen::Waiting => c.waiting += 1,
+                Seen::Foreign(_) => c.foreign += 1,
+            }
+        }
+        c
+    }
+
+    /// Brings the map up to date: lists the alloc directory when it
+    /// changed, and tags each waiting allocation whose first task started.
+    /// One allocation's failure is logged by the caller from the returned
+    /// list and retried at the next scan; the others go on.
+    pub fn scan(&mut self) -> Result<Vec<(String, anyhow::Error)>> {
+        let st = sys::fstat(self.dir.as_fd())
+            .with_context(|| format!("cannot stat {}", self.path.display()))?;
+        let fresh = match self.listed {
+            Some((sec, nsec, at)) => {
+                sec == st.st_ctime
+                    && nsec == st.st_ctime_nsec
+                    && at
+                        .duration_since(ctime_of(&st))
+                        .is_ok_and(|d| d > CTIME_TRUST)
+            }
+            None => false,
+        };
+        if !fresh {
+            self.relist()?;
+        }
+        let mut failed = Vec::new();
+        let waiting: Vec<String> = self
+            .allocs
+            .iter()
+            .filter(|(_, s)| **s == Seen::Waiting)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in waiting {
+            match self.start_if_running(&id) {
+                Ok(()) => {}
+                Err(e) if is_gone(&e) => {
+                    self.allocs.remove(&id);
+                }
+                Err(e) => failed.push((id, e)),
+            }
+        }
+        Ok(failed)
+    }
+
+    /// Lists the alloc directory: new allocations are read back (their
+    /// project, if any), vanished ones dropped.
+    fn relist(&mut self) -> Result<()> {
+        let st = sys::fstat(self.dir.as_fd())
+            .with_context(|| format!("cannot stat {}", self.path.display()))?;
+        let now = SystemTime::now();
+        let names = sys::read_dir(self.dir.as_fd())
+            .with_context(|| format!("cannot list {}", self.path.display()))?;
+        let mut next = BTreeMap::new();
+        for e in names {
+            let Some(id) = e.name.to_str().ok().filter(|n| is_alloc_id(n)) else {
+                continue;
+            };
+            if e.d_type != libc::DT_DIR && e.d_type != libc::DT_UNKNOWN {
+                continue;
+            }
+            // A known allocation directory is read again only when it is a
+            // new inode under the same name (Nomad rebuilds an allocation
+            // whose migration failed).
+            let known = self.allocs.get(id).copied().filter(|s| match s {
+                Seen::Accounted(p) => p.ino == e.ino,
+                _ => true,
+            });
+            let seen = match known {
+                Some(s) => s,
+                None => match self.read_back(id) {
+                    Ok(Some(s)) => s,
+                    Ok(None) => continue,
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+                    Err(e) => {
+                        return Err(e).with_context(|| {
+                            format!(
+                                "cannot read the project of {}",
+                                self.path.join(id).display()
+                            )
+                        })
+                    }
+                },
+            };
+            next.insert(id.to_string(), seen);
+        }
+        self.allocs = next;
+        self.listed = Some((st.st_ctime, st.st_ctime_nsec, now));
+        Ok(())
+    }
+
+    /// An allocation directory's state from its own attributes; a walk a
+    /// crash interrupted (the ID without the walked mark) is finished here.
+    fn read_back(&mut self, id: &str) -> io::Result<Option<Seen>> {
+        let Ok(fd) = self.open_alloc(id) else {
+            return Ok(None);
+        };
+        let (pid, inherit) = quota::project_of(fd.as_fd())?;
+        if pid == 0 {
+            return Ok(Some(Seen::Waiting));
+        }
+        if !self.range.contains(&pid) {
+            return Ok(Some(Seen::Foreign(pid)));
+        }
+        let ino = sys::fstat(fd.as_fd())?.st_ino;
+        if !inherit || !walked_mark_of(fd.as_fd(), pid)? {
+            self.walk(fd.as_fd(), pid)?;
+        }
+        Ok(Some(Seen::Accounted(AllocProject {
+            project_id: pid,
+            ino,
+        })))
+    }
+
+    fn open_alloc(&self, id: &str) -> io::Result<OwnedFd> {
+        let name = CString::new(id).map_err(io::Error::other)?;
+        sys::openat_no_xdev(
+            self.dir.as_fd(),
+            &name,
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        )
+    }
+
+    /// Tags allocation `id` if one of its tasks has started.
+    fn start_if_running(&mut self, id: &str) -> Result<()> {
+        let fd = self.open_alloc(id)?;
+        let (current, _) = quota::project_of(fd.as_fd())?;
+        let pid = if self.range.contains(&current) {
+            // Claimed by an earlier scan whose walk failed: walk again.
+            current
+        } else if current != 0 {
+            self.allocs.insert(id.to_string(), Seen::Foreign(current));
+            return Ok(());
+        } else if !a_task_started(fd.as_fd())? {
+            return Ok(());
+        } else {
+            self.claim(fd.as_fd(), id)?
+        };
+        let ino = sys::fstat(fd.as_fd())?.st_ino;
+        self.walk(fd.as_fd(), pid)
+            .with_context(|| format!("cannot tag {}", self.path.join(id).display()))?;
+        self.allocs.insert(
+            id.to_string(),
+            Seen::Accounted(AllocProject {
+                project_id: pid,
+                ino,
+            }),
+        );
+        Ok(())
+    }
+
+    /// Chooses an ID and gives it to the allocation directory with
+    /// PROJINHERIT: from then on the kernel counts the directory's inode
+    /// to it, which keeps every other chooser off it, and whatever is made
+    /// in it inherits it.
+    fn claim(&mut self, fd: BorrowedFd<'_>, id: &str) -> Result<u32> {
+        // Under the filesystem's lock from choice to claim: another alloc
+        // directory on this filesystem (a second agent) may share the range.
+        let name = format!("alloc-ids-{:x}.lock", self.dev);
+        let _ids = run_dir::lock(&CString::new(name.clone()).expect("no NUL"))
+            .with_context(|| format!("cannot take {}/{name}", run_dir::RUN_DIR))?;
+        let pid = self.choose_id()?;
+        let mut a = sys::get_fsxattr(fd)?;
+        a.projid = pid;
+        a.xflags |= sys::FS_XFLAG_PROJINHERIT;
+        sys::set_fsxattr(fd, &a).with_context(|| {
+            format!(
+                "cannot give {} project ID {pid}",
+                self.path.join(id).display()
+            )
+        })?;
+        self.cursor = pid.saturating_add(1);
+        Ok(pid)
+    }
+
+    /// Walks an allocation whose directory holds `pid`, then marks it
+    /// walked.
+    fn walk(&mut self, top: BorrowedFd<'_>, pid: u32) -> io::Result<()> {
+        self.walks += 1;
+        let walked = tag_walk::tag_below(top, pid)?;
+        sys::fsetxattr(top, WALKED, pid.to_string().as_bytes())?;
+        self.walked += walked;
+        Ok(())
+    }
+
+    /// The next ID of the range no accounted allocation holds and the
+    /// kernel counts nothing to, from past the last one given, wrapping
+    /// once; one pass over the range when stepping does not find one.
+    fn choose_id(&mut self) -> Result<u32> {
+        // Candidates read one by one before a pass over the whole range.
+        const STEPS: u32 = 64;
+        let held: std::collections::BTreeSet<u32> =
+            self.accounted().map(|(_, p)| p.project_id).collect();
+        let fd = self.dir.as_fd();
+        let read = |p| quota::get(fd, p);
+        for start in [self.cursor, *self.range.start()] {
+            let window = start..=start.saturating_add(STEPS - 1).min(*self.range.end());
+            if let Some(pid) =
+                project_ids::first_free_from(&window, start, |p| held.contains(&p), read)
+                    .with_context(|| format!("cannot read the quota of {}", self.path.display()))?
+            {
+                return Ok(pid);
+            }
+        }
+        let kernel = quota::list(fd, self.range.clone())
+            .with_context(|| format!("cannot list the quotas of {}", self.path.display()))?;
+        project_ids::lowest_free(&self.range, held, &kernel).with_context(|| {
+            format!(
+                "no free project ID left for allocations in {}..={} on {}: widen \
+                 alloc_project_id_min/alloc_project_id_max in prjquota.toml",
+                self.range.start(),
+                self.range.end(),
+                self.path.display()
+            )
+        })
+    }
+}
+
+/// Set on an allocation directory once its walk is complete, holding its
+/// project ID: a `trusted.` attribute, which only a process with
+/// CAP_SYS_ADMIN can set or read, so a task cannot fake it. Missing, the
+/// walk was stopped (a crash, a kill) and is made again.
+const WALKED: &std::ffi::CStr = c"trusted.prjquota.walked";
+
+fn walked_mark_of(fd: BorrowedFd<'_>, pid: u32) -> io::Result<bool> {
+    Ok(sys::fgetxattr(fd, WALKED)?.is_some_and(|v| v == pid.to_string().as_bytes()))
+}
+
+/// Whether a task of the allocation has started: some `<task>/tmp`
+/// directory exists (Nomad makes it when it builds the task's directory,
+/// after any previous allocation's data has moved in).
+fn a_task_started(alloc: BorrowedFd<'_>) -> io::Result<bool> {
+    for e in sys::read_dir(alloc)? {
+        if e.name.as_bytes() == b"alloc" {
+            continue;
+        }
+        let Ok(task) = sys::openat_no_xdev(
+            alloc,
+            &e.name,
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        ) else {
+            continue;
+        };
+        if let Ok(st) = sys::fstatat_nofollow(task.as_fd(), c"tmp") {
+            if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// A Nomad allocation ID: a lowercase UUID, 8-4-4-4-12.
+pub fn is_alloc_id(s: &str) -> bool {
+    s.len() == 36
+        && s.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_digit() || (b'a'..=b'f').contains(&b),
+        })
+}
+
+fn is_gone(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<io::Error>()
+        .is_some_and(|e| e.raw_os_error() == Some(libc::ENOENT))
+}
+
+fn ctime_of(st: &libc::stat) -> SystemTime {
+    SystemTime::UNIX_EPOCH
+        + Duration::new(
+            u64::try_from(st.st_ctime).unwrap_or(0),
+            u32::try_from(st.st_ctime_nsec).unwrap_or(0),
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_lowercase_uuids_are_allocations() {
+        assert!(is_alloc_id("8f3e9d2c-4b1a-4c6e-9a7d-2e5b6c1f0a93"));
+        for no in [
+            "8F3E9D2C-4B1A-4C6E-9A7D-2E5B6C1F0A93",
+            "8f3e9d2c-4b1a-4c6e-9a7d-2e5b6c1f0a9",
+            "8f3e9d2c-4b1a-4c6e-9a7d-2e5b6c1f0a93x",
+            "8f3e9d2c_4b1a-4c6e-9a7d-2e5b6c1f0a93",
+            "alloc",
+            "..",
+        ] {
+            assert!(!is_alloc_id(no), "{no}");
+        }
+    }
+}

@@ -1,0 +1,429 @@
+//! The allocations collector (`--nomad.alloc-dir`): each Nomad
+//! allocation's disk usage from its project quota (see [`crate::allocs`]).
+//!
+//! A thread of its own keeps the allocations' projects current every
+//! `--nomad.alloc-scan-interval`, scrapes or not: a task that starts
+//! between two scrapes is tagged within one interval of its start. A scrape
+//! reads what that thread found and makes one quota pass over the IDs it
+//! holds, with the stuck-mount rule; it never lists or walks a tree.
+//!
+//! Until accounting can run (no such directory yet, no project quota on
+//! its filesystem, a chroot source on its mount, another exporter owning
+//! it), the collector fails with the reason at every scrape and the
+//! thread tries again every interval: an operator's fix needs no restart.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use prjquota_core::{config, quota, run_dir, sys};
+
+use super::{BoxFuture, Collector, Scrape};
+use crate::allocs::tag_walk::Walked;
+use crate::allocs::{Accounting, Census};
+use crate::blocking::InFlight;
+use crate::exposition::Family;
+
+/// What the flags say.
+#[derive(Debug, Clone)]
+pub struct AllocsSetup {
+    /// Nomad's `<data_dir>/alloc`.
+    pub alloc_dir: PathBuf,
+    /// Where prjquota.toml (the allocations' ID range) is.
+    pub plugin_dir: Option<PathBuf>,
+    pub scan_interval: Duration,
+    /// The client's `chroot_env` sources ([`CHROOT_SOURCES`] by default).
+    pub chroot_sources: Vec<PathBuf>,
+}
+
+/// Where Nomad's exec and java drivers take a chroot's files from when the
+/// client sets no `chroot_env` (client/allocdir's default chroot): hard
+/// links from these into a tagged allocation would fail, and Nomad would
+/// copy them.
+pub const CHROOT_SOURCES: [&str; 8] = [
+    "/bin",
+    "/etc",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/run/resolvconf",
+    "/sbin",
+    "/usr",
+];
+
+/// What the scan thread publishes for scrapes.
+#[derive(Debug, Default)]
+struct Shared {
+    /// Why accounting does not run, when it does not.
+    down: Option<String>,
+    /// The alloc directory, for the scrapes' quota pass.
+    dir: Option<Arc<OwnedFd>>,
+    accounted: Arc<Vec<(String, u32)>>,
+    census: Census,
+    walked: Walked,
+    walks: u64,
+    /// Allocations a scan could not tag (retried at the next).
+    failures: u64,
+}
+
+pub struct Allocs {
+    shared: Arc<Mutex<Shared>>,
+    path: PathBuf,
+    timeout: Duration,
+    inflight: InFlight,
+}
+
+impl Allocs {
+    /// Starts the scan thread.
+    pub fn start(setup: AllocsSetup, timeout: Duration) -> Allocs {
+        let shared = Arc::new(Mutex::new(Shared {
+            down: Some("the first scan has not finished".into()),
+            ..Shared::default()
+        }));
+        let weak = Arc::downgrade(&shared);
+        let path = setup.alloc_dir.clone();
+        let spawned = std::thread::Builder::new()
+            .name("alloc-scan".into())
+            .spawn(move || scan_loop(weak, setup));
+        if let Err(e) = spawned {
+            lock(&shared).down = Some(format!("cannot start the allocation scan thread: {e}"));
+        }
+        Allocs {
+            shared,
+            path,
+            timeout,
+            inflight: InFlight::new("quotactl"),
+        }
+    }
+}
+
+fn lock(m: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Accounting and the lock that makes this exporter its only owner.
+struct Owned {
+    accounting: Accounting,
+    dir: Arc<OwnedFd>,
+    _lock: OwnedFd,
+}
+
+fn scan_loop(weak: Weak<Mutex<Shared>>, setup: AllocsSetup) {
+    let mut owned: Option<Owned> = None;
+    let mut logged_down: Option<String> = None;
+    let mut logged_failures: HashMap<String, String> = HashMap::new();
+    loop {
+        // The collector is gone (an exporter made in a test): stop.
+        let Some(shared) = weak.upgrade() else { return };
+        if owned.is_none() {
+            match take(&setup) {
+                Ok(o) => {
+                    crate::info!(
+                        "accounting Nomad allocations' disk usage",
+                        alloc_dir = setup.alloc_dir.display(),
+                        accounted = o.accounting.census().accounted,
+                        project_ids = format!(
+                            "{}..={}",
+                            o.accounting.range().start(),
+                            o.accounting.range().end()
+                        ),
+                    );
+                    logged_down = None;
+                    owned = Some(o);
+                }
+                Err(e) => {
+                    let why = format!("{e:#}");
+                    if logged_down.as_ref() != Some(&why) {
+                        crate::error!(
+                            "cannot account Nomad allocations; retrying every scan interval",
+                            alloc_dir = setup.alloc_dir.display(),
+                            error = why,
+                        );
+                        logged_down = Some(why.clone());
+                    }
+                    lock(&shared).down = Some(why);
+                }
+            }
+        }
+        if let Some(o) = owned.as_mut() {
+            let result = o.accounting.scan();
+            let mut s = lock(&shared);
+            match result {
+                Ok(failed) => {
+                    s.down = None;
+                    for (id, e) in &failed {
+                        let why = format!("{e:#}");
+                        if logged_failures.get(id) != Some(&why) {
+                            crate::warn!(
+                                "cannot put an allocation into its project; retrying at the next scan",
+                                alloc_id = id,
+                                error = why,
+                            );
+                            logged_failures.insert(id.clone(), why);
+                        }
+                    }
+                    s.failures += failed.len() as u64;
+                    logged_failures.retain(|id, _| failed.iter().any(|(f, _)| f == id));
+                }
+                Err(e) => s.down = Some(format!("{e:#}")),
+            }
+            s.dir = Some(o.dir.clone());
+            s.accounted = Arc::new(
+                o.accounting
+                    .accounted()
+                    .map(|(id, p)| (id.to_string(), p.project_id))
+                    .collect(),
+            );
+            s.census = o.accounting.census();
+            s.walked = o.accounting.walked;
+            s.walks = o.accounting.walks;
+        }
+        drop(shared);
+        std::thread::sleep(setup.scan_interval);
+    }
+}
+
+/// Everything that must hold before this exporter tags anything.
+fn take(setup: &AllocsSetup) -> Result<Owned> {
+    let cfg = match &setup.plugin_dir {
+        Some(d) => config::load(d)?,
+        None => config::Config::default(),
+    };
+    let range = cfg.alloc_project_ids().map_err(|e| anyhow!(e))?;
+    let path = &setup.alloc_dir;
+    let dir = open_dir(path)?;
+    refuse_chroot_sources_on_mount(&dir, path, &setup.chroot_sources)?;
+    let st = sys::fstat(dir.as_fd())?;
+    // One owner per alloc directory: two exporters would give one
+    // allocation two IDs. (IDs themselves are chosen under a lock per
+    // filesystem: `Accounting`.)
+    let name = format!("allocs-{:x}-{:x}.lock", st.st_dev, st.st_ino);
+    let lock = run_dir::try_lock(&std::ffi::CString::new(name.clone()).expect("no NUL"))
+        .with_context(|| format!("cannot take {}/{name}", run_dir::RUN_DIR))?
+        .with_context(|| {
+            format!(
+                "another prjquota-exporter accounts the allocations of {} (it holds {}/{name}): \
+                 one exporter per node does; stop the other or leave --nomad.alloc-dir off here",
+                path.display(),
+                run_dir::RUN_DIR
+            )
+        })?;
+    let accounting = Accounting::open(path, range)?;
+    Ok(Owned {
+        accounting,
+        dir: Arc::new(dir),
+        _lock: lock,
+    })
+}
+
+fn open_dir(path: &Path) -> Result<OwnedFd> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(path)
+        .map(OwnedFd::from)
+        .with_context(|| {
+            format!(
+                "cannot open Nomad's alloc directory {} (--nomad.alloc-dir names the agent's \
+                 <data_dir>/alloc)",
+                path.display()
+            )
+        })
+}
+
+/// Refuses an alloc directory on the same mount as a chroot source: there
+/// Nomad builds exec and java chroots with hard links, which a tagged
+/// allocation turns into copies (charged to it, and slow).
+fn refuse_chroot_sources_on_mount(dir: &OwnedFd, path: &Path, sources: &[PathBuf]) -> Result<()> {
+    let mnt = sys::mount_id(dir.as_fd())
+        .with_context(|| format!("cannot read the mount ID of {}", path.display()))?;
+    for src in sources {
+        let Ok(f) = std::fs::File::open(src) else {
+            continue;
+        };
+        if sys::mount_id(f.as_fd()).is_ok_and(|m| m == mnt) {
+            bail!(
+                "{} is on the same mount as {}, a source of the chroots Nomad's exec and java \
+                 drivers build with hard links: accounted allocations would turn each link into \
+                 a copy. Put Nomad's data_dir on a filesystem of its own (docs/allocations.md)",
+                path.display(),
+                src.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+impl Collector for Allocs {
+    fn name(&self) -> &'static str {
+        "allocs"
+    }
+
+    fn collect<'a>(
+        &'a self,
+        _scrape: &'a Scrape,
+        out: &'a mut Vec<Family>,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let (down, dir, accounted, census, walked, walks, failures) = {
+                let s = lock(&self.shared);
+                (
+                    s.down.clone(),
+                    s.dir.clone(),
+                    s.accounted.clone(),
+                    s.census,
+                    s.walked,
+                    s.walks,
+                    s.failures,
+                )
+            };
+            // Down, nothing is measured: no zeros that would say otherwise.
+            if let Some(why) = down {
+                bail!("{why}");
+            }
+            out.extend(self_families(census, walked, walks, failures));
+            let Some(dir) = dir else { return Ok(()) };
+            let ids = accounted.iter().map(|(_, p)| *p);
+            let (Some(lo), Some(hi)) = (ids.clone().min(), ids.max()) else {
+                out.extend(usage_families(&accounted, &[]));
+                return Ok(());
+            };
+            let key = self.path.display().to_string();
+            let found = match self
+                .inflight
+                .run(&key, self.timeout, move || {
+                    quota::list(dir.as_fd(), lo..=hi)
+                })
+                .await
+            {
+                Ok(Ok(found)) => found,
+                Ok(Err(e)) => return Err(io_context(e, &self.path)),
+                Err(blocked) => bail!("quotactl in {key}: {blocked}"),
+            };
+            out.extend(usage_families(&accounted, &found));
+            Ok(())
+        })
+    }
+}
+
+/// Every family this collector can publish (the dashboards' lint).
+pub fn catalogue() -> Vec<Family> {
+    let mut all = usage_families(&[], &[]);
+    all.extend(self_families(Census::default(), Walked::default(), 0, 0));
+    all
+}
+
+fn io_context(e: io::Error, path: &Path) -> anyhow::Error {
+    anyhow!(
+        "cannot read the allocations' project quotas in {}: {e}",
+        path.display()
+    )
+}
+
+/// Each accounted allocation's usage; `found` is the quota pass, in ID
+/// order (an ID missing from it has no usage).
+fn usage_families(accounted: &[(String, u32)], found: &[quota::ProjectQuota]) -> Vec<Family> {
+    let mut bytes = Family::gauge(
+        "nomad_alloc_disk_used_bytes",
+        "Bytes the kernel charges to the allocation directory's project quota: its files on the alloc directory's filesystem, without its mounts (secrets, private, the shared alloc bind mount counted once) and without files linked from the host. Join on alloc_id with Nomad's nomad_client_allocs_* series.",
+    )
+    .with_capacity(accounted.len());
+    let mut inodes = Family::gauge(
+        "nomad_alloc_disk_used_inodes",
+        "Inodes the kernel charges to the allocation directory's project quota.",
+    )
+    .with_capacity(accounted.len());
+    for (id, pid) in accounted {
+        let q = found
+            .binary_search_by_key(pid, |q| q.id)
+            .map(|k| found[k])
+            .unwrap_or_default();
+        bytes.labelled(vec![("alloc_id", id.clone())], q.used_bytes as f64);
+        inodes.labelled(vec![("alloc_id", id.clone())], q.used_inodes as f64);
+    }
+    vec![bytes, inodes]
+}
+
+fn self_families(census: Census, walked: Walked, walks: u64, failures: u64) -> Vec<Family> {
+    let mut allocs = Family::gauge(
+        "prjquota_exporter_allocs",
+        "Allocation directories by state: accounted (in a project of their own), waiting (no task started yet), foreign (already in a project outside alloc_project_id_min..max: left alone).",
+    );
+    for (state, n) in [
+        ("accounted", census.accounted),
+        ("waiting", census.waiting),
+        ("foreign", census.foreign),
+    ] {
+        allocs.labelled(vec![("state", state.into())], n as f64);
+    }
+    let mut walks_f = Family::counter(
+        "prjquota_exporter_alloc_walks_total",
+        "Walks that put an allocation's tree into its project (once per allocation; again after a crash interrupted one).",
+    );
+    walks_f.plain(walks as f64);
+    let mut entries = Family::counter(
+        "prjquota_exporter_alloc_walk_entries_total",
+        "Entries the allocation walks met, by outcome: tagged; already (in the project); linked, mount, special, deep (left out by design, see docs/allocations.md); gone (removed meanwhile); failed (could not be tagged: they stay charged to the project they had).",
+    );
+    for (outcome, n) in [
+        ("tagged", walked.dirs + walked.files),
+        ("already", walked.already),
+        ("linked", walked.linked),
+        ("mount", walked.mounts),
+        ("special", walked.special),
+        ("deep", walked.deep),
+        ("gone", walked.gone),
+        ("failed", walked.failed),
+    ] {
+        entries.labelled(vec![("outcome", outcome.into())], n as f64);
+    }
+    let mut fail = Family::counter(
+        "prjquota_exporter_alloc_tag_failures_total",
+        "Scans that could not put a started allocation into its project (retried at the next scan; the log says why).",
+    );
+    fail.plain(failures as f64);
+    vec![allocs, walks_f, entries, fail]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_is_read_from_the_pass_and_missing_ids_are_zero() {
+        let accounted = vec![
+            (
+                "8f3e9d2c-4b1a-4c6e-9a7d-2e5b6c1f0a93".to_string(),
+                2_000_000_001,
+            ),
+            (
+                "0a3e9d2c-4b1a-4c6e-9a7d-2e5b6c1f0a93".to_string(),
+                2_000_000_005,
+            ),
+        ];
+        let found = [quota::ProjectQuota {
+            id: 2_000_000_005,
+            used_bytes: 8192,
+            used_inodes: 3,
+            ..Default::default()
+        }];
+        let fams = usage_families(&accounted, &found);
+        let text =
+            crate::exposition::encode_all(&fams, &crate::inventory::Inventory::for_tests(vec![]));
+        assert!(
+            text.contains("nomad_alloc_disk_used_bytes{alloc_id=\"0a3e9d2c-4b1a-4c6e-9a7d-2e5b6c1f0a93\"} 8192"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "nomad_alloc_disk_used_inodes{alloc_id=\"8f3e9d2c-4b1a-4c6e-9a7d-2e5b6c1f0a93\"} 0"
+            ),
+            "{text}"
+        );
+    }
+}
