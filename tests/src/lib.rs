@@ -12,6 +12,7 @@ pub mod dm;
 pub mod fixture;
 pub mod http;
 pub mod nomad;
+pub mod nomad_alloc;
 pub mod pinned;
 pub mod pins;
 pub mod prom;

@@ -100,7 +100,8 @@ macro_rules! compat {
        test(the_exporter_counts_refuses))) | \
      (binary(faults) & test(=ext4::disk_errors)) | \
      (binary(exporter) & test(every_metric_matches)) | \
-     (binary(capacity) & test(nearly_full_filesystem))"
+     (binary(capacity) & test(nearly_full_filesystem)) | \
+     (binary(allocs) & (test(a_started_allocation) | test(sticky_disk) | test(during_the_walk)))"
     };
 }
 
@@ -122,7 +123,8 @@ pub const OLD_KERNEL_FILTER: &str = "binary(vm_smoke) | binary(old_kernel) | \
        test(=xfs::every_write_path_counts_exact_bytes_and_calls_at_every_depth))) | \
      (binary(exporter_ebpf) & test(counts_exact_writes_and_quota_refusals_per_volume)) | \
      (binary(guard) & test(detect_counts)) | (binary(plugin) & test(create_enforces)) | \
-     (binary(exporter) & test(every_metric_matches)) | (binary(capacity) & test(nearly_full_filesystem))";
+     (binary(exporter) & test(every_metric_matches)) | (binary(capacity) & test(nearly_full_filesystem)) | \
+     (binary(allocs) & (test(a_started_allocation) | test(sticky_disk) | test(during_the_walk)))";
 
 /// The full suite on 6.1: every binary but `old_kernel`, which checks
 /// refusals that only a kernel older than 5.17 makes, and but the attach

@@ -1,0 +1,531 @@
+//! Per-allocation disk usage (`--nomad.alloc-dir`): each trap of Nomad's
+//! allocation lifecycle, replayed with the system calls Nomad makes
+//! (`prjquota_vmtests::nomad_alloc`), on XFS and ext4. Where the design
+//! avoids something the kernel refuses, a negative control shows the
+//! kernel refusing it.
+
+use std::io::ErrorKind;
+use std::time::Duration;
+
+use prjquota_vmtests::fixture::FsCase;
+use prjquota_vmtests::nomad_alloc::{
+    alloc_bytes, inodes_on_mount, project_of, scrape_until, write_file, AllocNode,
+};
+use prjquota_vmtests::on_every_fs;
+
+on_every_fs!(
+    a_started_allocation_is_accounted_and_a_waiting_one_is_left_alone,
+    a_sticky_disk_moves_in_by_rename_and_is_charged_to_the_new_allocation,
+    a_remote_migration_unpacked_beside_it_renames_in,
+    artifacts_and_templates_rename_within_the_task_after_the_walk,
+    a_hard_linked_host_file_keeps_its_project_and_a_link_after_is_refused,
+    files_made_during_the_walk_all_land_in_the_project,
+    a_collected_allocation_frees_its_id_only_once_its_usage_is_gone,
+    a_restart_reads_the_projects_back_and_finishes_a_killed_walk,
+    a_second_exporter_waits_and_takes_over_when_the_first_stops,
+);
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn accounted(e: &prjquota_vmtests::prom::Exposition) -> f64 {
+    e.get("prjquota_exporter_allocs", &[("state", "accounted")])
+        .unwrap_or(-1.0)
+}
+
+fn waiting(e: &prjquota_vmtests::prom::Exposition) -> f64 {
+    e.get("prjquota_exporter_allocs", &[("state", "waiting")])
+        .unwrap_or(-1.0)
+}
+
+fn a_started_allocation_is_accounted_and_a_waiting_one_is_left_alone(case: &FsCase) {
+    let node = AllocNode::new(case, "alloc-start", 20);
+    let exp = node.start_exporter(&[]);
+    let mut a = node.root.build_alloc();
+    write_file(&a.path.join("alloc/data/before"), 64 << 10);
+    scrape_until(&exp, WAIT, "the allocation seen waiting", |e| {
+        waiting(e) == 1.0
+    });
+    // Nothing of a waiting allocation is touched.
+    assert_eq!(project_of(&a.path), (0, false));
+    assert_eq!(project_of(&a.path.join("alloc/data/before")).0, 0);
+
+    // The task starts: writes right after its directory appears, before
+    // any scan, must end up charged to it all the same. (Mounts first, so
+    // that the walk surely meets them.)
+    let task = a.build_task_mounts_first("web");
+    write_file(&task.join("local/right-after"), 128 << 10);
+    std::fs::write(task.join("secrets/token"), "s3cret").unwrap();
+    let e = scrape_until(&exp, WAIT, "the allocation accounted", |e| {
+        alloc_bytes(e, &a.id).is_some_and(|b| b >= (192 << 10) as f64)
+    });
+    let (pid, inherit) = project_of(&a.path);
+    assert!(node.ids.contains(&pid) && inherit, "{pid} {inherit}");
+    let q = node.usage(pid);
+    assert_eq!(alloc_bytes(&e, &a.id), Some(q.used_bytes as f64));
+    assert_eq!(
+        e.get("nomad_alloc_disk_used_inodes", &[("alloc_id", &a.id)]),
+        Some(q.used_inodes as f64)
+    );
+    // Every inode on the allocation's mount is in its project; the task's
+    // mounts (the shared alloc bind mount, secrets, private) were not
+    // entered, and the walk says so.
+    for (p, ipid, _) in inodes_on_mount(&a.path) {
+        assert_eq!(ipid, pid, "{} left out of the project", p.display());
+    }
+    assert!(
+        e.value(
+            "prjquota_exporter_alloc_walk_entries_total",
+            &[("outcome", "mount")]
+        ) >= 3.0,
+        "{}",
+        e.text
+    );
+    assert_eq!(
+        std::fs::read_to_string(task.join("secrets/token")).unwrap(),
+        "s3cret"
+    );
+    // Nomad's alloc directory itself stays out of every project.
+    assert_eq!(project_of(&node.root.path), (0, false));
+    // A write after the walk is charged without another walk.
+    write_file(&task.join("local/later"), 256 << 10);
+    let e = scrape_until(&exp, WAIT, "the later write counted", |e| {
+        alloc_bytes(e, &a.id).is_some_and(|b| b >= (448 << 10) as f64)
+    });
+    assert_eq!(e.value("prjquota_exporter_alloc_walks_total", &[]), 1.0);
+    e.assert_collectors_succeeded("accounting one allocation");
+    let id = a.id.clone();
+    a.destroy();
+    scrape_until(&exp, WAIT, "the collected allocation gone", |e| {
+        alloc_bytes(e, &id).is_none() && accounted(e) == 0.0
+    });
+}
+
+fn a_sticky_disk_moves_in_by_rename_and_is_charged_to_the_new_allocation(case: &FsCase) {
+    let node = AllocNode::new(case, "alloc-sticky", 20);
+    let exp = node.start_exporter(&[]);
+    let mut prev = node.root.build_alloc();
+    prev.build_task("db");
+    scrape_until(&exp, WAIT, "the previous allocation accounted", |e| {
+        accounted(e) == 1.0
+    });
+    write_file(&prev.path.join("alloc/data/db.bin"), 512 << 10);
+    write_file(&prev.task("db").join("local/state"), 256 << 10);
+    let (prev_pid, _) = project_of(&prev.path);
+
+    // The new allocation is built and waits for the previous one, as the
+    // migrate hook makes it; the exporter sees it and leaves it alone.
+    let next = node.root.build_alloc();
+    scrape_until(&exp, WAIT, "the new allocation seen", |e| {
+        waiting(e) + accounted(e) == 2.0
+    });
+    next.move_from(&prev, &["db"])
+        .expect("Nomad's rename of a sticky disk into a waiting allocation");
+    assert_eq!(
+        project_of(&next.path),
+        (0, false),
+        "a waiting allocation was tagged"
+    );
+    assert_eq!(
+        std::fs::metadata(next.path.join("alloc/data/db.bin"))
+            .unwrap()
+            .len(),
+        512 << 10
+    );
+
+    // Its task starts: the moved data is charged to it, not to the old one.
+    let mut next = next;
+    next.build_task("db");
+    let e = scrape_until(
+        &exp,
+        WAIT,
+        "the moved data charged to the new allocation",
+        |e| alloc_bytes(e, &next.id).is_some_and(|b| b >= (768 << 10) as f64),
+    );
+    let (next_pid, _) = project_of(&next.path);
+    assert_ne!(next_pid, prev_pid);
+    assert_eq!(project_of(&next.path.join("alloc/data/db.bin")).0, next_pid);
+    assert!(
+        alloc_bytes(&e, &prev.id).unwrap() < (64 << 10) as f64,
+        "the old allocation still charged with what moved out:\n{}",
+        e.text
+    );
+
+    // Negative control: a design that tagged the new allocation before the
+    // move. The kernel refuses Nomad's rename, and Nomad would start the
+    // task with empty data.
+    let early = node.root.build_alloc();
+    prjquota_vmtests::fixture::Fixture::tag(&early.path.join("alloc"), *node.ids.end());
+    let refused = std::fs::rename(
+        next.path.join("alloc/data"),
+        early.path.join("alloc/data-moved"),
+    )
+    .expect_err("a rename into a directory of another project");
+    assert_eq!(refused.raw_os_error(), Some(libc::EXDEV), "{refused}");
+    drop(exp);
+    prjquota_vmtests::fixture::Fixture::tag(&early.path.join("alloc"), 0);
+}
+
+fn a_remote_migration_unpacked_beside_it_renames_in(case: &FsCase) {
+    let node = AllocNode::new(case, "alloc-remote", 20);
+    let exp = node.start_exporter(&[]);
+    let next = node.root.build_alloc();
+    // The snapshot from the previous node is unpacked into a sibling
+    // <alloc dir>/<previous alloc id>, built as an allocation is, holding
+    // alloc/data and each task's local/ (no task directory is built: no
+    // tmp). The exporter must leave it alone.
+    let unpacked = node.root.build_alloc();
+    write_file(&unpacked.path.join("alloc/data/blob"), 256 << 10);
+    std::fs::create_dir_all(unpacked.task("app").join("local")).unwrap();
+    write_file(&unpacked.task("app").join("local/cache"), 128 << 10);
+    scrape_until(&exp, WAIT, "both seen", |e| {
+        waiting(e) + accounted(e) == 2.0
+    });
+    next.move_from(&unpacked, &["app"])
+        .expect("the renames from the unpacked sibling into a waiting allocation");
+    assert_eq!(
+        project_of(&unpacked.path).0,
+        0,
+        "the unpacked sibling was tagged"
+    );
+    unpacked.destroy();
+    let mut next = next;
+    next.build_task("app");
+    let e = scrape_until(
+        &exp,
+        WAIT,
+        "the migrated data charged to the new allocation",
+        |e| alloc_bytes(e, &next.id).is_some_and(|b| b >= (384 << 10) as f64),
+    );
+    let (pid, _) = project_of(&next.path);
+    assert_eq!(project_of(&next.task("app").join("local/cache")).0, pid);
+    assert_eq!(waiting(&e), 0.0, "{}", e.text);
+    e.assert_collectors_succeeded("a remote migration");
+}
+
+fn artifacts_and_templates_rename_within_the_task_after_the_walk(case: &FsCase) {
+    let node = AllocNode::new(case, "alloc-rename", 20);
+    let exp = node.start_exporter(&[]);
+    let mut a = node.root.build_alloc();
+    let task = a.build_task("web");
+    // Made as the task starts, before the walk: a template's temporary
+    // file in its destination's directory, and an artifact downloading
+    // into a directory next to the task.
+    std::fs::write(task.join("local/.config.tmpl123"), "rendered").unwrap();
+    std::fs::create_dir(task.join("tmp/getter456")).unwrap();
+    write_file(&task.join("tmp/getter456/app.tar"), 64 << 10);
+    scrape_until(&exp, WAIT, "accounted", |e| alloc_bytes(e, &a.id).is_some());
+    let (pid, _) = project_of(&a.path);
+    // Renamed after the walk: both in the project already, both allowed.
+    std::fs::rename(
+        task.join("local/.config.tmpl123"),
+        task.join("local/config"),
+    )
+    .expect("consul-template's rename of its temporary file");
+    std::fs::rename(
+        task.join("tmp/getter456/app.tar"),
+        task.join("local/app.tar"),
+    )
+    .expect("the artifact's rename into local/");
+    // Log rotation and a later render: new files inherit; renames work.
+    std::fs::write(task.join("local/.config.tmpl789"), "again").unwrap();
+    std::fs::rename(
+        task.join("local/.config.tmpl789"),
+        task.join("local/config"),
+    )
+    .unwrap();
+    for f in ["local/config", "local/app.tar"] {
+        assert_eq!(project_of(&task.join(f)).0, pid, "{f}");
+    }
+    // A raw_exec task moving a file in from elsewhere on the filesystem
+    // now meets EXDEV (docs/allocations.md says so).
+    let outside = node.fixture.root.join("outside-file");
+    std::fs::write(&outside, "x").unwrap();
+    let e = std::fs::rename(&outside, task.join("local/outside")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EXDEV), "{e}");
+    drop(exp);
+}
+
+fn a_hard_linked_host_file_keeps_its_project_and_a_link_after_is_refused(case: &FsCase) {
+    let node = AllocNode::new(case, "alloc-chroot", 20);
+    // Host files on the alloc directory's mount, as /usr would be if the
+    // data_dir were on the root filesystem.
+    let host = node.fixture.root.join("usr-bin");
+    std::fs::create_dir(&host).unwrap();
+    write_file(&host.join("tool"), 64 << 10);
+    write_file(&host.join("other"), 4 << 10);
+    let exp = node.start_exporter(&[]);
+    let mut a = node.root.build_alloc();
+    // A chroot's hard link made before the walk (here before the task's
+    // tmp, so that the scan cannot come first).
+    std::fs::create_dir_all(a.task("exec").join("usr/bin")).unwrap();
+    std::fs::hard_link(host.join("tool"), a.task("exec").join("usr/bin/tool")).unwrap();
+    let task = a.build_task("exec");
+    let e = scrape_until(&exp, WAIT, "accounted", |e| alloc_bytes(e, &a.id).is_some());
+    assert_eq!(
+        project_of(&host.join("tool")).0,
+        0,
+        "a host file was re-tagged"
+    );
+    assert!(
+        e.value(
+            "prjquota_exporter_alloc_walk_entries_total",
+            &[("outcome", "linked")]
+        ) >= 1.0
+    );
+    // After the walk a link from the host into the allocation is refused:
+    // Nomad falls back to a copy (why the exporter refuses an alloc
+    // directory on the mount of a chroot source).
+    let refused = std::fs::hard_link(host.join("other"), task.join("usr/bin/other")).unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EXDEV), "{refused}");
+    drop(exp);
+
+    // Named as a chroot source on the same mount, the exporter refuses to
+    // account and says why.
+    let exp = node.start_exporter(&["--nomad.chroot-source", &host.display().to_string()]);
+    let e = scrape_until(&exp, WAIT, "the refusal", |e| {
+        e.get(
+            "prjquota_exporter_scrape_collector_success",
+            &[("collector", "allocs")],
+        ) == Some(0.0)
+    });
+    let log = exp.log();
+    assert!(log.contains("a source of the chroots"), "{log}");
+    assert!(alloc_bytes(&e, &a.id).is_none());
+}
+
+fn files_made_during_the_walk_all_land_in_the_project(case: &FsCase) {
+    let node = AllocNode::new(case, "alloc-race", 20);
+    let mut a = node.root.build_alloc();
+    let task = a.build_task("busy");
+    // Enough to walk that the writers below run during the walk.
+    for d in 0..20 {
+        let dir = task.join(format!("local/d{d}"));
+        std::fs::create_dir(&dir).unwrap();
+        for f in 0..250 {
+            std::fs::write(dir.join(format!("f{f}")), b"x").unwrap();
+        }
+    }
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let exdev_after = std::sync::atomic::AtomicU64::new(0);
+    let exp = std::thread::scope(|s| {
+        for w in 0..3 {
+            let (task, stop) = (&task, &stop);
+            s.spawn(move || {
+                let mut n = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let d = task.join(format!("local/d{}", n % 20));
+                    let _ = std::fs::write(d.join(format!("w{w}-{n}")), b"y");
+                    if n % 50 == 0 {
+                        let _ = std::fs::create_dir(task.join(format!("local/new{w}-{n}")));
+                    }
+                    n += 1;
+                }
+            });
+        }
+        let exp = node.start_exporter(&[]);
+        scrape_until(&exp, WAIT, "accounted", |e| accounted(e) == 1.0);
+        // After the walk, a template's write-and-rename in the same
+        // directory never fails.
+        for i in 0..200 {
+            let tmp = task.join(format!("local/d3/.t{i}"));
+            std::fs::write(&tmp, b"z").unwrap();
+            if let Err(e) = std::fs::rename(&tmp, task.join("local/d3/target")) {
+                assert_eq!(e.kind(), ErrorKind::CrossesDevices);
+                exdev_after.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        exp
+    });
+    assert_eq!(exdev_after.into_inner(), 0, "renames failed after the walk");
+    let (pid, _) = project_of(&a.path);
+    let all = inodes_on_mount(&a.path);
+    let left: Vec<_> = all.iter().filter(|(_, p, _)| *p != pid).collect();
+    assert!(
+        left.is_empty(),
+        "{} of {} inodes left out: {:?}",
+        left.len(),
+        all.len(),
+        &left[..left.len().min(5)]
+    );
+    drop(exp);
+}
+
+fn a_collected_allocation_frees_its_id_only_once_its_usage_is_gone(case: &FsCase) {
+    // Two IDs: reuse is forced and visible.
+    let node = AllocNode::new(case, "alloc-reuse", 2);
+    let exp = node.start_exporter(&[]);
+    let mut first = node.root.build_alloc();
+    let task = first.build_task("t");
+    scrape_until(&exp, WAIT, "first accounted", |e| accounted(e) == 1.0);
+    let (id1, _) = project_of(&first.path);
+    write_file(&task.join("local/held"), 64 << 10);
+    let held = std::fs::File::open(task.join("local/held")).unwrap();
+    first.destroy();
+    scrape_until(&exp, WAIT, "first gone", |e| accounted(e) == 0.0);
+    assert!(
+        node.usage(id1).used_bytes > 0,
+        "the open file keeps its usage"
+    );
+
+    let mut second = node.root.build_alloc();
+    second.build_task("t");
+    scrape_until(&exp, WAIT, "second accounted", |e| accounted(e) == 1.0);
+    let (id2, _) = project_of(&second.path);
+    assert_ne!(id2, id1);
+
+    // Both IDs taken, one by a live allocation, one by the collected one's
+    // open file: a third allocation waits, and says why.
+    let mut third = node.root.build_alloc();
+    third.build_task("t");
+    let e = scrape_until(&exp, WAIT, "the third refused an ID", |e| {
+        e.value("prjquota_exporter_alloc_tag_failures_total", &[]) >= 2.0
+    });
+    assert_eq!(waiting(&e), 1.0, "{}", e.text);
+    assert_eq!(project_of(&third.path).0, 0);
+    assert!(
+        exp.log().contains("no free project ID left"),
+        "{}",
+        exp.log()
+    );
+
+    // Once the file is closed the ID is free, and the third gets it.
+    drop(held);
+    let e = scrape_until(&exp, WAIT, "third accounted", |e| accounted(e) == 2.0);
+    assert_eq!(project_of(&third.path).0, id1);
+    e.assert_collectors_succeeded("ID reuse");
+}
+
+fn a_restart_reads_the_projects_back_and_finishes_a_killed_walk(case: &FsCase) {
+    let node = AllocNode::new(case, "alloc-restart", 20);
+    let exp = node.start_exporter(&[]);
+    let mut a = node.root.build_alloc();
+    let task = a.build_task("t");
+    write_file(&task.join("local/f"), 128 << 10);
+    let before = scrape_until(&exp, WAIT, "accounted", |e| {
+        alloc_bytes(e, &a.id).is_some_and(|b| b >= (128 << 10) as f64)
+    });
+    exp.stop();
+    // A restarted exporter reads the project back: no walk.
+    let exp = node.start_exporter(&[]);
+    let after = scrape_until(&exp, WAIT, "read back", |e| accounted(e) == 1.0);
+    assert_eq!(alloc_bytes(&after, &a.id), alloc_bytes(&before, &a.id));
+    assert_eq!(after.value("prjquota_exporter_alloc_walks_total", &[]), 0.0);
+    drop(exp);
+
+    // What a walk killed halfway leaves: the allocation directory holds its
+    // ID and PROJINHERIT, files below are still in no project, and the
+    // walked mark is missing. The next start finishes the walk.
+    let mut cut = node.root.build_alloc();
+    let t = cut.build_task("t");
+    for f in 0..50 {
+        std::fs::write(t.join(format!("local/f{f}")), b"x").unwrap();
+    }
+    let claimed = *node.ids.end();
+    prjquota_vmtests::fixture::Fixture::tag(&cut.path, claimed);
+    assert_eq!(project_of(&t.join("local/f0")).0, 0);
+    let exp = node.start_exporter(&[]);
+    let e = scrape_until(&exp, WAIT, "both accounted", |e| accounted(e) == 2.0);
+    assert_eq!(project_of(&cut.path).0, claimed, "the claimed ID is kept");
+    for (p, ipid, nlink) in inodes_on_mount(&cut.path) {
+        assert!(ipid == claimed || nlink > 1, "{} left out", p.display());
+    }
+    assert_eq!(e.value("prjquota_exporter_alloc_walks_total", &[]), 1.0);
+
+    // And a real kill during a walk of a bigger tree: whatever step it
+    // lands on, the next start leaves every inode in the project.
+    let mut big = node.root.build_alloc();
+    let t = big.build_task("t");
+    for d in 0..10 {
+        let dir = t.join(format!("local/d{d}"));
+        std::fs::create_dir(&dir).unwrap();
+        for f in 0..300 {
+            std::fs::write(dir.join(format!("f{f}")), b"x").unwrap();
+        }
+    }
+    let deadline = std::time::Instant::now() + WAIT;
+    while project_of(&big.path).0 == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the walk never started"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    exp.kill();
+    let (pid, _) = project_of(&big.path);
+    let exp = node.start_exporter(&[]);
+    let e = scrape_until(&exp, WAIT, "all accounted", |e| accounted(e) == 3.0);
+    assert_eq!(project_of(&big.path).0, pid, "the claimed ID is kept");
+    for (p, ipid, nlink) in inodes_on_mount(&big.path) {
+        assert!(ipid == pid || nlink > 1, "{} left out", p.display());
+    }
+    e.assert_collectors_succeeded("a restart");
+}
+
+fn a_second_exporter_waits_and_takes_over_when_the_first_stops(case: &FsCase) {
+    let node = AllocNode::new(case, "alloc-owner", 20);
+    let first = node.start_exporter(&[]);
+    scrape_until(&first, WAIT, "the first owns it", |e| {
+        e.get(
+            "prjquota_exporter_scrape_collector_success",
+            &[("collector", "allocs")],
+        ) == Some(1.0)
+    });
+    let second = node.start_exporter(&[]);
+    scrape_until(&second, WAIT, "the second refused", |e| {
+        e.get(
+            "prjquota_exporter_scrape_collector_success",
+            &[("collector", "allocs")],
+        ) == Some(0.0)
+    });
+    assert!(
+        second.log().contains("another prjquota-exporter"),
+        "{}",
+        second.log()
+    );
+    // The first still accounts.
+    let mut a = node.root.build_alloc();
+    a.build_task("t");
+    scrape_until(&first, WAIT, "the first accounts", |e| accounted(e) == 1.0);
+    // The second takes over once the first is gone, without a restart.
+    drop(first);
+    scrape_until(&second, WAIT, "the second takes over", |e| {
+        accounted(e) == 1.0
+    });
+}
+
+#[test]
+fn an_alloc_dir_without_project_quota_is_refused_with_the_fix() {
+    let parent =
+        prjquota_vmtests::scratch_dir(&prjquota_vmtests::xfs_noquota_mount(), "alloc-noquota");
+    let root = prjquota_vmtests::nomad_alloc::AllocRoot::new(&parent);
+    let exp = prjquota_vmtests::prom::Exporter::start_with(
+        &[&parent.join("volumes")],
+        &[
+            "--nomad.alloc-dir",
+            &root.path.display().to_string(),
+            "--guard=off",
+            "--ebpf=off",
+            "--nomad.alloc-scan-interval",
+            "200ms",
+        ],
+    );
+    let e = scrape_until(&exp, WAIT, "the refusal", |e| {
+        e.get(
+            "prjquota_exporter_scrape_collector_success",
+            &[("collector", "allocs")],
+        ) == Some(0.0)
+    });
+    // Nothing measured is published as a zero.
+    assert!(
+        e.get("prjquota_exporter_allocs", &[("state", "accounted")])
+            .is_none(),
+        "{}",
+        e.text
+    );
+    let log = exp.log();
+    assert!(
+        log.contains("without project quota") && log.contains("prjquota"),
+        "{log}"
+    );
+}
