@@ -171,7 +171,10 @@ fn scale(counts: &[usize]) {
             );
         }
 
-        let exp = Exporter::start(&[&volumes_dir]);
+        // The eBPF maps hold 16,384 volumes unless told more: an operator
+        // with 100,000 raises --ebpf.max-volumes, and so does this run.
+        let max_volumes = (n as u64 + 1024).max(16_384).to_string();
+        let exp = Exporter::start_with(&[&volumes_dir], &["--ebpf.max-volumes", &max_volumes]);
         // Cold: from the first scrape until one has every volume. A first
         // read of a large registry parses every record and can outlast the
         // mount timeout; the exporter then serves what it had and finishes
