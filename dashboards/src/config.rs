@@ -115,6 +115,7 @@ pub const DEFAULT_FOR: &[(&str, u64, char)] = &[
     ("PrjquotaExporterGuardCannotEnforce", 1, 'h'),
     ("PrjquotaExporterAnnouncementsUnheard", 5, 'm'),
     ("PrjquotaExporterWebConfigReloadFailed", 10, 'm'),
+    ("PrjquotaExporterAllocAccountingDown", 10, 'm'),
     ("NomadHostVolumesOvercommitted", 15, 'm'),
     ("NomadHostVolumesFilesystemUnhealthy", 2, 'm'),
     ("NomadHostVolumesQuotaNotEnforced", 2, 'm'),
