@@ -7,6 +7,7 @@ use std::io;
 use std::ops::RangeInclusive;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
@@ -46,7 +47,7 @@ enum Seen {
 #[derive(Debug)]
 pub struct Accounting {
     path: PathBuf,
-    dir: OwnedFd,
+    dir: Arc<OwnedFd>,
     /// The alloc directory's device, as the kernel's quota and the guard
     /// name it.
     pub dev: u64,
@@ -74,20 +75,8 @@ impl Accounting {
     /// Opens `path` and reads back every allocation's project, without
     /// tagging anything. Refuses a directory that is not on a filesystem
     /// with project quota, and a range the configuration left empty.
-    pub fn open(path: &Path, range: RangeInclusive<u32>) -> Result<Accounting> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let dir: OwnedFd = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
-            .open(path)
-            .map(OwnedFd::from)
-            .with_context(|| {
-                format!(
-                    "cannot open Nomad's alloc directory {} (--nomad.alloc-dir): it must be the \
-                 agent's <data_dir>/alloc",
-                    path.display()
-                )
-            })?;
+    /// `dir` is `path`, opened by the caller.
+    pub fn open(path: &Path, dir: Arc<OwnedFd>, range: RangeInclusive<u32>) -> Result<Accounting> {
         match quota::support(dir.as_fd()) {
             Ok(quota::Support::Enforced | quota::Support::AccountingOnly) => {}
             Ok(quota::Support::Off) => bail!(
@@ -137,8 +126,9 @@ impl Accounting {
         &self.path
     }
 
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.dir.as_fd()
+    /// The alloc directory, shared with the scrapes' quota pass.
+    pub fn dir(&self) -> Arc<OwnedFd> {
+        self.dir.clone()
     }
 
     pub fn range(&self) -> &RangeInclusive<u32> {

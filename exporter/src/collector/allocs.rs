@@ -108,7 +108,6 @@ fn lock(m: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
 /// Accounting and the lock that makes this exporter its only owner.
 struct Owned {
     accounting: Accounting,
-    dir: Arc<OwnedFd>,
     _lock: OwnedFd,
 }
 
@@ -171,7 +170,7 @@ fn scan_loop(weak: Weak<Mutex<Shared>>, setup: AllocsSetup) {
                 }
                 Err(e) => s.down = Some(format!("{e:#}")),
             }
-            s.dir = Some(o.dir.clone());
+            s.dir = Some(o.accounting.dir());
             s.accounted = Arc::new(
                 o.accounting
                     .accounted()
@@ -212,10 +211,9 @@ fn take(setup: &AllocsSetup) -> Result<Owned> {
                 run_dir::RUN_DIR
             )
         })?;
-    let accounting = Accounting::open(path, range)?;
+    let accounting = Accounting::open(path, Arc::new(dir), range)?;
     Ok(Owned {
         accounting,
-        dir: Arc::new(dir),
         _lock: lock,
     })
 }
