@@ -180,6 +180,18 @@ pub struct AllocNode {
     pub ids: std::ops::RangeInclusive<u32>,
 }
 
+impl Drop for AllocNode {
+    /// The suite's filesystems are small and shared by every test of a
+    /// pass: a node's trees go with it, or the tests after it run out of
+    /// inodes. Its allocations, declared after it, are gone already, and
+    /// their mounts with them.
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.root.path) {
+            eprintln!("cannot remove {}: {e}", self.root.path.display());
+        }
+    }
+}
+
 impl AllocNode {
     /// A node on `case`'s filesystem whose allocations get `ids` IDs of
     /// their own (the volumes keep the rest of the fixture's range).

@@ -311,12 +311,19 @@ fn files_made_during_the_walk_all_land_in_the_project(case: &FsCase) {
         for w in 0..3 {
             let (task, stop) = (&task, &stop);
             s.spawn(move || {
+                // New inodes all along, but a bounded number of them: the
+                // filesystem is shared with the pass's other tests, and a
+                // slow walk must not use up its inodes.
                 let mut n = 0;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let d = task.join(format!("local/d{}", n % 20));
-                    let _ = std::fs::write(d.join(format!("w{w}-{n}")), b"y");
+                    let f = d.join(format!("w{w}-{}", n % 2000));
+                    let _ = std::fs::remove_file(&f);
+                    let _ = std::fs::write(&f, b"y");
                     if n % 50 == 0 {
-                        let _ = std::fs::create_dir(task.join(format!("local/new{w}-{n}")));
+                        let nd = task.join(format!("local/new{w}-{}", n / 50 % 40));
+                        let _ = std::fs::remove_dir(&nd);
+                        let _ = std::fs::create_dir(&nd);
                     }
                     n += 1;
                 }

@@ -71,7 +71,9 @@ fi
 if [[ $fs == ext4 || $fs == all ]]; then
     modprobe ext4
     modprobe quota_v2
-    make_fs ext4 512M prjquota mkfs.ext4 -q -F -O quota,project -I 256
+    # One inode per 8 KiB (mke2fs gives 16): the pass's tests share this
+    # filesystem, and one of them alone makes 20,000 files.
+    make_fs ext4 512M prjquota mkfs.ext4 -q -F -O quota,project -I 256 -i 8192
     has_opt "$base/ext4" prjquota || fail "$base/ext4 is not mounted with prjquota"
     export PRJQUOTA_TEST_EXT4=$base/ext4
 fi
