@@ -226,7 +226,10 @@ fn scale(counts: &[usize]) {
             );
             gzip_bytes = bytes;
             let (f, fc) = floor_pass(&roots, &volumes_dir, ids);
-            let cpu = exp.cpu_time() - cpu;
+            let cpu = exp
+                .cpu_time()
+                .checked_sub(cpu)
+                .expect("the exporter's CPU time went down between two readings");
             if round > 0 {
                 warm.push(d);
                 gzipped.push(dz);
