@@ -49,6 +49,42 @@ pub struct Snapshot {
     projects: HashSet<GuardProject>,
 }
 
+impl Snapshot {
+    /// A snapshot holding these roots (`(kernel dev, ino, generation)`) and
+    /// projects (`(kernel dev, project ID)`): what a sync's tests start
+    /// from.
+    pub fn from_keys(roots: &[(u64, u64, u32)], projects: &[(u64, u32)]) -> Snapshot {
+        Snapshot {
+            roots: roots
+                .iter()
+                .map(|&(dev, ino, gen)| GuardRootKey {
+                    dev,
+                    ino,
+                    gen,
+                    _pad: 0,
+                })
+                .collect(),
+            projects: projects
+                .iter()
+                .map(|&(dev, projid)| GuardProject {
+                    dev,
+                    projid,
+                    _pad: 0,
+                })
+                .collect(),
+        }
+    }
+
+    /// Keys a sync may delete from.
+    pub fn len(&self) -> usize {
+        self.roots.len() + self.projects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 impl Guard {
     /// The keys of the roots and projects maps now.
     pub fn snapshot(&self) -> Result<Snapshot, TelemetryError> {
