@@ -19,8 +19,10 @@ use super::tag_walk::{self, Walked};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AllocProject {
     pub project_id: u32,
-    /// The allocation directory's inode: the guard's root.
+    /// The allocation directory's inode and its generation: the guard's
+    /// root.
     pub ino: u64,
+    pub gen: u32,
 }
 
 /// How many allocation directories are in each state.
@@ -143,6 +145,19 @@ impl Accounting {
         })
     }
 
+    /// Every accounted allocation as the guard keys its root.
+    pub fn guarded(&self) -> Vec<super::GuardedAlloc> {
+        self.accounted()
+            .map(|(id, p)| super::GuardedAlloc {
+                alloc_id: id.to_string(),
+                dev: self.dev,
+                ino: p.ino,
+                gen: p.gen,
+                project_id: p.project_id,
+            })
+            .collect()
+    }
+
     pub fn census(&self) -> Census {
         let mut c = Census::default();
         for s in self.allocs.values() {
@@ -253,13 +268,14 @@ impl Accounting {
         if !self.range.contains(&pid) {
             return Ok(Some(Seen::Foreign(pid)));
         }
-        let ino = sys::fstat(fd.as_fd())?.st_ino;
+        let (ino, gen) = identity(fd.as_fd())?;
         if !inherit || !walked_mark_of(fd.as_fd(), pid)? {
             self.walk(fd.as_fd(), pid)?;
         }
         Ok(Some(Seen::Accounted(AllocProject {
             project_id: pid,
             ino,
+            gen,
         })))
     }
 
@@ -287,7 +303,7 @@ impl Accounting {
         } else {
             self.claim(fd.as_fd(), id)?
         };
-        let ino = sys::fstat(fd.as_fd())?.st_ino;
+        let (ino, gen) = identity(fd.as_fd())?;
         self.walk(fd.as_fd(), pid)
             .with_context(|| format!("cannot tag {}", self.path.join(id).display()))?;
         self.allocs.insert(
@@ -295,6 +311,7 @@ impl Accounting {
             Seen::Accounted(AllocProject {
                 project_id: pid,
                 ino,
+                gen,
             }),
         );
         Ok(())
@@ -375,6 +392,11 @@ const WALKED: &std::ffi::CStr = c"trusted.prjquota.walked";
 
 fn walked_mark_of(fd: BorrowedFd<'_>, pid: u32) -> io::Result<bool> {
     Ok(sys::fgetxattr(fd, WALKED)?.is_some_and(|v| v == pid.to_string().as_bytes()))
+}
+
+/// An allocation directory's inode and generation, as the guard keys it.
+fn identity(fd: BorrowedFd<'_>) -> io::Result<(u64, u32)> {
+    Ok((sys::fstat(fd)?.st_ino, sys::inode_generation(fd)?))
 }
 
 /// Whether a task of the allocation has started: some `<task>/tmp`

@@ -26,8 +26,13 @@
 //! a collected allocation keeps its ID out of use
 //! ([`prjquota_core::project_ids`]). The range is `prjquota.toml`'s
 //! `alloc_project_id_min`..`alloc_project_id_max`, clear of the volumes'.
+//!
+//! Guarded ([`guarded`]): once walked, an allocation's directory is a root
+//! of the quota-escape guard, as a volume's is.
 
 pub mod accounting;
+pub mod guarded;
 pub mod tag_walk;
 
 pub use accounting::{Accounting, AllocProject, Census};
+pub use guarded::{GuardedAlloc, GuardedRoots};

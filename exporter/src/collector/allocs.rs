@@ -24,7 +24,7 @@ use prjquota_core::{config, quota, run_dir, sys};
 
 use super::{BoxFuture, Collector, Scrape};
 use crate::allocs::tag_walk::Walked;
-use crate::allocs::{Accounting, Census};
+use crate::allocs::{Accounting, Census, GuardedRoots};
 use crate::blocking::InFlight;
 use crate::exposition::Family;
 
@@ -78,8 +78,9 @@ pub struct Allocs {
 }
 
 impl Allocs {
-    /// Starts the scan thread.
-    pub fn start(setup: AllocsSetup, timeout: Duration) -> Allocs {
+    /// Starts the scan thread, which hands each walked allocation to the
+    /// guard through `guarded`.
+    pub fn start(setup: AllocsSetup, timeout: Duration, guarded: Arc<GuardedRoots>) -> Allocs {
         let shared = Arc::new(Mutex::new(Shared {
             down: Some("the first scan has not finished".into()),
             ..Shared::default()
@@ -88,7 +89,7 @@ impl Allocs {
         let path = setup.alloc_dir.clone();
         let spawned = std::thread::Builder::new()
             .name("alloc-scan".into())
-            .spawn(move || scan_loop(weak, setup));
+            .spawn(move || scan_loop(weak, setup, guarded));
         if let Err(e) = spawned {
             lock(&shared).down = Some(format!("cannot start the allocation scan thread: {e}"));
         }
@@ -111,7 +112,7 @@ struct Owned {
     _lock: OwnedFd,
 }
 
-fn scan_loop(weak: Weak<Mutex<Shared>>, setup: AllocsSetup) {
+fn scan_loop(weak: Weak<Mutex<Shared>>, setup: AllocsSetup, guarded: Arc<GuardedRoots>) {
     let mut owned: Option<Owned> = None;
     let mut logged_down: Option<String> = None;
     let mut logged_failures: HashMap<String, String> = HashMap::new();
@@ -145,6 +146,7 @@ fn scan_loop(weak: Weak<Mutex<Shared>>, setup: AllocsSetup) {
                         logged_down = Some(why.clone());
                     }
                     lock(&shared).down = Some(why);
+                    guarded.settle();
                 }
             }
         }
@@ -177,6 +179,7 @@ fn scan_loop(weak: Weak<Mutex<Shared>>, setup: AllocsSetup) {
                     .map(|(id, p)| (id.to_string(), p.project_id))
                     .collect(),
             );
+            guarded.publish(o.accounting.guarded());
             s.census = o.accounting.census();
             s.walked = o.accounting.walked;
             s.walks = o.accounting.walks;

@@ -55,6 +55,7 @@ use super::background::{self, Background};
 use super::guard_owner::{self, Keeper};
 use super::guard_sync::Syncer;
 use super::{BoxFuture, Collector, Scrape};
+use crate::allocs::{GuardedAlloc, GuardedRoots};
 use crate::exposition::{Extra, Family};
 use anyhow::anyhow;
 use prjquota_ebpf::guard::{
@@ -64,6 +65,11 @@ use prjquota_ebpf::{kernel_dev, LoadOptions};
 
 /// How long a scrape waits for the start-up load at most.
 const LOAD_WAIT: Duration = Duration::from_secs(2);
+
+/// How long a starting guard waits for the allocations' first scan (a read
+/// of each allocation directory's project, a walk only where one was cut
+/// short) before it takes over without them.
+const ALLOCS_FIRST_SCAN_WAIT: Duration = Duration::from_secs(10);
 /// Events logged one by one per scrape; the rest are summed up in one line.
 const MAX_LOGGED_EVENTS: usize = 50;
 
@@ -123,6 +129,9 @@ pub struct GuardSetup {
     pub sync_interval: Duration,
     /// `--guard.replace-stronger`.
     pub replace_stronger: bool,
+    /// The accounted allocations' directories (`--nomad.alloc-dir`), roots
+    /// besides the volumes'.
+    pub allocs: Option<Arc<GuardedRoots>>,
 }
 
 pub struct GuardCollector {
@@ -161,18 +170,23 @@ impl GuardCollector {
         &self,
         scrape: &Scrape,
         guard: &Arc<Mutex<Guard>>,
+        allocs: Option<&GuardedRoots>,
         out: &mut Vec<Family>,
     ) -> anyhow::Result<()> {
+        let allocs = allocs.map(|a| a.current().0);
         // On this task, as the write telemetry's reads (`super::ebpf`).
         let (counters, events) = {
             let mut g = guard.lock().unwrap_or_else(|e| e.into_inner());
             let events = g.drain_events();
             (g.read(), events)
         };
-        log_events(scrape, &events);
+        log_events(scrape, allocs.as_deref().map(Vec::as_slice), &events);
         match counters {
             Ok(c) => {
                 out.extend(counter_families(scrape, &c));
+                if let Some(a) = &allocs {
+                    out.push(alloc_attempts_family(a, &c));
+                }
                 Ok(())
             }
             Err(e) => Err(anyhow!("reading the guard's counters: {e}")),
@@ -244,8 +258,21 @@ fn spawn_sync(
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await; // the start-up fill was the first round
         let mut last_errors: Vec<String> = Vec::new();
+        let allocs = syncer.allocs().cloned();
         loop {
-            tick.tick().await;
+            // A walked allocation is put in the guard at once, not at the
+            // next tick.
+            match &allocs {
+                Some(a) => {
+                    tokio::select! {
+                        _ = tick.tick() => {}
+                        _ = a.changed() => {}
+                    }
+                }
+                None => {
+                    tick.tick().await;
+                }
+            }
             let (g, s, k) = (guard.clone(), syncer.clone(), keeper.clone());
             let Ok(round) = tokio::task::spawn_blocking(move || {
                 // The pins first: a round's roots go into the maps the
@@ -330,8 +357,19 @@ fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
         }
     }
     let volumes_dirs = claimed.dirs;
-    let syncer = Arc::new(Syncer::new(&volumes_dirs));
+    let syncer = Arc::new(Syncer::new(&volumes_dirs, setup.allocs.clone()));
     let mut fill = |g: &mut Guard| {
+        // The maps take over from an earlier exporter's at the swap: with
+        // the allocations in them, or their owners could move files out
+        // between the swap and the next round.
+        if let Some(allocs) = &setup.allocs {
+            if !allocs.wait_settled(ALLOCS_FIRST_SCAN_WAIT) {
+                crate::warn!(
+                    "quota-escape guard: the allocations' first scan has not finished; their directories join the guard when it does",
+                    waited = format!("{ALLOCS_FIRST_SCAN_WAIT:?}")
+                );
+            }
+        }
         let round = syncer.round_on(g, true);
         crate::info!(
             "quota-escape guard: volume roots from the registry",
@@ -471,17 +509,20 @@ fn volumes_by_project(scrape: &Scrape) -> HashMap<(u64, u32), usize> {
 
 /// Logs each event (privileged changes at info, attempts at warn), at most
 /// [`MAX_LOGGED_EVENTS`] per scrape.
-fn log_events(scrape: &Scrape, events: &[GuardEvent]) {
+fn log_events(scrape: &Scrape, allocs: Option<&[GuardedAlloc]>, events: &[GuardEvent]) {
     if events.is_empty() {
         return;
     }
     let volume_of = volumes_by_project(scrape);
+    let alloc_of = allocs_by_project(allocs.unwrap_or_default());
     for e in events.iter().take(MAX_LOGGED_EVENTS) {
-        let vol = kernel_dev(e.st_dev)
-            .and_then(|d| volume_of.get(&(d, e.volume_projid)))
+        let key = kernel_dev(e.st_dev).map(|d| (d, e.volume_projid));
+        let vol = key
+            .and_then(|k| volume_of.get(&k))
             .map(|&i| &scrape.inventory.volumes[i]);
         let (namespace, volume_id) =
             vol.map_or(("-", "-"), |v| (v.namespace.as_str(), v.volume_id.as_str()));
+        let alloc_id = key.and_then(|k| alloc_of.get(&k).copied()).unwrap_or("-");
         let errno = match e.errno {
             None => "-".to_string(),
             Some(libc::EPERM) => "EPERM".to_string(),
@@ -503,6 +544,7 @@ fn log_events(scrape: &Scrape, events: &[GuardEvent]) {
                 &[
                     ("namespace", &namespace),
                     ("volume_id", &volume_id),
+                    ("alloc_id", &alloc_id),
                     ("what", &e.describe()),
                     ("result", &e.result.label()),
                     ("by", &format!("{:?}", e.source).to_lowercase()),
@@ -530,6 +572,40 @@ fn log_events(scrape: &Scrape, events: &[GuardEvent]) {
             total = events.len()
         );
     }
+}
+
+/// Each accounted allocation by `(device in kernel encoding, project ID)`.
+fn allocs_by_project(allocs: &[GuardedAlloc]) -> HashMap<(u64, u32), &str> {
+    allocs
+        .iter()
+        .filter_map(|a| Some(((kernel_dev(a.dev)?, a.project_id), a.alloc_id.as_str())))
+        .collect()
+}
+
+/// `nomad_alloc_projid_change_attempts_total{alloc_id, result}`: the
+/// volumes' attempts family, for allocations (`--nomad.alloc-dir`).
+fn alloc_attempts_family(allocs: &[GuardedAlloc], c: &GuardCounters) -> Family {
+    let mut f = Family::counter(
+        "nomad_alloc_projid_change_attempts_total",
+        "Attempts to move files out of an allocation's project quota (--nomad.alloc-dir), or to give a file outside it that project ID, by processes without CAP_SYS_ADMIN in the initial user namespace, by result: allowed (the change went through) or denied (refused by the guard). Counted in the kernel since the exporter started; an allocation appears once its directory is in the guard.",
+    );
+    let mut by_id: Vec<(&str, (u64, u32))> = allocs_by_project(allocs)
+        .into_iter()
+        .map(|(k, id)| (id, k))
+        .collect();
+    by_id.sort_unstable();
+    for (id, key) in by_id {
+        let Some(o) = c.projects.get(&key) else {
+            continue;
+        };
+        for (result, n) in [("allowed", o.allowed), ("denied", o.denied)] {
+            f.labelled(
+                vec![("alloc_id", id.to_string()), ("result", result.into())],
+                n as f64,
+            );
+        }
+    }
+    f
 }
 
 fn attempts_family(capacity: usize) -> Family {
@@ -670,6 +746,14 @@ fn keeping_families(pinned: bool, removed: usize, syncer: &Syncer, keeper: &Keep
     );
     drift.plain(s.drift.load(Ordering::Relaxed) as f64);
     let mut out = vec![p, r, roots, rounds, drift];
+    if let Some(allocs) = syncer.allocs() {
+        let mut a = Family::gauge(
+            "prjquota_exporter_guard_alloc_roots",
+            "Allocation directories (--nomad.alloc-dir) the last sync put in the quota-escape guard: each accounted allocation once its walk is complete.",
+        );
+        a.plain(allocs.in_guard() as f64);
+        out.push(a);
+    }
     out.extend(keeper.families());
     out
 }
@@ -685,8 +769,14 @@ pub fn catalogue() -> Vec<Family> {
         ..GuardCounters::default()
     };
     fams.extend(counter_families(&scrape, &counters));
+    fams.push(alloc_attempts_family(&[], &counters));
     let keeper = Keeper::new(Path::new("/"), None, &[PathBuf::from("/")], Vec::new());
-    fams.extend(keeping_families(true, 0, &Syncer::new(&[]), &keeper));
+    fams.extend(keeping_families(
+        true,
+        0,
+        &Syncer::new(&[], Some(GuardedRoots::new())),
+        &keeper,
+    ));
     fams.push(off_reason_family("disabled"));
     fams.push(not_enforcing_family("detect_requested"));
     fams
@@ -738,7 +828,8 @@ impl Collector for GuardCollector {
                         out.push(not_enforcing_family(reason));
                     }
                     out.extend(keeping_families(pinned.is_ok(), *removed, syncer, keeper));
-                    self.collect_guard(scrape, guard, out).await
+                    self.collect_guard(scrape, guard, syncer.allocs().map(|a| &**a), out)
+                        .await
                 }
             }
         })
@@ -775,6 +866,7 @@ mod tests {
             pin_root: PathBuf::from("/nonexistent/pins"),
             sync_interval: Duration::from_secs(2),
             replace_stronger: false,
+            allocs: None,
         }
     }
 

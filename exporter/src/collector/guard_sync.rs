@@ -25,6 +25,10 @@
 //! guarded with the project ID the root itself carries, never re-tagged.
 //! The registry collector reports the record.
 //!
+//! With `--nomad.alloc-dir`, the accounted allocations' directories are
+//! wanted roots too, as the scan thread last handed them over
+//! ([`GuardedRoots`]); a round before its first scan removes nothing.
+//!
 //! Cheap when nothing changed: an unchanged registry directory is one stat
 //! (its records are not read again), and each root is one open, fstat and
 //! two ioctls.
@@ -36,7 +40,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use prjquota_core::record::{self, records_dir, State};
@@ -44,6 +48,8 @@ use prjquota_core::sys::{self, FS_XFLAG_PROJINHERIT};
 use prjquota_core::volume_id::VolumeId;
 use prjquota_ebpf::guard::{root_identity_of, Guard, Snapshot};
 use prjquota_ebpf::{RootsUpdate, TelemetryError};
+
+use crate::allocs::GuardedRoots;
 
 /// One record as the guard needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,21 +98,29 @@ pub struct Round {
     pub errors: Vec<String>,
 }
 
-/// The sync's state: the registries it reads and their caches.
+/// The sync's state: the registries it reads and their caches, and the
+/// accounted allocations (`--nomad.alloc-dir`), whose directories are
+/// roots too.
 #[derive(Debug)]
 pub struct Syncer {
     dirs: Vec<PathBuf>,
     caches: Mutex<Vec<DirCache>>,
+    allocs: Option<Arc<GuardedRoots>>,
     pub stats: SyncStats,
 }
 
 impl Syncer {
-    pub fn new(dirs: &[PathBuf]) -> Syncer {
+    pub fn new(dirs: &[PathBuf], allocs: Option<Arc<GuardedRoots>>) -> Syncer {
         Syncer {
             dirs: dirs.to_vec(),
             caches: Mutex::new(dirs.iter().map(|_| DirCache::default()).collect()),
+            allocs,
             stats: SyncStats::default(),
         }
+    }
+
+    pub fn allocs(&self) -> Option<&Arc<GuardedRoots>> {
+        self.allocs.as_ref()
     }
 
     /// One round (blocking: run it on the blocking pool). `retag`: put back
@@ -189,6 +203,19 @@ impl Syncer {
                 }
             }
         }
+        // The allocations' roots as the scan thread last handed them over,
+        // never re-tagged here (the scan thread owns their tagging). Until
+        // its first scan, nothing is removed: the maps may hold roots an
+        // earlier exporter put there.
+        let mut alloc_roots = 0;
+        if let Some(allocs) = &self.allocs {
+            let (roots, settled) = allocs.current();
+            complete &= settled;
+            for a in roots.iter() {
+                wanted.push((a.dev, a.ino, a.gen, a.project_id));
+            }
+            alloc_roots = roots.len();
+        }
         let snapshot = if complete {
             snapshot
         } else {
@@ -196,6 +223,9 @@ impl Syncer {
         };
         match apply(&snapshot, &wanted) {
             Ok(u) => {
+                if let Some(allocs) = &self.allocs {
+                    allocs.set_in_guard(alloc_roots);
+                }
                 round.added = u.added;
                 round.changed = u.changed;
                 round.removed = u.removed;
@@ -405,4 +435,64 @@ fn read_entry(path: &Path, stem: &str) -> Result<Option<record::Record>, String>
     record::read_record(f, stem)
         .map(Some)
         .map_err(|e| format!("{e:#}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::allocs::GuardedAlloc;
+
+    /// One round on no registry, from maps holding one root: whether the
+    /// round may delete (it was handed the real snapshot) and the roots
+    /// it wants.
+    fn round_on_nothing(s: &Syncer) -> (bool, Vec<(u64, u64, u32, u32)>) {
+        let real = Snapshot::from_keys(&[(0x803, 77, 1)], &[(0x803, 2_000_000_001)]);
+        let mut seen = None;
+        let _ = s.round_with(
+            || Ok(real.clone()),
+            |snap, wanted| {
+                seen = Some((!snap.is_empty(), wanted.to_vec()));
+                Ok(RootsUpdate::default())
+            },
+            false,
+        );
+        seen.expect("the round wrote the maps")
+    }
+
+    fn alloc() -> GuardedAlloc {
+        GuardedAlloc {
+            alloc_id: "a".into(),
+            dev: 0x803,
+            ino: 131,
+            gen: 9,
+            project_id: 2_000_000_000,
+        }
+    }
+
+    #[test]
+    fn nothing_is_removed_before_the_allocations_first_scan() {
+        let roots = GuardedRoots::new();
+        let s = Syncer::new(&[], Some(roots.clone()));
+        assert_eq!(round_on_nothing(&s), (false, vec![]));
+        roots.settle();
+        assert_eq!(round_on_nothing(&s), (true, vec![]));
+        // Without allocations, no registry means nothing is wanted.
+        let s = Syncer::new(&[], None);
+        assert_eq!(round_on_nothing(&s), (true, vec![]));
+    }
+
+    #[test]
+    fn accounted_allocations_are_roots_once_handed_over() {
+        let roots = GuardedRoots::new();
+        let s = Syncer::new(&[], Some(roots.clone()));
+        roots.publish(vec![alloc()]);
+        assert_eq!(
+            round_on_nothing(&s),
+            (true, vec![(0x803, 131, 9, 2_000_000_000)])
+        );
+        assert_eq!(roots.in_guard(), 1);
+        roots.publish(vec![]);
+        assert_eq!(round_on_nothing(&s), (true, vec![]));
+        assert_eq!(roots.in_guard(), 0);
+    }
 }

@@ -301,6 +301,10 @@ impl Exporter {
             opts.clone(),
             config.volumes_dirs.clone(),
         );
+        let guarded_allocs = config
+            .allocs
+            .as_ref()
+            .map(|_| crate::allocs::GuardedRoots::new());
         let guard = guard::GuardCollector::start(
             guard::GuardSetup {
                 mode: config.guard,
@@ -308,6 +312,7 @@ impl Exporter {
                 pin_root: config.guard_pin_root.clone(),
                 sync_interval: config.guard_sync_interval,
                 replace_stronger: config.guard_replace_stronger,
+                allocs: guarded_allocs.clone(),
             },
             config.mount_timeout,
             opts,
@@ -330,10 +335,11 @@ impl Exporter {
         }
         collectors.push(Box::new(ebpf));
         collectors.push(Box::new(guard));
-        if let Some(setup) = &config.allocs {
+        if let (Some(setup), Some(guarded)) = (&config.allocs, guarded_allocs) {
             collectors.push(Box::new(allocs::Allocs::start(
                 setup.clone(),
                 config.mount_timeout,
+                guarded,
             )));
         }
         Exporter::with_collectors(config, collectors)

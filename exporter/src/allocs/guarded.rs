@@ -1,0 +1,180 @@
+//! The accounted allocations' directories, handed from the scan thread to
+//! the guard's sync: the guard keeps an allocation's files in its project
+//! as it keeps a volume's (`docs/security.md`).
+//!
+//! An allocation is handed over once its walk is complete, never before:
+//! the walk's own project changes are a privileged process's, which the
+//! guard would log one by one under a root it knows. Each hand-over wakes
+//! the sync at once rather than at its next tick.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// One accounted allocation directory, as the guard keys its roots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuardedAlloc {
+    pub alloc_id: String,
+    /// `st_dev` of the alloc directory.
+    pub dev: u64,
+    pub ino: u64,
+    /// The directory's inode generation: a reused inode number never
+    /// matches.
+    pub gen: u32,
+    pub project_id: u32,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    roots: Arc<Vec<GuardedAlloc>>,
+    /// The scan thread has said what it holds at least once (its first
+    /// scan, or that accounting cannot run yet).
+    settled: bool,
+}
+
+/// Shared by the scan thread (writer) and the guard's sync (reader).
+#[derive(Debug, Default)]
+pub struct GuardedRoots {
+    state: Mutex<State>,
+    settled: Condvar,
+    wake: tokio::sync::Notify,
+    /// Allocation roots the sync's last successful write put in the maps.
+    in_guard: AtomicU64,
+}
+
+impl GuardedRoots {
+    pub fn new() -> Arc<GuardedRoots> {
+        Arc::new(GuardedRoots::default())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What a scan found; wakes the sync when it changed.
+    pub fn publish(&self, roots: Vec<GuardedAlloc>) {
+        let mut s = self.lock();
+        let changed = *s.roots != roots || !s.settled;
+        if *s.roots != roots {
+            s.roots = Arc::new(roots);
+        }
+        s.settled = true;
+        drop(s);
+        if changed {
+            self.settled.notify_all();
+            self.wake.notify_one();
+        }
+    }
+
+    /// Accounting cannot run: nothing to hand over, and nobody need wait
+    /// for it. What was handed over before stays until a scan says
+    /// otherwise (a directory that went away is still one the guard knew).
+    pub fn settle(&self) {
+        let mut s = self.lock();
+        if !s.settled {
+            s.settled = true;
+            drop(s);
+            self.settled.notify_all();
+            self.wake.notify_one();
+        }
+    }
+
+    /// The roots now, and whether the scan thread has settled.
+    pub fn current(&self) -> (Arc<Vec<GuardedAlloc>>, bool) {
+        let s = self.lock();
+        (s.roots.clone(), s.settled)
+    }
+
+    /// Waits up to `within` for the first scan, so that a starting guard
+    /// takes its maps over with the allocations in them; `false` when it
+    /// did not come.
+    pub fn wait_settled(&self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        let mut s = self.lock();
+        while !s.settled {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            s = self
+                .settled
+                .wait_timeout(s, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+
+    /// Resolves when a scan handed over something new.
+    pub async fn changed(&self) {
+        self.wake.notified().await
+    }
+
+    pub fn set_in_guard(&self, n: usize) {
+        self.in_guard.store(n as u64, Ordering::Relaxed);
+    }
+
+    pub fn in_guard(&self) -> u64 {
+        self.in_guard.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root(id: &str, ino: u64) -> GuardedAlloc {
+        GuardedAlloc {
+            alloc_id: id.into(),
+            dev: 1,
+            ino,
+            gen: 7,
+            project_id: 2_000_000_000,
+        }
+    }
+
+    #[test]
+    fn a_waiter_is_released_by_the_first_scan_or_by_a_refusal() {
+        let r = GuardedRoots::new();
+        assert!(!r.wait_settled(Duration::from_millis(10)));
+        let r2 = r.clone();
+        let t = std::thread::spawn(move || r2.wait_settled(Duration::from_secs(30)));
+        r.publish(vec![root("a", 5)]);
+        assert!(t.join().unwrap());
+        assert_eq!(r.current().0.len(), 1);
+
+        let down = GuardedRoots::new();
+        down.settle();
+        assert!(down.wait_settled(Duration::ZERO));
+        assert!(down.current().0.is_empty());
+    }
+
+    #[test]
+    fn settling_keeps_what_was_handed_over() {
+        let r = GuardedRoots::new();
+        r.publish(vec![root("a", 5)]);
+        r.settle();
+        assert_eq!(*r.current().0, vec![root("a", 5)]);
+    }
+
+    #[tokio::test]
+    async fn only_a_change_wakes_the_sync() {
+        let r = GuardedRoots::new();
+        r.publish(vec![root("a", 5)]);
+        // The first publish left a wake-up: taken here.
+        tokio::time::timeout(Duration::from_secs(5), r.changed())
+            .await
+            .expect("a wake-up for the first publish");
+        r.publish(vec![root("a", 5)]);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), r.changed())
+                .await
+                .is_err(),
+            "the same roots again woke the sync"
+        );
+        r.publish(vec![root("a", 5), root("b", 6)]);
+        tokio::time::timeout(Duration::from_secs(5), r.changed())
+            .await
+            .expect("a wake-up for a new root");
+    }
+}
