@@ -7,6 +7,7 @@
 use std::io::ErrorKind;
 use std::time::Duration;
 
+use prjquota_vmtests::attack::{act, chproj_as, open, Looper, Who, OWNER};
 use prjquota_vmtests::fixture::FsCase;
 use prjquota_vmtests::nomad_alloc::{
     alloc_bytes, inodes_on_mount, project_of, scrape_until, write_file, AllocNode,
@@ -23,6 +24,8 @@ on_every_fs!(
     a_collected_allocation_frees_its_id_only_once_its_usage_is_gone,
     a_restart_reads_the_projects_back_and_finishes_a_killed_walk,
     a_second_exporter_waits_and_takes_over_when_the_first_stops,
+    a_walked_allocation_is_guarded_like_a_volume,
+    an_allocation_stays_guarded_through_exporter_restarts,
 );
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -535,4 +538,148 @@ fn an_alloc_dir_without_project_quota_is_refused_with_the_fix() {
         log.contains("without project quota") && log.contains("prjquota"),
         "{log}"
     );
+}
+
+const GUARDED: &str = "prjquota_exporter_guard_alloc_roots";
+const ALLOC_ATTEMPTS: &str = "nomad_alloc_projid_change_attempts_total";
+
+/// An allocation whose task owner (uid [`OWNER`]) has a file and a
+/// directory in `local/`, as a task running as a user makes them.
+fn owned_task(node: &AllocNode) -> (prjquota_vmtests::nomad_alloc::Alloc, std::path::PathBuf) {
+    let mut a = node.root.build_alloc();
+    let task = a.build_task("t");
+    let (file, dir) = (task.join("local/data"), task.join("local/dir"));
+    write_file(&file, 4096);
+    std::fs::create_dir(&dir).unwrap();
+    for p in [&file, &dir] {
+        std::os::unix::fs::chown(p, Some(OWNER), Some(OWNER)).unwrap();
+    }
+    (a, task)
+}
+
+fn a_walked_allocation_is_guarded_like_a_volume(case: &FsCase) {
+    let node = AllocNode::new(case, "alloc-guard", 20);
+    let (a, task) = owned_task(&node);
+    // Outside the allocation, on its filesystem: a file of the owner's.
+    let outside = node.fixture.root.join("owners-file");
+    write_file(&outside, 4096);
+    std::os::unix::fs::chown(&outside, Some(OWNER), Some(OWNER)).unwrap();
+
+    let exp = node.start_exporter(&["--guard=enforce"]);
+    let e = scrape_until(&exp, WAIT, "the allocation in the guard", |e| {
+        accounted(e) == 1.0 && e.get(GUARDED, &[]) == Some(1.0)
+    });
+    // The walk's own changes are the exporter's, made before the root
+    // joined the guard: not logged one by one as privileged changes.
+    assert_eq!(
+        e.value("prjquota_exporter_guard_privileged_changes_total", &[]),
+        0.0,
+        "{}",
+        e.text
+    );
+    let (pid, _) = project_of(&a.path);
+    let file = open(&task.join("local/data"));
+    let dir = open(&task.join("local/dir"));
+    assert_eq!(
+        chproj_as(Who::User(OWNER), &file, 0).1,
+        Err(libc::EPERM),
+        "{}: the task owner moved a file out of the allocation's project\n{}",
+        case.name,
+        exp.log()
+    );
+    assert_eq!(
+        act(Who::User(OWNER), Some(&dir), &["xflags-clear", "200"]).1,
+        Err(libc::EPERM),
+        "{}: the task owner cleared PROJINHERIT in the allocation",
+        case.name
+    );
+    assert_eq!(
+        chproj_as(Who::User(OWNER), &open(&outside), pid).1,
+        Err(libc::EPERM),
+        "{}: a file outside took the allocation's project",
+        case.name
+    );
+    assert_eq!(project_of(&task.join("local/data")).0, pid);
+    assert_eq!(project_of(&task.join("local/dir")), (pid, true));
+    let e = scrape_until(&exp, WAIT, "the attempts counted", |e| {
+        e.get(ALLOC_ATTEMPTS, &[("alloc_id", &a.id), ("result", "denied")]) == Some(3.0)
+    });
+    assert_eq!(
+        e.value(
+            ALLOC_ATTEMPTS,
+            &[("alloc_id", &a.id), ("result", "allowed")]
+        ),
+        0.0
+    );
+    let log = exp.log_lines_with("quota escape attempt refused");
+    assert!(log.contains(&format!("alloc_id={}", a.id)), "{log}");
+
+    // Collected, the allocation leaves the guard.
+    let id = a.id.clone();
+    drop((file, dir));
+    a.destroy();
+    scrape_until(
+        &exp,
+        WAIT,
+        "the collected allocation out of the guard",
+        |e| e.get(GUARDED, &[]) == Some(0.0) && alloc_bytes(e, &id).is_none(),
+    );
+    drop(exp);
+
+    // Negative control: with the guard taken away (--guard=off removes
+    // the pins), the kernel lets the owner do what the guard refused.
+    let (b, task) = owned_task(&node);
+    let exp = node.start_exporter(&[]);
+    scrape_until(&exp, WAIT, "accounted, unguarded", |e| accounted(e) == 1.0);
+    assert_eq!(
+        chproj_as(Who::User(OWNER), &open(&task.join("local/data")), 0).1,
+        Ok(()),
+        "{}: without the guard the owner's change should go through",
+        case.name
+    );
+    assert_eq!(project_of(&task.join("local/data")).0, 0);
+    drop(b);
+}
+
+fn an_allocation_stays_guarded_through_exporter_restarts(case: &FsCase) {
+    let node = AllocNode::new(case, "alloc-guard-restart", 20);
+    let (a, task) = owned_task(&node);
+    let exp = node.start_exporter(&["--guard=enforce"]);
+    scrape_until(&exp, WAIT, "the allocation in the guard", |e| {
+        e.get(GUARDED, &[]) == Some(1.0)
+    });
+    let (pid, _) = project_of(&a.path);
+    const NAMES: [&str; 5] = [
+        "running",
+        "SIGTERM: stopping and starting",
+        "running after the restart",
+        "kill -9: dead and starting",
+        "running after the crash",
+    ];
+    let looper = Looper::start(&open(&task.join("local/data")), 0, NAMES.len());
+    looper.wait_attempts(50);
+    looper.enter(1);
+    exp.stop_leaving_pins();
+    looper.wait_attempts(200);
+    let exp = node.start_exporter(&["--guard=enforce"]);
+    looper.enter(2);
+    looper.wait_attempts(50);
+    looper.enter(3);
+    let _ = exp.kill();
+    looper.wait_attempts(200);
+    let exp = node.start_exporter(&["--guard=enforce"]);
+    looper.enter(4);
+    looper.wait_attempts(50);
+    let tally = looper.stop();
+    for (name, (refused, through)) in NAMES.iter().zip(&tally) {
+        assert_eq!(
+            *through, 0,
+            "{name}: changes went through ({refused} refused)"
+        );
+        assert!(*refused > 0, "{name}: no attempt was made");
+    }
+    assert_eq!(project_of(&task.join("local/data")).0, pid);
+    let e = exp.scrape();
+    assert_eq!(e.get(GUARDED, &[]), Some(1.0), "{}", e.text);
+    assert_eq!(e.value("prjquota_exporter_alloc_walks_total", &[]), 0.0);
 }

@@ -67,7 +67,8 @@ macro_rules! attach_races {
         "((binary(guard) & (test(the_guard_holds_through_exporter_restarts_and_crashes) | \
            test(a_record_the_exporter_cannot_read_keeps_its_volume_guarded) | \
            test(a_second_exporter_leaves_the_owners_guard_alone))) | \
-          (binary(guard_pins) & test(a_start_killed_at_any_step)))"
+          (binary(guard_pins) & test(a_start_killed_at_any_step)) | \
+          (binary(allocs) & test(an_allocation_stays_guarded_through_exporter_restarts)))"
     };
 }
 
@@ -101,7 +102,8 @@ macro_rules! compat {
      (binary(faults) & test(=ext4::disk_errors)) | \
      (binary(exporter) & test(every_metric_matches)) | \
      (binary(capacity) & test(nearly_full_filesystem)) | \
-     (binary(allocs) & (test(a_started_allocation) | test(sticky_disk) | test(during_the_walk)))"
+     (binary(allocs) & (test(a_started_allocation) | test(sticky_disk) | test(during_the_walk) | \
+       test(guarded_like_a_volume)))"
     };
 }
 
