@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData, PerCpuHashMap};
@@ -35,9 +35,12 @@ pub fn root_identity(path: &Path) -> io::Result<(u64, u64, u32)> {
 
 /// [`root_identity`] of an open directory.
 pub fn root_identity_of(fd: BorrowedFd<'_>) -> io::Result<(u64, u64, u32)> {
-    let f = std::fs::File::from(fd.try_clone_to_owned()?);
-    let m = f.metadata()?;
-    Ok((m.dev(), m.ino(), prjquota_core::sys::inode_generation(fd)?))
+    let st = prjquota_core::sys::fstat(fd)?;
+    Ok((
+        st.st_dev,
+        st.st_ino,
+        prjquota_core::sys::inode_generation(fd)?,
+    ))
 }
 
 /// The keys in the guard's maps at one moment ([`Guard::snapshot`]): a

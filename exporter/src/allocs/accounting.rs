@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use prjquota_core::{project_ids, quota, run_dir, sys};
+use prjquota_ebpf::guard::root_identity_of;
 
 use super::tag_walk::{self, Walked};
 
@@ -268,7 +269,7 @@ impl Accounting {
         if !self.range.contains(&pid) {
             return Ok(Some(Seen::Foreign(pid)));
         }
-        let (ino, gen) = identity(fd.as_fd())?;
+        let (_, ino, gen) = root_identity_of(fd.as_fd())?;
         if !inherit || !walked_mark_of(fd.as_fd(), pid)? {
             self.walk(fd.as_fd(), pid)?;
         }
@@ -303,7 +304,7 @@ impl Accounting {
         } else {
             self.claim(fd.as_fd(), id)?
         };
-        let (ino, gen) = identity(fd.as_fd())?;
+        let (_, ino, gen) = root_identity_of(fd.as_fd())?;
         self.walk(fd.as_fd(), pid)
             .with_context(|| format!("cannot tag {}", self.path.join(id).display()))?;
         self.allocs.insert(
@@ -392,11 +393,6 @@ const WALKED: &std::ffi::CStr = c"trusted.prjquota.walked";
 
 fn walked_mark_of(fd: BorrowedFd<'_>, pid: u32) -> io::Result<bool> {
     Ok(sys::fgetxattr(fd, WALKED)?.is_some_and(|v| v == pid.to_string().as_bytes()))
-}
-
-/// An allocation directory's inode and generation, as the guard keys it.
-fn identity(fd: BorrowedFd<'_>) -> io::Result<(u64, u32)> {
-    Ok((sys::fstat(fd)?.st_ino, sys::inode_generation(fd)?))
 }
 
 /// Whether a task of the allocation has started: some `<task>/tmp`

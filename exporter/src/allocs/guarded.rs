@@ -54,9 +54,10 @@ impl GuardedRoots {
     /// What a scan found; wakes the sync when it changed.
     pub fn publish(&self, roots: Vec<GuardedAlloc>) {
         let mut s = self.lock();
-        let changed = *s.roots != roots || !s.settled;
+        let mut changed = !s.settled;
         if *s.roots != roots {
             s.roots = Arc::new(roots);
+            changed = true;
         }
         s.settled = true;
         drop(s);

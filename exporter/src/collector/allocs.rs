@@ -24,7 +24,7 @@ use prjquota_core::{config, quota, run_dir, sys};
 
 use super::{BoxFuture, Collector, Scrape};
 use crate::allocs::tag_walk::Walked;
-use crate::allocs::{Accounting, Census, GuardedRoots};
+use crate::allocs::{Accounting, Census, GuardedAlloc, GuardedRoots};
 use crate::blocking::InFlight;
 use crate::exposition::Family;
 
@@ -62,7 +62,6 @@ struct Shared {
     down: Option<String>,
     /// The alloc directory, for the scrapes' quota pass.
     dir: Option<Arc<OwnedFd>>,
-    accounted: Arc<Vec<(String, u32)>>,
     census: Census,
     walked: Walked,
     walks: u64,
@@ -72,6 +71,9 @@ struct Shared {
 
 pub struct Allocs {
     shared: Arc<Mutex<Shared>>,
+    /// The accounted allocations, as handed to the guard: the scrapes'
+    /// quota pass reads the same list.
+    guarded: Arc<GuardedRoots>,
     path: PathBuf,
     timeout: Duration,
     inflight: InFlight,
@@ -89,12 +91,16 @@ impl Allocs {
         let path = setup.alloc_dir.clone();
         let spawned = std::thread::Builder::new()
             .name("alloc-scan".into())
-            .spawn(move || scan_loop(weak, setup, guarded));
+            .spawn({
+                let guarded = guarded.clone();
+                move || scan_loop(weak, setup, guarded)
+            });
         if let Err(e) = spawned {
             lock(&shared).down = Some(format!("cannot start the allocation scan thread: {e}"));
         }
         Allocs {
             shared,
+            guarded,
             path,
             timeout,
             inflight: InFlight::new("quotactl"),
@@ -173,12 +179,7 @@ fn scan_loop(weak: Weak<Mutex<Shared>>, setup: AllocsSetup, guarded: Arc<Guarded
                 Err(e) => s.down = Some(format!("{e:#}")),
             }
             s.dir = Some(o.accounting.dir());
-            s.accounted = Arc::new(
-                o.accounting
-                    .accounted()
-                    .map(|(id, p)| (id.to_string(), p.project_id))
-                    .collect(),
-            );
+            // Under the lock, so that a scrape's census and list agree.
             guarded.publish(o.accounting.guarded());
             s.census = o.accounting.census();
             s.walked = o.accounting.walked;
@@ -276,7 +277,7 @@ impl Collector for Allocs {
                 (
                     s.down.clone(),
                     s.dir.clone(),
-                    s.accounted.clone(),
+                    self.guarded.current().0,
                     s.census,
                     s.walked,
                     s.walks,
@@ -289,7 +290,7 @@ impl Collector for Allocs {
             }
             out.extend(self_families(census, walked, walks, failures));
             let Some(dir) = dir else { return Ok(()) };
-            let ids = accounted.iter().map(|(_, p)| *p);
+            let ids = accounted.iter().map(|a| a.project_id);
             let (Some(lo), Some(hi)) = (ids.clone().min(), ids.max()) else {
                 out.extend(usage_families(&accounted, &[]));
                 return Ok(());
@@ -328,7 +329,7 @@ fn io_context(e: io::Error, path: &Path) -> anyhow::Error {
 
 /// Each accounted allocation's usage; `found` is the quota pass, in ID
 /// order (an ID missing from it has no usage).
-fn usage_families(accounted: &[(String, u32)], found: &[quota::ProjectQuota]) -> Vec<Family> {
+fn usage_families(accounted: &[GuardedAlloc], found: &[quota::ProjectQuota]) -> Vec<Family> {
     let mut bytes = Family::gauge(
         "nomad_alloc_disk_used_bytes",
         "Bytes the kernel charges to the allocation directory's project quota: its files on the alloc directory's filesystem, without its mounts (secrets, private, the shared alloc bind mount counted once) and without files linked from the host. Join on alloc_id with Nomad's nomad_client_allocs_* series.",
@@ -339,13 +340,13 @@ fn usage_families(accounted: &[(String, u32)], found: &[quota::ProjectQuota]) ->
         "Inodes the kernel charges to the allocation directory's project quota.",
     )
     .with_capacity(accounted.len());
-    for (id, pid) in accounted {
+    for a in accounted {
         let q = found
-            .binary_search_by_key(pid, |q| q.id)
+            .binary_search_by_key(&a.project_id, |q| q.id)
             .map(|k| found[k])
             .unwrap_or_default();
-        bytes.labelled(vec![("alloc_id", id.clone())], q.used_bytes as f64);
-        inodes.labelled(vec![("alloc_id", id.clone())], q.used_inodes as f64);
+        bytes.labelled(vec![("alloc_id", a.alloc_id.clone())], q.used_bytes as f64);
+        inodes.labelled(vec![("alloc_id", a.alloc_id.clone())], q.used_inodes as f64);
     }
     vec![bytes, inodes]
 }
@@ -397,15 +398,16 @@ mod tests {
 
     #[test]
     fn usage_is_read_from_the_pass_and_missing_ids_are_zero() {
+        let alloc = |id: &str, project_id| GuardedAlloc {
+            alloc_id: id.into(),
+            dev: 0x803,
+            ino: 131,
+            gen: 1,
+            project_id,
+        };
         let accounted = vec![
-            (
-                "8f3e9d2c-4b1a-4c6e-9a7d-2e5b6c1f0a93".to_string(),
-                2_000_000_001,
-            ),
-            (
-                "0a3e9d2c-4b1a-4c6e-9a7d-2e5b6c1f0a93".to_string(),
-                2_000_000_005,
-            ),
+            alloc("8f3e9d2c-4b1a-4c6e-9a7d-2e5b6c1f0a93", 2_000_000_001),
+            alloc("0a3e9d2c-4b1a-4c6e-9a7d-2e5b6c1f0a93", 2_000_000_005),
         ];
         let found = [quota::ProjectQuota {
             id: 2_000_000_005,

@@ -589,18 +589,14 @@ fn alloc_attempts_family(allocs: &[GuardedAlloc], c: &GuardCounters) -> Family {
         "nomad_alloc_projid_change_attempts_total",
         "Attempts to move files out of an allocation's project quota (--nomad.alloc-dir), or to give a file outside it that project ID, by processes without CAP_SYS_ADMIN in the initial user namespace, by result: allowed (the change went through) or denied (refused by the guard). Counted in the kernel since the exporter started; an allocation appears once its directory is in the guard.",
     );
-    let mut by_id: Vec<(&str, (u64, u32))> = allocs_by_project(allocs)
-        .into_iter()
-        .map(|(k, id)| (id, k))
-        .collect();
-    by_id.sort_unstable();
-    for (id, key) in by_id {
-        let Some(o) = c.projects.get(&key) else {
+    // In alloc_id order, as the scan thread hands them over.
+    for a in allocs {
+        let Some(o) = kernel_dev(a.dev).and_then(|d| c.projects.get(&(d, a.project_id))) else {
             continue;
         };
         for (result, n) in [("allowed", o.allowed), ("denied", o.denied)] {
             f.labelled(
-                vec![("alloc_id", id.to_string()), ("result", result.into())],
+                vec![("alloc_id", a.alloc_id.clone()), ("result", result.into())],
                 n as f64,
             );
         }
