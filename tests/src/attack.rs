@@ -190,3 +190,25 @@ impl Looper {
         self.tally.lock().unwrap().clone()
     }
 }
+
+/// The phases of an exporter's restarts under a [`Looper`]: running, a
+/// SIGTERM stop and start, running again, a kill -9 and start, running.
+pub const RESTART_PHASES: [&str; 5] = [
+    "running",
+    "SIGTERM: stopping and starting",
+    "running after the restart",
+    "kill -9: dead and starting",
+    "running after the crash",
+];
+
+/// Every phase of `tally` ([`Looper::stop`]) had attempts, and none went
+/// through.
+pub fn assert_all_refused(phases: &[&str], tally: &[(u64, u64)]) {
+    for (name, (refused, through)) in phases.iter().zip(tally) {
+        assert_eq!(
+            *through, 0,
+            "{name}: changes went through ({refused} refused)"
+        );
+        assert!(*refused > 0, "{name}: no attempt was made");
+    }
+}

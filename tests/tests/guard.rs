@@ -35,7 +35,9 @@ use prjquota_ebpf::guard::{
     Outcome, Outcomes, Place,
 };
 use prjquota_ebpf::Variant;
-use prjquota_vmtests::attack::{act, chproj_as, open, Looper, Who, OWNER};
+use prjquota_vmtests::attack::{
+    act, assert_all_refused, chproj_as, open, Looper, Who, OWNER, RESTART_PHASES,
+};
 use prjquota_vmtests::dm::DmDisk;
 use prjquota_vmtests::fixture::{fill, Fixture, FsCase, SmallFs, MIB};
 use prjquota_vmtests::nomad::Spec;
@@ -1074,14 +1076,7 @@ fn the_guard_holds_through_exporter_restarts_and_crashes(fs: &FsCase) {
     let exp = guarding(&v, &[]);
     let first = pinned::dir_of(&dir).expect("the exporter pinned its guard");
     let data = open(&v.path.join("data"));
-    const NAMES: [&str; 5] = [
-        "running",
-        "SIGTERM: stopping and starting",
-        "running after the restart",
-        "kill -9: dead and starting",
-        "running after the crash",
-    ];
-    let looper = Looper::start(&data, 0, NAMES.len());
+    let looper = Looper::start(&data, 0, RESTART_PHASES.len());
     looper.wait_attempts(50);
 
     looper.enter(1);
@@ -1111,7 +1106,7 @@ fn the_guard_holds_through_exporter_restarts_and_crashes(fs: &FsCase) {
     looper.wait_attempts(50);
     let tally = looper.stop();
 
-    for (name, (refused, through)) in NAMES.iter().zip(&tally) {
+    for (name, (refused, through)) in RESTART_PHASES.iter().zip(&tally) {
         eprintln!(
             "MEASURE guard_{}_{}: attempts {} went_through {through}",
             fs.name,
@@ -1119,13 +1114,7 @@ fn the_guard_holds_through_exporter_restarts_and_crashes(fs: &FsCase) {
             refused + through
         );
     }
-    for (name, (refused, through)) in NAMES.iter().zip(&tally) {
-        assert_eq!(
-            *through, 0,
-            "{name}: changes went through ({refused} refused)"
-        );
-        assert!(*refused > 0, "{name}: no attempt was made");
-    }
+    assert_all_refused(&RESTART_PHASES, &tally);
     assert_eq!(Fixture::project_of(&v.path.join("data")), (v.projid, false));
 
     // The documented way to take the guard away: an exporter started with
