@@ -39,7 +39,39 @@ pub struct Config {
     /// The `for:` of every other alert that has one, by alert name.
     #[serde(rename = "for", deserialize_with = "for_map")]
     pub for_: BTreeMap<String, Duration>,
+    /// Nomad's own series, which the allocation rules join.
+    pub nomad: Nomad,
     pub dashboard: Dashboard,
+}
+
+/// Where Nomad's allocation series (`nomad_client_allocs_*`, published by
+/// agents with `telemetry { prometheus_metrics = true,
+/// publish_allocation_metrics = true }`) are found, and under which labels
+/// they arrive: the rules join them to `nomad_alloc_disk_used_*` for each
+/// allocation's job, namespace and task group.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Nomad {
+    /// Label matchers added to every selector of Nomad's series instead
+    /// of the top-level `selector` (they come from another scrape job).
+    pub selector: String,
+    /// The label that carries the Nomad job's name. Nomad labels its
+    /// series `job`, which a scrape job without `honor_labels` keeps as
+    /// `exported_job` (Prometheus' own `job` wins).
+    pub job_label: String,
+    /// The label that carries the allocation's Nomad namespace: `namespace`,
+    /// unless the scrape job sets a target label of that name.
+    pub namespace_label: String,
+}
+
+impl Default for Nomad {
+    fn default() -> Self {
+        Nomad {
+            selector: String::new(),
+            job_label: "exported_job".into(),
+            namespace_label: "namespace".into(),
+        }
+    }
 }
 
 /// The two rules of a filling-up alert (kubernetes-mixin's
@@ -154,6 +186,7 @@ impl Default for Config {
             space: FillingUp::default(),
             inodes: FillingUp::default(),
             for_: default_for(),
+            nomad: Nomad::default(),
             dashboard: Dashboard::default(),
         }
     }
@@ -262,6 +295,13 @@ const GROUPED: &[&str] = &[
     "volume_name",
 ];
 
+/// A label name a config may give: PromQL's, without the reserved `__`.
+fn is_label_name(l: &str) -> bool {
+    l.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !l.starts_with("__")
+}
+
 impl Config {
     /// Reads and checks a config file.
     pub fn load(path: &Path) -> Result<Config, String> {
@@ -284,9 +324,7 @@ impl Config {
             format!("selector: {e}; write label matchers as in PromQL, e.g. selector = 'job=\"prjquota\"'")
         })?;
         let l = &self.cluster_label;
-        let is_name = l.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-            && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !is_name || l.starts_with("__") {
+        if !is_label_name(l) {
             return Err(format!(
                 "cluster_label = {l:?}: a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*, not __reserved)"
             ));
@@ -319,6 +357,20 @@ impl Config {
                 if d.seconds() == 0 {
                     return Err(format!("[{name}] {field} = \"{d}\": must be longer than 0"));
                 }
+            }
+        }
+        let n = &self.nomad;
+        crate::parse_matchers(&n.selector).map_err(|e| {
+            format!("[nomad] selector: {e}; write label matchers as in PromQL, e.g. selector = 'job=\"nomad\"'")
+        })?;
+        for (field, l) in [
+            ("job_label", &n.job_label),
+            ("namespace_label", &n.namespace_label),
+        ] {
+            if !is_label_name(l) {
+                return Err(format!(
+                    "[nomad] {field} = {l:?}: a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*, not __reserved)"
+                ));
             }
         }
         let d = &self.dashboard;
@@ -409,6 +461,9 @@ mod tests {
                 "[for]\nNomadHostVolumeFillingUp = '5m'",
                 "NomadHostVolumeFillingUp",
             ),
+            ("[nomad]\nselector = 'job=nomad'", "[nomad] selector"),
+            ("[nomad]\njob_label = 'exported-job'", "job_label"),
+            ("[nomad]\nnamespace_label = '__ns'", "namespace_label"),
             ("[dashboard]\nuid = 'a b'", "uid"),
             ("[dashboard]\nrefresh = 'often'", "refresh"),
             ("treshold = 1", "treshold"),

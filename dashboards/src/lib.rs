@@ -462,18 +462,34 @@ pub fn parse_matchers(text: &str) -> Result<Vec<Matcher>, String> {
     Ok(found)
 }
 
-/// `expr` with `matchers` (label matchers as text, `job="x"`) added to every
-/// selector it reads: `m` becomes `m{job="x"}`, `m{a="b"}` becomes
-/// `m{job="x", a="b"}`. The rest of the text, layout included, is kept.
-pub fn with_matchers(expr: &str, matchers: &str) -> Result<String, String> {
-    let matchers = matchers.trim();
-    if matchers.is_empty() {
+/// The prefix of Nomad's own series, which the allocation rules read: they
+/// come from Nomad's agents, another scrape job than the exporter's, so a
+/// render gives them the config's `[nomad] selector` instead of its
+/// `selector`.
+pub const NOMAD_PREFIX: &str = "nomad_client_";
+
+/// `expr` with label matchers (as text, `job="x"`) added to every selector
+/// it reads: `ours` to the exporter's series and the rules' records of
+/// them, `nomad` to Nomad's own ([`NOMAD_PREFIX`]). `m` becomes
+/// `m{job="x"}`, `m{a="b"}` becomes `m{job="x", a="b"}`. The rest of the
+/// text, layout included, is kept.
+pub fn with_matchers(expr: &str, ours: &str, nomad: &str) -> Result<String, String> {
+    let (ours, nomad) = (ours.trim(), nomad.trim());
+    if ours.is_empty() && nomad.is_empty() {
         return Ok(expr.to_string());
     }
     let mut out = expr.to_string();
     let sels = scan(expr)?;
     // From the end, so the earlier offsets stay valid.
     for s in sels.iter().rev() {
+        let matchers = if s.used.metric.starts_with(NOMAD_PREFIX) {
+            nomad
+        } else {
+            ours
+        };
+        if matchers.is_empty() {
+            continue;
+        }
         match s.brace {
             Some(at) if s.matchers.is_empty() => out.insert_str(at + 1, matchers),
             Some(at) => out.insert_str(at + 1, &format!("{matchers}, ")),

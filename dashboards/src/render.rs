@@ -70,6 +70,11 @@ pub fn rules_values(c: &Config) -> BTreeMap<String, String> {
     let mut v = BTreeMap::new();
     v.insert("cluster_label".into(), c.cluster_label.clone());
     v.insert("runbook_url".into(), c.runbook_url.clone());
+    v.insert("nomad.job_label".into(), c.nomad.job_label.clone());
+    v.insert(
+        "nomad.namespace_label".into(),
+        c.nomad.namespace_label.clone(),
+    );
     filling_up(&mut v, "space", &c.space);
     filling_up(&mut v, "inodes", &c.inodes);
     for (alert, d) in &c.for_ {
@@ -104,7 +109,8 @@ pub fn dashboard_values(c: &Config) -> BTreeMap<String, String> {
 pub fn rules(c: &Config) -> Result<String, String> {
     c.check()?;
     let plain = fill(RULES_TEMPLATE, &rules_values(c))?;
-    let out = format!("{RULES_HEADER}{}", yaml_exprs_with(&plain, &c.selector)?);
+    let sel = (c.selector.as_str(), c.nomad.selector.as_str());
+    let out = format!("{RULES_HEADER}{}", yaml_exprs_with(&plain, sel)?);
     // The text rewrite gives what rewriting each parsed expression gives.
     let parse = |t: &str| -> Result<serde_norway::Value, String> {
         serde_norway::from_str(t).map_err(|e| format!("rendered {RULES} is not YAML: {e}"))
@@ -115,7 +121,7 @@ pub fn rules(c: &Config) -> Result<String, String> {
         return Err(format!("rendered {RULES}: the rules changed in number"));
     }
     for (b, a) in before.iter().zip(&after) {
-        let want = with_matchers(&b.expr, &c.selector)?;
+        let want = with_matchers(&b.expr, sel.0, sel.1)?;
         if a.expr != want {
             return Err(format!(
                 "rendered {RULES}, {}: the selector went in as {:?}, not {want:?}",
@@ -126,9 +132,10 @@ pub fn rules(c: &Config) -> Result<String, String> {
     Ok(out)
 }
 
-/// The `expr:` values of a rule file with `selector` added, layout kept.
-fn yaml_exprs_with(text: &str, selector: &str) -> Result<String, String> {
-    if selector.trim().is_empty() {
+/// The `expr:` values of a rule file with the selectors (the exporter's,
+/// Nomad's) added, layout kept.
+fn yaml_exprs_with(text: &str, (ours, nomad): (&str, &str)) -> Result<String, String> {
+    if ours.trim().is_empty() && nomad.trim().is_empty() {
         return Ok(text.to_string());
     }
     let lines: Vec<&str> = text.split('\n').collect();
@@ -149,7 +156,7 @@ fn yaml_exprs_with(text: &str, selector: &str) -> Result<String, String> {
             ));
         }
         if !value.starts_with(['|', '>']) {
-            out.push(format!("{key}{}", with_matchers(value, selector)?));
+            out.push(format!("{key}{}", with_matchers(value, ours, nomad)?));
             continue;
         }
         out.push(line.to_string());
@@ -159,7 +166,7 @@ fn yaml_exprs_with(text: &str, selector: &str) -> Result<String, String> {
         }
         let block = lines[start..i].join("\n");
         out.extend(
-            with_matchers(&block, selector)?
+            with_matchers(&block, ours, nomad)?
                 .split('\n')
                 .map(str::to_string),
         );
@@ -171,7 +178,7 @@ fn yaml_exprs_with(text: &str, selector: &str) -> Result<String, String> {
 pub fn dashboard(c: &Config) -> Result<String, String> {
     c.check()?;
     let plain = fill(DASHBOARD_TEMPLATE, &dashboard_values(c))?;
-    let out = json_exprs_with(&plain, &c.selector)?;
+    let out = json_exprs_with(&plain, (&c.selector, &c.nomad.selector))?;
     serde_json::from_str::<serde_json::Value>(&out)
         .map_err(|e| format!("rendered {DASHBOARD} is not JSON: {e}"))?;
     Ok(out)
@@ -181,8 +188,8 @@ pub fn dashboard(c: &Config) -> Result<String, String> {
 /// `label_values(…)` selectors and `query_result(…)` expressions with
 /// `selector` added (every string value is
 /// on its own line in the template).
-fn json_exprs_with(text: &str, selector: &str) -> Result<String, String> {
-    if selector.trim().is_empty() {
+fn json_exprs_with(text: &str, (selector, nomad): (&str, &str)) -> Result<String, String> {
+    if selector.trim().is_empty() && nomad.trim().is_empty() {
         return Ok(text.to_string());
     }
     let mut out = Vec::new();
@@ -205,16 +212,24 @@ fn json_exprs_with(text: &str, selector: &str) -> Result<String, String> {
             continue;
         };
         let new = if key == "\"expr\": " {
-            with_matchers(&value, selector)?
+            with_matchers(&value, selector, nomad)?
         } else if let Some((sel, label)) = label_values(&value) {
-            let sel = if sel.is_empty() {
+            let sel = if sel.is_empty() && selector.trim().is_empty() {
+                // `label_values(label)` stays as it is: no series of its
+                // own to narrow.
+                String::new()
+            } else if sel.is_empty() {
                 format!("{{{selector}}}")
             } else {
-                with_matchers(&sel, selector)?
+                with_matchers(&sel, selector, nomad)?
             };
-            format!("label_values({sel}, {label})")
+            if sel.is_empty() {
+                format!("label_values({label})")
+            } else {
+                format!("label_values({sel}, {label})")
+            }
         } else if let Some(expr) = query_result(&value) {
-            format!("query_result({})", with_matchers(&expr, selector)?)
+            format!("query_result({})", with_matchers(&expr, selector, nomad)?)
         } else {
             // The datasource variable's `"query": "prometheus"`.
             value
@@ -290,10 +305,27 @@ mod tests {
     #[test]
     fn the_selector_goes_into_block_and_plain_exprs() {
         let text = "  - alert: A\n    expr: |\n      x > 0\n        and on (job) y{a=\"b\"}\n\n    for: 1m\n  - alert: B\n    expr: z == 0\n";
-        let got = yaml_exprs_with(text, "job=\"p\"").unwrap();
+        let got = yaml_exprs_with(text, ("job=\"p\"", "")).unwrap();
         assert_eq!(
             got,
             "  - alert: A\n    expr: |\n      x{job=\"p\"} > 0\n        and on (job) y{job=\"p\", a=\"b\"}\n\n    for: 1m\n  - alert: B\n    expr: z{job=\"p\"} == 0\n"
+        );
+    }
+
+    #[test]
+    fn nomads_series_get_the_nomad_selector_and_ours_the_other() {
+        let expr = "sum(nomad_alloc_disk_used_bytes * on (alloc_id) group_left max by (alloc_id) (nomad_client_allocs_cpu_total_ticks{task=\"t\"}))";
+        assert_eq!(
+            with_matchers(expr, "job=\"p\"", "job=\"nomad\"").unwrap(),
+            "sum(nomad_alloc_disk_used_bytes{job=\"p\"} * on (alloc_id) group_left max by (alloc_id) (nomad_client_allocs_cpu_total_ticks{job=\"nomad\", task=\"t\"}))"
+        );
+        assert_eq!(
+            with_matchers(expr, "", "job=\"nomad\"").unwrap(),
+            "sum(nomad_alloc_disk_used_bytes * on (alloc_id) group_left max by (alloc_id) (nomad_client_allocs_cpu_total_ticks{job=\"nomad\", task=\"t\"}))"
+        );
+        assert_eq!(
+            with_matchers(expr, "job=\"p\"", "").unwrap(),
+            "sum(nomad_alloc_disk_used_bytes{job=\"p\"} * on (alloc_id) group_left max by (alloc_id) (nomad_client_allocs_cpu_total_ticks{task=\"t\"}))"
         );
     }
 }

@@ -26,6 +26,12 @@ use serde_json::Value;
 /// Series Prometheus itself makes.
 const PROMETHEUS_MADE: &[&str] = &["up"];
 
+/// Gauges Nomad's agents publish (`telemetry { publish_allocation_metrics
+/// = true }`, client/allocrunner/taskrunner's emitStats) that the
+/// allocation rules join. Only the rules may read them: a panel reads the
+/// records, which carry the exporter's job and instance.
+const NOMAD_MADE: &[&str] = &["nomad_client_allocs_cpu_total_ticks"];
+
 /// Every metric family the exporter can export, with its type.
 fn exporter_catalogue() -> BTreeMap<String, Kind> {
     let empty =
@@ -212,6 +218,9 @@ fn metrics_are_exported(
             let kind = if let Some(k) = catalogue.get(&u.metric) {
                 Some(*k)
             } else if recorded.contains(&u.metric) || PROMETHEUS_MADE.contains(&u.metric.as_str()) {
+                Some(Kind::Gauge)
+            } else if NOMAD_MADE.contains(&u.metric.as_str()) && e.place.starts_with("record ") {
+                assert!(u.metric.starts_with(prjquota_dashboards::NOMAD_PREFIX));
                 Some(Kind::Gauge)
             } else {
                 problems.push(format!(
@@ -606,13 +615,20 @@ fn every_panel_selector_honours_cluster_job_and_instance() {
 #[test]
 fn no_rule_hard_codes_a_job_instance_or_cluster() {
     for (case, c, _, rules) in cases() {
-        let selector = parse_matchers(&c.selector).unwrap();
+        let ours = parse_matchers(&c.selector).unwrap();
+        let nomads = parse_matchers(&c.nomad.selector).unwrap();
         let mut problems = Vec::new();
         for e in rule_exprs(&rules) {
             let sels = selectors(&e.expr).unwrap_or_else(|err| panic!("{}: {err}", e.place));
             for s in sels {
+                // Nomad's series come from Nomad's scrape job: its selector.
+                let selector = if s.used.metric.starts_with(prjquota_dashboards::NOMAD_PREFIX) {
+                    &nomads
+                } else {
+                    &ours
+                };
                 for label in ["job", "instance", c.cluster_label.as_str()] {
-                    match beyond_selector(&s, &selector, label) {
+                    match beyond_selector(&s, selector, label) {
                         Err(why) => problems.push(format!("{}: {why}", e.place)),
                         Ok(own) if !own.is_empty() => problems.push(format!(
                             "{}: {}{{{label}…}}: {own:?}",
@@ -703,6 +719,8 @@ fn the_panels_the_issue_asks_for_are_there() {
         "nomad_host_volumes_provisioned_bytes",
         "prjquota_exporter_scrape_collector_success",
         "prjquota_exporter_ebpf_program_attached",
+        "nomad_alloc:disk_used_bytes",
+        "nomad_alloc:disk_used_inodes",
     ] {
         assert!(has(needle), "no panel reads {needle}");
     }

@@ -66,9 +66,11 @@ fn the_alert_tests_hold_under_a_job_selector_and_another_cluster_label() {
         selector: custom.selector.clone(),
         cluster_label: custom.cluster_label.clone(),
         runbook_url: custom.runbook_url.clone(),
+        nomad: custom.nomad.clone(),
         ..Config::default()
     };
     assert!(!c.selector.is_empty() && c.cluster_label != "cluster");
+    assert!(!c.nomad.selector.is_empty());
     let rules = render::rules(&c).unwrap();
     assert!(rules.contains(&format!(
         "on ({}, namespace, node_pool, volume_id)",
@@ -222,5 +224,41 @@ fn other_thresholds_and_a_selector_move_where_alerts_fire() {
         "thresholds-shipped",
         &threshold_test(&dir().join(RULES), quiet),
     );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// Nomad's labels where a scrape job honours them (`[nomad] job_label =
+/// "job"`) and sets a `namespace` target label of its own, Nomad's kept as
+/// `exported_namespace` (`namespace_label`): the record still names the
+/// allocation's Nomad job and namespace, and keeps the exporter's `job`.
+#[test]
+fn the_allocation_join_reads_nomads_labels_where_the_config_says() {
+    let c = Config {
+        nomad: prjquota_dashboards::config::Nomad {
+            selector: String::new(),
+            job_label: "job".into(),
+            namespace_label: "exported_namespace".into(),
+        },
+        ..Config::default()
+    };
+    let d = scratch("alloc-join-labels");
+    let rules = d.join(RULES);
+    std::fs::write(&rules, render::rules(&c).unwrap()).unwrap();
+    let alloc = "bbbbbbbb-0000-4000-8000-0000000000c1";
+    let t = format!(
+        "rule_files:\n  - {rules}\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n\
+         \x20     - series: 'nomad_alloc_disk_used_bytes{{alloc_id=\"{alloc}\",instance=\"node-1:14646\",job=\"prjquota-exporter\"}}'\n\
+         \x20       values: '2000x10'\n\
+         \x20     - series: 'nomad_client_allocs_cpu_total_ticks{{alloc_id=\"{alloc}\",exported_namespace=\"team-b\",host=\"node-1\",instance=\"node-1:4646\",job=\"batch-etl\",namespace=\"infra\",task=\"run\",task_group=\"workers\"}}'\n\
+         \x20       values: '1+1x10'\n\
+         \x20   promql_expr_test:\n\
+         \x20     - expr: 'nomad_alloc:disk_used_bytes'\n\
+         \x20       eval_time: 5m\n\
+         \x20       exp_samples:\n\
+         \x20         - labels: 'nomad_alloc:disk_used_bytes{{alloc_id=\"{alloc}\",instance=\"node-1:14646\",job=\"prjquota-exporter\",namespace=\"team-b\",nomad_job=\"batch-etl\",task_group=\"workers\"}}'\n\
+         \x20           value: 2000\n",
+        rules = rules.display()
+    );
+    run_test("alloc-join-labels-test", &t);
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -66,9 +66,13 @@ fn documented(rules: &serde_norway::Value, runbook: &str) {
             let record = r["record"]
                 .as_str()
                 .expect("a rule is an alert or a record");
+            // level:metric:operations, the level being what a series
+            // stands for: a volume, or an allocation.
             assert!(
-                record.starts_with("nomad_host_volume:"),
-                "recording rule {record}: name it level:metric:operation under nomad_host_volume:"
+                ["nomad_host_volume:", "nomad_alloc:"]
+                    .iter()
+                    .any(|level| record.starts_with(level)),
+                "recording rule {record}: name it level:metric:operation under nomad_host_volume: or nomad_alloc:"
             );
             continue;
         };

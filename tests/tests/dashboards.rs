@@ -12,7 +12,12 @@
 //!   HTTP API, only for that volume, with the volume's name joined where the
 //!   panel joins it (the eBPF panels may be empty when the exporter's eBPF
 //!   programs are not attached: see [`EBPF_METRICS`]);
-//! - every variable's `label_values` selector finds the test's values.
+//! - every variable's `label_values` selector finds the test's values;
+//! - the allocation panels: the exporter accounts two allocations of the
+//!   node's alloc dir, Prometheus also scrapes a Nomad agent's telemetry
+//!   (a stand-in serving what Nomad publishes for the running one), and the
+//!   recording rules join the running allocation to its Nomad job, task
+//!   group and namespace while the stopped one keeps its usage unjoined.
 //!
 //! The copy of the rules has every `for:` shortened to 1s, so the alerts
 //! fire within seconds of the condition; everything else is as shipped.
@@ -30,8 +35,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use prjquota_vmtests::fixture::{fill, writable, Fixture, MIB, WRITER};
+use prjquota_vmtests::fixture::{fill, writable, Fixture, MIB, WRITER, XFS};
 use prjquota_vmtests::nomad::Spec;
+use prjquota_vmtests::nomad_alloc::{write_file, AllocNode};
+use prjquota_vmtests::nomad_telemetry::{self, Agent};
 use prjquota_vmtests::prom::{self, vector, Prometheus};
 use prjquota_vmtests::xfs_mount;
 use serde_json::Value;
@@ -54,6 +61,11 @@ const JOB: &str = "nomad-volumes";
 /// The `cluster` target label the test's scrape config sets, which the
 /// dashboard's `cluster` variable finds.
 const CLUSTER: &str = "vm-cluster";
+/// The scrape job of the Nomad agent's telemetry.
+const NOMAD_JOB: &str = "nomad";
+/// The running allocation's Nomad job and task group.
+const ALLOC_JOB: &str = "dash-shop";
+const ALLOC_GROUP: &str = "frontend";
 
 /// How long to wait for the alerts (reported, never asserted).
 const ALERT_TIMEOUT: Duration = Duration::from_secs(900);
@@ -134,7 +146,31 @@ fn reads_ebpf(expr: &str) -> bool {
 #[test]
 fn a_volume_filling_past_its_limit_shows_on_every_panel_and_fires_its_alerts() {
     let started = Instant::now();
-    let mut f = Fixture::new(&xfs_mount(), "dashboards");
+    let mut node = AllocNode::new(&XFS, "dashboards", 4);
+    // Two allocations on the node, accounted by the exporter: one running,
+    // which Nomad's agent publishes, and one stopped, whose directory Nomad
+    // has not collected yet (no series of Nomad's).
+    let mut running = node.root.build_alloc();
+    write_file(
+        &running.build_task("web").join("local/cache.bin"),
+        MIB as usize,
+    );
+    let mut stopped = node.root.build_alloc();
+    write_file(
+        &stopped.build_task("batch").join("local/out.bin"),
+        MIB as usize,
+    );
+    let agent = Agent::serve(nomad_telemetry::exposition(
+        "vm-node",
+        &[nomad_telemetry::Task {
+            alloc_id: &running.id,
+            job: ALLOC_JOB,
+            namespace: "team-dash",
+            task_group: ALLOC_GROUP,
+            task: "web",
+        }],
+    ));
+    let f = &mut node.fixture;
     f.node.node_pool = "pool-dash".into();
     let mut full = writable(Spec::new("dash-full", 16 * MIB as i64));
     full.namespace = "team-dash".into();
@@ -146,18 +182,19 @@ fn a_volume_filling_past_its_limit_shows_on_every_panel_and_fires_its_alerts() {
     assert_eq!(r.errno, None, "{r:?}");
 
     // The node's plugin dir, as a real node's exporter is given it: the
-    // "Promised vs disk" panel reads the overcommit_ratio in force there.
-    let plugin_dir = f.node.plugin_dir.display().to_string();
-    let exporter = prom::Exporter::start_with(
-        &[&f.node.volumes_dir],
-        &["--plugin-dir", plugin_dir.as_str()],
-    );
+    // "Promised vs disk" panel reads the overcommit_ratio in force there;
+    // and its alloc dir, eBPF and the guard as they default.
+    let args = node.exporter_args("200ms", &["--ebpf=auto", "--guard=auto"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let exporter = prom::Exporter::start_with(&[&node.fixture.node.volumes_dir], &args);
     let rules = rules_with_short_for();
-    // The scrape config of the test's Prometheus, its one target labelled
-    // with a cluster as relabelling or static labels would.
+    // The scrape config of the test's Prometheus: the exporter labelled
+    // with a cluster as relabelling or static labels would, and the Nomad
+    // agent's telemetry as Nomad's guide scrapes it.
     let yaml = format!(
-        "{}        labels:\n          cluster: {CLUSTER}\n",
-        prom::config_yaml(&[(JOB, exporter.addr)], std::slice::from_ref(&rules))
+        "{}        labels:\n          cluster: {CLUSTER}\n{}",
+        prom::config_yaml(&[(JOB, exporter.addr)], std::slice::from_ref(&rules)),
+        agent.scrape_config(NOMAD_JOB, &[("cluster", CLUSTER)])
     );
     let prom = Prometheus::start_config(
         Path::new(prom::PROMETHEUS),
@@ -167,6 +204,18 @@ fn a_volume_filling_past_its_limit_shows_on_every_panel_and_fires_its_alerts() {
     let has_data = |r: &Value| r.as_array().is_some_and(|a| !a.is_empty());
     prom.query_until(
         &format!("nomad_host_volume:used_ratio{{volume_id=\"{}\"}}", full.id),
+        has_data,
+    );
+    // Both allocations recorded: the running one joined to its Nomad job.
+    prom.query_until(
+        &format!(
+            "nomad_alloc:disk_used_bytes{{alloc_id=\"{}\", nomad_job=\"{ALLOC_JOB}\"}}",
+            running.id
+        ),
+        has_data,
+    );
+    prom.query_until(
+        &format!("nomad_alloc:disk_used_bytes{{alloc_id=\"{}\"}}", stopped.id),
         has_data,
     );
 
@@ -321,8 +370,14 @@ fn a_volume_filling_past_its_limit_shows_on_every_panel_and_fires_its_alerts() {
             }
         }
         if kind == "table" {
-            let keys: Vec<String> = series[0].0.keys().cloned().collect();
-            label_sets.entry(title.clone()).or_default().insert(keys);
+            // Every label any row has: a row may lack one (an allocation
+            // without Nomad's labels), where Grafana leaves the cell empty.
+            let keys: BTreeSet<String> =
+                series.iter().flat_map(|(l, _)| l.keys().cloned()).collect();
+            label_sets
+                .entry(title.clone())
+                .or_default()
+                .insert(keys.into_iter().collect());
         }
     }
     assert!(
@@ -337,6 +392,46 @@ fn a_volume_filling_past_its_limit_shows_on_every_panel_and_fires_its_alerts() {
             allowed_empty.join(", ")
         );
     }
+    // The allocations' table: the running allocation under its Nomad job
+    // and task group, the stopped one without them, each with what it
+    // holds.
+    let table = targets
+        .iter()
+        .find(|(title, ref_id, _, _)| title == "Allocations by disk used" && ref_id == "A")
+        .expect("the allocations' table");
+    let rows = vector(&prom.query(&substitute(&table.2, &vars)));
+    let row = |id: &str| {
+        rows.iter()
+            .find(|(l, _)| l.get("alloc_id").map(String::as_str) == Some(id))
+            .unwrap_or_else(|| panic!("no row for allocation {id}: {rows:?}"))
+    };
+    let (labels, used) = row(&running.id);
+    assert_eq!(
+        labels.get("nomad_job").map(String::as_str),
+        Some(ALLOC_JOB),
+        "{labels:?}"
+    );
+    assert_eq!(
+        labels.get("task_group").map(String::as_str),
+        Some(ALLOC_GROUP),
+        "{labels:?}"
+    );
+    assert_eq!(
+        labels.get("namespace").map(String::as_str),
+        Some("team-dash"),
+        "{labels:?}"
+    );
+    assert!(
+        *used >= MIB as f64,
+        "the running allocation holds {used} bytes"
+    );
+    let (labels, used) = row(&stopped.id);
+    assert_eq!(labels.get("nomad_job"), None, "{labels:?}");
+    assert!(
+        *used >= MIB as f64,
+        "the stopped allocation holds {used} bytes"
+    );
+
     // A table merges its queries by their labels: they must be the same.
     for (title, sets) in &label_sets {
         assert_eq!(
