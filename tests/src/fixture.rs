@@ -187,6 +187,13 @@ impl SmallFs {
         Self::made_by(mkfs, case.name, tag, size)
     }
 
+    /// XFS with room for millions of inodes (`-i maxpct=50`; the default
+    /// gives a quarter of a small filesystem to them): for trees of many
+    /// small files.
+    pub fn xfs_for_many_files(tag: &str, size: u64) -> SmallFs {
+        Self::made_by("mkfs.xfs -q -f -i maxpct=50", "xfs-inodes", tag, size)
+    }
+
     /// ext4 without a journal (`mkfs.ext4 -O ^has_journal`), which mke2fs
     /// makes when asked and some small-device setups ask for.
     pub fn ext4_without_journal(tag: &str, size: u64) -> SmallFs {

@@ -196,7 +196,12 @@ impl AllocNode {
     /// A node on `case`'s filesystem whose allocations get `ids` IDs of
     /// their own (the volumes keep the rest of the fixture's range).
     pub fn new(case: &crate::fixture::FsCase, tag: &str, ids: u32) -> AllocNode {
-        let mut fixture = case.fixture(tag);
+        Self::on(case.fixture(tag), ids)
+    }
+
+    /// A node on `fixture`'s filesystem (one of a test's own) whose
+    /// allocations get `ids` IDs of their own.
+    pub fn on(mut fixture: crate::fixture::Fixture, ids: u32) -> AllocNode {
         let alloc_min = fixture.id_max - ids + 1;
         let range = alloc_min..=fixture.id_max;
         fixture.id_max = alloc_min - 1;

@@ -10,8 +10,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use prjquota_vmtests::fixture::MIB;
+use prjquota_vmtests::fixture::{SmallFs, MIB};
 use prjquota_vmtests::nomad::uuid;
+use prjquota_vmtests::nomad_alloc::{write_file, AllocNode};
 use prjquota_vmtests::prom::{Exporter, Exposition};
 use prjquota_vmtests::records::add_quick_volumes;
 use prjquota_vmtests::{median, scratch_dir, xfs_mount};
@@ -322,4 +323,188 @@ fn scrape_cost_at_100_and_1000_volumes() {
 #[ignore = "minutes of emulated time: run by `cargo xtask bench`"]
 fn scrape_cost_at_100_to_100000_volumes() {
     scale(&[100, 1000, 10_000, 100_000]);
+}
+
+/// `allocs` allocation directories of `files` files each (one of 64 KiB,
+/// the rest empty: the cost of a walk is in its inodes), accounted by the
+/// exporter, against what a tool without project quotas does to know an
+/// allocation's disk usage: walk its tree (`du -x`). Side by side: a gzip
+/// scrape, one quota pass over the allocations' IDs (the scrape's floor),
+/// and a walk of every tree, warm. Then the exporter restarts: the time
+/// until it publishes every allocation again, and the walks it made (none:
+/// the project ID on each allocation's directory is the state).
+fn alloc_scale(allocs: usize, files: usize) {
+    // A filesystem of its own: the suite's XFS has too few inodes for a
+    // million files.
+    let fs = SmallFs::xfs_for_many_files("alloc-bench", 3 << 30);
+    let node = AllocNode::on(fs.fixture("alloc-bench"), allocs as u32 + 16);
+    let start = Instant::now();
+    let mut dirs: Vec<_> = (0..allocs).map(|_| node.root.build_alloc()).collect();
+    // The files on both CPUs: a million creates are most of the setup.
+    std::thread::scope(|scope| {
+        for half in dirs.chunks(allocs.div_ceil(2)) {
+            scope.spawn(move || {
+                for a in half {
+                    let data = a.path.join("alloc/data");
+                    write_file(&data.join("state.bin"), 64 << 10);
+                    for j in 1..files {
+                        std::fs::File::create(data.join(format!("f{j}"))).expect("create a file");
+                    }
+                }
+            });
+        }
+    });
+    // Then each task starts, which sets the exporter's walk off.
+    for a in &mut dirs {
+        a.build_task("task");
+    }
+    eprintln!(
+        "MEASURE alloc_setup_seconds{{allocs={allocs},files={files}}} {:.1}",
+        start.elapsed().as_secs_f64()
+    );
+
+    let accounted = |text: &str| {
+        Exposition::parse(text).get("prjquota_exporter_allocs", &[("state", "accounted")])
+    };
+    let wait_accounted = |exp: &Exporter, what: &str| -> Duration {
+        let start = Instant::now();
+        loop {
+            let (text, _) = exp.scrape_text();
+            if accounted(&text) == Some(allocs as f64) {
+                return start.elapsed();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(3600),
+                "{what}: not every allocation accounted within an hour; last scrape:\n{text}\nlog:\n{}",
+                exp.log()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    };
+    let args = node.exporter_args("1s", &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let exp = Exporter::start_with(&[&node.fixture.node.volumes_dir], &args);
+    let first = wait_accounted(&exp, "the first start");
+    let walks = |exp: &Exporter| {
+        Exposition::parse(&exp.scrape_text().0)
+            .get("prjquota_exporter_alloc_walks_total", &[])
+            .expect("prjquota_exporter_alloc_walks_total")
+    };
+    assert_eq!(walks(&exp), allocs as f64, "one walk per allocation");
+
+    let ids = (*node.ids.start(), *node.ids.end());
+    let (mut gzipped, mut collector, mut floor) = (Vec::new(), Vec::new(), Vec::new());
+    let mut series = 0;
+    for round in 0..=SAMPLES {
+        let mut conn = exp.keep_alive();
+        let (text, _, took) = exp.scrape_gzip(&mut conn);
+        series = text
+            .lines()
+            .filter(|l| l.starts_with("nomad_alloc_disk_used_bytes"))
+            .count();
+        // The allocations' own share of the scrape, as the exporter times it.
+        let own = Exposition::parse(&text)
+            .get(
+                "prjquota_exporter_scrape_collector_duration_seconds",
+                &[("collector", "allocs")],
+            )
+            .expect("the allocs collector's duration");
+        let dir = std::fs::File::open(&node.root.path).unwrap();
+        let t = Instant::now();
+        let q = prjquota_core::quota::list(dir.as_fd(), ids.0..=ids.1).unwrap();
+        let f = t.elapsed();
+        std::hint::black_box(q.len());
+        if round > 0 {
+            gzipped.push(took);
+            collector.push(Duration::from_secs_f64(own));
+            floor.push(f);
+        }
+    }
+    assert_eq!(series, allocs, "one usage series per allocation");
+    // The walk: three rounds, each minutes of emulated time at a million files.
+    let mut walked = Vec::new();
+    let mut bytes = 0;
+    for _ in 0..3 {
+        let t = Instant::now();
+        bytes = dirs.iter().map(|a| du_x(&a.path)).sum::<u64>();
+        walked.push(t.elapsed());
+    }
+    let published: f64 = Exposition::parse(&exp.scrape_text().0)
+        .find("nomad_alloc_disk_used_bytes", &[])
+        .map(|s| s.value)
+        .sum();
+    assert_eq!(
+        published, bytes as f64,
+        "the exporter publishes what a walk of the trees counts"
+    );
+    drop(exp);
+
+    let exp = Exporter::start_with(&[&node.fixture.node.volumes_dir], &args);
+    let restart = wait_accounted(&exp, "the restart");
+    assert_eq!(walks(&exp), 0.0, "a restart walks no allocation");
+    drop(exp);
+
+    let (gzip, floor, walk) = (median(gzipped), median(floor), median(walked));
+    let collector = median(collector);
+    let m =
+        |name: &str, v: f64| eprintln!("MEASURE {name}{{allocs={allocs},files={files}}} {v:.4}");
+    m("alloc_scrape_gzip_seconds", gzip.as_secs_f64());
+    m("alloc_collector_seconds", collector.as_secs_f64());
+    m("alloc_quota_pass_seconds", floor.as_secs_f64());
+    m("alloc_walk_seconds", walk.as_secs_f64());
+    m("alloc_first_accounting_seconds", first.as_secs_f64());
+    m("alloc_restart_accounted_seconds", restart.as_secs_f64());
+    m(
+        "alloc_collector_quota_pass_ratio",
+        collector.as_secs_f64() / floor.as_secs_f64(),
+    );
+    m(
+        "alloc_walk_scrape_ratio",
+        walk.as_secs_f64() / gzip.as_secs_f64(),
+    );
+    drop(dirs);
+    drop(node);
+}
+
+/// Disk usage of a tree as a careful `du -x` counts it: the blocks of every
+/// inode on its filesystem, each once. Once matters: `<task>/alloc` is a
+/// bind mount of the allocation's own `alloc/`, with the same st_dev.
+fn du_x(root: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::symlink_metadata(root).unwrap().dev();
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![root.to_path_buf()];
+    let mut blocks = 0;
+    while let Some(dir) = stack.pop() {
+        let md = std::fs::symlink_metadata(&dir).unwrap();
+        if md.dev() != dev || !seen.insert(md.ino()) {
+            continue;
+        }
+        blocks += md.blocks();
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let e = e.unwrap();
+            let md = std::fs::symlink_metadata(e.path()).unwrap();
+            if md.is_dir() {
+                stack.push(e.path());
+            } else if md.dev() == dev && seen.insert(md.ino()) {
+                blocks += md.blocks();
+            }
+        }
+    }
+    blocks * 512
+}
+
+/// A measurement, not a behaviour: `cargo xtask bench --quick` runs it.
+#[test]
+#[ignore = "a measurement: run by `cargo xtask bench --quick`"]
+fn alloc_accounting_at_100_allocations() {
+    alloc_scale(100, 1000);
+}
+
+/// `cargo xtask bench` runs it: a million files take many minutes to make
+/// and to walk under emulation.
+#[test]
+#[ignore = "many minutes of emulated time: run by `cargo xtask bench`"]
+fn alloc_accounting_at_1000_allocations() {
+    alloc_scale(1000, 1000);
 }
