@@ -72,8 +72,8 @@ impl Alloc {
     /// Nomad's order: the task directory, `local`, `tmp` (the sign that
     /// the task starts), then the shared alloc directory bind-mounted at
     /// `<task>/alloc`, and `secrets` and `private` as small tmpfs mounts.
-    /// Directories the task dir already holds (a migrated `local`) are
-    /// kept, as MkdirAll keeps them.
+    /// Directories the task dir already holds (a migrated `local`, or
+    /// what a restored allocation kept) are kept, as MkdirAll keeps them.
     pub fn build_task(&mut self, name: &str) -> PathBuf {
         self.task_dirs(name, &["", "local", "tmp"]);
         self.task_mounts(name);
@@ -106,7 +106,9 @@ impl Alloc {
     fn task_mounts(&mut self, name: &str) {
         let dir = self.task(name);
         let shared = dir.join("alloc");
-        mkdir(&shared, 0o777);
+        if !shared.exists() {
+            mkdir(&shared, 0o777);
+        }
         sh(&format!(
             "mount --bind {} {}",
             self.path.join("alloc").display(),
@@ -115,7 +117,9 @@ impl Alloc {
         self.mounts.push(shared);
         for tmpfs in ["secrets", "private"] {
             let p = dir.join(tmpfs);
-            mkdir(&p, 0o777);
+            if !p.exists() {
+                mkdir(&p, 0o777);
+            }
             sh(&format!(
                 "mount -t tmpfs -o size=1m,noexec tmpfs {}",
                 p.display()
@@ -146,6 +150,14 @@ impl Alloc {
             std::fs::rename(&from, &local)?;
         }
         Ok(())
+    }
+
+    /// The task mounts come off, the tree stays: what a node going down
+    /// leaves of a running allocation.
+    pub fn unmount(&mut self) {
+        for m in self.mounts.drain(..).rev() {
+            sh(&format!("umount {}", m.display()));
+        }
     }
 
     /// Garbage collection: the task mounts come off, then the tree goes.
@@ -210,7 +222,16 @@ impl AllocNode {
             range.start(),
             range.end()
         ));
-        let root = AllocRoot::new(&fixture.root);
+        // Beside the volumes directory, on its filesystem, as a Nomad
+        // client's data_dir holds both (a DmDisk's fixture keeps its
+        // plugin directory elsewhere).
+        let data_dir = fixture
+            .node
+            .volumes_dir
+            .parent()
+            .expect("the volumes directory has a parent")
+            .to_path_buf();
+        let root = AllocRoot::new(&data_dir);
         AllocNode {
             fixture,
             root,

@@ -10,7 +10,8 @@ use std::time::Duration;
 use prjquota_vmtests::attack::{
     act, assert_all_refused, chproj_as, open, Looper, Who, OWNER, RESTART_PHASES,
 };
-use prjquota_vmtests::fixture::FsCase;
+use prjquota_vmtests::dm::DmDisk;
+use prjquota_vmtests::fixture::{FsCase, MIB};
 use prjquota_vmtests::nomad_alloc::{
     alloc_bytes, inodes_on_mount, project_of, scrape_until, write_file, AllocNode,
 };
@@ -28,6 +29,7 @@ on_every_fs!(
     a_second_exporter_waits_and_takes_over_when_the_first_stops,
     a_walked_allocation_is_guarded_like_a_volume,
     an_allocation_stays_guarded_through_exporter_restarts,
+    a_disk_failing_mid_walk_is_reported_and_the_walk_finished_after,
 );
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -670,4 +672,103 @@ fn an_allocation_stays_guarded_through_exporter_restarts(case: &FsCase) {
     let e = exp.scrape();
     assert_eq!(e.get(GUARDED, &[]), Some(1.0), "{}", e.text);
     assert_eq!(e.value("prjquota_exporter_alloc_walks_total", &[]), 0.0);
+}
+
+/// The disk under the alloc dir fails while an allocation is walked: the
+/// exporter keeps answering and says so; once the disk is back (the node
+/// restarted: the exporter stopped, the task mounts gone, the filesystem
+/// checked and mounted again, the allocation restored by Nomad) the next
+/// exporter finishes what the disk lost of the claim and the walk (XFS
+/// loses an unflushed claim with its log), every file kept and in the
+/// project.
+fn a_disk_failing_mid_walk_is_reported_and_the_walk_finished_after(case: &FsCase) {
+    let disk = DmDisk::new(case, "alloc-fail", 512 * MIB);
+    let node = AllocNode::on(disk.fixture("alloc-fail"), 8);
+    assert!(node.root.path.starts_with(&disk.mount));
+    std::fs::create_dir_all(&node.fixture.node.volumes_dir).unwrap();
+    let exp = node.start_exporter(&[]);
+    let mut a = node.root.build_alloc();
+    // A tree whose walk lasts, made before the task starts.
+    let data = a.path.join("alloc/data");
+    let (dirs, files) = (20, 500);
+    for d in 0..dirs {
+        let dir = data.join(format!("d{d}"));
+        std::fs::create_dir(&dir).unwrap();
+        for f in 0..files {
+            std::fs::write(dir.join(format!("f{f}")), b"x").unwrap();
+        }
+    }
+    prjquota_vmtests::sh("sync");
+    a.build_task("t");
+    let deadline = std::time::Instant::now() + WAIT;
+    while project_of(&a.path).0 == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the walk never started\n{}",
+            exp.log()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    disk.fail();
+
+    // Loud, and in time: a scrape answers and says so. The allocations'
+    // collector fails or counts a tag failure; or, where the walk finished
+    // in memory before the disk's failure surfaced (ext4 until its journal
+    // aborts), the filesystem is reported unhealthy (the volumes directory
+    // shares it here).
+    let e = scrape_until(&exp, WAIT, "the failure shown", |e| {
+        e.get(
+            "prjquota_exporter_scrape_collector_success",
+            &[("collector", "allocs")],
+        ) == Some(0.0)
+            || e.get("prjquota_exporter_alloc_tag_failures_total", &[])
+                .is_some_and(|n| n > 0.0)
+            || e.text.lines().any(|l| {
+                l.starts_with("nomad_host_volumes_filesystem_healthy{") && l.ends_with(" 0")
+            })
+    });
+    let log = exp.log();
+    assert!(
+        log.contains("level=error") || log.contains("level=warn"),
+        "nothing logged about the failed disk:\n{log}"
+    );
+    eprintln!(
+        "on the failed disk: {} accounted, the allocs collector {}",
+        accounted(&e),
+        e.value(
+            "prjquota_exporter_scrape_collector_success",
+            &[("collector", "allocs")]
+        )
+    );
+    let (took, _) = {
+        let start = std::time::Instant::now();
+        let r = exp.scrape_text();
+        (start.elapsed(), r)
+    };
+    assert!(took < Duration::from_secs(10), "a scrape took {took:?}");
+    exp.kill();
+
+    a.unmount();
+    disk.heal_and_remount();
+    // Nomad restores the allocation: its task directory is built again
+    // (MkdirAll: what the disk kept stays), which starts the task anew.
+    a.build_task("t");
+    let exp = node.start_exporter(&[]);
+    let e = scrape_until(&exp, WAIT, "accounted after the disk healed", |e| {
+        accounted(e) == 1.0
+    });
+    let (pid, inherit) = project_of(&a.path);
+    assert!(pid != 0 && inherit);
+    let mut kept = 0;
+    for (p, ipid, nlink) in inodes_on_mount(&a.path) {
+        assert!(ipid == pid || nlink > 1, "{} left out", p.display());
+        if p.extension().is_none() && p.starts_with(&data) && p.is_file() {
+            assert_eq!(std::fs::read(&p).unwrap(), b"x", "{}", p.display());
+            kept += 1;
+        }
+    }
+    assert_eq!(kept, dirs * files, "every file kept");
+    let usage = node.usage(pid);
+    assert_eq!(alloc_bytes(&e, &a.id), Some(usage.used_bytes as f64));
+    e.assert_collectors_succeeded("after the disk healed");
 }
