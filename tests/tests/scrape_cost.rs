@@ -494,17 +494,20 @@ fn du_x(root: &Path) -> u64 {
     blocks * 512
 }
 
-/// A measurement, not a behaviour: `cargo xtask bench --quick` runs it.
+/// A measurement, not a behaviour: `cargo xtask bench` runs it.
 #[test]
-#[ignore = "a measurement: run by `cargo xtask bench --quick`"]
+#[ignore = "a measurement: run by `cargo xtask bench`"]
 fn alloc_accounting_at_100_allocations() {
     alloc_scale(100, 1000);
 }
 
-/// `cargo xtask bench` runs it: a million files take many minutes to make
-/// and to walk under emulation.
+/// A probe run by hand, not by the bench: a thousand allocations (three
+/// thousand task mounts) of a hundred files each, as many inodes as the
+/// bench's hundred allocations of a thousand files, take the first
+/// accounting many times longer (issue 46). Run it as the bench runs its
+/// tests, with `--ignored --exact alloc_accounting_at_1000_allocations`.
 #[test]
-#[ignore = "many minutes of emulated time: run by `cargo xtask bench`"]
+#[ignore = "a probe of the first accounting at 1,000 allocations: run by hand"]
 fn alloc_accounting_at_1000_allocations() {
-    alloc_scale(1000, 1000);
+    alloc_scale(1000, 100);
 }
