@@ -214,19 +214,16 @@ fn json_exprs_with(text: &str, (selector, nomad): (&str, &str)) -> Result<String
         let new = if key == "\"expr\": " {
             with_matchers(&value, selector, nomad)?
         } else if let Some((sel, label)) = label_values(&value) {
-            let sel = if sel.is_empty() && selector.trim().is_empty() {
-                // `label_values(label)` stays as it is: no series of its
-                // own to narrow.
-                String::new()
-            } else if sel.is_empty() {
-                format!("{{{selector}}}")
+            if !sel.is_empty() {
+                format!(
+                    "label_values({}, {label})",
+                    with_matchers(&sel, selector, nomad)?
+                )
+            } else if selector.trim().is_empty() {
+                // `label_values(label)` reads no series to narrow.
+                value
             } else {
-                with_matchers(&sel, selector, nomad)?
-            };
-            if sel.is_empty() {
-                format!("label_values({label})")
-            } else {
-                format!("label_values({sel}, {label})")
+                format!("label_values({{{selector}}}, {label})")
             }
         } else if let Some(expr) = query_result(&value) {
             format!("query_result({})", with_matchers(&expr, selector, nomad)?)

@@ -315,9 +315,29 @@ pub fn alloc_bytes(e: &crate::prom::Exposition, id: &str) -> Option<f64> {
 /// points' contents not), with its project ID, link count and path: what
 /// the tests hold against the walk.
 pub fn inodes_on_mount(dir: &Path) -> Vec<(PathBuf, u32, u64)> {
+    let mut out = Vec::new();
+    walk_on_mount(dir, |p, m| {
+        use std::os::unix::fs::MetadataExt;
+        if m.file_type().is_symlink() || !(m.is_dir() || m.is_file()) {
+            return;
+        }
+        if let Ok((pid, _)) = std::fs::File::open(p).map(|f| {
+            use std::os::fd::AsFd;
+            prjquota_core::quota::project_of(f.as_fd()).unwrap()
+        }) {
+            out.push((p.to_path_buf(), pid, m.nlink()));
+        }
+    });
+    out
+}
+
+/// Calls `each` with the path and `lstat` of every entry beneath `dir` on
+/// its mount: entries of another device and mount points (a bind mount of
+/// the same filesystem shows its device) are left out, with what they
+/// hold; symlinks are not followed.
+pub fn walk_on_mount(dir: &Path, mut each: impl FnMut(&Path, &std::fs::Metadata)) {
     use std::os::unix::fs::MetadataExt;
     let dev = std::fs::symlink_metadata(dir).unwrap().dev();
-    let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let mount_points: std::collections::BTreeSet<PathBuf> = mounts
@@ -336,20 +356,10 @@ pub fn inodes_on_mount(dir: &Path) -> Vec<(PathBuf, u32, u64)> {
             if m.dev() != dev || mount_points.contains(&p) {
                 continue;
             }
-            if m.file_type().is_symlink() || !(m.is_dir() || m.is_file()) {
-                continue;
-            }
-            let Ok((pid, _)) = std::fs::File::open(&p).map(|f| {
-                use std::os::fd::AsFd;
-                prjquota_core::quota::project_of(f.as_fd()).unwrap()
-            }) else {
-                continue;
-            };
-            out.push((p.clone(), pid, m.nlink()));
+            each(&p, &m);
             if m.is_dir() {
                 stack.push(p);
             }
         }
     }
-    out
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use prjquota_vmtests::fixture::{SmallFs, MIB};
 use prjquota_vmtests::nomad::uuid;
-use prjquota_vmtests::nomad_alloc::{write_file, AllocNode};
+use prjquota_vmtests::nomad_alloc::{walk_on_mount, write_file, AllocNode};
 use prjquota_vmtests::prom::{Exporter, Exposition};
 use prjquota_vmtests::records::add_quick_volumes;
 use prjquota_vmtests::{median, scratch_dir, xfs_mount};
@@ -466,31 +466,18 @@ fn alloc_scale(allocs: usize, files: usize) {
     drop(node);
 }
 
-/// Disk usage of a tree as a careful `du -x` counts it: the blocks of every
-/// inode on its filesystem, each once. Once matters: `<task>/alloc` is a
-/// bind mount of the allocation's own `alloc/`, with the same st_dev.
+/// Disk usage of a tree as `du -x` counts it: the blocks of the tree's
+/// inodes on its mount (the task's bind mount of `alloc/` left out), each
+/// once.
 fn du_x(root: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
-    let dev = std::fs::symlink_metadata(root).unwrap().dev();
     let mut seen = std::collections::HashSet::new();
-    let mut stack = vec![root.to_path_buf()];
-    let mut blocks = 0;
-    while let Some(dir) = stack.pop() {
-        let md = std::fs::symlink_metadata(&dir).unwrap();
-        if md.dev() != dev || !seen.insert(md.ino()) {
-            continue;
+    let mut blocks = std::fs::symlink_metadata(root).unwrap().blocks();
+    walk_on_mount(root, |_, m| {
+        if m.nlink() == 1 || m.is_dir() || seen.insert(m.ino()) {
+            blocks += m.blocks();
         }
-        blocks += md.blocks();
-        for e in std::fs::read_dir(&dir).unwrap() {
-            let e = e.unwrap();
-            let md = std::fs::symlink_metadata(e.path()).unwrap();
-            if md.is_dir() {
-                stack.push(e.path());
-            } else if md.dev() == dev && seen.insert(md.ino()) {
-                blocks += md.blocks();
-            }
-        }
-    }
+    });
     blocks * 512
 }
 
