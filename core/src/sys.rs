@@ -514,19 +514,23 @@ pub fn fstatat_nofollow(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<libc::st
 /// Linux 5.8+). Two directories on one device can still be different mounts
 /// (bind mounts); only the mount ID tells them apart.
 pub fn mount_id(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    statx_mount_id(fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH)
+}
+
+/// The mount ID of `name` in `dir`, itself if a symlink (not followed): a
+/// mount point's differs from its parent's, with one `statx` and no open.
+pub fn mount_id_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<u64> {
+    statx_mount_id(dir.as_raw_fd(), name, libc::AT_SYMLINK_NOFOLLOW)
+}
+
+fn statx_mount_id(dirfd: libc::c_int, name: &CStr, flags: libc::c_int) -> io::Result<u64> {
     const STATX_MNT_ID: u32 = 0x0000_1000;
     let mut stx = MaybeUninit::<libc::statx>::zeroed();
-    // SAFETY: an empty path with AT_EMPTY_PATH makes statx describe `fd`
-    // itself; the kernel writes at most one `struct statx`.
-    cvt(unsafe {
-        libc::statx(
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH,
-            STATX_MNT_ID,
-            stx.as_mut_ptr(),
-        )
-    } as libc::c_long)?;
+    // SAFETY: `name` is NUL-terminated and `dirfd` a descriptor the caller
+    // borrows (with AT_EMPTY_PATH and "" the call describes it); the kernel
+    // writes at most one `struct statx`.
+    let ret = unsafe { libc::statx(dirfd, name.as_ptr(), flags, STATX_MNT_ID, stx.as_mut_ptr()) };
+    cvt(ret as libc::c_long)?;
     // SAFETY: zero-initialised and filled by the successful call above.
     let stx = unsafe { stx.assume_init() };
     if stx.stx_mask & STATX_MNT_ID == 0 {

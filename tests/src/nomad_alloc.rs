@@ -10,8 +10,9 @@
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use nix::mount::MsFlags;
+
 use crate::nomad::uuid;
-use crate::sh;
 
 /// `<data_dir>/alloc`.
 pub struct AllocRoot {
@@ -109,21 +110,26 @@ impl Alloc {
         if !shared.exists() {
             mkdir(&shared, 0o777);
         }
-        sh(&format!(
-            "mount --bind {} {}",
-            self.path.join("alloc").display(),
-            shared.display()
-        ));
+        mount(
+            Some(&self.path.join("alloc")),
+            &shared,
+            None,
+            MsFlags::MS_BIND,
+            None,
+        );
         self.mounts.push(shared);
         for tmpfs in ["secrets", "private"] {
             let p = dir.join(tmpfs);
             if !p.exists() {
                 mkdir(&p, 0o777);
             }
-            sh(&format!(
-                "mount -t tmpfs -o size=1m,noexec tmpfs {}",
-                p.display()
-            ));
+            mount(
+                Some(Path::new("tmpfs")),
+                &p,
+                Some("tmpfs"),
+                MsFlags::MS_NOEXEC,
+                Some("size=1m"),
+            );
             self.mounts.push(p);
         }
     }
@@ -156,14 +162,14 @@ impl Alloc {
     /// leaves of a running allocation.
     pub fn unmount(&mut self) {
         for m in self.mounts.drain(..).rev() {
-            sh(&format!("umount {}", m.display()));
+            unmount(&m);
         }
     }
 
     /// Garbage collection: the task mounts come off, then the tree goes.
     pub fn destroy(mut self) {
         for m in self.mounts.drain(..).rev() {
-            sh(&format!("umount {}", m.display()));
+            unmount(&m);
         }
         std::fs::remove_dir_all(&self.path)
             .unwrap_or_else(|e| panic!("remove {}: {e}", self.path.display()));
@@ -173,9 +179,26 @@ impl Alloc {
 impl Drop for Alloc {
     fn drop(&mut self) {
         for m in self.mounts.drain(..).rev() {
-            let _ = std::process::Command::new("umount").arg(&m).status();
+            let _ = nix::mount::umount(&m);
         }
     }
+}
+
+/// mount(2), as Nomad's client calls it (no mount(8): it reads every mount
+/// of the node for each one made).
+fn mount(
+    src: Option<&Path>,
+    target: &Path,
+    fstype: Option<&str>,
+    flags: MsFlags,
+    data: Option<&str>,
+) {
+    nix::mount::mount(src, target, fstype, flags, data)
+        .unwrap_or_else(|e| panic!("mount {src:?} on {}: {e}", target.display()));
+}
+
+fn unmount(target: &Path) {
+    nix::mount::umount(target).unwrap_or_else(|e| panic!("umount {}: {e}", target.display()));
 }
 
 /// Writes `bytes` (a multiple of 4096) of data to `p`.
@@ -332,20 +355,20 @@ pub fn inodes_on_mount(dir: &Path) -> Vec<(PathBuf, u32, u64)> {
 }
 
 /// Calls `each` with the path and `lstat` of every entry beneath `dir` on
-/// its mount: entries of another device and mount points (a bind mount of
-/// the same filesystem shows its device) are left out, with what they
-/// hold; symlinks are not followed.
+/// its mount: entries of another device and directories that are mount
+/// points (the only kind Nomad makes in an allocation; a bind mount of the
+/// same filesystem shows its device, its mount ID tells it) are left out,
+/// with what they hold; symlinks are not followed. An `lstat` per entry
+/// and a `statx` per directory, whatever the number of mounts on the node.
 pub fn walk_on_mount(dir: &Path, mut each: impl FnMut(&Path, &std::fs::Metadata)) {
+    use std::os::fd::AsFd;
+    use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::MetadataExt;
     let dev = std::fs::symlink_metadata(dir).unwrap().dev();
+    let mount = prjquota_core::sys::mount_id(std::fs::File::open(dir).unwrap().as_fd()).unwrap();
     let mut stack = vec![dir.to_path_buf()];
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let mount_points: std::collections::BTreeSet<PathBuf> = mounts
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4).map(PathBuf::from))
-        .collect();
     while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
+        let (Ok(rd), Ok(fd)) = (std::fs::read_dir(&d), std::fs::File::open(&d)) else {
             continue;
         };
         for e in rd.flatten() {
@@ -353,8 +376,14 @@ pub fn walk_on_mount(dir: &Path, mut each: impl FnMut(&Path, &std::fs::Metadata)
             let Ok(m) = std::fs::symlink_metadata(&p) else {
                 continue;
             };
-            if m.dev() != dev || mount_points.contains(&p) {
+            if m.dev() != dev {
                 continue;
+            }
+            if m.is_dir() {
+                let name = std::ffi::CString::new(e.file_name().as_bytes()).unwrap();
+                if prjquota_core::sys::mount_id_at(fd.as_fd(), &name).ok() != Some(mount) {
+                    continue;
+                }
             }
             each(&p, &m);
             if m.is_dir() {
