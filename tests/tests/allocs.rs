@@ -29,6 +29,7 @@ on_every_fs!(
     a_second_exporter_waits_and_takes_over_when_the_first_stops,
     a_walked_allocation_is_guarded_like_a_volume,
     an_allocation_stays_guarded_through_exporter_restarts,
+    an_allocation_is_guarded_from_its_claim_through_its_walk,
     a_disk_failing_mid_walk_is_reported_and_the_walk_finished_after,
 );
 
@@ -672,6 +673,77 @@ fn an_allocation_stays_guarded_through_exporter_restarts(case: &FsCase) {
     let e = exp.scrape();
     assert_eq!(e.get(GUARDED, &[]), Some(1.0), "{}", e.text);
     assert_eq!(e.value("prjquota_exporter_alloc_walks_total", &[]), 0.0);
+}
+
+/// The task's owner moves its file out of the project again and again
+/// while the exporter claims and walks the allocation: it joins the guard
+/// before its directory takes the ID, so every try from then on is
+/// refused, and the file the walk tagged stays in the project. The walk's
+/// own changes are not the guard's business (the root's project, and
+/// PROJINHERIT): no privileged change is logged.
+fn an_allocation_is_guarded_from_its_claim_through_its_walk(case: &FsCase) {
+    let node = AllocNode::new(case, "alloc-guard-walk", 20);
+    let mut a = node.root.build_alloc();
+    // What the task's earlier life left (a restored allocation): the
+    // owner's file, then enough files after it that the walk lasts.
+    let local = a.task("t").join("local");
+    std::fs::create_dir_all(&local).unwrap();
+    let data = local.join("data");
+    write_file(&data, 4096);
+    std::os::unix::fs::chown(&data, Some(OWNER), Some(OWNER)).unwrap();
+    for d in 0..10 {
+        let dir = local.join(format!("bulk{d}"));
+        std::fs::create_dir(&dir).unwrap();
+        for f in 0..300 {
+            std::fs::File::create(dir.join(format!("f{f}"))).unwrap();
+        }
+    }
+    // The guard attached before the owner loops: an attach under a looping
+    // owner is what the attach races' one-thread guests run.
+    let exp = node.start_exporter(&["--guard=enforce"]);
+    scrape_until(
+        &exp,
+        WAIT,
+        "the guard enforcing, the allocation waiting",
+        |e| e.get("prjquota_exporter_guard_enforcing", &[]) == Some(1.0) && waiting(e) == 1.0,
+    );
+    let looper = Looper::start(&open(&data), 0, 2);
+    looper.wait_attempts(50);
+    looper.enter(1);
+    a.build_task("t");
+    let e = scrape_until(&exp, WAIT, "accounted and guarded", |e| {
+        accounted(e) == 1.0 && e.get(GUARDED, &[]) == Some(1.0)
+    });
+    looper.wait_attempts(100);
+    let tally = looper.stop();
+    let (pid, _) = project_of(&a.path);
+    assert_eq!(
+        project_of(&data).0,
+        pid,
+        "{}: the owner moved its file out while the allocation was claimed and walked \
+         (refused, went through per phase: {tally:?})\n{}",
+        case.name,
+        exp.log()
+    );
+    assert!(tally[1].0 > 0, "no try was refused: {tally:?}");
+    assert_eq!(
+        e.value("prjquota_exporter_guard_privileged_changes_total", &[]),
+        0.0,
+        "the walk's own changes were judged\n{}",
+        e.text
+    );
+    let e = scrape_until(&exp, WAIT, "the refusals counted", |e| {
+        e.get(ALLOC_ATTEMPTS, &[("alloc_id", &a.id), ("result", "denied")])
+            .is_some_and(|n| n > 0.0)
+    });
+    assert_eq!(
+        e.value(
+            ALLOC_ATTEMPTS,
+            &[("alloc_id", &a.id), ("result", "allowed")]
+        ),
+        0.0
+    );
+    drop(exp);
 }
 
 /// The disk under the alloc dir fails while an allocation is walked: the

@@ -103,7 +103,7 @@ macro_rules! compat {
      (binary(exporter) & test(every_metric_matches)) | \
      (binary(capacity) & test(nearly_full_filesystem)) | \
      (binary(allocs) & (test(a_started_allocation) | test(sticky_disk) | test(during_the_walk) | \
-       test(guarded_like_a_volume)))"
+       test(guarded_like_a_volume) | test(from_its_claim)))"
     };
 }
 

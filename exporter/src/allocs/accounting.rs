@@ -15,6 +15,12 @@ use prjquota_core::{project_ids, quota, run_dir, sys};
 use prjquota_ebpf::guard::root_identity_of;
 
 use super::tag_walk::{self, Walked};
+use super::GuardedAlloc;
+
+/// Puts an allocation into the guard before its project is claimed (or
+/// walked again); `true` for a new claim, whose project's counts start
+/// over.
+pub type Join<'a> = dyn FnMut(&GuardedAlloc, bool) -> Result<()> + 'a;
 
 /// An accounted allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +39,9 @@ pub struct Census {
     pub accounted: u64,
     /// No task started yet: left alone.
     pub waiting: u64,
+    /// In their project, their walk not finished: under way, or failed and
+    /// retried at the next scan.
+    pub walking: u64,
     /// Already in a project outside the allocations' range (someone else's
     /// tagging): left alone, not reported.
     pub foreign: u64,
@@ -42,6 +51,8 @@ pub struct Census {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Seen {
     Accounted(AllocProject),
+    /// Claimed (the directory holds the ID), not yet walked to the end.
+    Claimed(AllocProject),
     Waiting,
     Foreign(u32),
 }
@@ -119,7 +130,7 @@ impl Accounting {
             walks: 0,
         };
         a.relist()?;
-        if let Some(last) = a.accounted().map(|(_, p)| p.project_id).max() {
+        if let Some(last) = a.held_ids().max() {
             a.cursor = last.saturating_add(1);
         }
         Ok(a)
@@ -146,17 +157,36 @@ impl Accounting {
         })
     }
 
-    /// Every accounted allocation as the guard keys its root.
-    pub fn guarded(&self) -> Vec<super::GuardedAlloc> {
-        self.accounted()
-            .map(|(id, p)| super::GuardedAlloc {
-                alloc_id: id.to_string(),
-                dev: self.dev,
-                ino: p.ino,
-                gen: p.gen,
-                project_id: p.project_id,
-            })
-            .collect()
+    /// The IDs allocation directories hold, walked or not.
+    fn held_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.allocs.values().filter_map(|s| match s {
+            Seen::Accounted(p) | Seen::Claimed(p) => Some(p.project_id),
+            _ => None,
+        })
+    }
+
+    /// The allocations the guard keeps, as it keys its roots: the
+    /// accounted ones, and the claimed ones whose walk is not finished.
+    pub fn guarded(&self) -> (Vec<GuardedAlloc>, Vec<GuardedAlloc>) {
+        let (mut accounted, mut claimed) = (Vec::new(), Vec::new());
+        for (id, s) in &self.allocs {
+            match s {
+                Seen::Accounted(p) => accounted.push(self.guarded_alloc(id, *p)),
+                Seen::Claimed(p) => claimed.push(self.guarded_alloc(id, *p)),
+                _ => {}
+            }
+        }
+        (accounted, claimed)
+    }
+
+    fn guarded_alloc(&self, id: &str, p: AllocProject) -> GuardedAlloc {
+        GuardedAlloc {
+            alloc_id: id.to_string(),
+            dev: self.dev,
+            ino: p.ino,
+            gen: p.gen,
+            project_id: p.project_id,
+        }
     }
 
     pub fn census(&self) -> Census {
@@ -164,6 +194,7 @@ impl Accounting {
         for s in self.allocs.values() {
             match s {
                 Seen::Accounted(_) => c.accounted += 1,
+                Seen::Claimed(_) => c.walking += 1,
                 Seen::Waiting => c.waiting += 1,
                 Seen::Foreign(_) => c.foreign += 1,
             }
@@ -172,10 +203,14 @@ impl Accounting {
     }
 
     /// Brings the map up to date: lists the alloc directory when it
-    /// changed, and tags each waiting allocation whose first task started.
-    /// One allocation's failure is logged by the caller from the returned
-    /// list and retried at the next scan; the others go on.
-    pub fn scan(&mut self) -> Result<Vec<(String, anyhow::Error)>> {
+    /// changed, tags each waiting allocation whose first task started, and
+    /// finishes each claimed allocation's walk. `join` puts an allocation
+    /// into the guard before its directory takes the ID (`true`: a new
+    /// claim) and before a walk is made again (`false`); its failure stops
+    /// that allocation's claim. One allocation's failure is logged by the
+    /// caller from the returned list and retried at the next scan; the
+    /// others go on.
+    pub fn scan(&mut self, join: &mut Join<'_>) -> Result<Vec<(String, anyhow::Error)>> {
         let st = sys::fstat(self.dir.as_fd())
             .with_context(|| format!("cannot stat {}", self.path.display()))?;
         let fresh = match self.listed {
@@ -195,11 +230,11 @@ impl Accounting {
         let waiting: Vec<String> = self
             .allocs
             .iter()
-            .filter(|(_, s)| **s == Seen::Waiting)
+            .filter(|(_, s)| matches!(s, Seen::Waiting | Seen::Claimed(_)))
             .map(|(id, _)| id.clone())
             .collect();
         for id in waiting {
-            match self.start_if_running(&id) {
+            match self.start_if_running(&id, join) {
                 Ok(()) => {}
                 Err(e) if is_gone(&e) => {
                     self.allocs.remove(&id);
@@ -230,7 +265,7 @@ impl Accounting {
             // new inode under the same name (Nomad rebuilds an allocation
             // whose migration failed).
             let known = self.allocs.get(id).copied().filter(|s| match s {
-                Seen::Accounted(p) => p.ino == e.ino,
+                Seen::Accounted(p) | Seen::Claimed(p) => p.ino == e.ino,
                 _ => true,
             });
             let seen = match known {
@@ -256,8 +291,9 @@ impl Accounting {
         Ok(())
     }
 
-    /// An allocation directory's state from its own attributes; a walk a
-    /// crash interrupted (the ID without the walked mark) is finished here.
+    /// An allocation directory's state from its own attributes: the ID
+    /// without the walked mark is a walk a crash interrupted, which the
+    /// scan makes again.
     fn read_back(&mut self, id: &str) -> io::Result<Option<Seen>> {
         let Ok(fd) = self.open_alloc(id) else {
             return Ok(None);
@@ -270,14 +306,16 @@ impl Accounting {
             return Ok(Some(Seen::Foreign(pid)));
         }
         let (_, ino, gen) = root_identity_of(fd.as_fd())?;
-        if !inherit || !walked_mark_of(fd.as_fd(), pid)? {
-            self.walk(fd.as_fd(), pid)?;
-        }
-        Ok(Some(Seen::Accounted(AllocProject {
+        let p = AllocProject {
             project_id: pid,
             ino,
             gen,
-        })))
+        };
+        if inherit && walked_mark_of(fd.as_fd(), pid)? {
+            Ok(Some(Seen::Accounted(p)))
+        } else {
+            Ok(Some(Seen::Claimed(p)))
+        }
     }
 
     fn open_alloc(&self, id: &str) -> io::Result<OwnedFd> {
@@ -289,46 +327,58 @@ impl Accounting {
         )
     }
 
-    /// Tags allocation `id` if one of its tasks has started.
-    fn start_if_running(&mut self, id: &str) -> Result<()> {
+    /// Tags allocation `id` if one of its tasks has started, or finishes
+    /// the walk of one claimed before.
+    fn start_if_running(&mut self, id: &str, join: &mut Join<'_>) -> Result<()> {
         let fd = self.open_alloc(id)?;
         let (current, _) = quota::project_of(fd.as_fd())?;
-        let pid = if self.range.contains(&current) {
-            // Claimed by an earlier scan whose walk failed: walk again.
-            current
+        let (_, ino, gen) = root_identity_of(fd.as_fd())?;
+        let project = |project_id| AllocProject {
+            project_id,
+            ino,
+            gen,
+        };
+        let p = if self.range.contains(&current) {
+            // Claimed by an earlier scan or exporter, its walk not
+            // finished: guarded again (a restart), then walked again.
+            let p = project(current);
+            join(&self.guarded_alloc(id, p), false)
+                .with_context(|| format!("cannot guard {}", self.path.join(id).display()))?;
+            p
         } else if current != 0 {
             self.allocs.insert(id.to_string(), Seen::Foreign(current));
             return Ok(());
         } else if !a_task_started(fd.as_fd())? {
             return Ok(());
         } else {
-            self.claim(fd.as_fd(), id)?
+            project(self.claim(fd.as_fd(), id, project, join)?)
         };
-        let (_, ino, gen) = root_identity_of(fd.as_fd())?;
-        self.walk(fd.as_fd(), pid)
+        self.allocs.insert(id.to_string(), Seen::Claimed(p));
+        self.walk(fd.as_fd(), p.project_id)
             .with_context(|| format!("cannot tag {}", self.path.join(id).display()))?;
-        self.allocs.insert(
-            id.to_string(),
-            Seen::Accounted(AllocProject {
-                project_id: pid,
-                ino,
-                gen,
-            }),
-        );
+        self.allocs.insert(id.to_string(), Seen::Accounted(p));
         Ok(())
     }
 
-    /// Chooses an ID and gives it to the allocation directory with
-    /// PROJINHERIT: from then on the kernel counts the directory's inode
-    /// to it, which keeps every other chooser off it, and whatever is made
-    /// in it inherits it.
-    fn claim(&mut self, fd: BorrowedFd<'_>, id: &str) -> Result<u32> {
+    /// Chooses an ID, puts the allocation into the guard with it, and
+    /// gives it to the allocation directory with PROJINHERIT: from then on
+    /// the kernel counts the directory's inode to it, which keeps every
+    /// other chooser off it, and whatever is made in it inherits it.
+    fn claim(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        id: &str,
+        project: impl Fn(u32) -> AllocProject,
+        join: &mut Join<'_>,
+    ) -> Result<u32> {
         // Under the filesystem's lock from choice to claim: another alloc
         // directory on this filesystem (a second agent) may share the range.
         let name = format!("alloc-ids-{:x}.lock", self.dev);
         let _ids = run_dir::lock(&CString::new(name.clone()).expect("no NUL"))
             .with_context(|| format!("cannot take {}/{name}", run_dir::RUN_DIR))?;
         let pid = self.choose_id()?;
+        join(&self.guarded_alloc(id, project(pid)), true)
+            .with_context(|| format!("cannot guard {}", self.path.join(id).display()))?;
         let mut a = sys::get_fsxattr(fd)?;
         a.projid = pid;
         a.xflags |= sys::FS_XFLAG_PROJINHERIT;
@@ -358,8 +408,7 @@ impl Accounting {
     fn choose_id(&mut self) -> Result<u32> {
         // Candidates read one by one before a pass over the whole range.
         const STEPS: u32 = 64;
-        let held: std::collections::BTreeSet<u32> =
-            self.accounted().map(|(_, p)| p.project_id).collect();
+        let held: std::collections::BTreeSet<u32> = self.held_ids().collect();
         let fd = self.dir.as_fd();
         let read = |p| quota::get(fd, p);
         for start in [self.cursor, *self.range.start()] {

@@ -1,11 +1,14 @@
-//! The accounted allocations' directories, handed from the scan thread to
-//! the guard's sync: the guard keeps an allocation's files in its project
-//! as it keeps a volume's (`docs/security.md`).
+//! The allocations' directories, handed from the scan thread to the
+//! guard's sync: the guard keeps an allocation's files in its project as it
+//! keeps a volume's (`docs/security.md`).
 //!
-//! An allocation is handed over once its walk is complete, never before:
-//! the walk's own project changes are a privileged process's, which the
-//! guard would log one by one under a root it knows. Each hand-over wakes
-//! the sync at once rather than at its next tick.
+//! An allocation joins at its claim, before its directory takes the
+//! project ID, so that no moment passes between the claim and the end of
+//! its walk in which a task could move files out unseen. The walk's own
+//! changes give each entry the root's project (and directories
+//! PROJINHERIT), which the guard does not count as attempts. The scrapes
+//! read only the walked allocations: a claimed one's usage is not
+//! complete until its walk is.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -26,6 +29,12 @@ pub struct GuardedAlloc {
 
 #[derive(Debug, Default)]
 struct State {
+    /// Walked: their usage is complete.
+    accounted: Arc<Vec<GuardedAlloc>>,
+    /// Claimed, their walk not finished (under way, or failed and retried
+    /// at the next scan).
+    claimed: Vec<GuardedAlloc>,
+    /// Both, as the guard wants them.
     roots: Arc<Vec<GuardedAlloc>>,
     /// The scan thread has said what it holds at least once (its first
     /// scan, or that accounting cannot run yet).
@@ -51,12 +60,15 @@ impl GuardedRoots {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// What a scan found; wakes the sync when it changed.
-    pub fn publish(&self, roots: Vec<GuardedAlloc>) {
+    /// What a scan found: the walked allocations and the claimed ones
+    /// whose walk is not finished. Wakes the sync when it changed.
+    pub fn publish(&self, accounted: Vec<GuardedAlloc>, claimed: Vec<GuardedAlloc>) {
         let mut s = self.lock();
         let mut changed = !s.settled;
-        if *s.roots != roots {
-            s.roots = Arc::new(roots);
+        if *s.accounted != accounted || s.claimed != claimed {
+            s.roots = Arc::new(accounted.iter().chain(&claimed).cloned().collect());
+            s.accounted = Arc::new(accounted);
+            s.claimed = claimed;
             changed = true;
         }
         s.settled = true;
@@ -65,6 +77,20 @@ impl GuardedRoots {
             self.settled.notify_all();
             self.wake.notify_one();
         }
+    }
+
+    /// An allocation being claimed: a root from now on, before its
+    /// directory takes the project, so that a sync round never removes
+    /// what the scan thread writes into the guard's maps for it.
+    pub fn join(&self, alloc: GuardedAlloc) {
+        let mut s = self.lock();
+        if s.roots.contains(&alloc) {
+            return;
+        }
+        s.claimed.push(alloc.clone());
+        Arc::make_mut(&mut s.roots).push(alloc);
+        drop(s);
+        self.wake.notify_one();
     }
 
     /// Accounting cannot run: nothing to hand over, and nobody need wait
@@ -80,10 +106,16 @@ impl GuardedRoots {
         }
     }
 
-    /// The roots now, and whether the scan thread has settled.
+    /// The roots now (walked and claimed), and whether the scan thread
+    /// has settled.
     pub fn current(&self) -> (Arc<Vec<GuardedAlloc>>, bool) {
         let s = self.lock();
         (s.roots.clone(), s.settled)
+    }
+
+    /// The walked allocations, whose usage a scrape publishes.
+    pub fn accounted(&self) -> Arc<Vec<GuardedAlloc>> {
+        self.lock().accounted.clone()
     }
 
     /// Waits up to `within` for the first scan, so that a starting guard
@@ -140,7 +172,7 @@ mod tests {
         assert!(!r.wait_settled(Duration::from_millis(10)));
         let r2 = r.clone();
         let t = std::thread::spawn(move || r2.wait_settled(Duration::from_secs(30)));
-        r.publish(vec![root("a", 5)]);
+        r.publish(vec![root("a", 5)], vec![]);
         assert!(t.join().unwrap());
         assert_eq!(r.current().0.len(), 1);
 
@@ -153,7 +185,7 @@ mod tests {
     #[test]
     fn settling_keeps_what_was_handed_over() {
         let r = GuardedRoots::new();
-        r.publish(vec![root("a", 5)]);
+        r.publish(vec![root("a", 5)], vec![]);
         r.settle();
         assert_eq!(*r.current().0, vec![root("a", 5)]);
     }
@@ -161,21 +193,43 @@ mod tests {
     #[tokio::test]
     async fn only_a_change_wakes_the_sync() {
         let r = GuardedRoots::new();
-        r.publish(vec![root("a", 5)]);
+        r.publish(vec![root("a", 5)], vec![]);
         // The first publish left a wake-up: taken here.
         tokio::time::timeout(Duration::from_secs(5), r.changed())
             .await
             .expect("a wake-up for the first publish");
-        r.publish(vec![root("a", 5)]);
+        r.publish(vec![root("a", 5)], vec![]);
         assert!(
             tokio::time::timeout(Duration::from_millis(50), r.changed())
                 .await
                 .is_err(),
             "the same roots again woke the sync"
         );
-        r.publish(vec![root("a", 5), root("b", 6)]);
+        r.publish(vec![root("a", 5), root("b", 6)], vec![]);
         tokio::time::timeout(Duration::from_secs(5), r.changed())
             .await
             .expect("a wake-up for a new root");
+    }
+
+    #[tokio::test]
+    async fn a_claimed_allocation_is_a_root_at_once_and_counted_once_walked() {
+        let r = GuardedRoots::new();
+        r.publish(vec![root("a", 5)], vec![]);
+        r.changed().await;
+        r.join(root("b", 6));
+        tokio::time::timeout(Duration::from_secs(5), r.changed())
+            .await
+            .expect("a wake-up for a joining allocation");
+        assert_eq!(*r.current().0, vec![root("a", 5), root("b", 6)]);
+        assert_eq!(*r.accounted(), vec![root("a", 5)], "not walked yet");
+        // Joining again (a walk retried) adds nothing.
+        r.join(root("b", 6));
+        assert_eq!(r.current().0.len(), 2);
+        // The scan's own list is the truth: walked, or dropped.
+        r.publish(vec![root("a", 5), root("b", 6)], vec![]);
+        assert_eq!(*r.accounted(), vec![root("a", 5), root("b", 6)]);
+        r.join(root("c", 7));
+        r.publish(vec![root("a", 5)], vec![]);
+        assert_eq!(*r.current().0, vec![root("a", 5)]);
     }
 }

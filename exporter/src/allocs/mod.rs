@@ -27,8 +27,9 @@
 //! ([`prjquota_core::project_ids`]). The range is `prjquota.toml`'s
 //! `alloc_project_id_min`..`alloc_project_id_max`, clear of the volumes'.
 //!
-//! Guarded ([`guarded`]): once walked, an allocation's directory is a root
-//! of the quota-escape guard, as a volume's is.
+//! Guarded ([`guarded`]): from its claim, before its directory takes the
+//! ID, an allocation's directory is a root of the quota-escape guard, as a
+//! volume's is.
 
 pub mod accounting;
 pub mod guarded;

@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
+use prjquota_core::guard_pins::{kernel_dev, PinnedGuard, RootKey};
 use prjquota_core::{config, quota, run_dir, sys};
 
 use super::{BoxFuture, Collector, Scrape};
@@ -79,10 +80,25 @@ pub struct Allocs {
     inflight: InFlight,
 }
 
+/// Where this exporter's guard is pinned (`--guard.pin-root` and a volumes
+/// directory it guards): an allocation is written into those maps at its
+/// claim, as the plugin writes a new volume's root, rather than at the
+/// sync's next round.
+#[derive(Debug, Clone)]
+pub struct GuardPins {
+    pub pin_root: PathBuf,
+    pub volumes_dir: PathBuf,
+}
+
 impl Allocs {
-    /// Starts the scan thread, which hands each walked allocation to the
-    /// guard through `guarded`.
-    pub fn start(setup: AllocsSetup, timeout: Duration, guarded: Arc<GuardedRoots>) -> Allocs {
+    /// Starts the scan thread, which hands each claimed allocation to the
+    /// guard through `guarded` and, when the guard is on, `pins`.
+    pub fn start(
+        setup: AllocsSetup,
+        timeout: Duration,
+        guarded: Arc<GuardedRoots>,
+        pins: Option<GuardPins>,
+    ) -> Allocs {
         let shared = Arc::new(Mutex::new(Shared {
             down: Some("the first scan has not finished".into()),
             ..Shared::default()
@@ -93,7 +109,7 @@ impl Allocs {
             .name("alloc-scan".into())
             .spawn({
                 let guarded = guarded.clone();
-                move || scan_loop(weak, setup, guarded)
+                move || scan_loop(weak, setup, guarded, pins)
             });
         if let Err(e) = spawned {
             lock(&shared).down = Some(format!("cannot start the allocation scan thread: {e}"));
@@ -118,7 +134,12 @@ struct Owned {
     _lock: OwnedFd,
 }
 
-fn scan_loop(weak: Weak<Mutex<Shared>>, setup: AllocsSetup, guarded: Arc<GuardedRoots>) {
+fn scan_loop(
+    weak: Weak<Mutex<Shared>>,
+    setup: AllocsSetup,
+    guarded: Arc<GuardedRoots>,
+    pins: Option<GuardPins>,
+) {
     let mut owned: Option<Owned> = None;
     let mut logged_down: Option<String> = None;
     let mut logged_failures: HashMap<String, String> = HashMap::new();
@@ -157,7 +178,15 @@ fn scan_loop(weak: Weak<Mutex<Shared>>, setup: AllocsSetup, guarded: Arc<Guarded
             }
         }
         if let Some(o) = owned.as_mut() {
-            let result = o.accounting.scan();
+            let result = o.accounting.scan(&mut |alloc, fresh| {
+                // First where the sync looks, then in the maps: a round that
+                // read the maps before this write keeps it.
+                guarded.join(alloc.clone());
+                match &pins {
+                    Some(p) => join_pinned(p, alloc, fresh),
+                    None => Ok(()),
+                }
+            });
             let mut s = lock(&shared);
             match result {
                 Ok(failed) => {
@@ -180,7 +209,8 @@ fn scan_loop(weak: Weak<Mutex<Shared>>, setup: AllocsSetup, guarded: Arc<Guarded
             }
             s.dir = Some(o.accounting.dir());
             // Under the lock, so that a scrape's census and list agree.
-            guarded.publish(o.accounting.guarded());
+            let (accounted, claimed) = o.accounting.guarded();
+            guarded.publish(accounted, claimed);
             s.census = o.accounting.census();
             s.walked = o.accounting.walked;
             s.walks = o.accounting.walks;
@@ -188,6 +218,23 @@ fn scan_loop(weak: Weak<Mutex<Shared>>, setup: AllocsSetup, guarded: Arc<Guarded
         drop(shared);
         std::thread::sleep(setup.scan_interval);
     }
+}
+
+/// Writes `alloc` into the guard pinned at `pins`, if one is: a guard that
+/// is pinned but cannot be written stops the claim (retried at the next
+/// scan), as it stops a volume's create.
+fn join_pinned(pins: &GuardPins, alloc: &GuardedAlloc, fresh: bool) -> Result<()> {
+    let Some(guard) = PinnedGuard::open_in(&pins.pin_root, &pins.volumes_dir)? else {
+        return Ok(());
+    };
+    let root = RootKey {
+        dev: kernel_dev(alloc.dev)
+            .with_context(|| format!("device {:#x} has no kernel encoding", alloc.dev))?,
+        ino: alloc.ino,
+        gen: alloc.gen,
+    };
+    guard.register(&root, alloc.project_id, fresh)?;
+    Ok(())
 }
 
 /// Everything that must hold before this exporter tags anything.
@@ -277,7 +324,7 @@ impl Collector for Allocs {
                 (
                     s.down.clone(),
                     s.dir.clone(),
-                    self.guarded.current().0,
+                    self.guarded.accounted(),
                     s.census,
                     s.walked,
                     s.walks,
@@ -354,10 +401,11 @@ fn usage_families(accounted: &[GuardedAlloc], found: &[quota::ProjectQuota]) -> 
 fn self_families(census: Census, walked: Walked, walks: u64, failures: u64) -> Vec<Family> {
     let mut allocs = Family::gauge(
         "prjquota_exporter_allocs",
-        "Allocation directories by state: accounted (in a project of their own), waiting (no task started yet), foreign (already in a project outside alloc_project_id_min..max: left alone).",
+        "Allocation directories by state: accounted (in a project of their own, walked), walking (in their project, the walk under way or failed and retried at the next scan: usage not published yet), waiting (no task started yet), foreign (already in a project outside alloc_project_id_min..max: left alone).",
     );
     for (state, n) in [
         ("accounted", census.accounted),
+        ("walking", census.walking),
         ("waiting", census.waiting),
         ("foreign", census.foreign),
     ] {

@@ -485,13 +485,13 @@ mod tests {
     fn accounted_allocations_are_roots_once_handed_over() {
         let roots = GuardedRoots::new();
         let s = Syncer::new(&[], Some(roots.clone()));
-        roots.publish(vec![alloc()]);
+        roots.publish(vec![alloc()], vec![]);
         assert_eq!(
             round_on_nothing(&s),
             (true, vec![(0x803, 131, 9, 2_000_000_000)])
         );
         assert_eq!(roots.in_guard(), 1);
-        roots.publish(vec![]);
+        roots.publish(vec![], vec![]);
         assert_eq!(round_on_nothing(&s), (true, vec![]));
         assert_eq!(roots.in_guard(), 0);
     }

@@ -336,10 +336,18 @@ impl Exporter {
         collectors.push(Box::new(ebpf));
         collectors.push(Box::new(guard));
         if let (Some(setup), Some(guarded)) = (&config.allocs, guarded_allocs) {
+            let pins = match (config.guard, config.volumes_dirs.first()) {
+                (GuardMode::Off, _) | (_, None) => None,
+                (_, Some(d)) => Some(allocs::GuardPins {
+                    pin_root: config.guard_pin_root.clone(),
+                    volumes_dir: d.clone(),
+                }),
+            };
             collectors.push(Box::new(allocs::Allocs::start(
                 setup.clone(),
                 config.mount_timeout,
                 guarded,
+                pins,
             )));
         }
         Exporter::with_collectors(config, collectors)
