@@ -621,41 +621,18 @@ impl Exporter {
             .join("\n")
     }
 
-    /// CPU time the exporter has used so far: each live thread's schedstat
-    /// (nanoseconds), plus, to the clock tick, what threads that ended had
-    /// used (the process's utime and stime, less its live threads'). Tokio's
-    /// blocking threads end when idle, so a sum over live threads alone
-    /// can go down between two readings.
+    /// CPU time the exporter has used so far, every thread's, the ended
+    /// ones' included, to the nanosecond: its process CPU-time clock
+    /// (`clock_getcpuclockid`). A sum over live threads can go down when
+    /// one ends (Tokio's blocking threads end when idle), and mixing it
+    /// with `/proc/PID/stat`'s clock ticks made readings go down too.
     pub fn cpu_time(&self) -> Duration {
-        let pid = self.pid();
-        // The total first: a thread that ends after it is in it, and not
-        // among the live threads listed next.
-        let total =
-            stat_ticks(&format!("/proc/{pid}/stat")).expect("the exporter's /proc/PID/stat");
-        let tasks = format!("/proc/{pid}/task");
-        let (mut ns, mut live_ticks) = (0u64, 0u64);
-        for t in std::fs::read_dir(&tasks).unwrap_or_else(|e| panic!("read {tasks}: {e}")) {
-            let dir = t.expect("a task entry").path();
-            // A thread that ended between the listing and the reads.
-            let (Ok(text), Some(ticks)) = (
-                std::fs::read_to_string(dir.join("schedstat")),
-                stat_ticks(&dir.join("stat").display().to_string()),
-            ) else {
-                continue;
-            };
-            live_ticks += ticks;
-            ns += text
-                .split_whitespace()
-                .next()
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or_else(|| panic!("no run time in {}/schedstat: {text:?}", dir.display()));
-        }
-        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-            .ok()
-            .flatten()
-            .expect("sysconf(_SC_CLK_TCK)") as u64;
-        let ended = total.saturating_sub(live_ticks);
-        Duration::from_nanos(ns) + Duration::from_nanos(ended * 1_000_000_000 / hz)
+        let pid = nix::unistd::Pid::from_raw(self.pid() as i32);
+        let clock = nix::time::clock_getcpuclockid(pid)
+            .unwrap_or_else(|e| panic!("the exporter's CPU-time clock (pid {pid}): {e}"));
+        let t = nix::time::clock_gettime(clock)
+            .unwrap_or_else(|e| panic!("reading the exporter's CPU-time clock: {e}"));
+        Duration::new(t.tv_sec() as u64, t.tv_nsec() as u32)
     }
 
     /// (VmHWM, VmRSS) in KiB.
@@ -1240,17 +1217,4 @@ impl Drop for Prometheus {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
-}
-
-/// utime + stime, in clock ticks, from a `/proc/…/stat` file; `None` when
-/// it cannot be read (a thread that ended).
-fn stat_ticks(path: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(path).ok()?;
-    // The command name may hold spaces and parentheses: fields count from
-    // the last ')', after which the state is field 3; utime and stime are
-    // fields 14 and 15.
-    let rest = &text[text.rfind(')')? + 1..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
-    Some(num(11)? + num(12)?)
 }
