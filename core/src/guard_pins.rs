@@ -424,6 +424,21 @@ impl PinnedGuard {
             .then(|| u32::from_ne_bytes([v[0], v[1], v[2], v[3]])))
     }
 
+    /// The attempts the guard let through in project `projid` on `dev`
+    /// since its counts last started over (0 when none was counted).
+    pub fn allowed(&self, dev: u64, projid: u32) -> io::Result<u64> {
+        let per_cpu = self
+            .counters
+            .lookup_per_cpu(&project_key(dev, projid))
+            .map_err(|e| self.error(&format!("read the counts of project {projid}"), e))?;
+        // `struct guard_counters`: allowed, then denied.
+        Ok(per_cpu
+            .unwrap_or_default()
+            .iter()
+            .map(|v| u64::from_ne_bytes(v[..8].try_into().expect("16-byte values")))
+            .fold(0, u64::wrapping_add))
+    }
+
     /// Whether `projid` on `dev` is known as a volume's project.
     pub fn knows_project(&self, dev: u64, projid: u32) -> io::Result<bool> {
         let mut v = [0u8; 4];

@@ -882,6 +882,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn cpu_lists_are_counted_as_the_kernel_writes_them() {
+        assert_eq!(count_cpu_list("0\n"), Some(1));
+        assert_eq!(count_cpu_list("0-1\n"), Some(2));
+        assert_eq!(count_cpu_list("0-3,8,10-11"), Some(7));
+        for bad in ["", "\n", "a", "3-1", "0-", "0,,1"] {
+            assert_eq!(count_cpu_list(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
     fn quota_commands_match_the_headers() {
         // Values from include/uapi/linux/{quota,dqblk_xfs}.h.
         assert_eq!(qcmd(Q_XGETQSTAT, PRJQUOTA), 0x5805 << 8 | 2);
@@ -1411,6 +1421,37 @@ pub unsafe fn obj_get_info<T>(fd: BorrowedFd<'_>, info: &mut T) -> io::Result<us
     Ok(attr.info_len as usize)
 }
 
+/// How many CPUs the kernel sizes per-CPU map values for
+/// (`num_possible_cpus()`).
+fn possible_cpus() -> io::Result<usize> {
+    let path = "/sys/devices/system/cpu/possible";
+    let text = std::fs::read_to_string(path)?;
+    count_cpu_list(&text).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{path} is not a CPU list: {:?}", text.trim()),
+        )
+    })
+}
+
+/// The number of CPUs in a kernel CPU list (`0-3,8,10-11`).
+pub fn count_cpu_list(text: &str) -> Option<usize> {
+    let mut n = 0;
+    for part in text.trim().split(',') {
+        n += match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.parse().ok()?, b.parse().ok()?);
+                b.checked_sub(a)? + 1
+            }
+            None => {
+                part.parse::<usize>().ok()?;
+                1
+            }
+        };
+    }
+    (n > 0).then_some(n)
+}
+
 /// `BPF_MAP_TYPE_PERCPU_HASH`, `_PERCPU_ARRAY`, `_LRU_PERCPU_HASH`,
 /// `_PERCPU_CGROUP_STORAGE`.
 const PERCPU_MAP_TYPES: [u32; 4] = [5, 6, 10, 21];
@@ -1496,6 +1537,42 @@ impl BpfMap {
         match unsafe { bpf(BPF_MAP_DELETE_ELEM, &mut attr) } {
             Ok(_) => Ok(true),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reads `key`'s values of a per-CPU map, one per possible CPU, each
+    /// `value_size` bytes (the kernel pads each to 8); `Ok(None)` when
+    /// absent.
+    pub fn lookup_per_cpu(&self, key: &[u8]) -> io::Result<Option<Vec<Vec<u8>>>> {
+        self.check(key, None)?;
+        if !PERCPU_MAP_TYPES.contains(&self.map_type) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a per-CPU map: read it with lookup",
+            ));
+        }
+        let cpus = possible_cpus()?;
+        let stride = (self.value_size as usize).div_ceil(8) * 8;
+        let mut buf = vec![0u8; stride * cpus];
+        let mut attr = BpfElemAttr {
+            map_fd: self.fd.as_raw_fd() as u32,
+            _pad: 0,
+            key: key.as_ptr() as u64,
+            value: buf.as_mut_ptr() as u64,
+            flags: 0,
+        };
+        // SAFETY: the kernel reads key_size bytes at `key` (checked above)
+        // and, for a per-CPU map, writes round_up(value_size, 8) bytes for
+        // each possible CPU at `value`: `buf` holds that many for the
+        // count the kernel publishes in /sys/devices/system/cpu/possible.
+        match unsafe { bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) } {
+            Ok(_) => Ok(Some(
+                buf.chunks(stride)
+                    .map(|c| c[..self.value_size as usize].to_vec())
+                    .collect(),
+            )),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
             Err(e) => Err(e),
         }
     }
