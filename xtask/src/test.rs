@@ -103,7 +103,7 @@ macro_rules! compat {
      (binary(exporter) & test(every_metric_matches)) | \
      (binary(capacity) & test(nearly_full_filesystem)) | \
      (binary(allocs) & (test(a_started_allocation) | test(sticky_disk) | test(during_the_walk) | \
-       test(guarded_like_a_volume) | test(from_its_claim)))"
+       test(guarded_like_a_volume) | test(from_its_claim) | test(walked_back)))"
     };
 }
 
@@ -126,7 +126,8 @@ pub const OLD_KERNEL_FILTER: &str = "binary(vm_smoke) | binary(old_kernel) | \
      (binary(exporter_ebpf) & test(counts_exact_writes_and_quota_refusals_per_volume)) | \
      (binary(guard) & test(detect_counts)) | (binary(plugin) & test(create_enforces)) | \
      (binary(exporter) & test(every_metric_matches)) | (binary(capacity) & test(nearly_full_filesystem)) | \
-     (binary(allocs) & (test(a_started_allocation) | test(sticky_disk) | test(during_the_walk)))";
+     (binary(allocs) & (test(a_started_allocation) | test(sticky_disk) | test(during_the_walk) | \
+       test(walked_back)))";
 
 /// The full suite on 6.1: every binary but `old_kernel`, which checks
 /// refusals that only a kernel older than 5.17 makes, and but the attach

@@ -17,10 +17,18 @@ use prjquota_ebpf::guard::root_identity_of;
 use super::tag_walk::{self, Walked};
 use super::GuardedAlloc;
 
-/// Puts an allocation into the guard before its project is claimed (or
-/// walked again); `true` for a new claim, whose project's counts start
-/// over.
-pub type Join<'a> = dyn FnMut(&GuardedAlloc, bool) -> Result<()> + 'a;
+/// What a scan asks of the quota-escape guard.
+pub trait GuardLink {
+    /// Puts an allocation into the guard before its project is claimed (or
+    /// walked again); `fresh` for a new claim, whose project's counts
+    /// start over. Its failure stops that allocation's claim.
+    fn join(&mut self, alloc: &GuardedAlloc, fresh: bool) -> Result<()>;
+
+    /// How many changes the guard let through in the allocation's project
+    /// since its claim (in either mode it counts them); `None` when no
+    /// guard counts.
+    fn let_through(&mut self, alloc: &GuardedAlloc) -> Result<Option<u64>>;
+}
 
 /// An accounted allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,8 +83,13 @@ pub struct Accounting {
     listed: Option<(i64, i64, SystemTime)>,
     /// What every walk so far did, summed.
     pub walked: Walked,
-    /// Walks made (an allocation's first, or one a crash interrupted).
+    /// Walks made (an allocation's first, one a crash interrupted, or one
+    /// an escape the guard let through called for).
     pub walks: u64,
+    /// Per accounted allocation, the guard's count of changes it let
+    /// through when its last walk started: a higher count calls for
+    /// another walk.
+    let_through: BTreeMap<String, u64>,
 }
 
 /// How long a listing is trusted while the alloc directory's change time
@@ -128,6 +141,7 @@ impl Accounting {
             listed: None,
             walked: Walked::default(),
             walks: 0,
+            let_through: BTreeMap::new(),
         };
         a.relist()?;
         if let Some(last) = a.held_ids().max() {
@@ -203,14 +217,12 @@ impl Accounting {
     }
 
     /// Brings the map up to date: lists the alloc directory when it
-    /// changed, tags each waiting allocation whose first task started, and
-    /// finishes each claimed allocation's walk. `join` puts an allocation
-    /// into the guard before its directory takes the ID (`true`: a new
-    /// claim) and before a walk is made again (`false`); its failure stops
-    /// that allocation's claim. One allocation's failure is logged by the
-    /// caller from the returned list and retried at the next scan; the
-    /// others go on.
-    pub fn scan(&mut self, join: &mut Join<'_>) -> Result<Vec<(String, anyhow::Error)>> {
+    /// changed, tags each waiting allocation whose first task started,
+    /// finishes each claimed allocation's walk, and walks again each
+    /// accounted one in which the guard let a change through. One
+    /// allocation's failure is logged by the caller from the returned list
+    /// and retried at the next scan; the others go on.
+    pub fn scan(&mut self, guard: &mut dyn GuardLink) -> Result<Vec<(String, anyhow::Error)>> {
         let st = sys::fstat(self.dir.as_fd())
             .with_context(|| format!("cannot stat {}", self.path.display()))?;
         let fresh = match self.listed {
@@ -234,7 +246,7 @@ impl Accounting {
             .map(|(id, _)| id.clone())
             .collect();
         for id in waiting {
-            match self.start_if_running(&id, join) {
+            match self.start_if_running(&id, guard) {
                 Ok(()) => {}
                 Err(e) if is_gone(&e) => {
                     self.allocs.remove(&id);
@@ -242,7 +254,71 @@ impl Accounting {
                 Err(e) => failed.push((id, e)),
             }
         }
+        let accounted: Vec<(String, AllocProject)> = self
+            .accounted()
+            .map(|(id, p)| (id.to_string(), p))
+            .collect();
+        for (id, p) in accounted {
+            match self.walk_again_if_escaped(&id, p, guard) {
+                Ok(()) => {}
+                Err(e) if is_gone(&e) => {
+                    self.allocs.remove(&id);
+                }
+                Err(e) => failed.push((id, e)),
+            }
+        }
+        let allocs = &self.allocs;
+        self.let_through.retain(|id, _| allocs.contains_key(id));
         Ok(failed)
+    }
+
+    /// A change the guard let through (`--guard=detect`, or one of the
+    /// enforcing guard's known gaps: a call judged before the allocation
+    /// joined and applied after its walk passed the file) may have moved
+    /// files out of the project: the walk puts back what is still in the
+    /// allocation. At most one walk per allocation per scan.
+    fn walk_again_if_escaped(
+        &mut self,
+        id: &str,
+        p: AllocProject,
+        guard: &mut dyn GuardLink,
+    ) -> Result<()> {
+        let Some(now) = guard
+            .let_through(&self.guarded_alloc(id, p))
+            .with_context(|| {
+                format!(
+                    "cannot tell whether the guard let a change through in {}",
+                    self.path.join(id).display()
+                )
+            })?
+        else {
+            return Ok(());
+        };
+        let known = self.let_through.get(id).copied().unwrap_or(0);
+        if now == known {
+            return Ok(());
+        }
+        // Counted before the walk reads anything: a change during it calls
+        // for the next.
+        self.let_through.insert(id.to_string(), now);
+        if now < known {
+            // The counts started over (a new guard's maps).
+            return Ok(());
+        }
+        let fd = self.open_alloc(id)?;
+        let (_, ino, gen) = root_identity_of(fd.as_fd())?;
+        if (ino, gen) != (p.ino, p.gen) {
+            // Another directory under the name: the next listing reads it.
+            return Ok(());
+        }
+        crate::warn!(
+            "the quota-escape guard let a change through in an allocation: walking it again to put its files back into its project",
+            alloc_id = id,
+            project_id = p.project_id,
+            let_through = now - known,
+        );
+        self.walk(fd.as_fd(), p.project_id)
+            .with_context(|| format!("cannot walk {} again", self.path.join(id).display()))
     }
 
     /// Lists the alloc directory: new allocations are read back (their
@@ -329,7 +405,7 @@ impl Accounting {
 
     /// Tags allocation `id` if one of its tasks has started, or finishes
     /// the walk of one claimed before.
-    fn start_if_running(&mut self, id: &str, join: &mut Join<'_>) -> Result<()> {
+    fn start_if_running(&mut self, id: &str, guard: &mut dyn GuardLink) -> Result<()> {
         let fd = self.open_alloc(id)?;
         let (current, _) = quota::project_of(fd.as_fd())?;
         let (_, ino, gen) = root_identity_of(fd.as_fd())?;
@@ -342,7 +418,8 @@ impl Accounting {
             // Claimed by an earlier scan or exporter, its walk not
             // finished: guarded again (a restart), then walked again.
             let p = project(current);
-            join(&self.guarded_alloc(id, p), false)
+            guard
+                .join(&self.guarded_alloc(id, p), false)
                 .with_context(|| format!("cannot guard {}", self.path.join(id).display()))?;
             p
         } else if current != 0 {
@@ -351,7 +428,10 @@ impl Accounting {
         } else if !a_task_started(fd.as_fd())? {
             return Ok(());
         } else {
-            project(self.claim(fd.as_fd(), id, project, join)?)
+            let pid = self.claim(fd.as_fd(), id, project, guard)?;
+            // A new claim's counts started over.
+            self.let_through.insert(id.to_string(), 0);
+            project(pid)
         };
         self.allocs.insert(id.to_string(), Seen::Claimed(p));
         self.walk(fd.as_fd(), p.project_id)
@@ -369,7 +449,7 @@ impl Accounting {
         fd: BorrowedFd<'_>,
         id: &str,
         project: impl Fn(u32) -> AllocProject,
-        join: &mut Join<'_>,
+        guard: &mut dyn GuardLink,
     ) -> Result<u32> {
         // Under the filesystem's lock from choice to claim: another alloc
         // directory on this filesystem (a second agent) may share the range.
@@ -377,7 +457,8 @@ impl Accounting {
         let _ids = run_dir::lock(&CString::new(name.clone()).expect("no NUL"))
             .with_context(|| format!("cannot take {}/{name}", run_dir::RUN_DIR))?;
         let pid = self.choose_id()?;
-        join(&self.guarded_alloc(id, project(pid)), true)
+        guard
+            .join(&self.guarded_alloc(id, project(pid)), true)
             .with_context(|| format!("cannot guard {}", self.path.join(id).display()))?;
         let mut a = sys::get_fsxattr(fd)?;
         a.projid = pid;

@@ -81,7 +81,10 @@ impl GuardedRoots {
 
     /// An allocation being claimed: a root from now on, before its
     /// directory takes the project, so that a sync round never removes
-    /// what the scan thread writes into the guard's maps for it.
+    /// what the scan thread writes into the guard's maps for it, and a
+    /// guard still loading takes it over. The sync is not woken: a round
+    /// costs every root, and the scan thread writes the claim into the
+    /// pinned maps itself ([`GuardedRoots::nudge`] when it cannot).
     pub fn join(&self, alloc: GuardedAlloc) {
         let mut s = self.lock();
         if s.roots.contains(&alloc) {
@@ -89,7 +92,11 @@ impl GuardedRoots {
         }
         s.claimed.push(alloc.clone());
         Arc::make_mut(&mut s.roots).push(alloc);
-        drop(s);
+    }
+
+    /// Asks the sync for a round now: a claim found no pinned maps to
+    /// write into (a guard between its load and its pins).
+    pub fn nudge(&self) {
         self.wake.notify_one();
     }
 
@@ -217,9 +224,16 @@ mod tests {
         r.publish(vec![root("a", 5)], vec![]);
         r.changed().await;
         r.join(root("b", 6));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), r.changed())
+                .await
+                .is_err(),
+            "a claim woke the sync: a round per claim costs every root per claim"
+        );
+        r.nudge();
         tokio::time::timeout(Duration::from_secs(5), r.changed())
             .await
-            .expect("a wake-up for a joining allocation");
+            .expect("a wake-up when asked for");
         assert_eq!(*r.current().0, vec![root("a", 5), root("b", 6)]);
         assert_eq!(*r.accounted(), vec![root("a", 5)], "not walked yet");
         // Joining again (a walk retried) adds nothing.

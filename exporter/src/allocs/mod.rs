@@ -35,5 +35,5 @@ pub mod accounting;
 pub mod guarded;
 pub mod tag_walk;
 
-pub use accounting::{Accounting, AllocProject, Census};
+pub use accounting::{Accounting, AllocProject, Census, GuardLink};
 pub use guarded::{GuardedAlloc, GuardedRoots};

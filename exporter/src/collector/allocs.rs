@@ -25,7 +25,7 @@ use prjquota_core::{config, quota, run_dir, sys};
 
 use super::{BoxFuture, Collector, Scrape};
 use crate::allocs::tag_walk::Walked;
-use crate::allocs::{Accounting, Census, GuardedAlloc, GuardedRoots};
+use crate::allocs::{Accounting, Census, GuardLink, GuardedAlloc, GuardedRoots};
 use crate::blocking::InFlight;
 use crate::exposition::Family;
 
@@ -178,14 +178,10 @@ fn scan_loop(
             }
         }
         if let Some(o) = owned.as_mut() {
-            let result = o.accounting.scan(&mut |alloc, fresh| {
-                // First where the sync looks, then in the maps: a round that
-                // read the maps before this write keeps it.
-                guarded.join(alloc.clone());
-                match &pins {
-                    Some(p) => join_pinned(p, alloc, fresh),
-                    None => Ok(()),
-                }
+            let result = o.accounting.scan(&mut ScanGuard {
+                guarded: &guarded,
+                pins: pins.as_ref(),
+                opened: None,
             });
             let mut s = lock(&shared);
             match result {
@@ -195,7 +191,7 @@ fn scan_loop(
                         let why = format!("{e:#}");
                         if logged_failures.get(id) != Some(&why) {
                             crate::warn!(
-                                "cannot put an allocation into its project; retrying at the next scan",
+                                "cannot account an allocation; retrying at the next scan",
                                 alloc_id = id,
                                 error = why,
                             );
@@ -220,21 +216,60 @@ fn scan_loop(
     }
 }
 
-/// Writes `alloc` into the guard pinned at `pins`, if one is: a guard that
-/// is pinned but cannot be written stops the claim (retried at the next
-/// scan), as it stops a volume's create.
-fn join_pinned(pins: &GuardPins, alloc: &GuardedAlloc, fresh: bool) -> Result<()> {
-    let Some(guard) = PinnedGuard::open_in(&pins.pin_root, &pins.volumes_dir)? else {
-        return Ok(());
-    };
-    let root = RootKey {
-        dev: kernel_dev(alloc.dev)
-            .with_context(|| format!("device {:#x} has no kernel encoding", alloc.dev))?,
-        ino: alloc.ino,
-        gen: alloc.gen,
-    };
-    guard.register(&root, alloc.project_id, fresh)?;
-    Ok(())
+/// The guard as one scan sees it: the sync's list, and the maps pinned at
+/// `pins` (opened once per scan), which the scan writes each claim into,
+/// as the plugin writes a new volume's root, and reads the counts from.
+struct ScanGuard<'a> {
+    guarded: &'a GuardedRoots,
+    pins: Option<&'a GuardPins>,
+    opened: Option<Option<PinnedGuard>>,
+}
+
+impl ScanGuard<'_> {
+    fn pinned(&mut self) -> Result<Option<&PinnedGuard>> {
+        let Some(pins) = self.pins else {
+            return Ok(None);
+        };
+        if self.opened.is_none() {
+            self.opened = Some(PinnedGuard::open_in(&pins.pin_root, &pins.volumes_dir)?);
+        }
+        Ok(self.opened.as_ref().and_then(Option::as_ref))
+    }
+}
+
+fn kernel_dev_of(alloc: &GuardedAlloc) -> Result<u64> {
+    kernel_dev(alloc.dev).with_context(|| format!("device {:#x} has no kernel encoding", alloc.dev))
+}
+
+impl GuardLink for ScanGuard<'_> {
+    /// First where the sync looks, then in the maps: a round that read the
+    /// maps before this write keeps it. A guard that is pinned but cannot
+    /// be written stops the claim (retried at the next scan), as it stops
+    /// a volume's create.
+    fn join(&mut self, alloc: &GuardedAlloc, fresh: bool) -> Result<()> {
+        self.guarded.join(alloc.clone());
+        let Some(guard) = self.pinned()? else {
+            if self.pins.is_some() {
+                self.guarded.nudge();
+            }
+            return Ok(());
+        };
+        let root = RootKey {
+            dev: kernel_dev_of(alloc)?,
+            ino: alloc.ino,
+            gen: alloc.gen,
+        };
+        guard.register(&root, alloc.project_id, fresh)?;
+        Ok(())
+    }
+
+    fn let_through(&mut self, alloc: &GuardedAlloc) -> Result<Option<u64>> {
+        let dev = kernel_dev_of(alloc)?;
+        let Some(guard) = self.pinned()? else {
+            return Ok(None);
+        };
+        Ok(Some(guard.allowed(dev, alloc.project_id)?))
+    }
 }
 
 /// Everything that must hold before this exporter tags anything.
