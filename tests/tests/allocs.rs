@@ -31,6 +31,7 @@ on_every_fs!(
     an_allocation_stays_guarded_through_exporter_restarts,
     an_allocation_is_guarded_from_its_claim_through_its_walk,
     an_escape_the_guard_let_through_is_walked_back_into_the_project,
+    two_exporters_with_the_guard_hand_an_allocation_over_without_a_gap,
     a_disk_failing_mid_walk_is_reported_and_the_walk_finished_after,
 );
 
@@ -803,6 +804,90 @@ fn an_escape_the_guard_let_through_is_walked_back_into_the_project(case: &FsCase
     assert!(log.contains(&format!("alloc_id={}", a.id)), "{log}");
     assert_eq!(project_of(&task.join("local/dir")), (pid, true));
     drop(exp);
+}
+
+const HANDOVER_PHASES: [&str; 4] = [
+    "one exporter",
+    "a second one started beside it",
+    "the first stopping, the second taking over",
+    "the second alone",
+];
+
+/// A second exporter started with the guard on beside the first (an
+/// upgrade's overlap, a copy started by hand): the first keeps the
+/// allocations and the pinned guard, the second waits for the allocations
+/// and leaves the guard alone, saying so. The owner's tries are refused
+/// throughout: once the first stops, its pinned guard goes on enforcing,
+/// the second reads the allocation back (no walk) and writes the next
+/// one into that guard at its claim.
+fn two_exporters_with_the_guard_hand_an_allocation_over_without_a_gap(case: &FsCase) {
+    let node = AllocNode::new(case, "alloc-guard-two", 20);
+    let (a, task) = owned_task(&node);
+    let first = node.start_exporter(&["--guard=enforce"]);
+    scrape_until(&first, WAIT, "the allocation in the first's guard", |e| {
+        accounted(e) == 1.0 && e.get(GUARDED, &[]) == Some(1.0)
+    });
+    let (pid, _) = project_of(&a.path);
+    let data = task.join("local/data");
+    let looper = Looper::start(&open(&data), 0, HANDOVER_PHASES.len());
+    looper.wait_attempts(50);
+    looper.enter(1);
+    let second = node.start_exporter(&["--guard=enforce"]);
+    scrape_until(
+        &second,
+        WAIT,
+        "the second waiting for the allocations",
+        |e| {
+            e.get(
+                "prjquota_exporter_scrape_collector_success",
+                &[("collector", "allocs")],
+            ) == Some(0.0)
+        },
+    );
+    looper.wait_attempts(100);
+    looper.enter(2);
+    first.stop_leaving_pins();
+    assert!(
+        second
+            .log()
+            .contains("another exporter owns the guard of this volumes directory"),
+        "{}",
+        second.log()
+    );
+    let e = scrape_until(
+        &second,
+        WAIT,
+        "the second taking the allocations over",
+        |e| accounted(e) == 1.0,
+    );
+    assert_eq!(
+        e.value("prjquota_exporter_alloc_walks_total", &[]),
+        0.0,
+        "{}: the second walked what the first had accounted",
+        case.name
+    );
+    looper.enter(3);
+    // Through a few of the second's guard sync rounds.
+    looper.wait_attempts(300);
+    assert_all_refused(&HANDOVER_PHASES, &looper.stop());
+    assert_eq!(project_of(&data).0, pid);
+
+    let (b, task_b) = owned_task(&node);
+    scrape_until(&second, WAIT, "the next allocation accounted", |e| {
+        accounted(e) == 2.0
+    });
+    assert_eq!(
+        chproj_as(Who::User(OWNER), &open(&task_b.join("local/data")), 0).1,
+        Err(libc::EPERM),
+        "{}: the second exporter's claim was not guarded\n{}",
+        case.name,
+        second.log()
+    );
+    assert_eq!(
+        project_of(&task_b.join("local/data")).0,
+        project_of(&b.path).0
+    );
+    drop(second);
 }
 
 /// The disk under the alloc dir fails while an allocation is walked: the
