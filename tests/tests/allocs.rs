@@ -32,6 +32,7 @@ on_every_fs!(
     an_allocation_is_guarded_from_its_claim_through_its_walk,
     an_escape_the_guard_let_through_is_walked_back_into_the_project,
     two_exporters_with_the_guard_hand_an_allocation_over_without_a_gap,
+    a_walk_killed_halfway_with_the_guard_on_stays_guarded_through_the_restart,
     a_disk_failing_mid_walk_is_reported_and_the_walk_finished_after,
 );
 
@@ -691,21 +692,7 @@ fn an_allocation_stays_guarded_through_exporter_restarts(case: &FsCase) {
 /// second walk.
 fn an_allocation_is_guarded_from_its_claim_through_its_walk(case: &FsCase) {
     let node = AllocNode::new(case, "alloc-guard-walk", 20);
-    let mut a = node.root.build_alloc();
-    // What the task's earlier life left (a restored allocation): the
-    // owner's file, then enough files after it that the walk lasts.
-    let local = a.task("t").join("local");
-    std::fs::create_dir_all(&local).unwrap();
-    let data = local.join("data");
-    write_file(&data, 4096);
-    std::os::unix::fs::chown(&data, Some(OWNER), Some(OWNER)).unwrap();
-    for d in 0..10 {
-        let dir = local.join(format!("bulk{d}"));
-        std::fs::create_dir(&dir).unwrap();
-        for f in 0..300 {
-            std::fs::File::create(dir.join(format!("f{f}"))).unwrap();
-        }
-    }
+    let (mut a, data) = restored_alloc(&node);
     // The guard attached before the owner loops: an attach under a looping
     // owner is what the attach races' one-thread guests run.
     let exp = node.start_exporter(&["--guard=enforce"]);
@@ -803,6 +790,93 @@ fn an_escape_the_guard_let_through_is_walked_back_into_the_project(case: &FsCase
     let log = exp.log_lines_with("walking it again");
     assert!(log.contains(&format!("alloc_id={}", a.id)), "{log}");
     assert_eq!(project_of(&task.join("local/dir")), (pid, true));
+    drop(exp);
+}
+
+/// What a task's earlier life left (a restored allocation, its task not
+/// started again yet): the owner's file `local/data`, then enough files
+/// after it that a walk lasts.
+fn restored_alloc(node: &AllocNode) -> (prjquota_vmtests::nomad_alloc::Alloc, std::path::PathBuf) {
+    let a = node.root.build_alloc();
+    let local = a.task("t").join("local");
+    std::fs::create_dir_all(&local).unwrap();
+    let data = local.join("data");
+    write_file(&data, 4096);
+    std::os::unix::fs::chown(&data, Some(OWNER), Some(OWNER)).unwrap();
+    for d in 0..10 {
+        let dir = local.join(format!("bulk{d}"));
+        std::fs::create_dir(&dir).unwrap();
+        for f in 0..300 {
+            std::fs::File::create(dir.join(format!("f{f}"))).unwrap();
+        }
+    }
+    (a, data)
+}
+
+const KILLED_WALK_PHASES: [&str; 4] = [
+    "before the claim",
+    "claimed, walked",
+    "kill -9: no exporter",
+    "started again",
+];
+
+/// The exporter is killed right after it claimed an allocation, its walk
+/// under way, while the task's owner retries every millisecond: the claim
+/// is in the pinned guard, which goes on refusing while no exporter runs;
+/// the next start guards the allocation again before it finishes the
+/// walk, and every inode ends in the project.
+fn a_walk_killed_halfway_with_the_guard_on_stays_guarded_through_the_restart(case: &FsCase) {
+    let node = AllocNode::new(case, "alloc-guard-kill", 20);
+    let (mut a, data) = restored_alloc(&node);
+    let exp = node.start_exporter(&["--guard=enforce"]);
+    scrape_until(
+        &exp,
+        WAIT,
+        "the guard enforcing, the allocation waiting",
+        |e| e.get("prjquota_exporter_guard_enforcing", &[]) == Some(1.0) && waiting(e) == 1.0,
+    );
+    let looper = Looper::start(&open(&data), 0, KILLED_WALK_PHASES.len());
+    looper.wait_attempts(50);
+    a.build_task("t");
+    let deadline = std::time::Instant::now() + WAIT;
+    while project_of(&a.path).0 == 0 {
+        assert!(std::time::Instant::now() < deadline, "never claimed");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    looper.enter(1);
+    let _ = exp.kill();
+    let (pid, _) = project_of(&a.path);
+    looper.enter(2);
+    looper.wait_attempts(200);
+    let exp = node.start_exporter(&["--guard=enforce"]);
+    let e = scrape_until(&exp, WAIT, "accounted and guarded again", |e| {
+        accounted(e) == 1.0 && e.get(GUARDED, &[]) == Some(1.0)
+    });
+    looper.enter(3);
+    looper.wait_attempts(100);
+    let tally = looper.stop();
+    // One try may straddle the claim (see the test above); none after.
+    assert!(
+        tally[1].1 <= 1,
+        "{}: tries went through after the claim: {tally:?}",
+        case.name
+    );
+    assert_all_refused(&KILLED_WALK_PHASES[2..], &tally[2..]);
+    let settled = std::time::Instant::now() + Duration::from_secs(10);
+    while project_of(&data).0 != pid && std::time::Instant::now() < settled {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(project_of(&a.path).0, pid, "the claimed ID is kept");
+    for (p, ipid, nlink) in inodes_on_mount(&a.path) {
+        assert!(
+            ipid == pid || nlink > 1,
+            "{}: {} left out (tries per phase: {tally:?})\n{}",
+            case.name,
+            p.display(),
+            exp.log()
+        );
+    }
+    e.assert_collectors_succeeded("the restart");
     drop(exp);
 }
 
