@@ -235,11 +235,20 @@ impl AllocNode {
     }
 
     /// A node on `fixture`'s filesystem (one of a test's own) whose
-    /// allocations get `ids` IDs of their own.
+    /// allocations get `ids` IDs of their own: the top of the fixture's
+    /// range while that leaves the volumes at least as many, else the
+    /// `ids` above it (the fixture's filesystem must then be the test's
+    /// alone: the IDs above are another fixture's).
     pub fn on(mut fixture: crate::fixture::Fixture, ids: u32) -> AllocNode {
-        let alloc_min = fixture.id_max - ids + 1;
-        let range = alloc_min..=fixture.id_max;
-        fixture.id_max = alloc_min - 1;
+        let width = fixture.id_max - fixture.id_min + 1;
+        let range = if ids <= width / 2 {
+            let alloc_min = fixture.id_max - ids + 1;
+            let range = alloc_min..=fixture.id_max;
+            fixture.id_max = alloc_min - 1;
+            range
+        } else {
+            fixture.id_max + 1..=fixture.id_max + ids
+        };
         fixture.set_config(&format!(
             "alloc_project_id_min = {}\nalloc_project_id_max = {}\n",
             range.start(),

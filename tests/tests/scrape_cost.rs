@@ -373,6 +373,13 @@ fn alloc_scale(allocs: usize, files: usize) {
             if accounted(&text) == Some(allocs as f64) {
                 return start.elapsed();
             }
+            // A refusal is said once, and the collector fails until the
+            // first scan ends in any case: the log tells them apart.
+            let log = exp.log();
+            assert!(
+                !log.contains("cannot account Nomad allocations"),
+                "{what}: the exporter refused to account the allocations:\n{log}"
+            );
             assert!(
                 start.elapsed() < Duration::from_secs(3600),
                 "{what}: not every allocation accounted within an hour; last scrape:\n{text}\nlog:\n{}",
