@@ -498,12 +498,9 @@ fn alloc_accounting_at_100_allocations() {
     alloc_scale(100, 1000);
 }
 
-/// The size, a probe run by hand as the bench runs its tests
-/// (`--ignored --exact alloc_accounting_at_1000_allocations`): making a
-/// million files takes ten minutes of the bench's guest before anything
-/// is measured.
+/// The size: a million files, most of whose setup is making them.
 #[test]
-#[ignore = "a probe at the issue's size: run by hand"]
+#[ignore = "a measurement: run by `cargo xtask bench`"]
 fn alloc_accounting_at_1000_allocations() {
     alloc_scale(1000, 1000);
 }
