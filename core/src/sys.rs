@@ -1422,16 +1422,21 @@ pub unsafe fn obj_get_info<T>(fd: BorrowedFd<'_>, info: &mut T) -> io::Result<us
 }
 
 /// How many CPUs the kernel sizes per-CPU map values for
-/// (`num_possible_cpus()`).
+/// (`num_possible_cpus()`), read once: it is fixed at boot.
 fn possible_cpus() -> io::Result<usize> {
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    if let Some(n) = CPUS.get() {
+        return Ok(*n);
+    }
     let path = "/sys/devices/system/cpu/possible";
     let text = std::fs::read_to_string(path)?;
-    count_cpu_list(&text).ok_or_else(|| {
+    let n = count_cpu_list(&text).ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::InvalidData,
             format!("{path} is not a CPU list: {:?}", text.trim()),
         )
-    })
+    })?;
+    Ok(*CPUS.get_or_init(|| n))
 }
 
 /// The number of CPUs in a kernel CPU list (`0-3,8,10-11`).
@@ -1552,27 +1557,39 @@ impl BpfMap {
                 "not a per-CPU map: read it with lookup",
             ));
         }
-        let cpus = possible_cpus()?;
         let stride = (self.value_size as usize).div_ceil(8) * 8;
-        let mut buf = vec![0u8; stride * cpus];
+        let mut buf = vec![0u8; stride * possible_cpus()?];
+        // SAFETY: for a per-CPU map the kernel writes round_up(value_size,
+        // 8) bytes for each possible CPU: `buf` holds that many for the
+        // count the kernel publishes in /sys/devices/system/cpu/possible.
+        let found = unsafe { self.lookup_raw(key, &mut buf) }?;
+        Ok(found.then(|| {
+            buf.chunks(stride)
+                .map(|c| c[..self.value_size as usize].to_vec())
+                .collect()
+        }))
+    }
+
+    /// `BPF_MAP_LOOKUP_ELEM` of `key` (whose size the caller checked) into
+    /// `value`; `Ok(false)` when absent.
+    ///
+    /// # Safety
+    /// `value` must hold at least what the kernel writes for this map's
+    /// type: `value_size` bytes, or one padded value per possible CPU.
+    unsafe fn lookup_raw(&self, key: &[u8], value: &mut [u8]) -> io::Result<bool> {
         let mut attr = BpfElemAttr {
             map_fd: self.fd.as_raw_fd() as u32,
             _pad: 0,
             key: key.as_ptr() as u64,
-            value: buf.as_mut_ptr() as u64,
+            value: value.as_mut_ptr() as u64,
             flags: 0,
         };
-        // SAFETY: the kernel reads key_size bytes at `key` (checked above)
-        // and, for a per-CPU map, writes round_up(value_size, 8) bytes for
-        // each possible CPU at `value`: `buf` holds that many for the
-        // count the kernel publishes in /sys/devices/system/cpu/possible.
+        // SAFETY: the kernel reads key_size bytes at `key` (the caller
+        // checked its length) and writes into `value` no more than the
+        // caller's contract says it holds.
         match unsafe { bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) } {
-            Ok(_) => Ok(Some(
-                buf.chunks(stride)
-                    .map(|c| c[..self.value_size as usize].to_vec())
-                    .collect(),
-            )),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+            Ok(_) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
             Err(e) => Err(e),
         }
     }
@@ -1581,19 +1598,8 @@ impl BpfMap {
     /// per-CPU maps.
     pub fn lookup(&self, key: &[u8], value: &mut [u8]) -> io::Result<bool> {
         self.check(key, Some(value))?;
-        let mut attr = BpfElemAttr {
-            map_fd: self.fd.as_raw_fd() as u32,
-            _pad: 0,
-            key: key.as_ptr() as u64,
-            value: value.as_mut_ptr() as u64,
-            flags: 0,
-        };
-        // SAFETY: the kernel reads key_size bytes at `key` and writes
-        // value_size bytes at `value`, both checked above.
-        match unsafe { bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) } {
-            Ok(_) => Ok(true),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
-            Err(e) => Err(e),
-        }
+        // SAFETY: `value` is exactly value_size bytes (checked above), and
+        // the map is not per-CPU (`check` refuses those).
+        unsafe { self.lookup_raw(key, value) }
     }
 }

@@ -695,13 +695,7 @@ fn an_allocation_is_guarded_from_its_claim_through_its_walk(case: &FsCase) {
     let (mut a, data) = restored_alloc(&node);
     // The guard attached before the owner loops: an attach under a looping
     // owner is what the attach races' one-thread guests run.
-    let exp = node.start_exporter(&["--guard=enforce"]);
-    scrape_until(
-        &exp,
-        WAIT,
-        "the guard enforcing, the allocation waiting",
-        |e| e.get("prjquota_exporter_guard_enforcing", &[]) == Some(1.0) && waiting(e) == 1.0,
-    );
+    let exp = enforcing_with_one_waiting(&node);
     let looper = Looper::start(&open(&data), 0, 2);
     looper.wait_attempts(50);
     looper.enter(1);
@@ -813,6 +807,19 @@ fn restored_alloc(node: &AllocNode) -> (prjquota_vmtests::nomad_alloc::Alloc, st
     (a, data)
 }
 
+/// An exporter whose guard enforces, the node's one allocation waiting
+/// for its task.
+fn enforcing_with_one_waiting(node: &AllocNode) -> prjquota_vmtests::prom::Exporter {
+    let exp = node.start_exporter(&["--guard=enforce"]);
+    scrape_until(
+        &exp,
+        WAIT,
+        "the guard enforcing, the allocation waiting",
+        |e| e.get("prjquota_exporter_guard_enforcing", &[]) == Some(1.0) && waiting(e) == 1.0,
+    );
+    exp
+}
+
 const KILLED_WALK_PHASES: [&str; 4] = [
     "before the claim",
     "claimed, walked",
@@ -828,13 +835,7 @@ const KILLED_WALK_PHASES: [&str; 4] = [
 fn a_walk_killed_halfway_with_the_guard_on_stays_guarded_through_the_restart(case: &FsCase) {
     let node = AllocNode::new(case, "alloc-guard-kill", 20);
     let (mut a, data) = restored_alloc(&node);
-    let exp = node.start_exporter(&["--guard=enforce"]);
-    scrape_until(
-        &exp,
-        WAIT,
-        "the guard enforcing, the allocation waiting",
-        |e| e.get("prjquota_exporter_guard_enforcing", &[]) == Some(1.0) && waiting(e) == 1.0,
-    );
+    let exp = enforcing_with_one_waiting(&node);
     let looper = Looper::start(&open(&data), 0, KILLED_WALK_PHASES.len());
     looper.wait_attempts(50);
     a.build_task("t");
