@@ -195,7 +195,7 @@ impl Accounting {
 
     fn guarded_alloc(&self, id: &str, p: AllocProject) -> GuardedAlloc {
         GuardedAlloc {
-            alloc_id: id.to_string(),
+            alloc_id: Arc::from(id),
             dev: self.dev,
             ino: p.ino,
             gen: p.gen,

@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 /// One accounted allocation directory, as the guard keys its roots.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GuardedAlloc {
-    pub alloc_id: String,
+    /// Shared with every scrape's samples of the allocation: a scrape
+    /// labels two series per allocation without copying the ID.
+    pub alloc_id: Arc<str>,
     /// `st_dev` of the alloc directory.
     pub dev: u64,
     pub ino: u64,

@@ -578,7 +578,7 @@ fn log_events(scrape: &Scrape, allocs: Option<&[GuardedAlloc]>, events: &[GuardE
 fn allocs_by_project(allocs: &[GuardedAlloc]) -> HashMap<(u64, u32), &str> {
     allocs
         .iter()
-        .filter_map(|a| Some(((kernel_dev(a.dev)?, a.project_id), a.alloc_id.as_str())))
+        .filter_map(|a| Some(((kernel_dev(a.dev)?, a.project_id), &*a.alloc_id)))
         .collect()
 }
 
@@ -596,7 +596,10 @@ fn alloc_attempts_family(allocs: &[GuardedAlloc], c: &GuardCounters) -> Family {
         };
         for (result, n) in [("allowed", o.allowed), ("denied", o.denied)] {
             f.labelled(
-                vec![("alloc_id", a.alloc_id.clone()), ("result", result.into())],
+                vec![
+                    ("alloc_id", a.alloc_id.to_string()),
+                    ("result", result.into()),
+                ],
                 n as f64,
             );
         }

@@ -178,6 +178,11 @@ impl<'a> Encoder<'a> {
                 decimal(out, u64::from(v.project_id));
                 out.extend_from_slice(b"\"}");
             }
+            Labels::Shared(k, v) => {
+                out.push(b'{');
+                label(out, k, v);
+                out.push(b'}');
+            }
             Labels::Owned(pairs) => {
                 if !pairs.is_empty() {
                     for (i, (k, v)) in pairs.iter().enumerate() {

@@ -33,6 +33,9 @@ pub enum Labels {
     /// Arbitrary labels of an exporter self metric (collector names, paths
     /// the operator configured): never values from volume authors.
     Owned(Box<[(&'static str, String)]>),
+    /// One label whose value the collector holds already (an allocation's
+    /// ID, validated when found): shared, not copied, per sample.
+    Shared(&'static str, std::sync::Arc<str>),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -125,6 +128,13 @@ impl Family {
         self.samples.push(Sample {
             labels: Labels::None,
             value,
+        });
+    }
+
+    pub fn labelled_shared(&mut self, name: &'static str, value: &std::sync::Arc<str>, v: f64) {
+        self.samples.push(Sample {
+            labels: Labels::Shared(name, value.clone()),
+            value: v,
         });
     }
 

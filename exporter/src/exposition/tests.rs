@@ -197,6 +197,7 @@ mod reference {
                     push(k, val);
                 }
             }
+            Labels::Shared(k, val) => push(k, val),
         }
         m.set_label(labels);
         match f.kind {
