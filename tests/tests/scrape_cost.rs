@@ -392,7 +392,10 @@ fn alloc_scale(allocs: usize, files: usize) {
     // says how far it got.
     let m =
         |name: &str, v: f64| eprintln!("MEASURE {name}{{allocs={allocs},files={files}}} {v:.4}");
-    let args = node.exporter_args("1s", &[]);
+    // Set by hand for a probe only (see `alloc_accounting_probe`).
+    let extra = std::env::var("PRJQUOTA_ALLOC_PROBE_ARGS").unwrap_or_default();
+    let extra: Vec<&str> = extra.split_whitespace().collect();
+    let args = node.exporter_args("1s", &extra);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let exp = Exporter::start_with(&[&node.fixture.node.volumes_dir], &args);
     let first = wait_accounted(&exp, "the first start");
@@ -506,8 +509,10 @@ fn alloc_accounting_at_1000_allocations() {
 }
 
 /// A probe run by hand, not by the bench: 1,000 allocations of 100 files
-/// unless `PRJQUOTA_ALLOC_PROBE=<allocations>x<files>` says. Run it as the
-/// bench runs its tests, with `--ignored --exact alloc_accounting_probe`.
+/// unless `PRJQUOTA_ALLOC_PROBE=<allocations>x<files>` says, the exporter
+/// given the extra flags of `PRJQUOTA_ALLOC_PROBE_ARGS` (space-separated:
+/// say, other collectors off). Run it as the bench runs its tests, with
+/// `--ignored --exact alloc_accounting_probe`.
 #[test]
 #[ignore = "a probe of the allocations' accounting at a size given: run by hand"]
 fn alloc_accounting_probe() {
