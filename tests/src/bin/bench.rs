@@ -33,9 +33,9 @@ struct Args {
     plugin_dir: PathBuf,
     out: PathBuf,
     quick: bool,
-    /// Run only these sections (a comma-separated list of create, storm,
-    /// fingerprint, delete, crowd): for probing a figure on the bench's own
-    /// disk.
+    /// Run only these sections (a comma-separated list of create,
+    /// durability, storm, fingerprint, delete, crowd): for probing a figure
+    /// on the bench's own disk.
     only: Option<String>,
 }
 
@@ -146,8 +146,9 @@ fn main() {
         node(&mount, &a.plugin_dir, "image", "image-plugin.sh"),
         node(&mount, &a.plugin_dir, "guide", "guide-mkdir-plugin.sh"),
     ];
-    let sections: [(&str, Section); 5] = [
+    let sections: [(&str, Section); 6] = [
         ("create", create_latency),
+        ("durability", create_durability),
         ("storm", restore_storm),
         ("fingerprint", fingerprint),
         ("delete", delete_many_files),
@@ -158,7 +159,7 @@ fn main() {
     for o in only.iter().flatten() {
         assert!(
             sections.iter().any(|(name, _)| name == o),
-            "--only takes a comma-separated list of create, storm, fingerprint, delete, crowd (got {o})"
+            "--only takes a comma-separated list of create, durability, storm, fingerprint, delete, crowd (got {o})"
         );
     }
     for (name, section) in sections {
@@ -257,6 +258,102 @@ fn create_latency(a: &Args, contenders: &[Node; 4], free: u64, r: &mut Report) {
             format!("{:.0}×", m2 / m0),
         ]);
     }
+}
+
+/// Section 1b: what a create's durability costs. Each contender's
+/// creates run in turn, sample by sample, once as Nomad runs them and once
+/// under `strace -T`, which times each flush call from its entry to its
+/// return (the wait for the disk, which tracing does not slow). The create
+/// less that time is what the same create would cost with no flush: the
+/// durability trade, measured on the bench's own disk.
+fn create_durability(a: &Args, contenders: &[Node; 4], _free: u64, r: &mut Report) {
+    r.table(
+        "What a create's flushes cost",
+        &[
+            "contender",
+            "flush calls per create",
+            "time in them (median)",
+            "create median",
+            "create less its flushes",
+            "/ mkdir",
+            "less its flushes / mkdir",
+        ],
+    );
+    let samples = if a.quick { 3 } else { 15 };
+    let trace = Path::new(MOUNT).join("durability.strace");
+    let mut created: [Vec<f64>; 2] = Default::default();
+    let mut calls: [Vec<f64>; 2] = Default::default();
+    let mut flushing: [Vec<f64>; 2] = Default::default();
+    for i in 0..samples {
+        for (k, n) in contenders[..2].iter().enumerate() {
+            let spec = Spec::new(&format!("d{i}"), GIB);
+            created[k].push(timed_create(n, &spec));
+            n.delete(&spec).ok();
+            let spec = Spec::new(&format!("t{i}"), GIB);
+            let (count, secs) = traced_flushes(n, &spec, &trace);
+            n.delete(&spec).ok();
+            calls[k].push(count as f64);
+            flushing[k].push(secs);
+        }
+    }
+    let mkdir = median(created[1].clone());
+    for k in 0..2 {
+        let (c, f, t) = (
+            median(calls[k].clone()),
+            median(flushing[k].clone()),
+            median(created[k].clone()),
+        );
+        r.measure(&format!("durability_{}_flush_calls", NAMES[k]), c);
+        r.measure(&format!("durability_{}_flush_seconds", NAMES[k]), f);
+        r.measure(&format!("durability_{}_create_seconds", NAMES[k]), t);
+        r.row(&[
+            NAMES[k].into(),
+            format!("{c:.0}"),
+            ms(f),
+            ms(t),
+            ms(t - f),
+            format!("{:.2}×", t / mkdir),
+            format!("{:.2}×", (t - f) / mkdir),
+        ]);
+    }
+}
+
+/// Runs one create under `strace -f -T`, tracing the calls that wait for
+/// the disk; returns how many there were and the seconds spent in them.
+fn traced_flushes(n: &Node, spec: &Spec, trace: &Path) -> (usize, f64) {
+    let _ = std::fs::remove_file(trace);
+    let out = std::process::Command::new("strace")
+        .args(["-f", "-qq", "-T", "-o"])
+        .arg(trace)
+        .args([
+            "-e",
+            "trace=fsync,fdatasync,syncfs,sync,sync_file_range,msync",
+        ])
+        .arg("/usr/bin/env")
+        .arg("-i")
+        .args(n.create_vars(spec).iter().map(|(k, v)| format!("{k}={v}")))
+        .arg(&n.plugin)
+        .arg("create")
+        .env_clear()
+        .current_dir("/")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run strace (the bench needs it in the guest)");
+    assert!(
+        out.status.success(),
+        "a traced create of {} failed: {}",
+        n.plugin.display(),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let text = std::fs::read_to_string(trace).expect("strace's output");
+    let times: Vec<f64> = text
+        .lines()
+        .filter_map(|l| {
+            let (_, t) = l.trim_end().rsplit_once('<')?;
+            t.strip_suffix('>')?.parse::<f64>().ok()
+        })
+        .collect();
+    (times.len(), times.iter().fold(0.0, |a, t| a + t))
 }
 
 /// Section 2: Restore storm: every volume re-created at once, as at agent start.
