@@ -427,8 +427,8 @@ fn usage_families(accounted: &[GuardedAlloc], found: &[quota::ProjectQuota]) -> 
             .binary_search_by_key(&a.project_id, |q| q.id)
             .map(|k| found[k])
             .unwrap_or_default();
-        bytes.labelled_shared("alloc_id", &a.alloc_id, q.used_bytes as f64);
-        inodes.labelled_shared("alloc_id", &a.alloc_id, q.used_inodes as f64);
+        bytes.labelled_shared("alloc_id", &a.alloc_id, &[], q.used_bytes as f64);
+        inodes.labelled_shared("alloc_id", &a.alloc_id, &[], q.used_inodes as f64);
     }
     vec![bytes, inodes]
 }

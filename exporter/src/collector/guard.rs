@@ -594,14 +594,8 @@ fn alloc_attempts_family(allocs: &[GuardedAlloc], c: &GuardCounters) -> Family {
         let Some(o) = kernel_dev(a.dev).and_then(|d| c.projects.get(&(d, a.project_id))) else {
             continue;
         };
-        for (result, n) in [("allowed", o.allowed), ("denied", o.denied)] {
-            f.labelled(
-                vec![
-                    ("alloc_id", a.alloc_id.to_string()),
-                    ("result", result.into()),
-                ],
-                n as f64,
-            );
+        for (result, n) in [(ALLOWED, o.allowed), (DENIED, o.denied)] {
+            f.labelled_shared("alloc_id", &a.alloc_id, result, n as f64);
         }
     }
     f

@@ -178,9 +178,13 @@ impl<'a> Encoder<'a> {
                 decimal(out, u64::from(v.project_id));
                 out.extend_from_slice(b"\"}");
             }
-            Labels::Shared(k, v) => {
+            Labels::Shared { name, value, extra } => {
                 out.push(b'{');
-                label(out, k, v);
+                label(out, name, value);
+                for (k, v) in extra.iter() {
+                    out.push(b',');
+                    label(out, k, v);
+                }
                 out.push(b'}');
             }
             Labels::Owned(pairs) => {

@@ -34,8 +34,13 @@ pub enum Labels {
     /// the operator configured): never values from volume authors.
     Owned(Box<[(&'static str, String)]>),
     /// One label whose value the collector holds already (an allocation's
-    /// ID, validated when found): shared, not copied, per sample.
-    Shared(&'static str, std::sync::Arc<str>),
+    /// ID, validated when found): shared, not copied, per sample; then
+    /// `extra`.
+    Shared {
+        name: &'static str,
+        value: std::sync::Arc<str>,
+        extra: Extra,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -131,9 +136,19 @@ impl Family {
         });
     }
 
-    pub fn labelled_shared(&mut self, name: &'static str, value: &std::sync::Arc<str>, v: f64) {
+    pub fn labelled_shared(
+        &mut self,
+        name: &'static str,
+        value: &std::sync::Arc<str>,
+        extra: Extra,
+        v: f64,
+    ) {
         self.samples.push(Sample {
-            labels: Labels::Shared(name, value.clone()),
+            labels: Labels::Shared {
+                name,
+                value: value.clone(),
+                extra,
+            },
             value: v,
         });
     }

@@ -166,7 +166,7 @@ impl SampleKey {
                 (*index, id)
             }
             Labels::VolumeInfo { index } => (*index, u32::MAX),
-            Labels::None | Labels::Owned(_) | Labels::Shared(..) => return None,
+            Labels::None | Labels::Owned(_) | Labels::Shared { .. } => return None,
         };
         inventory.volumes.get(index as usize)?;
         Some(SampleKey {
@@ -268,7 +268,7 @@ impl Renderer {
                 Labels::Volume { index, .. } | Labels::VolumeInfo { index } => {
                     (*index as usize) < inventory.volumes.len()
                 }
-                Labels::None | Labels::Owned(_) | Labels::Shared(..) => false,
+                Labels::None | Labels::Owned(_) | Labels::Shared { .. } => false,
             });
             if !(cacheable && seen.insert(f.name)) {
                 enc.header(f, &mut loose);

@@ -197,7 +197,12 @@ mod reference {
                     push(k, val);
                 }
             }
-            Labels::Shared(k, val) => push(k, val),
+            Labels::Shared { name, value, extra } => {
+                push(name, value);
+                for (k, val) in extra.iter() {
+                    push(k, val);
+                }
+            }
         }
         m.set_label(labels);
         match f.kind {
