@@ -242,6 +242,18 @@ impl Node {
             .expect("spawn the plugin")
     }
 
+    /// A create as Nomad runs it, run by `wrapper` (`strace …`): the
+    /// plugin is then the wrapper's child, not this process's.
+    pub fn create_command_under(&self, wrapper: &[&str], spec: &Spec) -> Command {
+        plugin_command_under(
+            wrapper,
+            &self.plugin,
+            "create",
+            &self.create_vars(spec),
+            &[],
+        )
+    }
+
     pub fn delete(&self, spec: &Spec) -> Outcome {
         let path = self.volumes_dir.join(&spec.id);
         self.run("delete", &self.delete_vars(spec, &path))
@@ -335,7 +347,25 @@ fn plugin_command(
     vars: &[(&str, String)],
     extra: &[(&str, String)],
 ) -> Command {
-    let mut cmd = Command::new("/usr/bin/env");
+    plugin_command_under(&[], plugin, op, vars, extra)
+}
+
+/// [`plugin_command`], started by the command `wrapper` names, if any.
+fn plugin_command_under(
+    wrapper: &[&str],
+    plugin: &Path,
+    op: &str,
+    vars: &[(&str, String)],
+    extra: &[(&str, String)],
+) -> Command {
+    let mut cmd = match wrapper {
+        [] => Command::new("/usr/bin/env"),
+        [first, rest @ ..] => {
+            let mut c = Command::new(first);
+            c.args(rest).arg("/usr/bin/env");
+            c
+        }
+    };
     cmd.arg("-i");
     for (k, v) in vars.iter().chain(extra) {
         cmd.arg(format!("{k}={v}"));

@@ -322,28 +322,27 @@ fn create_durability(a: &Args, contenders: &[Node; 4], _free: u64, r: &mut Repor
 /// the disk; returns how many there were and the seconds spent in them.
 fn traced_flushes(n: &Node, spec: &Spec, trace: &Path) -> (usize, f64) {
     let _ = std::fs::remove_file(trace);
-    let out = std::process::Command::new("strace")
-        .args(["-f", "-qq", "-T", "-o"])
-        .arg(trace)
-        .args([
-            "-e",
-            "trace=fsync,fdatasync,syncfs,sync,sync_file_range,msync",
-        ])
-        .arg("/usr/bin/env")
-        .arg("-i")
-        .args(n.create_vars(spec).iter().map(|(k, v)| format!("{k}={v}")))
-        .arg(&n.plugin)
-        .arg("create")
-        .env_clear()
-        .current_dir("/")
-        .stdin(std::process::Stdio::null())
+    let trace_arg = trace.to_string_lossy();
+    let strace = [
+        "/usr/bin/strace",
+        "-f",
+        "-qq",
+        "-T",
+        "-o",
+        &trace_arg,
+        "-e",
+        "trace=fsync,fdatasync,syncfs,sync,sync_file_range,msync",
+    ];
+    let out = n
+        .create_command_under(&strace, spec)
         .output()
         .expect("run strace (the bench needs it in the guest)");
     assert!(
         out.status.success(),
-        "a traced create of {} failed: {}",
+        "a traced create of {} failed: {}{}",
         n.plugin.display(),
-        String::from_utf8_lossy(&out.stdout)
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
     let text = std::fs::read_to_string(trace).expect("strace's output");
     let times: Vec<f64> = text
