@@ -242,6 +242,9 @@ pub struct Counters {
     /// skipped the end (a trampoline rebuilt by another program's attach
     /// or detach on the same function, or a skipped run).
     pub unfinished_direct_writes: u64,
+    /// Buffered writes into volumes whose call the hooks saw begin and not
+    /// end, for the same reasons.
+    pub unfinished_buffered_writes: u64,
 }
 
 impl Counters {

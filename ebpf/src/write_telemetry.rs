@@ -78,11 +78,12 @@ pub const HOOK_NAMES: [&str; 4] = [
 ];
 
 /// O_DIRECT's hook, the same in both builds (`iomap_dio_complete` has kept
-/// its one argument). fexit first: an fentry without its fexit would only
-/// fill the hand-off map, and a call the fentry's attach finds in flight
-/// (its trampoline rebuilt, see `dio_unfinished` in write_telemetry.c)
-/// then has no start: not counted, and not left unfinished either, as it
-/// began before the exporter counted.
+/// its one argument). Every hook with two halves attaches its fexit first:
+/// an fentry without its fexit would only fill the hand-off slots, and a
+/// call the fentry's attach finds in flight (its trampoline rebuilt, see
+/// `unfinished_writes` in write_telemetry.c) then has no start: not
+/// counted, and not left unfinished either, as it began before the
+/// exporter counted.
 const DIRECT: Hook = Hook {
     name: HOOK_DIRECT,
     parts: &[
@@ -113,22 +114,39 @@ const HOOKS: &[Hook] = &[
     },
     Hook {
         name: HOOK_BUFFERED_IOMAP,
-        parts: &[Part {
-            progs: &["iomap_buffered_write_exit"],
-            func: "iomap_file_buffered_write",
-            kind: Kind::FExit,
-        }],
+        parts: &[
+            Part {
+                progs: &["iomap_buffered_write_exit"],
+                func: "iomap_file_buffered_write",
+                kind: Kind::FExit,
+            },
+            BUFFERED_IOMAP_ENTRY,
+        ],
     },
     Hook {
         name: HOOK_BUFFERED_GENERIC,
-        parts: &[Part {
-            progs: &["generic_perform_write_exit"],
-            func: "generic_perform_write",
-            kind: Kind::FExit,
-        }],
+        parts: &[
+            Part {
+                progs: &["generic_perform_write_exit"],
+                func: "generic_perform_write",
+                kind: Kind::FExit,
+            },
+            Part {
+                progs: &["generic_perform_write_entry"],
+                func: "generic_perform_write",
+                kind: Kind::FEntry,
+            },
+        ],
     },
     DIRECT,
 ];
+
+/// The same program in both builds: it reads the kiocb alone.
+const BUFFERED_IOMAP_ENTRY: Part = Part {
+    progs: &["iomap_buffered_write_entry"],
+    func: "iomap_file_buffered_write",
+    kind: Kind::FEntry,
+};
 
 /// [`Variant::Context`]: longest signature first (write_telemetry.c says why).
 const HOOKS_COMPAT: &[Hook] = &[
@@ -142,22 +160,35 @@ const HOOKS_COMPAT: &[Hook] = &[
     },
     Hook {
         name: HOOK_BUFFERED_IOMAP,
-        parts: &[Part {
-            progs: &["iomap_buffered_write_exit4", "iomap_buffered_write_exit3"],
-            func: "iomap_file_buffered_write",
-            kind: Kind::FExit,
-        }],
+        parts: &[
+            Part {
+                progs: &["iomap_buffered_write_exit4", "iomap_buffered_write_exit3"],
+                func: "iomap_file_buffered_write",
+                kind: Kind::FExit,
+            },
+            BUFFERED_IOMAP_ENTRY,
+        ],
     },
     Hook {
         name: HOOK_BUFFERED_GENERIC,
-        parts: &[Part {
-            progs: &[
-                "generic_perform_write_exit_file",
-                "generic_perform_write_exit_kiocb",
-            ],
-            func: "generic_perform_write",
-            kind: Kind::FExit,
-        }],
+        parts: &[
+            Part {
+                progs: &[
+                    "generic_perform_write_exit_file",
+                    "generic_perform_write_exit_kiocb",
+                ],
+                func: "generic_perform_write",
+                kind: Kind::FExit,
+            },
+            Part {
+                progs: &[
+                    "generic_perform_write_entry_file",
+                    "generic_perform_write_entry_kiocb",
+                ],
+                func: "generic_perform_write",
+                kind: Kind::FEntry,
+            },
+        ],
     },
     DIRECT,
 ];
@@ -168,7 +199,7 @@ const MAP_ROOTS: &str = "roots";
 const MAP_ROOT_DEVS: &str = "root_devs";
 const MAP_COUNTERS: &str = "volume_counters";
 const MAP_UNATTRIBUTED: &str = "unattributed";
-const MAP_UNFINISHED: &str = "dio_unfinished";
+const MAP_UNFINISHED: &str = "unfinished_writes";
 
 /// The loaded, attached programs and their maps. Dropping it detaches
 /// everything.
@@ -307,8 +338,9 @@ impl WriteTelemetry {
     fn open(variant: Variant, btf: &Btf, opts: &LoadOptions) -> Result<WriteTelemetry, LoadError> {
         let ebpf = EbpfLoader::new()
             .btf(Some(btf))
-            // dio_task, task-local storage: aya creates it but has no
-            // userspace type for it, and userspace never reads it.
+            // dio_task and buffered_task, task-local storage: aya creates
+            // them but has no userspace type for them, and userspace never
+            // reads them.
             .allow_unsupported_maps()
             .map_max_entries(MAP_COUNTERS, opts.max_volumes)
             .map_max_entries(MAP_ROOTS, opts.max_roots)
@@ -535,9 +567,17 @@ impl WriteTelemetry {
         )?;
         // Each CPU holds the starts minus the ends it ran, so one may be
         // negative; the sum is not.
-        let per_cpu = map_err(MAP_UNFINISHED, unfinished.get(&0, 0))?;
-        let sum = per_cpu.iter().fold(0i64, |a, n| a.wrapping_add(*n));
-        out.unfinished_direct_writes = sum.max(0) as u64;
+        for (path, slot) in [
+            (raw::UNFINISHED_DIRECT, &mut out.unfinished_direct_writes),
+            (
+                raw::UNFINISHED_BUFFERED,
+                &mut out.unfinished_buffered_writes,
+            ),
+        ] {
+            let per_cpu = map_err(MAP_UNFINISHED, unfinished.get(&path, 0))?;
+            let sum = per_cpu.iter().fold(0i64, |a, n| a.wrapping_add(*n));
+            *slot = sum.max(0) as u64;
+        }
         Ok(out)
     }
 

@@ -36,6 +36,12 @@
 #define GEN_CACHE_ON 2 /* 1 once the vfs_rename hook is attached */
 #define N_GEN 3
 
+/* Index into the per-CPU `unfinished` array: write calls into volumes
+ * whose start a hook saw and whose end it has not (yet) seen. */
+#define UNFINISHED_DIRECT 0   /* O_DIRECT completions (iomap_dio_complete) */
+#define UNFINISHED_BUFFERED 1 /* buffered writes (iomap_file_buffered_write, generic_perform_write) */
+#define N_UNFINISHED 2
+
 /* Key of the `roots` map: a directory as the kernel names it. */
 struct root_key {
 	__u64 dev; /* super_block->s_dev, kernel dev_t encoding: major << 20 | minor */

@@ -6,9 +6,10 @@
  * Hook points (all in vmlinux: aya cannot attach to or relocate against
  * module BTF, and XFS and ext4 are modules on Debian):
  *
- *   fexit  iomap_file_buffered_write   buffered writes on XFS
- *   fexit  generic_perform_write       buffered writes on ext4 (and ext4's
- *                                      buffered fallback for O_DIRECT)
+ *   fentry iomap_file_buffered_write   buffered writes on XFS
+ *   fexit  iomap_file_buffered_write
+ *   fentry generic_perform_write       buffered writes on ext4 (and ext4's
+ *   fexit  generic_perform_write       buffered fallback for O_DIRECT)
  *   fentry iomap_dio_complete          O_DIRECT on XFS and ext4: sync,
  *   fexit  iomap_dio_complete          libaio and io_uring all complete here
  *
@@ -125,28 +126,29 @@ struct {
 } dio_inflight SEC(".maps");
 
 /*
- * O_DIRECT writes into volumes whose completion began and was not seen to
- * end: the fentry half adds 1 for a write it attributed to a volume, the
- * fexit half takes 1 away when it finds that start. Summed over CPUs it is
- * the completions running now plus those whose end went unseen, which
- * nothing else reports: when another program attaches to or detaches from
- * iomap_dio_complete, the kernel rebuilds the function's trampoline and
- * patches the old one to skip its fexit programs for the calls still
- * inside the function (bpf_tramp_image_put), so those writes are never
- * counted, and no skipped run is recorded. A start that could not be
- * stored stays counted here too.
+ * Writes into volumes whose call began and was not seen to end, by path
+ * (UNFINISHED_DIRECT, UNFINISHED_BUFFERED): an fentry half adds 1 for a
+ * write it attributed to a volume and handed over, the fexit half takes 1
+ * away when it finds that start. Summed over CPUs it is the calls running
+ * now plus those whose end went unseen, which nothing else reports: when
+ * another program attaches to or detaches from a hooked function, the
+ * kernel rebuilds the function's trampoline and patches the old one to
+ * skip its fexit programs for the calls still inside the function
+ * (bpf_tramp_image_put), so those writes are never counted, and no skipped
+ * run is recorded. A start that could not be stored stays counted here
+ * too (O_DIRECT), or is not counted at all (buffered: its fexit then
+ * attributes the write itself, as with no fentry half).
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
+	__uint(max_entries, N_UNFINISHED);
 	__type(key, __u32);
 	__type(value, __s64);
-} dio_unfinished SEC(".maps");
+} unfinished_writes SEC(".maps");
 
-static __always_inline void unfinished(__s64 delta)
+static __always_inline void unfinished(__u32 path, __s64 delta)
 {
-	__u32 zero = 0;
-	__s64 *n = bpf_map_lookup_elem(&dio_unfinished, &zero);
+	__s64 *n = bpf_map_lookup_elem(&unfinished_writes, &path);
 
 	if (n)
 		__sync_fetch_and_add(n, delta);
@@ -173,6 +175,49 @@ struct {
 	__type(key, int);
 	__type(value, struct dio_slot);
 } dio_task SEC(".maps");
+#endif
+
+/*
+ * A buffered write's hand-off from its fentry half to its fexit half: the
+ * volume the write was attributed to when it began. A thread runs one
+ * buffered write at a time (neither hooked function calls the other or
+ * itself, and they run in task context only), so one slot per thread
+ * holds it, free when id is 0. The call is named by its kiocb's address,
+ * or, for generic_perform_write(file, iter, pos) before 5.19, by the file
+ * and the position, which the fexit half reads back unchanged.
+ *
+ * The fexit half takes the slot's volume rather than attributing the file
+ * again: a file renamed out of its volume mid-write would otherwise leave
+ * its start counted for ever. A start that is not its own (a slot left by
+ * a skipped fexit, or none stored: the fentry skipped or not attached yet)
+ * makes the fexit attribute the file itself, as with no fentry half. An
+ * fentry that attributes the write to no volume frees the slot, so that
+ * a stale one cannot meet a later call at the same stack address.
+ */
+struct buffered_start {
+	__u64 id;
+	__s64 pos;
+	__u32 volume;
+	__u32 _pad;
+};
+
+#ifndef PRJQUOTA_COMPAT
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct buffered_start);
+} buffered_task SEC(".maps");
+#else
+/* Without task-local storage: keyed by the thread. An LRU, so that the
+ * slots of threads that exited make room; a start evicted while its write
+ * runs is counted by its fexit all the same, and stays in the gauge. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64); /* pid_tgid */
+	__type(value, struct buffered_start);
+} buffered_inflight SEC(".maps");
 #endif
 
 /* A buffered XFS write that failed with ENOSPC/EDQUOT, awaiting its retry. */
@@ -380,15 +425,83 @@ static __always_inline void account(__u32 kind, __u32 volume, __s64 ret, __u64 b
 	}
 }
 
-static __always_inline void account_buffered(struct kiocb *iocb, __s64 ret, __u32 prog)
+/* The fentry half of a buffered write: id and pos name the call. */
+static __always_inline void buffered_begin(__u64 id, __s64 pos, struct file *file, __u32 prog)
 {
-	__u32 volume = 0, kind;
+	struct buffered_start s = { .id = id, .pos = pos };
+	__u32 kind = attribute(file, &s.volume, prog);
+#ifndef PRJQUOTA_COMPAT
+	struct buffered_start *slot;
 
+	if (kind != ATTRIBUTED) {
+		slot = bpf_task_storage_get(&buffered_task, bpf_get_current_task_btf(), 0, 0);
+		if (slot)
+			slot->id = 0;
+		return;
+	}
+	slot = bpf_task_storage_get(&buffered_task, bpf_get_current_task_btf(), 0,
+				    BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!slot)
+		return;
+	*slot = s;
+#else
+	__u64 tid = bpf_get_current_pid_tgid();
+
+	if (kind != ATTRIBUTED) {
+		if (bpf_map_lookup_elem(&buffered_inflight, &tid))
+			bpf_map_delete_elem(&buffered_inflight, &tid);
+		return;
+	}
+	if (bpf_map_update_elem(&buffered_inflight, &tid, &s, BPF_ANY))
+		return;
+#endif
+	unfinished(UNFINISHED_BUFFERED, 1);
+}
+
+/*
+ * The fexit half's start: 1 and the volume when this thread's slot holds
+ * this call's start, which it takes back (with its unfinished count);
+ * else 0, and the caller attributes the file itself.
+ */
+static __always_inline int buffered_started(__u64 id, __s64 pos, __u32 *volume)
+{
+#ifndef PRJQUOTA_COMPAT
+	struct buffered_start *slot =
+		bpf_task_storage_get(&buffered_task, bpf_get_current_task_btf(), 0, 0);
+
+	if (!slot || slot->id != id || slot->pos != pos)
+		return 0;
+	*volume = slot->volume;
+	slot->id = 0;
+#else
+	__u64 tid = bpf_get_current_pid_tgid();
+	struct buffered_start *p = bpf_map_lookup_elem(&buffered_inflight, &tid);
+
+	if (!p || p->id != id || p->pos != pos)
+		return 0;
+	*volume = p->volume;
+	bpf_map_delete_elem(&buffered_inflight, &tid);
+#endif
+	unfinished(UNFINISHED_BUFFERED, -1);
+	return 1;
+}
+
+/* The volume of a buffered write ending now: from its start, else walked. */
+static __always_inline __u32 buffered_end(__u64 id, __s64 pos, struct file *file, __u32 *volume,
+					  __u32 prog)
+{
+	if (buffered_started(id, pos, volume))
+		return ATTRIBUTED;
+	return attribute(file, volume, prog);
+}
+
+/* A buffered write's result, for the volume (or bucket) it began in. */
+static __always_inline void account_buffered_in(__u32 kind, __u32 volume, __s64 ret, int nowait)
+{
 	if (ret == 0)
 		return;
-	if (ret == -EAGAIN && (iocb->ki_flags & IOCB_NOWAIT))
+	if (ret == -EAGAIN && nowait)
 		return;
-	kind = attribute(iocb->ki_filp, &volume, prog);
 #ifdef PRJQUOTA_FAULT_WRONG_RET
 	/* Fault injection (cargo feature `fault-injection`): a hook that reads
 	 * the wrong return value, as after a kernel changes a signature. The
@@ -398,8 +511,20 @@ static __always_inline void account_buffered(struct kiocb *iocb, __s64 ret, __u3
 	account(kind, volume, ret, ret > 0 ? ret : 0);
 }
 
+static __always_inline void account_buffered(struct kiocb *iocb, __s64 ret, __u32 prog)
+{
+	__u32 volume = 0;
+	__u32 kind = buffered_end((__u64)iocb, 0, iocb->ki_filp, &volume, prog);
+
+	account_buffered_in(kind, volume, ret, iocb->ki_flags & IOCB_NOWAIT);
+}
+
 static __always_inline void buffered_write_exit(struct kiocb *iocb, __s64 ret)
 {
+	__u32 volume = 0;
+	/* Taken back before the retry's filter: each attempt has its start. */
+	__u32 kind = buffered_end((__u64)iocb, 0, iocb->ki_filp, &volume, CACHE_BUFFERED);
+
 	if ((ret == -ENOSPC || ret == -EDQUOT) &&
 	    iocb->ki_filp->f_path.dentry->d_sb->s_magic == XFS_SUPER_MAGIC) {
 		__u64 tid = bpf_get_current_pid_tgid();
@@ -413,7 +538,16 @@ static __always_inline void buffered_write_exit(struct kiocb *iocb, __s64 ret)
 		}
 		bpf_map_delete_elem(&xfs_retry, &tid);
 	}
-	account_buffered(iocb, ret, CACHE_BUFFERED);
+	account_buffered_in(kind, volume, ret, iocb->ki_flags & IOCB_NOWAIT);
+}
+
+/* The fentry halves. Only the first parameter is read, whatever the
+ * arity, in both builds. */
+SEC("fentry/iomap_file_buffered_write")
+int BPF_PROG(iomap_buffered_write_entry, struct kiocb *iocb)
+{
+	buffered_begin((__u64)iocb, 0, iocb->ki_filp, CACHE_BUFFERED);
+	return 0;
 }
 
 #ifndef PRJQUOTA_COMPAT
@@ -426,6 +560,13 @@ int BPF_PROG(iomap_buffered_write_exit, struct kiocb *iocb)
 	 * kernels 4): only the kiocb, parameter 0, is read. */
 	bpf_get_func_ret(ctx, (__u64 *)&ret);
 	buffered_write_exit(iocb, ret);
+	return 0;
+}
+
+SEC("fentry/generic_perform_write")
+int BPF_PROG(generic_perform_write_entry, struct kiocb *iocb)
+{
+	buffered_begin((__u64)iocb, 0, iocb->ki_filp, CACHE_GENERIC);
 	return 0;
 }
 
@@ -471,15 +612,10 @@ int BPF_PROG(iomap_buffered_write_exit3, struct kiocb *iocb, void *from, void *o
 SEC("fexit/generic_perform_write")
 int BPF_PROG(generic_perform_write_exit_file, struct file *file, void *i, long long pos, long ret)
 {
-	__u32 volume = 0, kind;
+	__u32 volume = 0;
+	__u32 kind = buffered_end((__u64)file, pos, file, &volume, CACHE_GENERIC);
 
-	if (ret == 0)
-		return 0;
-	kind = attribute(file, &volume, CACHE_GENERIC);
-#ifdef PRJQUOTA_FAULT_WRONG_RET
-	ret = ret > 1 ? (__s64)((__u64)ret >> 1) : ret;
-#endif
-	account(kind, volume, ret, ret > 0 ? ret : 0);
+	account_buffered_in(kind, volume, ret, 0);
 	return 0;
 }
 
@@ -488,6 +624,22 @@ SEC("fexit/generic_perform_write")
 int BPF_PROG(generic_perform_write_exit_kiocb, struct kiocb *iocb, void *i, long ret)
 {
 	account_buffered(iocb, ret, CACHE_GENERIC);
+	return 0;
+}
+
+/* The fentry halves, longest signature first as above: the first reads
+ * pos, which the verifier refuses past a two-parameter function. */
+SEC("fentry/generic_perform_write")
+int BPF_PROG(generic_perform_write_entry_file, struct file *file, void *i, long long pos)
+{
+	buffered_begin((__u64)file, pos, file, CACHE_GENERIC);
+	return 0;
+}
+
+SEC("fentry/generic_perform_write")
+int BPF_PROG(generic_perform_write_entry_kiocb, struct kiocb *iocb)
+{
+	buffered_begin((__u64)iocb, 0, iocb->ki_filp, CACHE_GENERIC);
 	return 0;
 }
 #endif
@@ -508,7 +660,7 @@ int BPF_PROG(iomap_dio_complete_entry, struct iomap_dio *dio)
 	if (bpf_core_field_exists(dio->done_before))
 		s.done_before = dio->done_before;
 	if (s.kind == ATTRIBUTED)
-		unfinished(1);
+		unfinished(UNFINISHED_DIRECT, 1);
 #ifndef PRJQUOTA_COMPAT
 	slot = bpf_task_storage_get(&dio_task, bpf_get_current_task_btf(), 0,
 				    BPF_LOCAL_STORAGE_GET_F_CREATE);
@@ -569,7 +721,7 @@ int BPF_PROG(iomap_dio_complete_exit, struct iomap_dio *dio, long func_ret)
 	ret = func_ret;
 #endif
 	if (s.kind == ATTRIBUTED)
-		unfinished(-1);
+		unfinished(UNFINISHED_DIRECT, -1);
 	if (ret == 0 || (ret == -EAGAIN && s.nowait))
 		return 0;
 	/* On success the result includes what earlier partial submissions of

@@ -548,7 +548,19 @@ fn counter_families(
         "O_DIRECT writes into volumes whose completion the eBPF hook saw begin and not end: those completing at the scrape, plus those it will never count. The kernel skips the hook's end for calls inside iomap_dio_complete when another eBPF program attaches to or detaches from that function (another exporter's start or stop, a tracing tool), and records no skipped run. A value that stays above zero after writes stop is O_DIRECT writes missing from the volumes' counters.",
     );
     unfinished.plain(counters.unfinished_direct_writes as f64);
-    vec![bytes, ops, errors, unattributed, unfinished]
+    let mut unfinished_buffered = Family::gauge(
+        "prjquota_exporter_ebpf_unfinished_buffered_writes",
+        "Buffered writes into volumes whose call the eBPF hooks saw begin and not end: those running at the scrape (a writer throttled by writeback stays inside for as long), plus those they will never count. The kernel skips the hooks' end for calls inside iomap_file_buffered_write or generic_perform_write when another eBPF program attaches to or detaches from that function, and records no skipped run. A value that stays above zero after writes stop is buffered writes missing from the volumes' counters.",
+    );
+    unfinished_buffered.plain(counters.unfinished_buffered_writes as f64);
+    vec![
+        bytes,
+        ops,
+        errors,
+        unattributed,
+        unfinished,
+        unfinished_buffered,
+    ]
 }
 
 /// Every family this collector can export, as an attached exporter would
