@@ -22,7 +22,7 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Left out of the static run, with the reason: they test scale and our
 /// memory use rather than the contract, take minutes under emulation, and
-/// the 100k test reads the process's RUSAGE_CHILDREN, which is only its own
+/// the 40k test reads the process's RUSAGE_CHILDREN, which is only its own
 /// when nextest runs it in a process of its own (here the tests share one).
 /// And the ext4 half of the per-filesystem tests: the static build is the
 /// same source as the debug one, whose ext4 tests run in the same pass,
@@ -31,7 +31,7 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// tests hold the shipped binary to the Nomad contract.
 const SKIPPED: &[&str] = &[
     "restore_storm",
-    "deleting_a_directory_of_100k_entries",
+    "deleting_a_directory_of_40k_entries",
     "a_volume_with_many_files_is_deleted_completely",
     "ext4::",
 ];
