@@ -425,7 +425,13 @@ static __always_inline void account(__u32 kind, __u32 volume, __s64 ret, __u64 b
 	}
 }
 
-/* The fentry half of a buffered write: id and pos name the call. */
+/*
+ * The fentry half of a buffered write: id and pos name the call. Most of a
+ * node's writes are on filesystems without a volume: those neither halves
+ * hand anything over for (no slot is read or written), so that they cost
+ * what they cost with the fexit alone. A device that loses its last root
+ * while a write into that root runs leaves that write's start counted.
+ */
 static __always_inline void buffered_begin(__u64 id, __s64 pos, struct file *file, __u32 prog)
 {
 	struct buffered_start s = { .id = id, .pos = pos };
@@ -433,6 +439,8 @@ static __always_inline void buffered_begin(__u64 id, __s64 pos, struct file *fil
 #ifndef PRJQUOTA_COMPAT
 	struct buffered_start *slot;
 
+	if (kind == UNATTR_OTHER_FS)
+		return;
 	if (kind != ATTRIBUTED) {
 		slot = bpf_task_storage_get(&buffered_task, bpf_get_current_task_btf(), 0, 0);
 		if (slot)
@@ -447,6 +455,8 @@ static __always_inline void buffered_begin(__u64 id, __s64 pos, struct file *fil
 #else
 	__u64 tid = bpf_get_current_pid_tgid();
 
+	if (kind == UNATTR_OTHER_FS)
+		return;
 	if (kind != ATTRIBUTED) {
 		if (bpf_map_lookup_elem(&buffered_inflight, &tid))
 			bpf_map_delete_elem(&buffered_inflight, &tid);
@@ -490,6 +500,10 @@ static __always_inline int buffered_started(__u64 id, __s64 pos, __u32 *volume)
 static __always_inline __u32 buffered_end(__u64 id, __s64 pos, struct file *file, __u32 *volume,
 					  __u32 prog)
 {
+	__u64 dev = file->f_path.dentry->d_sb->s_dev;
+
+	if (!bpf_map_lookup_elem(&root_devs, &dev))
+		return UNATTR_OTHER_FS;
 	if (buffered_started(id, pos, volume))
 		return ATTRIBUTED;
 	return attribute(file, volume, prog);
