@@ -278,6 +278,9 @@ struct {
 #define CACHE_BUFFERED 0
 #define CACHE_GENERIC 1
 #define CACHE_DIO 2
+#define CACHE_BUFFERED_ENTRY 3 /* the fentry halves: programs of their own */
+#define CACHE_GENERIC_ENTRY 4
+#define CACHE_GROUPS 5
 
 struct attr_cached {
 	__u64 dev;
@@ -297,7 +300,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 3 * CACHE_SLOTS);
+	__uint(max_entries, CACHE_GROUPS * CACHE_SLOTS);
 	__type(key, __u32);
 	__type(value, struct attr_cached);
 } attr_cache SEC(".maps");
@@ -560,7 +563,7 @@ static __always_inline void buffered_write_exit(struct kiocb *iocb, __s64 ret)
 SEC("fentry/iomap_file_buffered_write")
 int BPF_PROG(iomap_buffered_write_entry, struct kiocb *iocb)
 {
-	buffered_begin((__u64)iocb, 0, iocb->ki_filp, CACHE_BUFFERED);
+	buffered_begin((__u64)iocb, 0, iocb->ki_filp, CACHE_BUFFERED_ENTRY);
 	return 0;
 }
 
@@ -580,7 +583,7 @@ int BPF_PROG(iomap_buffered_write_exit, struct kiocb *iocb)
 SEC("fentry/generic_perform_write")
 int BPF_PROG(generic_perform_write_entry, struct kiocb *iocb)
 {
-	buffered_begin((__u64)iocb, 0, iocb->ki_filp, CACHE_GENERIC);
+	buffered_begin((__u64)iocb, 0, iocb->ki_filp, CACHE_GENERIC_ENTRY);
 	return 0;
 }
 
@@ -646,14 +649,14 @@ int BPF_PROG(generic_perform_write_exit_kiocb, struct kiocb *iocb, void *i, long
 SEC("fentry/generic_perform_write")
 int BPF_PROG(generic_perform_write_entry_file, struct file *file, void *i, long long pos)
 {
-	buffered_begin((__u64)file, pos, file, CACHE_GENERIC);
+	buffered_begin((__u64)file, pos, file, CACHE_GENERIC_ENTRY);
 	return 0;
 }
 
 SEC("fentry/generic_perform_write")
 int BPF_PROG(generic_perform_write_entry_kiocb, struct kiocb *iocb)
 {
-	buffered_begin((__u64)iocb, 0, iocb->ki_filp, CACHE_GENERIC);
+	buffered_begin((__u64)iocb, 0, iocb->ki_filp, CACHE_GENERIC_ENTRY);
 	return 0;
 }
 #endif
