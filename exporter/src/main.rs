@@ -149,11 +149,19 @@ struct Flags {
     #[arg(long = "guard.pin-root", value_name = "DIR", default_value = prjquota_ebpf::guard::pins::PIN_ROOT)]
     guard_pin_root: PathBuf,
 
-    /// How often the guard's maps are synced with the registries and every
-    /// volume root's project ID and PROJINHERIT checked (and put back).
-    /// A Prometheus duration (2s, 500ms, 1m), at most 1h.
+    /// How often the guard's maps are synced with the registries and the
+    /// volume roots checked (and put back) when a registry, the pins or
+    /// the guard's counters changed. A Prometheus duration (2s, 500ms,
+    /// 1m), at most 1h.
     #[arg(long = "guard.sync-interval", value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
     guard_sync_interval: Duration,
+
+    /// The longest the sync goes without opening every volume root to
+    /// check its identity, project ID and PROJINHERIT when nothing said it
+    /// changed: what catches a root replaced, or re-tagged, by root through
+    /// a path the guard does not see. At most 1h.
+    #[arg(long = "guard.verify-interval", value_name = "DURATION", default_value = "1m", value_parser = parse_duration)]
+    guard_verify_interval: Duration,
 
     /// Replace a pinned guard that enforces with this start's, which will
     /// only detect (--guard=detect). Without it such a start leaves the
@@ -458,6 +466,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         guard: flags.guard,
         guard_pin_root: flags.guard_pin_root,
         guard_sync_interval: flags.guard_sync_interval,
+        guard_verify_interval: flags.guard_verify_interval,
         guard_replace_stronger: flags.guard_replace_stronger,
         max_volumes: flags.max_volumes,
         allocs: flags.nomad_alloc_dir.map(|alloc_dir| {

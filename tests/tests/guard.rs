@@ -53,6 +53,7 @@ on_every_fs!(
     a_reused_inode_number_does_not_inherit_a_deleted_root,
     a_file_outside_the_volumes_cannot_take_a_volume_project,
     the_sync_timer_re_tags_a_root_changed_behind_its_back,
+    an_idle_sync_opens_no_root_and_the_verify_interval_finds_a_replaced_one,
     a_file_opened_by_handle_is_judged_fail_closed,
     enforce_keeps_every_root_generation_from_its_owner,
     a_record_the_exporter_cannot_read_keeps_its_volume_guarded,
@@ -1441,6 +1442,10 @@ impl Drop for Overlay {
 fn the_sync_timer_re_tags_a_root_changed_behind_its_back(fs: &FsCase) {
     let v = Volume::new(fs, "guard-drift");
     let exp = guarding(&v, &["--guard.sync-interval=500ms"]);
+    // Past the rounds the new volume's record makes full: the change must
+    // be found because the guard counted it (a privileged change), not
+    // because a registry moved or `--guard.verify-interval` (1 min) ran out.
+    std::thread::sleep(Duration::from_millis(1500));
     let root = open(&v.path);
     set_xattr(&root, |a| {
         a.projid = 0;
@@ -1477,6 +1482,77 @@ fn the_sync_timer_re_tags_a_root_changed_behind_its_back(fs: &FsCase) {
             .any(|l| l.contains("re-tagged") && l.contains(&v.spec.id)),
         "{log}"
     );
+    drop(exp);
+}
+
+/// At rest the sync timer's rounds open no volume root: nothing a
+/// registry, the pins or the guard's counters say moved. A root replaced
+/// by root (renamed away, a new directory made in its place: no change the
+/// guard judges) is found by the round `--guard.verify-interval` forces,
+/// re-keyed and re-tagged.
+fn an_idle_sync_opens_no_root_and_the_verify_interval_finds_a_replaced_one(fs: &FsCase) {
+    let v = Volume::new(fs, "guard-idle");
+    let checks = |exp: &Exporter| {
+        let e = exp.scrape();
+        (
+            e.value("prjquota_exporter_guard_syncs_total", &[("result", "ok")]),
+            e.value("prjquota_exporter_guard_sync_root_checks_total", &[]),
+        )
+    };
+    let exp = guarding(&v, &["--guard.sync-interval=200ms"]);
+    // The record's directory changed just now: rounds stay full until its
+    // change is a second old.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (rounds, opened) = checks(&exp);
+    assert!(opened >= 1.0, "{}: the fill opened no root", fs.name);
+    std::thread::sleep(Duration::from_secs(2));
+    let (rounds_after, opened_after) = checks(&exp);
+    assert!(
+        rounds_after - rounds >= 5.0,
+        "{}: {rounds} rounds, then {rounds_after} two seconds later\n{}",
+        fs.name,
+        exp.log()
+    );
+    assert_eq!(
+        opened_after,
+        opened,
+        "{}: quiet rounds opened roots\n{}",
+        fs.name,
+        exp.log()
+    );
+    exp.stop_leaving_pins();
+
+    let exp = guarding(
+        &v,
+        &["--guard.sync-interval=200ms", "--guard.verify-interval=1s"],
+    );
+    // Past the first timed round (full: a new exporter's), so that only
+    // the verify interval's can find the change.
+    std::thread::sleep(Duration::from_millis(1500));
+    let moved = v.path.with_extension("moved-test");
+    fs::rename(&v.path, &moved).unwrap();
+    fs::create_dir(&v.path).unwrap();
+    assert_eq!(Fixture::project_of(&v.path), (0, false));
+    let start = Instant::now();
+    while Fixture::project_of(&v.path) != (v.projid, true) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{}: the replaced root was not re-tagged within 10 s\n{}",
+            fs.name,
+            exp.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let e = exp.scrape();
+    assert_eq!(
+        e.value("prjquota_exporter_guard_drift_total", &[]),
+        1.0,
+        "{}",
+        e.text
+    );
+    // The volume's own directory back in its place for its delete.
+    fs::remove_dir(&v.path).unwrap();
+    fs::rename(&moved, &v.path).unwrap();
     drop(exp);
 }
 

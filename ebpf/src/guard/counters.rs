@@ -99,13 +99,53 @@ impl Guard {
         for p in keys {
             out.projects.insert((p.dev, p.projid), Outcomes::default());
         }
+        let (counted, sums) = self.counted()?;
+        for (p, o) in counted {
+            *out.projects.entry(p).or_default() = o;
+        }
+        out.events_lost = sums[GSTAT_EVENTS_LOST as usize];
+        out.privileged = sums[GSTAT_PRIVILEGED as usize];
+        out.walk_limit = Outcomes {
+            allowed: sums[GSTAT_WALK_LIMIT_ALLOWED as usize],
+            denied: sums[GSTAT_WALK_LIMIT_DENIED as usize],
+        };
+        out.unreadable = sums[GSTAT_UNREADABLE as usize];
+        out.map_full = sums[GSTAT_MAP_FULL as usize];
+        out.missed_runs = self.detect_missed_runs();
+        Ok(out)
+    }
+
+    /// One number that moves whenever the guard judges a change, allowed
+    /// or refused, privileged or not, or loses one (events dropped, runs
+    /// the kernel skipped): the sum of every count it keeps. The sync timer
+    /// compares it to tell an interval in which no root can have been
+    /// changed through the guard from one in which some may have. It reads
+    /// only the projects that had an attempt, not every volume's.
+    pub fn activity(&self) -> Result<u64, TelemetryError> {
+        let (counted, sums) = self.counted()?;
+        let attempts = counted
+            .values()
+            .fold(0u64, |a, o| a.wrapping_add(o.total()));
+        let stats = sums.iter().fold(0u64, |a, v| a.wrapping_add(*v));
+        Ok(attempts
+            .wrapping_add(stats)
+            .wrapping_add(self.detect_missed_runs().unwrap_or(0)))
+    }
+
+    /// The attempts of every project that had one, and the guard-wide
+    /// statistics, each summed over CPUs.
+    #[allow(clippy::type_complexity)]
+    fn counted(
+        &self,
+    ) -> Result<(BTreeMap<(u64, u32), Outcomes>, [u64; N_GSTATS as usize]), TelemetryError> {
+        let mut counted: BTreeMap<(u64, u32), Outcomes> = BTreeMap::new();
         let counters: PerCpuHashMap<&MapData, GuardProject, RawCounters> = map_err(
             MAP_COUNTERS,
             PerCpuHashMap::try_from(self.map(MAP_COUNTERS)?),
         )?;
         for item in counters.iter() {
             let (p, per_cpu) = map_err(MAP_COUNTERS, item)?;
-            let sum = out.projects.entry((p.dev, p.projid)).or_default();
+            let sum = counted.entry((p.dev, p.projid)).or_default();
             for c in per_cpu.iter() {
                 sum.allowed = sum.allowed.wrapping_add(c.allowed);
                 sum.denied = sum.denied.wrapping_add(c.denied);
@@ -118,16 +158,7 @@ impl Guard {
             let per_cpu = map_err(MAP_STATS, stats.get(&(i as u32), 0))?;
             *s = per_cpu.iter().fold(0u64, |a, v| a.wrapping_add(*v));
         }
-        out.events_lost = sums[GSTAT_EVENTS_LOST as usize];
-        out.privileged = sums[GSTAT_PRIVILEGED as usize];
-        out.walk_limit = Outcomes {
-            allowed: sums[GSTAT_WALK_LIMIT_ALLOWED as usize],
-            denied: sums[GSTAT_WALK_LIMIT_DENIED as usize],
-        };
-        out.unreadable = sums[GSTAT_UNREADABLE as usize];
-        out.map_full = sums[GSTAT_MAP_FULL as usize];
-        out.missed_runs = self.detect_missed_runs();
-        Ok(out)
+        Ok((counted, sums))
     }
 
     /// [`GuardCounters::missed_runs`] of the detecting programs (summed).

@@ -127,6 +127,8 @@ pub struct GuardSetup {
     pub pin_root: PathBuf,
     /// `--guard.sync-interval`.
     pub sync_interval: Duration,
+    /// `--guard.verify-interval`.
+    pub verify_interval: Duration,
     /// `--guard.replace-stronger`.
     pub replace_stronger: bool,
     /// The accounted allocations' directories (`--nomad.alloc-dir`), roots
@@ -277,8 +279,8 @@ fn spawn_sync(
             let Ok(round) = tokio::task::spawn_blocking(move || {
                 // The pins first: a round's roots go into the maps the
                 // plugin sees only once the symlinks point at them again.
-                k.check(&g);
-                s.round(&g, true)
+                let restored = k.check(&g);
+                s.timed_round(&g, restored)
             })
             .await
             else {
@@ -357,7 +359,9 @@ fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
         }
     }
     let volumes_dirs = claimed.dirs;
-    let syncer = Arc::new(Syncer::new(&volumes_dirs, setup.allocs.clone()));
+    let syncer = Arc::new(
+        Syncer::new(&volumes_dirs, setup.allocs.clone()).verifying_every(setup.verify_interval),
+    );
     let mut fill = |g: &mut Guard| {
         // The maps take over from an earlier exporter's at the swap: with
         // the allocations in them, or their owners could move files out
@@ -738,7 +742,12 @@ fn keeping_families(pinned: bool, removed: usize, syncer: &Syncer, keeper: &Keep
         "Volume roots found without their project ID or PROJINHERIT (changed by a process with CAP_SYS_ADMIN, or made by an older plugin) and re-tagged by the sync timer.",
     );
     drift.plain(s.drift.load(Ordering::Relaxed) as f64);
-    let mut out = vec![p, r, roots, rounds, drift];
+    let mut checks = Family::counter(
+        "prjquota_exporter_guard_sync_root_checks_total",
+        "Volume roots the guard's sync opened to check their identity, project ID and PROJINHERIT. A round opens every root when a registry, the allocations, the pins or the guard's counters changed, and at least every --guard.verify-interval; else none.",
+    );
+    checks.plain(s.root_checks.load(Ordering::Relaxed) as f64);
+    let mut out = vec![p, r, roots, rounds, drift, checks];
     if let Some(allocs) = syncer.allocs() {
         let mut a = Family::gauge(
             "prjquota_exporter_guard_alloc_roots",
@@ -858,6 +867,7 @@ mod tests {
             volumes_dirs: vec![PathBuf::from("/nonexistent/volumes")],
             pin_root: PathBuf::from("/nonexistent/pins"),
             sync_interval: Duration::from_secs(2),
+            verify_interval: Duration::from_secs(60),
             replace_stronger: false,
             allocs: None,
         }

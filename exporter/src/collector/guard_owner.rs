@@ -148,11 +148,13 @@ impl Keeper {
         self.kept.iter().all(|k| k.own.load(Ordering::Relaxed))
     }
 
-    /// One check (blocking: on the sync's blocking task).
-    pub fn check(&self, guard: &Mutex<Guard>) {
+    /// One check (blocking: on the sync's blocking task); whether it put
+    /// any pins back.
+    pub fn check(&self, guard: &Mutex<Guard>) -> bool {
         let Some((dir, links)) = &self.pins else {
-            return;
+            return false;
         };
+        let mut restored = false;
         for k in &self.kept {
             let found = pins::current(&self.root, &k.volumes_dir);
             if matches!(&found, Ok(Some(c)) if c.is(dir, links)) {
@@ -162,6 +164,7 @@ impl Keeper {
             let found = describe(&found, dir);
             match self.restore(guard, dir, links, &k.volumes_dir) {
                 Ok(repinned) => {
+                    restored = true;
                     k.restored.fetch_add(1, Ordering::Relaxed);
                     k.own.store(true, Ordering::Relaxed);
                     crate::error!(
@@ -186,6 +189,7 @@ impl Keeper {
                 }
             }
         }
+        restored
     }
 
     fn restore(

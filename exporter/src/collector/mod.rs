@@ -201,6 +201,7 @@ pub struct Config {
     /// How often the guard's maps are synced with the registries and the
     /// roots' project IDs checked (`--guard.sync-interval`).
     pub guard_sync_interval: Duration,
+    pub guard_verify_interval: Duration,
     /// `--guard.replace-stronger`.
     pub guard_replace_stronger: bool,
     /// Volumes the eBPF counters maps hold (`--ebpf.max-volumes`).
@@ -223,6 +224,7 @@ impl Default for Config {
             guard: GuardMode::Auto,
             guard_pin_root: PathBuf::from(prjquota_ebpf::guard::pins::PIN_ROOT),
             guard_sync_interval: Duration::from_secs(2),
+            guard_verify_interval: Duration::from_secs(60),
             guard_replace_stronger: false,
             max_volumes: prjquota_ebpf::LoadOptions::default().max_volumes,
             plugin_dir: None,
@@ -311,6 +313,7 @@ impl Exporter {
                 volumes_dirs: config.volumes_dirs.clone(),
                 pin_root: config.guard_pin_root.clone(),
                 sync_interval: config.guard_sync_interval,
+                verify_interval: config.guard_verify_interval,
                 replace_stronger: config.guard_replace_stronger,
                 allocs: guarded_allocs.clone(),
             },
