@@ -245,6 +245,10 @@ pub struct Counters {
     /// Buffered writes into volumes whose call the hooks saw begin and not
     /// end, for the same reasons.
     pub unfinished_buffered_writes: u64,
+    /// Buffered writes into volumes never counted for certain: their
+    /// thread began another write on a volume filesystem before their
+    /// end was seen (taken from `unfinished_buffered_writes`). Only grows.
+    pub lost_buffered_writes: u64,
 }
 
 impl Counters {

@@ -40,8 +40,9 @@ pub(crate) const N_GEN: u32 = 3;
 
 pub(crate) const UNFINISHED_DIRECT: u32 = 0;
 pub(crate) const UNFINISHED_BUFFERED: u32 = 1;
+pub(crate) const LOST_BUFFERED: u32 = 2;
 #[cfg(test)]
-pub(crate) const N_UNFINISHED: u32 = 2;
+pub(crate) const N_UNFINISHED: u32 = 3;
 
 pub(crate) const MAX_DEPTH: u32 = 32;
 pub(crate) const MAX_ROOTS: u32 = 16384;

@@ -128,7 +128,7 @@ pub(crate) fn defines(header: &str) -> HashMap<String, u64> {
 #[test]
 fn header_matches_rust() {
     let h = defines(include_str!("bpf/shared.h"));
-    let expect: [(&str, u64); 22] = [
+    let expect: [(&str, u64); 23] = [
         ("BUCKET_ENOSPC", raw::BUCKET_ENOSPC as u64),
         ("BUCKET_EDQUOT", raw::BUCKET_EDQUOT as u64),
         ("BUCKET_EIO", raw::BUCKET_EIO as u64),
@@ -146,6 +146,7 @@ fn header_matches_rust() {
         ("N_GEN", raw::N_GEN as u64),
         ("UNFINISHED_DIRECT", raw::UNFINISHED_DIRECT as u64),
         ("UNFINISHED_BUFFERED", raw::UNFINISHED_BUFFERED as u64),
+        ("LOST_BUFFERED", raw::LOST_BUFFERED as u64),
         ("N_UNFINISHED", raw::N_UNFINISHED as u64),
         ("MAX_DEPTH", raw::MAX_DEPTH as u64),
         ("MAX_ROOTS", raw::MAX_ROOTS as u64),

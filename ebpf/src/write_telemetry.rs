@@ -578,6 +578,8 @@ impl WriteTelemetry {
             let sum = per_cpu.iter().fold(0i64, |a, n| a.wrapping_add(*n));
             *slot = sum.max(0) as u64;
         }
+        let per_cpu = map_err(MAP_UNFINISHED, unfinished.get(&raw::LOST_BUFFERED, 0))?;
+        out.lost_buffered_writes = per_cpu.iter().fold(0u64, |a, n| a.wrapping_add(*n as u64));
         Ok(out)
     }
 

@@ -40,6 +40,7 @@ const ERRORS: &str = "nomad_host_volume_write_errors_total";
 const MISSED: &str = "prjquota_exporter_ebpf_program_missed_runs_total";
 const UNFINISHED: &str = "prjquota_exporter_ebpf_unfinished_direct_writes";
 const UNFINISHED_BUFFERED: &str = "prjquota_exporter_ebpf_unfinished_buffered_writes";
+const LOST_BUFFERED: &str = "prjquota_exporter_ebpf_lost_buffered_writes_total";
 
 /// What the exporter says of one volume.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -495,10 +496,13 @@ fn stages_a_lost_completion() -> bool {
 }
 
 /// Writes the exporter says went uncounted: runs of the write hooks the
-/// kernel skipped, and writes whose end the hooks never saw (once the
-/// writers are done, none is still running).
+/// kernel skipped, writes whose end the hooks never saw (once the writers
+/// are done, none is still running), and those found lost.
 fn uncounted(e: &Exposition) -> u64 {
-    skipped_runs(e) + e.value(UNFINISHED, &[]) as u64 + e.value(UNFINISHED_BUFFERED, &[]) as u64
+    skipped_runs(e)
+        + e.value(UNFINISHED, &[]) as u64
+        + e.value(UNFINISHED_BUFFERED, &[]) as u64
+        + e.value(LOST_BUFFERED, &[]) as u64
 }
 
 /// A buffered write held inside the hooked function while another exporter
@@ -511,8 +515,10 @@ fn uncounted(e: &Exposition) -> u64 {
 /// `prjquota_exporter_ebpf_unfinished_buffered_writes` must say so (the
 /// writer is inside for certain). Debian's 7.x runs the fexit of a call
 /// held through the rebuilds: there the write is counted, and nothing is
-/// left unfinished. A write after it counts exactly, and the gauge keeps
-/// what it reported, no more.
+/// left unfinished. The same thread's next write counts exactly, and finds
+/// the held write's start still in its slot where the kernel skipped its
+/// end: that write moves from the gauge to
+/// `prjquota_exporter_ebpf_lost_buffered_writes_total`.
 fn a_buffered_write_held_while_another_exporter_attaches_is_reported(fs: &FsCase) {
     use std::os::unix::fs::FileExt;
 
@@ -528,14 +534,24 @@ fn a_buffered_write_held_while_another_exporter_attaches_is_reported(fs: &FsCase
     let e = until_counting(&exp, &[&spec]);
     let before = published(&e, &spec);
     let unfinished_before = e.value(UNFINISHED_BUFFERED, &[]) as u64;
+    let lost_before = e.value(LOST_BUFFERED, &[]) as u64;
 
     // Open first, so that only the file's page leaves the cache, not its
     // inode or extents: the write then waits for that page alone.
     let handle = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
     prjquota_vmtests::sh("echo 1 > /proc/sys/vm/drop_caches");
     disk.suspend();
-    // One byte inside the block: the rest of it must be read first.
-    let writer = std::thread::spawn(move || handle.write_at(b"y", 1));
+    // One byte inside the block: the rest of it must be read first. The
+    // same thread writes again once told: its next write is the one that
+    // finds the held write's start.
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (again_tx, again_rx) = std::sync::mpsc::channel::<()>();
+    let writer = std::thread::spawn(move || {
+        held_tx.send(handle.write_at(b"y", 1)).unwrap();
+        if again_rx.recv().is_ok() {
+            handle.write_at(&[0x5a; 4096], 4096).unwrap();
+        }
+    });
     let inside = wait_inside_buffered_write(Duration::from_secs(30));
     if inside.is_ok() {
         let o = Exporter::start_with(
@@ -545,7 +561,7 @@ fn a_buffered_write_held_while_another_exporter_attaches_is_reported(fs: &FsCase
         drop(o);
     }
     disk.resume();
-    let wrote = writer.join().expect("the writer panicked");
+    let wrote = held_rx.recv().expect("the writer panicked");
     if let Err(stacks) = inside {
         panic!("the writer never waited inside a buffered-write hook; its threads' kernel stacks:\n{stacks}");
     }
@@ -574,12 +590,10 @@ fn a_buffered_write_held_while_another_exporter_attaches_is_reported(fs: &FsCase
         exp.log()
     );
 
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&file)
-        .unwrap()
-        .write_at(&[0x5a; 4096], 4096)
-        .unwrap();
+    assert_eq!(e.value(LOST_BUFFERED, &[]) as u64, lost_before);
+
+    again_tx.send(()).unwrap();
+    writer.join().expect("the writer panicked");
     let e = exp.scrape();
     let after = published(&e, &spec).since(&at_held);
     assert_eq!(
@@ -589,9 +603,12 @@ fn a_buffered_write_held_while_another_exporter_attaches_is_reported(fs: &FsCase
         exp.log()
     );
     assert_eq!(
-        e.value(UNFINISHED_BUFFERED, &[]) as u64 - unfinished_before,
-        unfinished,
-        "the gauge keeps what it reported\n{}",
+        (
+            e.value(UNFINISHED_BUFFERED, &[]) as u64 - unfinished_before,
+            e.value(LOST_BUFFERED, &[]) as u64 - lost_before
+        ),
+        (0, unfinished),
+        "the held write (unfinished, lost) once its thread wrote again\n{}",
         e.text
     );
 }

@@ -37,10 +37,12 @@
 #define N_GEN 3
 
 /* Index into the per-CPU `unfinished` array: write calls into volumes
- * whose start a hook saw and whose end it has not (yet) seen. */
+ * whose start a hook saw and whose end it has not (yet) seen, and those
+ * whose end it will never see. */
 #define UNFINISHED_DIRECT 0   /* O_DIRECT completions (iomap_dio_complete) */
 #define UNFINISHED_BUFFERED 1 /* buffered writes (iomap_file_buffered_write, generic_perform_write) */
-#define N_UNFINISHED 2
+#define LOST_BUFFERED 2       /* buffered writes whose thread began another before their fexit ran */
+#define N_UNFINISHED 3
 
 /* Key of the `roots` map: a directory as the kernel names it. */
 struct root_key {

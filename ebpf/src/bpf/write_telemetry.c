@@ -138,6 +138,11 @@ struct {
  * run is recorded. A start that could not be stored stays counted here
  * too (O_DIRECT), or is not counted at all (buffered: its fexit then
  * attributes the write itself, as with no fentry half).
+ *
+ * A thread runs one buffered write at a time, so a buffered start its
+ * thread's next write on a volume filesystem finds still in the slot had
+ * its fexit skipped: that write is lost for certain, and moves from
+ * UNFINISHED_BUFFERED to LOST_BUFFERED (a count that only grows).
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -428,6 +433,13 @@ static __always_inline void account(__u32 kind, __u32 volume, __s64 ret, __u64 b
 	}
 }
 
+/* A start found in its thread's slot when the thread began another write. */
+static __always_inline void buffered_lost(void)
+{
+	unfinished(UNFINISHED_BUFFERED, -1);
+	unfinished(LOST_BUFFERED, 1);
+}
+
 /*
  * The fentry half of a buffered write: id and pos name the call. Most of a
  * node's writes are on filesystems without a volume: those neither halves
@@ -446,27 +458,39 @@ static __always_inline void buffered_begin(__u64 id, __s64 pos, struct file *fil
 		return;
 	if (kind != ATTRIBUTED) {
 		slot = bpf_task_storage_get(&buffered_task, bpf_get_current_task_btf(), 0, 0);
-		if (slot)
+		if (slot && slot->id) {
 			slot->id = 0;
+			buffered_lost();
+		}
 		return;
 	}
 	slot = bpf_task_storage_get(&buffered_task, bpf_get_current_task_btf(), 0,
 				    BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (!slot)
 		return;
+	if (slot->id)
+		buffered_lost();
 	*slot = s;
 #else
 	__u64 tid = bpf_get_current_pid_tgid();
+	int stale;
 
 	if (kind == UNATTR_OTHER_FS)
 		return;
+	stale = bpf_map_lookup_elem(&buffered_inflight, &tid) != 0;
+	if (stale)
+		buffered_lost();
 	if (kind != ATTRIBUTED) {
-		if (bpf_map_lookup_elem(&buffered_inflight, &tid))
+		if (stale)
 			bpf_map_delete_elem(&buffered_inflight, &tid);
 		return;
 	}
-	if (bpf_map_update_elem(&buffered_inflight, &tid, &s, BPF_ANY))
+	if (bpf_map_update_elem(&buffered_inflight, &tid, &s, BPF_ANY)) {
+		/* Counted lost already: it must not be counted again. */
+		if (stale)
+			bpf_map_delete_elem(&buffered_inflight, &tid);
 		return;
+	}
 #endif
 	unfinished(UNFINISHED_BUFFERED, 1);
 }

@@ -553,6 +553,11 @@ fn counter_families(
         "Buffered writes into volumes whose call the eBPF hooks saw begin and not end: those running at the scrape (a writer throttled by writeback stays inside for as long), plus those they will never count. The kernel skips the hooks' end for calls inside iomap_file_buffered_write or generic_perform_write when another eBPF program attaches to or detaches from that function, and records no skipped run. A value that stays above zero after writes stop is buffered writes missing from the volumes' counters.",
     );
     unfinished_buffered.plain(counters.unfinished_buffered_writes as f64);
+    let mut lost_buffered = Family::counter(
+        "prjquota_exporter_ebpf_lost_buffered_writes_total",
+        "Buffered writes into volumes the eBPF hooks will never count, for certain: the writing thread began another write on a volume filesystem while the hooks still held this one's start, so the kernel skipped its end (another eBPF program attached to or detached from the hooked function). Taken from prjquota_exporter_ebpf_unfinished_buffered_writes as they are found.",
+    );
+    lost_buffered.plain(counters.lost_buffered_writes as f64);
     vec![
         bytes,
         ops,
@@ -560,6 +565,7 @@ fn counter_families(
         unattributed,
         unfinished,
         unfinished_buffered,
+        lost_buffered,
     ]
 }
 
