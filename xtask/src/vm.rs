@@ -286,11 +286,15 @@ impl Drop for ScratchDisk {
 /// so): the error a caller may retry once, saying so, since under an
 /// emulated CPU a panic can be the emulator's (see the `test` module).
 #[derive(Debug)]
-pub struct GuestPanic(pub String);
+pub struct GuestPanic {
+    pub message: String,
+    /// What the boot printed until then: the tests it finished.
+    pub lines: Vec<String>,
+}
 
 impl std::fmt::Display for GuestPanic {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
 
@@ -392,8 +396,8 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
         .args(one_emulator_thread(opts.kernel).then_some("--qemu-opts=-accel tcg,thread=single"))
         // An oops leaves its task's locks held and the pass hanging until
         // its VM limit, with nothing named; as a panic it ends the boot at
-        // once, with the kernel's last words, and the pass gets its one
-        // retry (`crate::test`).
+        // once, with the kernel's last words, and the pass boots again for
+        // the tests it had not finished (`crate::test`).
         .args(["--append", "oops=panic"])
         // A guest hung in a soft lockup (a vCPU spinning on the stale
         // breakpoint above, seen on 6.1's two-thread guest) never recovers:
@@ -488,7 +492,10 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
             last_kernel_lines(&tee.lines, 25)
         );
         if guest_panicked(&tee.lines) {
-            return Err(anyhow::Error::new(GuestPanic(message)));
+            return Err(anyhow::Error::new(GuestPanic {
+                message,
+                lines: tee.lines,
+            }));
         }
         bail!(message);
     };
