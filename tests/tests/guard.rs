@@ -1436,6 +1436,22 @@ impl Drop for Overlay {
     }
 }
 
+/// Waits up to 10 s for the sync timer to give `v`'s root its project ID
+/// and PROJINHERIT back; how long it took.
+fn wait_re_tagged(fs: &FsCase, v: &Volume, exp: &Exporter, what: &str) -> Duration {
+    let start = Instant::now();
+    while Fixture::project_of(&v.path) != (v.projid, true) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{}: {what} was not re-tagged within 10 s\n{}",
+            fs.name,
+            exp.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    start.elapsed()
+}
+
 /// A process with CAP_SYS_ADMIN (here: the test) takes a volume root out of
 /// its project and clears PROJINHERIT: the exporter's sync timer puts both
 /// back within seconds, with no scrape, logs it and counts it.
@@ -1453,20 +1469,11 @@ fn the_sync_timer_re_tags_a_root_changed_behind_its_back(fs: &FsCase) {
     })
     .unwrap();
     assert_eq!(Fixture::project_of(&v.path), (0, false));
-    let start = Instant::now();
-    while Fixture::project_of(&v.path) != (v.projid, true) {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{}: the root was not re-tagged within 10 s\n{}",
-            fs.name,
-            exp.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let took = wait_re_tagged(fs, &v, &exp, "the root");
     eprintln!(
         "MEASURE guard_{}_drift_retag_seconds {:.3}",
         fs.name,
-        start.elapsed().as_secs_f64()
+        took.as_secs_f64()
     );
     let e = exp.scrape();
     assert_eq!(
@@ -1533,16 +1540,7 @@ fn an_idle_sync_opens_no_root_and_the_verify_interval_finds_a_replaced_one(fs: &
     fs::rename(&v.path, &moved).unwrap();
     fs::create_dir(&v.path).unwrap();
     assert_eq!(Fixture::project_of(&v.path), (0, false));
-    let start = Instant::now();
-    while Fixture::project_of(&v.path) != (v.projid, true) {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{}: the replaced root was not re-tagged within 10 s\n{}",
-            fs.name,
-            exp.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_re_tagged(fs, &v, &exp, "the replaced root");
     let e = exp.scrape();
     assert_eq!(
         e.value("prjquota_exporter_guard_drift_total", &[]),
