@@ -1,7 +1,7 @@
 //! The inventory: every `Ready` volume the prjquota registries list, built
 //! once per scrape by the registry collector and shared by the others.
 
-use std::collections::HashSet;
+use foldhash::{HashSet, HashSetExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

@@ -119,9 +119,9 @@ struct Since {
     previous: Option<f64>,
     /// Per index in the roots at the last read: a hash of the volume ID it
     /// was read for (0 before it was), and since when it counts.
-    volumes: std::collections::HashMap<u32, (u64, f64)>,
+    volumes: foldhash::HashMap<u32, (u64, f64)>,
     /// Per (index, errno bucket) whose count is not 0: since when.
-    errnos: std::collections::HashMap<(u32, usize), f64>,
+    errnos: foldhash::HashMap<(u32, usize), f64>,
 }
 
 impl Since {
@@ -130,8 +130,8 @@ impl Since {
             started,
             last_read: None,
             previous: None,
-            volumes: std::collections::HashMap::new(),
-            errnos: std::collections::HashMap::new(),
+            volumes: foldhash::HashMap::default(),
+            errnos: foldhash::HashMap::default(),
         }
     }
 

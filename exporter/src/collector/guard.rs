@@ -45,7 +45,7 @@
 //! (`guard_sync`, `--guard.sync-interval`), never from scrapes: a scrape
 //! only reads the counters and the events.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};

@@ -13,7 +13,8 @@
 //! out keeps its last known identity. The map is rewritten only when the
 //! roots changed.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 

@@ -13,7 +13,7 @@
 //! `prjquota_exporter_quota_events_subscribed 0` and fails, logged once;
 //! nothing else is affected.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! [`Encoder`]: one sample line, or one family's header, written straight
 //! into bytes, in text 0.0.4 or OpenMetrics.
 
-use super::family::{Family, Kind, Labels, Sample};
+use super::family::{Family, Kind, Labels, Sample, SharedLabel};
 use super::openmetrics::{self, Format};
 use super::text::{self, decimal, label, value};
 use crate::inventory::Inventory;
@@ -178,7 +178,8 @@ impl<'a> Encoder<'a> {
                 decimal(out, u64::from(v.project_id));
                 out.extend_from_slice(b"\"}");
             }
-            Labels::Shared { name, value, extra } => {
+            Labels::Shared(shared) => {
+                let SharedLabel { name, value, extra } = &**shared;
                 out.push(b'{');
                 label(out, name, value);
                 for (k, v) in extra.iter() {

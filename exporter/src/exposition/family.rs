@@ -35,12 +35,17 @@ pub enum Labels {
     Owned(Box<[(&'static str, String)]>),
     /// One label whose value the collector holds already (an allocation's
     /// ID, validated when found): shared, not copied, per sample; then
-    /// `extra`.
-    Shared {
-        name: &'static str,
-        value: std::sync::Arc<str>,
-        extra: Extra,
-    },
+    /// `extra`. Boxed so that the variants every volume has keep a
+    /// [`Sample`] at 32 bytes rather than 64: a scrape at 10,000 volumes
+    /// builds some 150,000 of them.
+    Shared(Box<SharedLabel>),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SharedLabel {
+    pub name: &'static str,
+    pub value: std::sync::Arc<str>,
+    pub extra: Extra,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -48,6 +53,10 @@ pub struct Sample {
     pub labels: Labels,
     pub value: f64,
 }
+
+// Every byte here is paid 150,000 times a scrape at 10,000 volumes, in
+// fresh pages: keep the per-volume variants small.
+const _: () = assert!(std::mem::size_of::<Sample>() == 32);
 
 /// One metric family of one scrape.
 #[derive(Clone, Debug, PartialEq)]
@@ -144,11 +153,11 @@ impl Family {
         v: f64,
     ) {
         self.samples.push(Sample {
-            labels: Labels::Shared {
+            labels: Labels::Shared(Box::new(SharedLabel {
                 name,
                 value: value.clone(),
                 extra,
-            },
+            })),
             value: v,
         });
     }

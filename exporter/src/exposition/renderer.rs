@@ -33,10 +33,10 @@ use crate::inventory::Inventory;
 #[derive(Default)]
 pub struct Renderer {
     previous: Option<std::sync::Arc<Inventory>>,
-    families: std::collections::HashMap<&'static str, Vec<Run>>,
+    families: foldhash::HashMap<&'static str, Vec<Run>>,
     /// The extra label sets met so far, by address and length, numbered
     /// from 1 so a key holds 4 bytes rather than a fat pointer's 16.
-    pub(super) extras: std::collections::HashMap<(usize, usize), u32>,
+    pub(super) extras: foldhash::HashMap<(usize, usize), u32>,
     /// `Some` to keep the text compressed.
     deflater: Option<Deflater>,
     format: Format,
@@ -153,7 +153,7 @@ impl SampleKey {
     /// `None` for a sample that is not cached (no volume labels).
     pub(super) fn of(
         inventory: &Inventory,
-        extras: &mut std::collections::HashMap<(usize, usize), u32>,
+        extras: &mut foldhash::HashMap<(usize, usize), u32>,
         s: &Sample,
     ) -> Option<SampleKey> {
         let (index, extra) = match &s.labels {
@@ -166,7 +166,7 @@ impl SampleKey {
                 (*index, id)
             }
             Labels::VolumeInfo { index } => (*index, u32::MAX),
-            Labels::None | Labels::Owned(_) | Labels::Shared { .. } => return None,
+            Labels::None | Labels::Owned(_) | Labels::Shared(_) => return None,
         };
         inventory.volumes.get(index as usize)?;
         Some(SampleKey {
@@ -255,7 +255,7 @@ impl Renderer {
         let mut pieces = Vec::new();
         // Headers and samples of families not cached, up to the next run.
         let mut loose: Vec<u8> = Vec::new();
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = foldhash::HashSet::default();
         let mut keys: Vec<SampleKey> = Vec::with_capacity(RUN);
         // A changed run is written here, then kept at its exact length.
         let mut text: Vec<u8> = Vec::new();
@@ -268,7 +268,7 @@ impl Renderer {
                 Labels::Volume { index, .. } | Labels::VolumeInfo { index } => {
                     (*index as usize) < inventory.volumes.len()
                 }
-                Labels::None | Labels::Owned(_) | Labels::Shared { .. } => false,
+                Labels::None | Labels::Owned(_) | Labels::Shared(_) => false,
             });
             if !(cacheable && seen.insert(f.name)) {
                 enc.header(f, &mut loose);

@@ -197,7 +197,8 @@ mod reference {
                     push(k, val);
                 }
             }
-            Labels::Shared { name, value, extra } => {
+            Labels::Shared(shared) => {
+                let SharedLabel { name, value, extra } = &**shared;
                 push(name, value);
                 for (k, val) in extra.iter() {
                     push(k, val);
@@ -344,7 +345,7 @@ fn an_unchanged_family_is_reused_without_a_copy() {
         assert_eq!(a.pieces.len(), b.pieces.len());
         // Every per-volume family but the changed one is the same memory;
         // self metrics are written afresh.
-        let mut extras = std::collections::HashMap::new();
+        let mut extras = foldhash::HashMap::default();
         let per_volume = fams
             .iter()
             .filter(|f| SampleKey::of(&inv, &mut extras, &f.samples[0]).is_some())
