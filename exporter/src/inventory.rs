@@ -1,10 +1,11 @@
 //! The inventory: every `Ready` volume the prjquota registries list, built
 //! once per scrape by the registry collector and shared by the others.
 
-use foldhash::{HashSet, HashSetExt};
+use foldhash::{HashMap, HashSet, HashSetExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use prjquota_core::guard_pins::kernel_dev;
 use prjquota_core::record::Record;
 
 /// What the exporter keeps of a registry record: the labels and numbers it
@@ -79,9 +80,43 @@ pub struct Inventory {
     pub dirs: Vec<Dir>,
     /// Ready volumes, grouped by directory, in volume-ID order within one.
     pub volumes: Vec<Arc<Volume>>,
+    /// [`Inventory::by_kernel_project`], made by the first caller: the
+    /// registry hands the same inventory to scrape after scrape while no
+    /// record changes, so it is made once per change, not per scrape.
+    by_kernel_project: std::sync::OnceLock<HashMap<(u64, u32), usize>>,
 }
 
 impl Inventory {
+    pub fn new(dirs: Vec<Dir>, volumes: Vec<Arc<Volume>>) -> Inventory {
+        Inventory {
+            dirs,
+            volumes,
+            by_kernel_project: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Each volume's index by `(device in the kernel's encoding, project
+    /// ID)`, the key the guard's and the quota's kernel state use. Two
+    /// volumes with one key (a record copied by hand) leave the later one.
+    pub fn by_kernel_project(&self) -> &HashMap<(u64, u32), usize> {
+        self.by_kernel_project.get_or_init(|| {
+            self.volumes
+                .iter()
+                .enumerate()
+                .filter_map(|(i, v)| {
+                    let dev = self.dirs.get(v.dir)?.dev.and_then(kernel_dev)?;
+                    Some(((dev, v.project_id), i))
+                })
+                .collect()
+        })
+    }
+
+    /// Whether `other` lists the same directories, as read, and the very
+    /// same volumes: a reader of `other` sees nothing this one does not.
+    pub fn same_as(&self, other: &Inventory) -> bool {
+        self.dirs == other.dirs && self.same_volumes(other)
+    }
+
     /// Whether `other` holds the very same volumes, in the same order: the
     /// registry reuses an unchanged record's `Arc`, and a holder of the old
     /// inventory keeps its addresses from being reused.
@@ -117,7 +152,7 @@ impl Inventory {
                 dropped.push(v.volume_id.clone());
             }
         }
-        (Inventory { dirs, volumes }, dropped)
+        (Inventory::new(dirs, volumes), dropped)
     }
 
     /// An inventory of one directory from records, as a test would build it;
@@ -162,14 +197,14 @@ impl Inventory {
 
     #[cfg(test)]
     pub fn for_tests(volumes: Vec<Volume>) -> Inventory {
-        Inventory {
-            dirs: vec![Dir {
+        Inventory::new(
+            vec![Dir {
                 path: "/srv/volumes".into(),
                 dev: Some(libc::makedev(8, 16)),
                 ..Dir::default()
             }],
-            volumes: volumes.into_iter().map(Arc::new).collect(),
-        }
+            volumes.into_iter().map(Arc::new).collect(),
+        )
     }
 }
 
@@ -225,5 +260,26 @@ pub mod tests {
         assert_eq!(inv.volumes.len(), 1);
         assert_eq!(inv.volumes[0].namespace, "a");
         assert_eq!(dropped, vec![a.volume_id.clone()]);
+    }
+
+    #[test]
+    fn the_project_index_keeps_the_later_of_one_key_and_skips_unknown_devices() {
+        let mut in_missing_dir = volume("c", "p", 3);
+        in_missing_dir.volume_id = "00000000-0000-4000-8000-00000000000c".into();
+        in_missing_dir.dir = 1;
+        let mut copy = volume("b", "p", 1);
+        copy.volume_id = "00000000-0000-4000-8000-00000000000b".into();
+        let mut inv = Inventory::for_tests(vec![volume("a", "p", 1), volume("a", "p", 2), copy]);
+        inv.volumes.push(Arc::new(in_missing_dir));
+        inv.dirs.push(Dir::default());
+        let dev = kernel_dev(libc::makedev(8, 16)).unwrap();
+        let index = inv.by_kernel_project();
+        assert_eq!(index.len(), 2);
+        assert_eq!(
+            index.get(&(dev, 1)),
+            Some(&2),
+            "the later volume of project 1"
+        );
+        assert_eq!(index.get(&(dev, 2)), Some(&1));
     }
 }

@@ -497,27 +497,13 @@ fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
     }
 }
 
-/// Each volume of the inventory by `(device in kernel encoding, project
-/// ID)`, as the guard counts.
-fn volumes_by_project(scrape: &Scrape) -> HashMap<(u64, u32), usize> {
-    let inv = &scrape.inventory;
-    inv.volumes
-        .iter()
-        .enumerate()
-        .filter_map(|(i, v)| {
-            let dev = inv.dirs.get(v.dir)?.dev.and_then(kernel_dev)?;
-            Some(((dev, v.project_id), i))
-        })
-        .collect()
-}
-
 /// Logs each event (privileged changes at info, attempts at warn), at most
 /// [`MAX_LOGGED_EVENTS`] per scrape.
 fn log_events(scrape: &Scrape, allocs: Option<&[GuardedAlloc]>, events: &[GuardEvent]) {
     if events.is_empty() {
         return;
     }
-    let volume_of = volumes_by_project(scrape);
+    let volume_of = scrape.inventory.by_kernel_project();
     let alloc_of = allocs_by_project(allocs.unwrap_or_default());
     for e in events.iter().take(MAX_LOGGED_EVENTS) {
         let key = kernel_dev(e.st_dev).map(|d| (d, e.volume_projid));
@@ -616,18 +602,22 @@ fn attempts_family(capacity: usize) -> Family {
 fn counter_families(scrape: &Scrape, c: &GuardCounters) -> Vec<Family> {
     let inv = &scrape.inventory;
     let mut attempts = attempts_family(2 * inv.volumes.len());
-    let mut by_volume: Vec<(usize, (u64, u32))> = volumes_by_project(scrape)
-        .into_iter()
-        .map(|(k, i)| (i, k))
-        .collect();
-    by_volume.sort_unstable();
-    for (i, key) in by_volume {
-        // Only volumes whose project is in the guard.
-        let Some(o) = c.projects.get(&key) else {
+    // In the inventory's order, each key once: the volume the index
+    // keeps for it.
+    let index = inv.by_kernel_project();
+    for (i, v) in inv.volumes.iter().enumerate() {
+        let Some(dev) = inv.dirs.get(v.dir).and_then(|d| d.dev).and_then(kernel_dev) else {
             continue;
         };
-        attempts.volume_with(i, ALLOWED, o.allowed as f64);
-        attempts.volume_with(i, DENIED, o.denied as f64);
+        let key = (dev, v.project_id);
+        // Only volumes whose project is in the guard.
+        let (Some(&at), Some(o)) = (index.get(&key), c.projects.get(&key)) else {
+            continue;
+        };
+        if at == i {
+            attempts.volume_with(i, ALLOWED, o.allowed as f64);
+            attempts.volume_with(i, DENIED, o.denied as f64);
+        }
     }
     let mut unattributed = Family::counter(
         "prjquota_exporter_guard_unattributed_attempts_total",

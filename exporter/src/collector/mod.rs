@@ -73,7 +73,7 @@ impl Scrape {
     /// A scrape whose quotas come from `reader` (tests: a fake listing).
     pub fn with_quota_reader(inventory: Inventory, reader: quota::QuotaReader) -> Scrape {
         Scrape::with_sources(
-            inventory,
+            Arc::new(inventory),
             Arc::new(reader),
             Arc::new(roots::RootStat::new(Duration::from_secs(5))),
             Arc::new(dir_stat::DirStatReader::new(Duration::from_secs(5))),
@@ -90,13 +90,13 @@ impl Scrape {
     }
 
     fn with_sources(
-        inventory: Inventory,
+        inventory: Arc<Inventory>,
         quota_reader: Arc<quota::QuotaReader>,
         root_stat: Arc<roots::RootStat>,
         dir_stat: Arc<dir_stat::DirStatReader>,
     ) -> Scrape {
         Scrape {
-            inventory: Arc::new(inventory),
+            inventory,
             quota_reader,
             quota: tokio::sync::OnceCell::new(),
             root_stat,

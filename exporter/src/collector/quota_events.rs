@@ -256,15 +256,20 @@ impl QuotaEvents {
     /// Attributes the counts to the inventory's volumes and renders them.
     fn hits(&self, scrape: &Scrape, now: Instant) -> Family {
         let inv = &scrape.inventory;
-        let mut by_key: HashMap<(u64, u32), usize> = HashMap::with_capacity(inv.volumes.len());
-        for (i, v) in inv.volumes.iter().enumerate() {
-            if let Some(dev) = inv.dirs.get(v.dir).and_then(|d| d.dev) {
-                by_key.insert((dev, v.project_id), i);
-            }
-        }
         let mut per_volume: Vec<[u64; 4]> = vec![[0; 4]; inv.volumes.len()];
         {
             let mut counts = self.state.counts.lock().unwrap_or_else(|e| e.into_inner());
+            // Only projects the kernel warned about: none on a quiet node,
+            // where no scrape should pay a map of every volume.
+            let mut by_key: HashMap<(u64, u32), usize> = HashMap::new();
+            if !counts.is_empty() {
+                by_key.reserve(inv.volumes.len());
+                for (i, v) in inv.volumes.iter().enumerate() {
+                    if let Some(dev) = inv.dirs.get(v.dir).and_then(|d| d.dev) {
+                        by_key.insert((dev, v.project_id), i);
+                    }
+                }
+            }
             counts.retain(|key, c| match by_key.get(key) {
                 Some(&i) => {
                     let id = &inv.volumes[i].volume_id;

@@ -111,6 +111,9 @@ pub struct Registry {
     inflight: InFlight,
     /// Volume IDs already reported as duplicates.
     warned: Mutex<HashSet<String>>,
+    /// The last inventory handed out: handed out again while nothing in it
+    /// changed, with what collectors derived from it.
+    last: Mutex<Option<Arc<Inventory>>>,
 }
 
 impl Registry {
@@ -132,13 +135,14 @@ impl Registry {
             timeout,
             inflight: InFlight::new("registry read"),
             warned: Mutex::default(),
+            last: Mutex::default(),
         }
     }
 
     /// Reads every volumes directory. Always returns an inventory (with the
     /// last good read of a directory that failed), plus whether all reads
     /// succeeded.
-    pub async fn load(&self) -> (Inventory, anyhow::Result<()>) {
+    pub async fn load(&self) -> (Arc<Inventory>, anyhow::Result<()>) {
         let mut dirs = Vec::with_capacity(self.dirs.len());
         let mut per_dir = Vec::with_capacity(self.dirs.len());
         let mut errors = Vec::new();
@@ -191,6 +195,12 @@ impl Registry {
         } else {
             Err(anyhow!(errors.join("; ")))
         };
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let inventory = match last.as_ref() {
+            Some(l) if l.same_as(&inventory) => l.clone(),
+            _ => Arc::new(inventory),
+        };
+        *last = Some(inventory.clone());
         (inventory, result)
     }
 
@@ -530,11 +540,16 @@ pub mod tests {
         assert_eq!(inv.volumes.len(), 2);
         assert_eq!(inv.dirs[0].creating, 0);
         let first = inv.volumes[0].clone();
-        // Unchanged records are reused, not parsed again.
-        let (inv, _) = reg.load().await;
-        assert!(Arc::ptr_eq(&first, &inv.volumes[0]));
+        // Unchanged records are reused, not parsed again, and so is the
+        // inventory, with what collectors derived from it.
+        let (again, _) = reg.load().await;
+        assert!(Arc::ptr_eq(&first, &again.volumes[0]));
+        assert!(Arc::ptr_eq(&inv, &again));
+        let inv = again;
         fs::remove_file(records_dir(&d).join(format!("{A}.json"))).unwrap();
-        let (inv, _) = reg.load().await;
+        let (after, _) = reg.load().await;
+        assert!(!Arc::ptr_eq(&inv, &after));
+        let inv = after;
         assert_eq!(inv.volumes.len(), 1);
         assert_eq!(inv.volumes[0].volume_id, B);
         fs::remove_dir_all(&d).unwrap();

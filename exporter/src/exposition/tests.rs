@@ -303,10 +303,7 @@ fn the_renderer_writes_what_encode_all_writes_scrape_after_scrape() {
         changed.namespace = "moved".into();
         vols[7] = Arc::new(changed);
         vols.push(Arc::new(crate::inventory::tests::volume("new", "p", 9999)));
-        let second = Arc::new(Inventory {
-            dirs: first.dirs.clone(),
-            volumes: vols,
-        });
+        let second = Arc::new(Inventory::new(first.dirs.clone(), vols));
         let mut fams = scrape_like(&second);
         fams[3].samples[11].value = 123.0;
         let text = joined(&r.render(&second, &fams));
@@ -401,10 +398,10 @@ fn a_run_stays_cached_when_its_volumes_move_in_the_inventory() {
         };
         let a = r.render(&first, &sparse(&first));
         // Volume 0 gone: the others' indices drop by one, their lines not.
-        let second = Arc::new(Inventory {
-            dirs: first.dirs.clone(),
-            volumes: first.volumes[1..].to_vec(),
-        });
+        let second = Arc::new(Inventory::new(
+            first.dirs.clone(),
+            first.volumes[1..].to_vec(),
+        ));
         let fams = sparse(&second);
         let b = r.render(&second, &fams);
         let c = r.render(&second, &fams);
