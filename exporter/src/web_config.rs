@@ -923,15 +923,8 @@ mod tests {
         p
     }
 
-    fn temp_dir() -> PathBuf {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let d = std::env::temp_dir().join(format!(
-            "prjq-webcfg-unit-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&d).unwrap();
-        d
+    fn temp_dir() -> prjquota_vmtests::temp::TempDir {
+        prjquota_vmtests::temp::TempDir::new(&std::env::temp_dir(), "prjq-webcfg-unit", "t")
     }
 
     fn load_err(text: &str) -> Error {

@@ -70,7 +70,7 @@ async fn announcements_are_answered_once_ready_and_refused_otherwise() {
 
     // Before the warm-up the exporter holds the answer back (the programs
     // are not loaded yet); the plugin's client waits, then gets `ok`.
-    let d = dir.clone();
+    let d = dir.to_path_buf();
     let asked = tokio::task::spawn_blocking(move || announce(&d, Duration::from_secs(10)));
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
@@ -110,7 +110,7 @@ async fn announcements_are_answered_once_ready_and_refused_otherwise() {
     );
 
     // Not root: the connection is closed without an answer, and counted.
-    let d = dir.clone();
+    let d = dir.to_path_buf();
     let request = format!("sync {}\n", dir.display());
     let reply = tokio::task::spawn_blocking(move || as_nobody(&d, &request))
         .await
@@ -118,7 +118,7 @@ async fn announcements_are_answered_once_ready_and_refused_otherwise() {
     assert_eq!(reply, "", "a client that is not root got an answer");
 
     // Root asking about another directory on this directory's socket.
-    let d = dir.clone();
+    let d = dir.to_path_buf();
     let reply = tokio::task::spawn_blocking(move || {
         use std::io::{BufRead, BufReader, Write};
         use std::os::linux::net::SocketAddrExt;

@@ -38,7 +38,7 @@ fn start(dir: &Path, args: &[&str], drop_caps: bool) -> Exporter {
     Exporter::start_command(command_of(exe(), &[dir], args, drop_caps))
 }
 
-fn volumes_dir(tag: &str) -> std::path::PathBuf {
+fn volumes_dir(tag: &str) -> TempDir {
     let dir = fresh_dir(&std::env::temp_dir(), tag);
     add_volume(&dir, record(A, "default", 4343, State::Ready));
     dir

@@ -153,7 +153,7 @@ fn wait_ready(c: &Client, url: &str) {
     }
 }
 
-fn volumes_dir(tag: &str) -> PathBuf {
+fn volumes_dir(tag: &str) -> TempDir {
     let dir = fresh_dir(&std::env::temp_dir(), tag);
     add_volume(&dir, record(A, "default", 4545, State::Ready));
     dir

@@ -19,6 +19,7 @@ pub mod pins;
 pub mod prom;
 pub mod readme;
 pub mod records;
+pub mod temp;
 pub mod witness;
 
 use std::path::{Path, PathBuf};

@@ -4,8 +4,7 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::path::Path;
 use std::time::Duration;
 
 /// An exporter's settings for host tests of `dir`: no eBPF, no guard, no
@@ -21,21 +20,15 @@ pub fn host_config(dir: &Path) -> prjquota_exporter::Config {
     }
 }
 
-/// A fresh directory under `base` (e.g. the temp dir, or /dev/shm for tmpfs).
-pub fn fresh_dir(base: &Path, tag: &str) -> PathBuf {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let d = base.join(format!(
-        "prjq-exporter-it-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory under `base` (e.g. the temp dir, or /dev/shm for
+/// tmpfs), removed when the test ends.
+pub fn fresh_dir(base: &Path, tag: &str) -> TempDir {
+    TempDir::new(base, "prjq-exporter-it", tag)
 }
 
 pub use prjquota_vmtests::http::{RawReply, Reply};
 pub use prjquota_vmtests::records::{add_volume, record};
+pub use prjquota_vmtests::temp::TempDir;
 
 /// How long a host test waits for a reply: the host is not emulated, but a
 /// loaded CI machine is slow.
