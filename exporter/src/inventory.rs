@@ -103,12 +103,16 @@ impl Inventory {
             self.volumes
                 .iter()
                 .enumerate()
-                .filter_map(|(i, v)| {
-                    let dev = self.dirs.get(v.dir)?.dev.and_then(kernel_dev)?;
-                    Some(((dev, v.project_id), i))
-                })
+                .filter_map(|(i, v)| Some((self.kernel_key(v)?, i)))
                 .collect()
         })
+    }
+
+    /// `v`'s `(device in the kernel's encoding, project ID)`; `None` when
+    /// its directory's device is unknown.
+    pub fn kernel_key(&self, v: &Volume) -> Option<(u64, u32)> {
+        let dev = self.dirs.get(v.dir)?.dev.and_then(kernel_dev)?;
+        Some((dev, v.project_id))
     }
 
     /// Whether `other` lists the same directories, as read, and the very

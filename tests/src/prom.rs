@@ -20,7 +20,6 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{mpsc, Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
@@ -876,17 +875,10 @@ pub struct Prometheus {
     pub config: PathBuf,
 }
 
-/// A fresh private directory under the temp dir (guest /tmp is writable).
+/// A fresh private directory under the temp dir (guest /tmp is writable),
+/// which [`Prometheus`]'s drop removes.
 fn temp_dir(tag: &str) -> PathBuf {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "prjquota-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("mkdir {}: {e}", d.display()));
-    d
+    crate::temp::TempDir::new(&std::env::temp_dir(), "prjquota", tag).keep()
 }
 
 /// The Prometheus configuration: every target its own job (`job_name`),

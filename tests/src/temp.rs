@@ -27,6 +27,12 @@ impl TempDir {
     pub fn path(&self) -> &Path {
         &self.0
     }
+
+    /// The path, no longer removed on drop: for an owner that removes it
+    /// itself.
+    pub fn keep(mut self) -> PathBuf {
+        std::mem::take(&mut self.0)
+    }
 }
 
 impl std::ops::Deref for TempDir {
@@ -50,7 +56,10 @@ impl AsRef<std::ffi::OsStr> for TempDir {
 
 impl Drop for TempDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        // Empty once kept.
+        if !self.0.as_os_str().is_empty() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 }
 
@@ -69,5 +78,8 @@ mod tests {
             assert!(kept.is_dir());
         }
         assert!(!kept.exists());
+        let kept = TempDir::new(&std::env::temp_dir(), "prjq-temp-unit", "kept").keep();
+        assert!(kept.is_dir(), "a kept directory stays");
+        std::fs::remove_dir(&kept).unwrap();
     }
 }

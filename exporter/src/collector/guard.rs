@@ -606,10 +606,9 @@ fn counter_families(scrape: &Scrape, c: &GuardCounters) -> Vec<Family> {
     // keeps for it.
     let index = inv.by_kernel_project();
     for (i, v) in inv.volumes.iter().enumerate() {
-        let Some(dev) = inv.dirs.get(v.dir).and_then(|d| d.dev).and_then(kernel_dev) else {
+        let Some(key) = inv.kernel_key(v) else {
             continue;
         };
-        let key = (dev, v.project_id);
         // Only volumes whose project is in the guard.
         let (Some(&at), Some(o)) = (index.get(&key), c.projects.get(&key)) else {
             continue;
