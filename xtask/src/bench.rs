@@ -218,11 +218,13 @@ fn render(plugins_md: &str, measures: &[&str], quick: bool) -> Result<String> {
          Produced by `cargo xtask bench{}` on {date}.\n\n\
          - Guest kernel: {} (Debian), QEMU without KVM: the guest CPU is emulated (TCG), so \
          absolute times are many times slower than on hardware; compare the ratios, measured \
-         side by side in one boot.\n\
+         side by side in one boot. The guest boots with `{}`: the emulator then translates a \
+         binary's code once rather than at every exec (xtask/src/vm.rs).\n\
          - Host CPU: {cpu}, {} cores.\n\
          - prjquota and the mkdir plugin: static release builds, run from the guest's disk; the exporter and the tests that measure it (with their floors): release builds.\n\n",
         if quick { " --quick" } else { "" },
         kernel.display(),
+        crate::vm::EMULATOR_APPEND,
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
     s += plugins_md;

@@ -367,6 +367,7 @@ fn boot_once(
         // '/newroot'"); nothing here uses ACLs.
         .arg("--no-root-posix-acl")
         .args(["--append", "tsc=reliable"])
+        .args(["--append", crate::vm::EMULATOR_APPEND])
         .args([
             "--append",
             "systemd.run=/prjquota-test/run.sh systemd.run_success_action=poweroff \

@@ -44,6 +44,20 @@ impl Fs {
     }
 }
 
+/// Kernel arguments every guest boots with (these and the systemd boots,
+/// `crate::systemd`) for the emulator's sake, not the kernel's.
+///
+/// `norandmaps`: user-space mappings at the same addresses in every
+/// process. QEMU 7.2 (Debian 12's) finds a translated block again only at
+/// the virtual address it was translated at, so with randomised mappings
+/// every exec translates anew all the code it runs, its C library's and a
+/// static-pie binary's alike: a cost no hardware has, and most of a short
+/// process's time under emulation. With it, a block translated for one
+/// process serves every later one: the plugin's, crash and guard tests ran
+/// in half the time. Nothing tested depends on where user space is mapped;
+/// the kernel's own layout (KASLR) is untouched.
+pub const EMULATOR_APPEND: &str = "norandmaps";
+
 /// Whether `kernel`'s guest runs all its vCPUs on one emulator thread
 /// (see [`run`]): it then takes one host core whatever its CPUs, and two
 /// such guests can run side by side on two cores.
@@ -384,6 +398,7 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
         // read the emulator serves as device I/O, which slows every test
         // that reads the clock.
         .args(["--append", "tsc=reliable"])
+        .args(["--append", EMULATOR_APPEND])
         // 6.12 and 7.x guests panicked with `Oops: int3` in a function the
         // kernel was patching to attach an eBPF program (generic_perform_write,
         // iomap_dio_complete) while the other vCPU ran it: with one host
