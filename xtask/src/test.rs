@@ -54,14 +54,11 @@ pub struct Opts {
 
 /// Tests that start, restart or kill the exporter (attaching and
 /// detaching the guard's LSM programs, a dozen times) while an owner loops
-/// on the hooked ioctl: under the emulator's one thread per vCPU (6.1's
-/// full pass), a vCPU ran a stale breakpoint of the kernel's patching
-/// (`int3` at `bpf_lsm_file_ioctl+0x1`) and the guest hung, both vCPUs in
-/// soft lockups for the rest of the pass (one in the exporter, one in
-/// `attr-act`), as 6.12 and 7.x guests did before they got one emulator
-/// thread (`crate::vm::one_emulator_thread`). They run on one thread: the
-/// XFS cases on 6.12, the ext4 cases on 7.x (one filesystem each, for
-/// CI's budget: a guard test takes three to five times as long there).
+/// on the hooked ioctl: the kernel's patching of a hooked function raced
+/// by the other vCPU, which hung guests with an emulator thread per vCPU
+/// (see `crate::vm::run`). The full suite on 6.1 runs them on both
+/// filesystems; the compatibility passes add one filesystem's cases each,
+/// the XFS cases on 6.12 and the ext4 cases on 7.x.
 macro_rules! attach_races {
     () => {
         "((binary(guard) & (test(the_guard_holds_through_exporter_restarts_and_crashes) | \
@@ -157,21 +154,16 @@ pub const OLD_KERNEL_FILTER: &str = "binary(vm_smoke) | binary(old_kernel) | \
      (binary(allocs) & (test(a_started_allocation) | test(sticky_disk) | test(during_the_walk) | \
        test(walked_back)))";
 
-/// The full suite on 6.1: every binary but `old_kernel`, which checks
-/// refusals that only a kernel older than 5.17 makes, and but the attach
-/// races, which one-thread guests run.
-pub const FULL_FILTER: &str = concat!("all() - binary(old_kernel) - ", attach_races!());
-
-/// The full suite on a one-thread guest (`--full`).
-const FULL_ONE_THREAD_FILTER: &str = "all() - binary(old_kernel)";
+/// The full suite on 6.1 (and on any kernel but 5.10 with `--full`): every
+/// binary but `old_kernel`, which checks refusals that only a kernel older
+/// than 5.17 makes.
+pub const FULL_FILTER: &str = "all() - binary(old_kernel)";
 
 /// What a pass on `kernel` runs without a `--filter`: (filter, is the full
 /// suite).
 fn pass_selection(kernel: Kernel, full: bool) -> (&'static str, bool) {
-    let one_thread = crate::vm::one_emulator_thread(kernel);
     match (kernel, full) {
         (Kernel::V5_10, _) => (OLD_KERNEL_FILTER, false),
-        (_, true) if one_thread => (FULL_ONE_THREAD_FILTER, true),
         (_, true) => (FULL_FILTER, true),
         (Kernel::V6_12, false) => (COMPAT_FILTER_6_12, false),
         (_, false) => (COMPAT_FILTER_7, false),
@@ -192,13 +184,11 @@ pub const CHURN_VOLUMES: &str = "400";
 pub const STORM_VOLUMES: &str = "100";
 
 /// CI gives a run 90 minutes on 2 cores, and a cold run should stay under
-/// 45. The full pass on 6.1 boots alone with two CPUs and gets 35 minutes;
-/// each compatibility pass gets 20, room to spare over what it takes two
-/// at a time on one core each ([`ONE_THREAD_LANES`]). A guest of one
-/// CPU (a compatibility pass beside the full pass with `--vm-lanes 2`, or
-/// `--vm-cpus 1`) runs slower and gets 20 or 45 minutes. Each systemd boot
-/// gets 20 (xtask/src/systemd.rs). A pass that hits its limit fails the
-/// run.
+/// 45. The full pass on 6.1 gets 35 minutes and each compatibility pass
+/// 20, room to spare over what they take beside another VM on one core
+/// each ([`VM_LANES`]). A guest of one CPU (`--vm-cpus 1`) gets 20 or 45
+/// minutes. Each systemd boot gets 20 (xtask/src/systemd.rs). A pass that
+/// hits its limit fails the run.
 ///
 /// These limits catch one hung pass; together they are more than CI has.
 /// The run's deadline (xtask/src/deadline.rs) cuts every VM's limit to what
@@ -234,19 +224,11 @@ const fn max(a: u64, b: u64) -> u64 {
     }
 }
 
-/// How the kernels' VMs share the machine unless `--vm-lanes` says. A guest
-/// whose vCPUs each take an emulator thread (6.1's) boots alone: it uses
-/// both cores. Guests on one emulator thread
-/// ([`crate::vm::one_emulator_thread`]: 5.10, 6.12, 7) take one core each
-/// whatever their CPUs, so they go two at a time, each keeping two CPUs.
-///
-/// `--vm-lanes 2` instead runs the full pass (two CPUs) beside the others
-/// (one CPU each, one after the other): for a machine with cores to spare.
-/// On a 2-core machine it loses: the full pass's QEMU takes more than a
-/// core, and the one-CPU guest beside it runs so slowly that a
-/// compatibility pass heads for its limit. And one CPU is not enough for
-/// the full pass: its timing ratios go over their bounds.
-const ONE_THREAD_LANES: u32 = 2;
+/// How many VMs boot at once unless `--vm-lanes` says: every guest runs
+/// its vCPUs on one emulator thread (`crate::vm::run`), a host core, so a
+/// 2-core machine runs two, each keeping two CPUs (one CPU is not enough
+/// for the full pass: its timing ratios went over their bounds).
+const VM_LANES: u32 = 2;
 
 /// A pass's VM limit: what its selection and its CPUs allow (see above).
 fn pass_limit_secs(compat: bool, cpus: u32) -> u64 {
@@ -963,42 +945,42 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
         .iter()
         .flat_map(|sd| sd.passes.iter().map(|p| p[0].0))
         .collect();
-    for (group, lanes) in vm_groups(kernels, &systemd_leads, opts.vm_lanes) {
-        // One VM boot per kernel (or one systemd pass); `lanes` of them at
-        // once, each taken by the first lane that is free, in the order
-        // given (the full pass first: it is the longest).
-        let lanes = lanes.clamp(1, group.len().max(1) as u32);
-        let queue = std::sync::Mutex::new(group.into_iter());
-        let job = KernelJob {
-            opts,
-            base: &base,
-            env: &env,
-            root: &root,
-            side_by_side: lanes > 1,
-        };
-        std::thread::scope(|s| {
-            for _ in 0..lanes {
-                s.spawn(|| loop {
-                    let Some((i, what)) = queue.lock().unwrap().next() else {
-                        break;
-                    };
-                    let pass = match (what, &systemd) {
-                        (Boot::Suite(kernel), _) => job.run(kernel),
-                        (Boot::Systemd(kernel), Some(sd)) => {
-                            let pass = sd
-                                .passes
-                                .iter()
-                                .find(|p| p[0].0 == kernel)
-                                .expect("a systemd pass leads with each of its kernels");
-                            systemd_pass(pass, sd)
-                        }
-                        (Boot::Systemd(_), None) => unreachable!("systemd boots need the .deb"),
-                    };
-                    results.lock().unwrap().push((i, pass));
-                });
-            }
-        });
-    }
+    let full = |k| pass_filter(opts, k).1;
+    let (boots, lanes) = vm_boots(kernels, &systemd_leads, full, opts.vm_lanes);
+    // One VM boot per kernel (or one systemd pass); `lanes` of them at
+    // once, each taken by the first lane that is free, in the order
+    // given (the full pass first: it is the longest).
+    let lanes = lanes.clamp(1, boots.len().max(1) as u32);
+    let queue = std::sync::Mutex::new(boots.into_iter());
+    let job = KernelJob {
+        opts,
+        base: &base,
+        env: &env,
+        root: &root,
+        side_by_side: lanes > 1,
+    };
+    std::thread::scope(|s| {
+        for _ in 0..lanes {
+            s.spawn(|| loop {
+                let Some((i, what)) = queue.lock().unwrap().next() else {
+                    break;
+                };
+                let pass = match (what, &systemd) {
+                    (Boot::Suite(kernel), _) => job.run(kernel),
+                    (Boot::Systemd(kernel), Some(sd)) => {
+                        let pass = sd
+                            .passes
+                            .iter()
+                            .find(|p| p[0].0 == kernel)
+                            .expect("a systemd pass leads with each of its kernels");
+                        systemd_pass(pass, sd)
+                    }
+                    (Boot::Systemd(_), None) => unreachable!("systemd boots need the .deb"),
+                };
+                results.lock().unwrap().push((i, pass));
+            });
+        }
+    });
     let mut results = results.into_inner().unwrap();
     results.sort_by_key(|(i, _)| *i);
     passes.extend(results.into_iter().map(|(_, p)| p));
@@ -1026,43 +1008,32 @@ enum Boot {
     Systemd(Kernel),
 }
 
-/// The boots (with their place in the report: the systemd passes after
-/// every suite), in groups that boot one after the other, each with how
-/// many VMs at once: `lanes` for all of them when given; else the suites
-/// with an emulator thread per vCPU alone, then the one-thread suites and
-/// every systemd pass (one emulator thread each: xtask/src/systemd.rs)
-/// [`ONE_THREAD_LANES`] at a time, the systemd passes first (6.1's boots
-/// the node four times and is the group's longest) and 5.10's suite, the
-/// shortest, last.
-fn vm_groups(
+/// The boots, each with its place in the report (the systemd passes after
+/// every suite), in the order the lanes take them, and how many VMs run at
+/// once: `lanes` when given, else [`VM_LANES`]. Longest first, so that the
+/// boot left for a lane another frees is a short one: the full suite, the
+/// systemd passes (6.1's boots the node four times), the compatibility
+/// passes, and 5.10's last (without the BPF LSM its pass leaves out the
+/// guard's tests).
+fn vm_boots(
     kernels: &[Kernel],
     systemd: &[Kernel],
+    full: impl Fn(Kernel) -> bool,
     lanes: Option<u32>,
-) -> Vec<(Vec<(usize, Boot)>, u32)> {
-    let all = kernels
+) -> (Vec<(usize, Boot)>, u32) {
+    let mut all: Vec<_> = kernels
         .iter()
         .map(|k| Boot::Suite(*k))
         .chain(systemd.iter().map(|k| Boot::Systemd(*k)))
-        .enumerate();
-    if let Some(n) = lanes {
-        return vec![(all.collect(), n)];
-    }
-    let (mut one, many): (Vec<_>, Vec<_>) = all.partition(|(_, b)| match b {
-        Boot::Suite(k) => crate::vm::one_emulator_thread(*k),
-        Boot::Systemd(_) => true,
+        .enumerate()
+        .collect();
+    all.sort_by_key(|(_, b)| match b {
+        Boot::Suite(k) if full(*k) => 0,
+        Boot::Systemd(_) => 1,
+        Boot::Suite(Kernel::V5_10) => 3,
+        Boot::Suite(_) => 2,
     });
-    // Longest first, so that the boot left for a lane another frees is
-    // a short one: the systemd passes, the suites, 5.10's last (without
-    // the BPF LSM its pass leaves out the guard's tests).
-    one.sort_by_key(|(_, b)| match b {
-        Boot::Systemd(_) => 0,
-        Boot::Suite(Kernel::V5_10) => 2,
-        Boot::Suite(_) => 1,
-    });
-    [(many, 1), (one, ONE_THREAD_LANES)]
-        .into_iter()
-        .filter(|(g, _)| !g.is_empty())
-        .collect()
+    (all, lanes.unwrap_or(VM_LANES))
 }
 
 /// The kernels of `opts` the systemd pass boots: 6.1 and 5.10 when asked
@@ -1253,18 +1224,9 @@ impl KernelJob<'_> {
             (None, true) => "the full suite",
             (None, false) => "the compatibility pass",
         };
-        // Side by side, a compatibility pass gets one CPU; the full suite
-        // keeps two, as its timing ratios need: with one CPU the plugin's
-        // create and restore went over their bounds. A guest on one
-        // emulator thread keeps two: they cost no more than one.
-        let one_thread = crate::vm::one_emulator_thread(kernel);
-        let cpus = opts
-            .vm_cpus
-            .unwrap_or(if self.side_by_side && !full && !one_thread {
-                1
-            } else {
-                2
-            });
+        // Two CPUs on one emulator thread cost the host no more than one,
+        // and the full suite's timing ratios need two.
+        let cpus = opts.vm_cpus.unwrap_or(2);
         // tests/tests/systemd.rs runs in the systemd pass only.
         let filter = filter
             .map(|f| format!("({f}) - binary(systemd)"))
@@ -1716,53 +1678,42 @@ mod tests {
     }
 
     #[test]
-    fn the_attach_races_run_on_one_thread_guests_only() {
+    fn the_full_suite_runs_every_attach_race_and_each_compat_pass_one_fs() {
         let races = attach_races!();
-        assert!(FULL_FILTER.ends_with(&format!("- {races}")));
-        assert!(!FULL_ONE_THREAD_FILTER.contains(races));
+        assert_eq!(pass_selection(Kernel::V6_1, true).0, FULL_FILTER);
+        assert!(!FULL_FILTER.contains("attach"));
         for (k, fs) in [(Kernel::V6_12, "xfs"), (Kernel::V7, "ext4")] {
-            assert!(crate::vm::one_emulator_thread(k));
             let (f, full) = pass_selection(k, false);
             assert!(!full);
             assert!(f.contains(&format!("({races} & test(/^{fs}::/))")), "{f}");
         }
-        assert_eq!(pass_selection(Kernel::V6_1, true).0, FULL_FILTER);
-        assert!(!crate::vm::one_emulator_thread(Kernel::V6_1));
-        assert_eq!(pass_selection(Kernel::V7, true).0, FULL_ONE_THREAD_FILTER);
+        assert_eq!(pass_selection(Kernel::V7, true).0, FULL_FILTER);
+        assert_eq!(pass_selection(Kernel::V5_10, true).0, OLD_KERNEL_FILTER);
     }
 
     #[test]
-    fn the_full_pass_boots_alone_and_one_thread_guests_two_at_a_time() {
-        let groups = vm_groups(&Kernel::ALL, &[Kernel::V6_1, Kernel::V7], None);
-        let boots = |g: &(Vec<(usize, Boot)>, u32)| g.0.iter().map(|(_, b)| *b).collect::<Vec<_>>();
-        assert_eq!(groups.len(), 2);
+    fn the_full_pass_boots_first_and_two_vms_run_at_once() {
+        let full = |k| k == Kernel::V6_1;
+        let (boots, lanes) = vm_boots(&Kernel::ALL, &[Kernel::V6_1, Kernel::V7], full, None);
+        assert_eq!(lanes, VM_LANES);
         assert_eq!(
-            (boots(&groups[0]), groups[0].1),
-            (vec![Boot::Suite(Kernel::V6_1)], 1)
-        );
-        // The systemd passes share the one-thread lanes, first: the longest.
-        assert_eq!(
-            (boots(&groups[1]), groups[1].1),
-            (
-                vec![
-                    Boot::Systemd(Kernel::V6_1),
-                    Boot::Systemd(Kernel::V7),
-                    Boot::Suite(Kernel::V6_12),
-                    Boot::Suite(Kernel::V7),
-                    Boot::Suite(Kernel::V5_10),
-                ],
-                ONE_THREAD_LANES
-            )
+            boots.iter().map(|(_, b)| *b).collect::<Vec<_>>(),
+            vec![
+                Boot::Suite(Kernel::V6_1),
+                Boot::Systemd(Kernel::V6_1),
+                Boot::Systemd(Kernel::V7),
+                Boot::Suite(Kernel::V6_12),
+                Boot::Suite(Kernel::V7),
+                Boot::Suite(Kernel::V5_10),
+            ]
         );
         // Each keeps its place in the report (suites, then systemd passes).
-        assert_eq!(groups[1].0[0].0, 4);
-        assert_eq!(groups[1].0[4].0, 1);
-        // --vm-lanes N: every boot in one group, N at a time.
-        let given = vm_groups(&Kernel::ALL, &[], Some(1));
-        assert_eq!((given.len(), given[0].0.len(), given[0].1), (1, 4, 1));
-        assert!(vm_groups(&[Kernel::V6_12], &[], None)
-            .iter()
-            .all(|(g, _)| !g.is_empty()));
+        assert_eq!(
+            boots.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+            vec![0, 4, 5, 2, 3, 1]
+        );
+        // --vm-lanes N: N at a time.
+        assert_eq!(vm_boots(&Kernel::ALL, &[], full, Some(1)).1, 1);
     }
 
     #[test]

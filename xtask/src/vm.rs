@@ -58,14 +58,6 @@ impl Fs {
 /// the kernel's own layout (KASLR) is untouched.
 pub const EMULATOR_APPEND: &str = "norandmaps";
 
-/// Whether `kernel`'s guest runs all its vCPUs on one emulator thread
-/// (see [`run`]): it then takes one host core whatever its CPUs, and two
-/// such guests can run side by side on two cores.
-pub fn one_emulator_thread(kernel: crate::kernels::Kernel) -> bool {
-    use crate::kernels::Kernel;
-    matches!(kernel, Kernel::V5_10 | Kernel::V6_12 | Kernel::V7)
-}
-
 pub struct VmOpts {
     pub fs: Fs,
     pub kernel: Kernel,
@@ -399,16 +391,16 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
         // that reads the clock.
         .args(["--append", "tsc=reliable"])
         .args(["--append", EMULATOR_APPEND])
-        // 6.12 and 7.x guests panicked with `Oops: int3` in a function the
-        // kernel was patching to attach an eBPF program (generic_perform_write,
-        // iomap_dio_complete) while the other vCPU ran it: with one host
-        // thread per vCPU the emulator let that vCPU run its stale
-        // translation of the breakpoint after the patch was done. Twice in a
-        // row at the same test on 7.2 once the guest got faster (virtio-fs).
-        // One thread for all vCPUs keeps code changes coherent between them.
-        // 5.10 attaches the write telemetry's trampolines too, and gets the
-        // same single thread.
-        .args(one_emulator_thread(opts.kernel).then_some("--qemu-opts=-accel tcg,thread=single"))
+        // All vCPUs on one emulator thread. With a host thread per vCPU
+        // (QEMU 7.2's multi-threaded TCG) a vCPU could run its stale
+        // translation of a function the kernel had just patched to attach
+        // an eBPF program: `Oops: int3` at `generic_perform_write+0x5` on
+        // 6.12 and 7.x, soft lockups at `bpf_lsm_file_ioctl+0x0` and
+        // `iomap_dio_complete+0x0` on 6.1, where CI once lost three boots
+        // of the full pass in a row. One thread keeps code changes coherent
+        // between the vCPUs, and takes one host core whatever their number,
+        // so two guests run side by side on two cores.
+        .arg("--qemu-opts=-accel tcg,thread=single")
         // An oops leaves its task's locks held and the pass hanging until
         // its VM limit, with nothing named; as a panic it ends the boot at
         // once, with the kernel's last words, and the pass boots again for
