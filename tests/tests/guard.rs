@@ -1710,6 +1710,10 @@ fn a_new_volume_project_cannot_be_taken_before_its_create_ends(fs: &FsCase) {
     );
     assert!(out.stdout.contains("already charges"), "{out:?}");
     assert!(
+        !out.stdout.contains("  "),
+        "the error reads as one sentence: {out:?}"
+    );
+    assert!(
         !dir.join(&spec2.id).exists(),
         "a refused create left its directory"
     );

@@ -141,7 +141,8 @@ impl Guard {
             }
             let Some(link) = spare.take() else {
                 return Err(format!(
-                    "cannot pin the guard's link {prog} again at {}: a pin failed before; restart                      the exporter to pin a new guard",
+                    "cannot pin the guard's link {prog} again at {}: a pin failed before; restart \
+                     the exporter to pin a new guard",
                     path.display()
                 ));
             };

@@ -99,7 +99,11 @@ pub(crate) fn converge(
         let q = Control::of(vfs).get(project_id)?;
         if q.used_bytes != 0 || q.used_inodes != 0 {
             bail!(
-                "project ID {project_id} already charges {} bytes and {} inodes to files outside                  the volume (given that ID before the quota-escape guard knew it, or by a                  privileged process), so the new volume would start with them: the create is                  refused and the ID stays out of use; create the volume again (it gets another                  ID), and find the files with `xfs_quota -x -c 'report -p'` or `repquota -P`",
+                "project ID {project_id} already charges {} bytes and {} inodes to files outside \
+                 the volume (given that ID before the quota-escape guard knew it, or by a \
+                 privileged process), so the new volume would start with them: the create is \
+                 refused and the ID stays out of use; create the volume again (it gets another \
+                 ID), and find the files with `xfs_quota -x -c 'report -p'` or `repquota -P`",
                 q.used_bytes,
                 q.used_inodes
             );
