@@ -193,11 +193,28 @@ impl DmDisk {
         ));
     }
 
+    /// The power is cut: the filesystem shuts down without writing its
+    /// journal (what no commit made durable is lost, as after a power loss;
+    /// dirty pages are never written), then is mounted again, replaying
+    /// what was committed.
+    pub fn power_cut(&self) {
+        sh(&format!(
+            "set -e; xfs_io -x -c shutdown {m}; umount {m}",
+            m = self.mount.display()
+        ));
+        self.mount_with(true);
+    }
+
     /// A node whose volumes directory is on this disk and whose plugin
     /// directory is on the shared XFS, as Nomad's are apart: a failing
     /// volumes disk must not take the plugin's executable with it.
     pub fn fixture(&self, tag: &str) -> Fixture {
-        let mut f = crate::fixture::XFS.fixture(tag);
+        self.fixture_with_plugin(tag, &crate::bin("prjquota"))
+    }
+
+    /// [`DmDisk::fixture`] with `plugin` as the node's plugin.
+    pub fn fixture_with_plugin(&self, tag: &str, plugin: &Path) -> Fixture {
+        let mut f = Fixture::with_plugin(&crate::xfs_mount(), &format!("xfs-{tag}"), plugin);
         f.node.volumes_dir = self.mount.join(format!("volumes-{tag}"));
         f
     }

@@ -3,6 +3,7 @@
 //! volumes, and the next create or delete must converge: no leaked
 //! directory, record, limit or project ID, and no lost data.
 
+use prjquota_vmtests::dm::DmDisk;
 use prjquota_vmtests::fixture::{fill, statvfs, writable, Fixture, FsCase, MIB, WRITER};
 use prjquota_vmtests::nomad::{run_plugin_with, Spec, TEST_DEADLINE};
 use prjquota_vmtests::records::assert_ledger_agrees;
@@ -19,6 +20,8 @@ on_every_fs!(
     project_ids_are_never_shared_after_crashes,
     adopting_a_directory_releases_the_id_a_crashed_create_reserved,
     two_volumes_dirs_on_one_filesystem_never_share_a_project_id,
+    a_power_cut_at_any_step_of_a_create_keeps_what_returned_and_converges,
+    a_power_cut_at_any_step_of_a_delete_keeps_what_returned_and_converges,
 );
 
 /// A node on `fs` whose plugin aborts at the fault point it is told.
@@ -347,4 +350,92 @@ fn two_volumes_dirs_on_one_filesystem_never_share_a_project_id(fs: &FsCase) {
     b.node.delete(&v2).ok();
     assert_clean(&a, &v1, Some(id1));
     assert_clean(&b, &v2, Some(id2));
+}
+
+/// A volume whose create returned, then the power cut at once, before
+/// anything else on the node could commit the journal: it is whole, as
+/// Nomad was told.
+fn returned_then_power_cut(f: &Fixture, disk: &DmDisk, tag: &str) -> Spec {
+    let spec = writable(Spec::new(tag, 8 * MIB as i64));
+    f.create(&spec);
+    disk.power_cut();
+    assert_whole(
+        f,
+        &spec,
+        &format!("a power cut right after {tag} was created"),
+    );
+    spec
+}
+
+fn assert_whole(f: &Fixture, spec: &Spec, when: &str) {
+    assert!(
+        f.record(&spec.id).is_some(),
+        "{when}: the record of a volume whose create returned is gone"
+    );
+    assert_enforced(f, spec, 8 * MIB);
+}
+
+/// The power is cut (the filesystem shut down without writing its
+/// journal, [`DmDisk::power_cut`]) right after a create stopped at each of
+/// its steps: what a kill at that step left, less whatever no journal
+/// commit had made durable yet. No record is left unreadable (`record`
+/// parses every one), the next create finishes the volume, a delete then
+/// leaves nothing, and a volume whose create returned before a cut is
+/// whole.
+fn a_power_cut_at_any_step_of_a_create_keeps_what_returned_and_converges(fs: &FsCase) {
+    let disk = DmDisk::new(fs, "power-create", 400 * MIB);
+    let f = disk.fixture_with_plugin("power-create", &fault_bin());
+    for point in CREATE_POINTS {
+        let kept = returned_then_power_cut(&f, &disk, &format!("kept-{point}"));
+        let spec = writable(Spec::new(&format!("pc-{point}"), 8 * MIB as i64));
+        crash(&f, "create", &f.node.create_vars(&spec), point);
+        disk.power_cut();
+        assert_whole(&f, &kept, &format!("a power cut at {point}"));
+        let (path, bytes) = f.create(&spec);
+        assert_eq!(bytes, 8 * MIB as i64, "{point}");
+        assert_enforced(&f, &spec, 8 * MIB);
+        let r = fill(&path.join("x"), 16 * MIB, Some(WRITER));
+        assert_eq!(r.errno, Some(fs.full_errno), "{point}: {r:?}");
+        let pid = f.project_id(&spec.id);
+        f.node.delete(&spec).ok();
+        assert_clean(&f, &spec, Some(pid));
+    }
+}
+
+/// [`a_power_cut_at_any_step_of_a_create_keeps_what_returned_and_converges`]
+/// for a delete: a volume is never half deleted and ready again, and the
+/// next delete leaves nothing.
+fn a_power_cut_at_any_step_of_a_delete_keeps_what_returned_and_converges(fs: &FsCase) {
+    let disk = DmDisk::new(fs, "power-delete", 400 * MIB);
+    let f = disk.fixture_with_plugin("power-delete", &fault_bin());
+    let kept = returned_then_power_cut(&f, &disk, "kept");
+    for point in DELETE_POINTS {
+        let spec = Spec::new(&format!("pd-{point}"), 8 * MIB as i64);
+        let (path, _) = f.create(&spec);
+        std::fs::create_dir_all(path.join("a/b")).unwrap();
+        std::fs::write(path.join("a/b/f"), vec![7u8; 1 << 20]).unwrap();
+        // The tree is durable before the delete starts: whatever the cut
+        // takes from it, the delete took.
+        prjquota_vmtests::sh(&format!("sync -f {}", path.display()));
+        let pid = f.project_id(&spec.id);
+        crash(&f, "delete", &f.node.delete_vars(&spec, &path), point);
+        disk.power_cut();
+        assert_whole(&f, &kept, &format!("a power cut at {point}"));
+        if let Some(rec) = f.record(&spec.id) {
+            if rec["state"] == "ready" {
+                // Nothing of the delete was made durable: the volume is
+                // whole.
+                assert_eq!(
+                    std::fs::metadata(path.join("a/b/f")).map(|m| m.len()).ok(),
+                    Some(1 << 20),
+                    "{point}: half deleted, yet ready"
+                );
+            } else {
+                let msg = f.node.create(&spec).error();
+                assert!(msg.contains("being deleted"), "{point}: {msg}");
+            }
+        }
+        f.node.delete(&spec).ok();
+        assert_clean(&f, &spec, Some(pid));
+    }
 }

@@ -1950,7 +1950,7 @@ fn pins_changed_behind_the_owners_back_are_put_back(fs: &FsCase) {
 /// no capability, sets its project ID to argv[4]. Prints the errno (0: the
 /// change went through).
 const BY_HANDLE: &str = r#"
-import ctypes, fcntl, os, struct, sys
+import ctypes, fcntl, os, struct, sys, time
 path, mount, uid, projid = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 libc = ctypes.CDLL(None, use_errno=True)
 class Handle(ctypes.Structure):
@@ -1959,13 +1959,24 @@ h = Handle(bytes=128)
 mount_id = ctypes.c_int()
 if libc.name_to_handle_at(-100, path.encode(), ctypes.byref(h), ctypes.byref(mount_id), 0):
     sys.exit("name_to_handle_at: errno %d" % ctypes.get_errno())
-os.sync()
-with open("/proc/sys/vm/drop_caches", "w") as f:
-    f.write("2")
 mfd = os.open(mount, os.O_RDONLY | os.O_DIRECTORY)
-fd = libc.open_by_handle_at(mfd, ctypes.byref(h), os.O_RDONLY)
-if fd < 0:
-    sys.exit("open_by_handle_at: errno %d" % ctypes.get_errno())
+# Dropped dentries make the open's dentry a disconnected one, but a lookup
+# by anything else on the node between the drop and the open reconnects
+# it: its path then names the volume, and the attempt would not be the
+# one this test is about. Tried until the open is disconnected.
+for attempt in range(20):
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("2")
+    fd = libc.open_by_handle_at(mfd, ctypes.byref(h), os.O_RDONLY)
+    if fd < 0:
+        sys.exit("open_by_handle_at: errno %d" % ctypes.get_errno())
+    if os.readlink("/proc/self/fd/%d" % fd) != path:
+        break
+    os.close(fd)
+    time.sleep(0.2)
+else:
+    sys.exit("open_by_handle_at gave a connected dentry 20 times over")
 os.setgroups([])
 os.setresgid(uid, uid, uid)
 os.setresuid(uid, uid, uid)
