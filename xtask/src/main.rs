@@ -50,9 +50,9 @@ commands:
                              kernel: the full suite on 6.1, the compatibility pass on the others
                              (--full: the full suite everywhere); EXPR is a nextest filterset
                              (passed as -E), e.g. 'test(smoke)', and replaces either selection;
-                             6.1 boots alone, 5.10, 6.12 and 7 (one emulator thread each) two at
-                             a time; --vm-lanes N boots N kernels at a time whatever they are (the
-                             full pass with two CPUs, the others with one; --vm-cpus sets it);
+                             two VMs at a time (each on one emulator thread, a core), the
+                             longest first; --vm-lanes N boots N at a time, --vm-cpus N gives
+                             each guest N CPUs (default 2);
                              binary(package) installs a test .deb (the static release plugin, the
                              debug exporter), --release-deb the one of `dist` (minutes to build)
   demo                       deps, build, and tell the whole story in the VM (plugin, exporter, eBPF)
