@@ -23,17 +23,22 @@ use prjquota_core::sys;
 /// The project's usage once the filesystem has finished freeing what was
 /// just unlinked. XFS (5.15+) inactivates unlinked inodes in the background,
 /// so a quota read right after a delete can still count them; statfs on XFS
-/// flushes that work, and a few short waits cover what is still in flight.
+/// flushes that work, so the read after it is mostly settled, and short
+/// waits, doubling up to 25 ms (half a second in all), cover what is still
+/// in flight.
 fn settled_usage(vfs: &VolumesFs, pid: u32) -> Result<quota::ProjectQuota> {
     let read = || Control::of(vfs).get(pid);
     let mut q = read()?;
-    for _ in 0..20 {
+    let mut pause = std::time::Duration::from_millis(1);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
+    while !q.is_unused() && std::time::Instant::now() < deadline {
+        let _ = sys::fstatfs(vfs.fd());
+        q = read()?;
         if q.is_unused() {
             break;
         }
-        let _ = sys::fstatfs(vfs.fd());
-        std::thread::sleep(std::time::Duration::from_millis(25));
-        q = read()?;
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(std::time::Duration::from_millis(25));
     }
     Ok(q)
 }
