@@ -18,10 +18,8 @@ pub fn open() -> io::Result<OwnedFd> {
         Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
         _ => {}
     }
-    let root = std::fs::File::open("/")?;
-    let dir = sys::openat(
-        root.as_fd(),
-        c"run/prjquota",
+    let dir = sys::open(
+        c"/run/prjquota",
         libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
         0,
     )?;

@@ -567,6 +567,23 @@ pub fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: i32, mode: u32) -> io::Re
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
+/// `openat(2)` of an absolute `path` (`AT_FDCWD`, which the kernel ignores
+/// for one); `O_CLOEXEC` is always added.
+pub fn open(path: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    // SAFETY: `path` is NUL-terminated; on success the kernel returns a new
+    // descriptor that nothing else owns, so OwnedFd may take it.
+    let fd = cvt(unsafe {
+        libc::openat(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            flags | libc::O_CLOEXEC,
+            mode as libc::c_uint,
+        )
+    } as libc::c_long)?;
+    // SAFETY: see above; fd is a fresh, owned descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
 /// `struct open_how` (include/uapi/linux/openat2.h); libc's cannot be
 /// built outside libc (non-exhaustive).
 #[repr(C)]

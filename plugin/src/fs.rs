@@ -124,50 +124,15 @@ impl VolumesFs {
     /// symlinked volumes dir could be repointed under a running plugin, so
     /// the operator is asked to configure the real path instead.
     pub fn open(path: &Path, create: bool) -> Result<VolumesFs> {
-        if create {
-            match std::fs::symlink_metadata(path) {
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    // Refuse before creating anything: the nearest existing
-                    // ancestor is on the filesystem the directory would be.
-                    let mut anc = path.parent();
-                    while let Some(a) = anc {
-                        if a.exists() {
-                            break;
-                        }
-                        anc = a.parent();
-                    }
-                    let anc = Self::open(anc.unwrap_or(Path::new("/")), false)?;
-                    anc.require_enforced_quota().map_err(|e| {
-                        anyhow!("{e:#}").context(format!(
-                            "not creating the volumes directory {}",
-                            path.display()
-                        ))
-                    })?;
-                    use std::os::unix::fs::DirBuilderExt;
-                    std::fs::DirBuilder::new()
-                        .recursive(true)
-                        .mode(0o711)
-                        .create(path)
-                        .with_context(|| {
-                            format!("cannot create the volumes directory {}", path.display())
-                        })?;
-                }
-                Err(e) => {
-                    return Err(e).with_context(|| {
-                        format!("cannot inspect the volumes directory {}", path.display())
-                    })
-                }
-            }
-        }
         let c = cstr(path)?;
-        let root = std::fs::File::open("/").context("cannot open /")?;
-        let dir = sys::openat(
-            root.as_fd(),
-            &c,
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
-            0,
-        )
+        let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+        let dir = match sys::open(&c, flags, 0) {
+            Err(e) if create && e.kind() == io::ErrorKind::NotFound => {
+                Self::make_volumes_dir(path)?;
+                sys::open(&c, flags, 0)
+            }
+            r => r,
+        }
         .map_err(|e| match e.raw_os_error() {
             // O_DIRECTORY|O_NOFOLLOW on a symlink gives ENOTDIR or ELOOP.
             Some(libc::ELOOP | libc::ENOTDIR)
@@ -199,6 +164,33 @@ impl VolumesFs {
             fs_bytes: (sfs.f_blocks as u64).saturating_mul(sfs.f_frsize as u64),
             mount: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Makes a missing volumes directory (and its parents, mode 0711), once
+    /// the filesystem it would be on enforces project quotas.
+    fn make_volumes_dir(path: &Path) -> Result<()> {
+        // Refuse before creating anything: the nearest existing ancestor is
+        // on the filesystem the directory would be.
+        let mut anc = path.parent();
+        while let Some(a) = anc {
+            if a.exists() {
+                break;
+            }
+            anc = a.parent();
+        }
+        let anc = Self::open(anc.unwrap_or(Path::new("/")), false)?;
+        anc.require_enforced_quota().map_err(|e| {
+            anyhow!("{e:#}").context(format!(
+                "not creating the volumes directory {}",
+                path.display()
+            ))
+        })?;
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(path)
+            .with_context(|| format!("cannot create the volumes directory {}", path.display()))
     }
 
     /// The mount holding the directory, if /proc/self/mountinfo names it.

@@ -16,6 +16,7 @@ on_every_fs!(
     a_tree_ten_thousand_levels_deep_is_deleted,
     hard_links_fifos_and_sockets_are_removed_and_outside_files_survive,
     a_bind_mount_inside_a_volume_is_refused_and_what_it_shows_survives,
+    a_mount_on_a_volume_root_is_neither_tagged_nor_removed,
 );
 
 fn mount_cmd(args: &[&str]) {
@@ -80,6 +81,50 @@ fn a_bind_mount_inside_a_volume_is_refused_and_what_it_shows_survives(fs: &FsCas
     assert!(!path.exists(), "the volume is deleted after the unmount");
     assert_eq!(std::fs::read(outside.join("dir/keep")).unwrap(), b"keep");
     assert!(f.record(&spec.id).is_none(), "record removed");
+}
+
+/// A directory mounted on the volume root itself: a restore refuses to use
+/// it (its files keep their project) and a delete to remove it, each naming
+/// the mount; once it is unmounted, the delete finishes the volume beneath.
+fn a_mount_on_a_volume_root_is_neither_tagged_nor_removed(fs: &FsCase) {
+    let f = fs.fixture("rootmnt");
+    let outside = outside_files(&f.root);
+    let spec = Spec::new("rootmnt", 8 * MIB as i64);
+    let (path, _) = f.create(&spec);
+    std::fs::write(path.join("own"), b"volume data").unwrap();
+    mount_cmd(&["--bind", outside.to_str().unwrap(), path.to_str().unwrap()]);
+    let keep = path.join("dir/keep");
+    let project_before = prjquota_vmtests::fixture::Fixture::project_of(&keep);
+
+    let msg = f.node.create(&spec).error();
+    assert!(
+        msg.contains("mount point"),
+        "the restore names the mount: {msg}"
+    );
+    let msg = f.node.delete(&spec).error();
+    assert!(msg.contains("mount"), "the delete names the mount: {msg}");
+    assert_eq!(std::fs::read(&keep).unwrap(), b"keep");
+    assert_eq!(
+        prjquota_vmtests::fixture::Fixture::project_of(&keep),
+        project_before,
+        "a file under the mount was given the volume's project"
+    );
+    assert!(f.record(&spec.id).is_some(), "the record is kept");
+
+    let out = std::process::Command::new("umount")
+        .arg(&path)
+        .output()
+        .expect("run umount(8)");
+    assert!(
+        out.status.success(),
+        "umount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The refused delete removed nothing, and finishes now.
+    assert_eq!(std::fs::read(path.join("own")).unwrap(), b"volume data");
+    f.node.delete(&spec).ok();
+    assert!(!path.exists(), "the volume is deleted after the unmount");
+    assert_eq!(std::fs::read(outside.join("dir/keep")).unwrap(), b"keep");
 }
 
 fn outside_files(root: &Path) -> std::path::PathBuf {

@@ -14,22 +14,21 @@ pub(crate) fn cname(id: &VolumeId) -> CString {
     CString::new(id.as_str()).expect("a validated UUID has no NUL")
 }
 
-/// Opens a volume's root directory without following a link, and checks it
-/// lives on the volumes filesystem itself (not a mount placed there).
+/// Opens a volume's root directory without following a link or leaving
+/// the volumes directory's mount, in one `openat2` (`RESOLVE_NO_XDEV`): a
+/// mount placed on the root (a bind mount, a tmpfs) is refused, whatever
+/// its device number says.
 pub(crate) fn open_volume_dir(vfs: &VolumesFs, id: &VolumeId) -> io::Result<OwnedFd> {
-    let fd = sys::openat(
-        vfs.fd(),
-        &cname(id),
-        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
-        0,
-    )?;
-    let st = sys::fstat(fd.as_fd())?;
-    if st.st_dev != vfs.dev || sys::mount_id(fd.as_fd())? != sys::mount_id(vfs.fd())? {
-        return Err(io::Error::other(
-            "the volume directory is a mount point, not a directory of the volumes filesystem",
-        ));
-    }
-    Ok(fd)
+    sys::openat_no_xdev(vfs.fd(), &cname(id), libc::O_RDONLY | libc::O_DIRECTORY).map_err(|e| {
+        if e.raw_os_error() == Some(libc::EXDEV) {
+            io::Error::other(
+                "the volume directory is a mount point, not a directory of the volumes filesystem: \
+                 unmount it, and prjquota will use or delete the directory beneath",
+            )
+        } else {
+            e
+        }
+    })
 }
 
 pub(crate) fn is_empty_dir(fd: &OwnedFd) -> io::Result<bool> {
