@@ -198,6 +198,42 @@ pub fn sh(cmd: &str) {
     );
 }
 
+/// This thread pinned to one CPU until the value is dropped; a process or
+/// thread it starts meanwhile inherits the pin.
+///
+/// For CPU-time measures under the emulator: the VM's vCPUs share one
+/// emulator thread, and the guest's clock runs while a vCPU waits for it,
+/// so threads running at once on two vCPUs are each charged the other's
+/// turns. On one vCPU, with the other idle, a CPU second is one the
+/// emulator spent on the thread.
+pub struct OneCpu {
+    allowed: nix::sched::CpuSet,
+}
+
+impl OneCpu {
+    pub fn pin() -> OneCpu {
+        use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+        let this_thread = nix::unistd::Pid::from_raw(0);
+        let allowed = sched_getaffinity(this_thread).expect("sched_getaffinity");
+        let cpu = (0..CpuSet::count())
+            .find(|&c| allowed.is_set(c).unwrap_or(false))
+            .expect("no CPU in this thread's affinity mask");
+        let mut one = CpuSet::new();
+        one.set(cpu).expect("a CPU number below CpuSet::count");
+        sched_setaffinity(this_thread, &one).unwrap_or_else(|e| panic!("pin to CPU {cpu}: {e}"));
+        OneCpu { allowed }
+    }
+}
+
+impl Drop for OneCpu {
+    fn drop(&mut self) {
+        let this_thread = nix::unistd::Pid::from_raw(0);
+        if let Err(e) = nix::sched::sched_setaffinity(this_thread, &self.allowed) {
+            eprintln!("cannot restore this thread's CPU affinity: {e}");
+        }
+    }
+}
+
 /// Runs `f` on each CPU this thread may run on, pinned to one CPU at a
 /// time, then restores the thread's affinity. Returns how many CPUs ran it.
 /// For the kernel's per-CPU state (an eBPF program's per-CPU cache): a write

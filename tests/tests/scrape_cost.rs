@@ -15,7 +15,7 @@ use prjquota_vmtests::nomad::uuid;
 use prjquota_vmtests::nomad_alloc::{walk_on_mount, write_file, AllocNode};
 use prjquota_vmtests::prom::{Exporter, Exposition};
 use prjquota_vmtests::records::add_quick_volumes;
-use prjquota_vmtests::{median, scratch_dir, xfs_mount};
+use prjquota_vmtests::{median, scratch_dir, xfs_mount, OneCpu};
 
 /// This thread's CPU time so far.
 fn thread_cpu() -> Duration {
@@ -175,6 +175,9 @@ fn scale(counts: &[usize]) {
         // The eBPF maps hold 16,384 volumes unless told more: an operator
         // with 100,000 raises --ebpf.max-volumes, and so does this run.
         let max_volumes = (n as u64 + 1024).max(16_384).to_string();
+        // The exporter, its client and the floor on one vCPU: see `OneCpu`.
+        // The CPU ratio is then what each side cost the emulator.
+        let one_cpu = OneCpu::pin();
         let exp = Exporter::start_with(&[&volumes_dir], &["--ebpf.max-volumes", &max_volumes]);
         // Cold: from the first scrape until one has every volume. A first
         // read of a large registry parses every record and can outlast the
@@ -260,6 +263,7 @@ fn scale(counts: &[usize]) {
         }
         let (hwm, rss) = exp.memory_kib();
         drop(exp);
+        drop(one_cpu);
 
         let floor = median(floor);
         let warm = median(warm);

@@ -263,8 +263,9 @@ fn exporter_tables(measures: &[&str]) -> String {
          floor. *Scrape* is one `GET /metrics` on a \
          new connection to the last byte; *gzip* is the same asked as Prometheus asks, with \
          `Accept-Encoding: gzip` on a connection already open. Both are wall \
-         times, and the exporter runs its collectors at once, on up to both of the VM's CPUs, \
-         while the floor runs on one: *CPU* compares what each used (the exporter's threads \
+         times. The exporter, the scrapes and the floor share one of the VM's CPUs: its two \
+         share one emulator thread, and a thread on one would be charged the other's turns. \
+         *CPU* compares what each used (the exporter's threads \
          from the start of its gzip scrape to the end of the floor pass that follows it, \
          against the floor's own thread). Scrape, gzip scrape and floor run in turn in each \
          of 9 rounds, after one warm-up round; medians.\n\n\
