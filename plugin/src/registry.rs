@@ -250,10 +250,15 @@ impl Registry {
             Err(e) if !create && e.kind() == io::ErrorKind::NotFound => return Ok(None),
             r => r.with_context(ctx)?,
         };
-        let locks = open_subdir(root.as_fd(), LOCKS, create).with_context(ctx)?;
+        // Past the records' directory the registry is in use, so its other
+        // directories are made whatever `create` says: a create makes them
+        // one by one after the records' directory, and a delete racing the
+        // node's first create, or a registry older than `ids/`, would
+        // otherwise fail on a directory that is merely not made yet.
+        let locks = open_subdir(root.as_fd(), LOCKS, true).with_context(ctx)?;
         prjquota_core::run_dir::check_root_only(root.as_fd(), &path.display())?;
         prjquota_core::run_dir::check_root_only(locks.as_fd(), &path.join(LOCKS).display())?;
-        let ids = open_subdir(root.as_fd(), IDS, create).with_context(ctx)?;
+        let ids = open_subdir(root.as_fd(), IDS, true).with_context(ctx)?;
         Ok(Some(Registry {
             path,
             root,
@@ -698,6 +703,24 @@ mod tests {
         std::fs::create_dir_all(dir.join(DIR_NAME).join("selftest")).unwrap();
         let reg = Registry::open(fd.as_fd(), &dir, false).unwrap();
         assert!(reg.is_none(), "{reg:?}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A delete that runs while the node's first create is still making the
+    /// registry (the records' directory made, the locks' not yet), or on a
+    /// registry from before project-ID reservations, opens it and finds its
+    /// volume's record, or none, instead of failing on a missing directory.
+    #[test]
+    fn a_registry_with_only_its_records_directory_opens_without_create() {
+        let (dir, fd) = scratch("half-made");
+        std::fs::create_dir_all(dir.join(DIR_NAME).join(VOLUMES)).unwrap();
+        let reg = Registry::open(fd.as_fd(), &dir, false)
+            .unwrap()
+            .expect("a registry with a records directory");
+        let id = VolumeId::parse("b47c806e-68ed-4ec3-824e-77651285c31f").unwrap();
+        assert!(reg.load(&id).unwrap().is_none());
+        drop(reg.lock_volume(&id).unwrap());
+        assert!(dir.join(DIR_NAME).join(IDS).is_dir());
         std::fs::remove_dir_all(dir).unwrap();
     }
 }
