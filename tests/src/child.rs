@@ -58,6 +58,49 @@ pub fn terminate(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
     }
 }
 
+/// What each thread of process `pid` is doing, one line per thread: its
+/// name, state, CPU ticks (user+system), the kernel function it sleeps in
+/// and its kernel stack. For a test's failure message when a daemon stops
+/// answering: which thread is stuck, and where.
+pub fn threads(pid: u32) -> String {
+    let dir = format!("/proc/{pid}/task");
+    let Ok(tasks) = std::fs::read_dir(&dir) else {
+        return format!("{dir}: gone");
+    };
+    let read = |tid: &str, f: &str| {
+        std::fs::read_to_string(format!("{dir}/{tid}/{f}"))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|e| format!("({f}: {e})"))
+    };
+    let mut tids: Vec<String> = tasks
+        .filter_map(|t| t.ok())
+        .map(|t| t.file_name().to_string_lossy().into_owned())
+        .collect();
+    tids.sort_by_key(|t| t.parse::<u32>().unwrap_or(0));
+    tids.iter()
+        .map(|tid| {
+            let stat = read(tid, "stat");
+            // The fields after the name's closing parenthesis: state is
+            // the first, utime and stime the 12th and 13th.
+            let rest: Vec<&str> = stat
+                .rsplit_once(')')
+                .map(|(_, r)| r.split_whitespace().collect())
+                .unwrap_or_default();
+            let field = |i: usize| rest.get(i).copied().unwrap_or("?");
+            format!(
+                "{tid} {} state {} ticks {}+{} wchan {}\n  {}",
+                read(tid, "comm"),
+                field(0),
+                field(11),
+                field(12),
+                read(tid, "wchan"),
+                read(tid, "stack").replace('\n', "\n  ")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::process::ExitStatusExt;

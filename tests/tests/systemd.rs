@@ -22,6 +22,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use prjquota_vmtests::attack::{act, open, Looper, Who, OWNER};
+use prjquota_vmtests::child::threads;
 use prjquota_vmtests::http::http_get;
 use prjquota_vmtests::nomad::{Node, Spec};
 use prjquota_vmtests::prom::{self, Prometheus};
@@ -140,12 +141,25 @@ fn journal() -> String {
 
 /// The exporter's /metrics (it listens on :14646, the packaged setting).
 fn metrics() -> String {
-    let r = http_get(
-        "127.0.0.1:14646".parse().unwrap(),
-        "/metrics",
-        Duration::from_secs(60),
-    )
-    .unwrap_or_else(|e| panic!("GET /metrics: {e}\njournal:\n{}", journal()));
+    let get = || {
+        http_get(
+            "127.0.0.1:14646".parse().unwrap(),
+            "/metrics",
+            Duration::from_secs(60),
+        )
+    };
+    let r = get().unwrap_or_else(|e| {
+        // Where the exporter is stuck, then whether it answers at all.
+        let threads = threads(main_pid());
+        let t = Instant::now();
+        let again = get().map(|r| r.status);
+        panic!(
+            "GET /metrics: {e}\nthe exporter's threads then:\n{threads}\n\
+             a second GET: {again:?} after {:.1}s\njournal:\n{}",
+            t.elapsed().as_secs_f64(),
+            journal()
+        )
+    });
     assert_eq!(r.status, 200, "/metrics: {}", r.body);
     r.body
 }
