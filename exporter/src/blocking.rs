@@ -23,7 +23,10 @@ pub struct InFlight {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Blocked {
     /// An earlier call for this key has not returned yet; none was made.
-    Stuck { for_: Duration },
+    /// Its text names no duration: the scrape logs an error only when its
+    /// text changes, and a stuck mount is reported once, not per scrape
+    /// (the time-out said when it began, the recovery says how long).
+    Stuck,
     /// The call did not return within the timeout; it is now stuck.
     TimedOut { after: Duration },
     /// The call panicked (a bug): reported, not propagated.
@@ -33,10 +36,8 @@ pub enum Blocked {
 impl std::fmt::Display for Blocked {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Blocked::Stuck { for_ } => write!(
-                f,
-                "an earlier call has been blocked for {:.1}s; not calling again until it returns",
-                for_.as_secs_f64()
+            Blocked::Stuck => f.write_str(
+                "an earlier call timed out and has not returned; not calling again until it returns",
             ),
             Blocked::TimedOut { after } => write!(
                 f,
@@ -94,10 +95,8 @@ impl InFlight {
     /// Claims `key` for a new call, unless one is still outstanding.
     pub fn begin(&self, key: &str) -> Result<Ticket, Blocked> {
         let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(since) = calls.get(key) {
-            return Err(Blocked::Stuck {
-                for_: since.elapsed(),
-            });
+        if calls.contains_key(key) {
+            return Err(Blocked::Stuck);
         }
         let started = Instant::now();
         calls.insert(key.to_string(), started);
@@ -155,7 +154,16 @@ mod tests {
         assert!(matches!(r, Err(Blocked::TimedOut { .. })), "{r:?}");
         assert!(guard.is_stuck("/a"));
         let r = guard.run("/a", Duration::from_secs(5), || 1).await;
-        assert!(matches!(r, Err(Blocked::Stuck { .. })), "{r:?}");
+        assert!(matches!(r, Err(Blocked::Stuck)), "{r:?}");
+        // The scrape logs a collector's error again only when its text
+        // changes: a key that stays stuck must keep the same text.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let again = guard.run("/a", Duration::from_secs(5), || 1).await;
+        assert_eq!(
+            again.unwrap_err().to_string(),
+            r.unwrap_err().to_string(),
+            "the error text of a key that stays stuck changed between scrapes"
+        );
         // Other keys are unaffected.
         assert_eq!(guard.run("/b", Duration::from_secs(5), || 2).await, Ok(2));
         release.send(()).unwrap();
