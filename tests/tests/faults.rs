@@ -412,6 +412,105 @@ fn stall(case: &FsCase) {
     s.assert_intact("after the stall");
 }
 
+/// The disk holding the plugin directory stalls: the exporter reads the
+/// overcommit ratio from its prjquota.toml on every scrape. Scrapes keep
+/// answering within the bound, with the volumes' series and without the
+/// ratio (the filesystem collector failing, and saying why), and the ratio
+/// comes back after the resume, without a restart.
+fn a_stalled_plugin_dir_costs_the_ratio_and_nothing_else(case: &FsCase) {
+    let disk = DmDisk::new(case, "plugindir", DISK);
+    let fx = XFS.fixture("plugindir-volumes");
+    fx.set_overcommit_ratio(1.0);
+    fx.create(&Spec::new("plugindir", VOLUME));
+    let plugin_dir = disk.path().join("plugins");
+    std::fs::create_dir(&plugin_dir).unwrap();
+    std::fs::copy(
+        fx.node.plugin_dir.join("prjquota.toml"),
+        plugin_dir.join("prjquota.toml"),
+    )
+    .unwrap();
+    prjquota_vmtests::sh("sync");
+    let exporter = Exporter::start_with(
+        &[&fx.node.volumes_dir],
+        &[
+            "--plugin-dir",
+            &plugin_dir.display().to_string(),
+            "--ebpf=off",
+        ],
+    );
+    let dir = fx.node.volumes_dir.display().to_string();
+    let at = [("volumes_dir", dir.as_str())];
+    let ratio = |e: &Exposition| e.get("nomad_host_volumes_overcommit_ratio", &at);
+    let filesystem_ok = |e: &Exposition| {
+        e.get(
+            "prjquota_exporter_scrape_collector_success",
+            &[("collector", "filesystem")],
+        )
+    };
+    let e = exporter.scrape();
+    assert_eq!((ratio(&e), filesystem_ok(&e)), (Some(1.0), Some(1.0)));
+    // Mounted again, the filesystem has nothing of the plugin directory in
+    // memory: its next lookup reads the disk, which then stalls.
+    disk.umount();
+    disk.mount_with(true);
+    disk.suspend();
+    // Dropped before the exporter, whose stop would otherwise wait on the
+    // stalled disk if a scrape below fails.
+    let stalled = Resumed(&disk);
+    for scrape in 1..=3 {
+        // Read with the bound as its time-out: a runtime blocked on the
+        // disk answers nothing at all.
+        let text = prjquota_vmtests::http::http_get(exporter.addr, "/metrics", SCRAPE_BOUND)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "scrape {scrape}: no answer within {SCRAPE_BOUND:?} with the plugin \
+                     directory's disk stalled: {e}\n{}",
+                    exporter.log()
+                )
+            })
+            .body;
+        let e = Exposition::parse(&text);
+        assert_eq!(
+            (ratio(&e), filesystem_ok(&e)),
+            (None, Some(0.0)),
+            "scrape {scrape}: the ratio of a stalled plugin directory\n{text}"
+        );
+        assert!(
+            e.get("nomad_host_volumes_filesystem_size_bytes", &at)
+                .is_some(),
+            "scrape {scrape}: the volumes directory's series went with the ratio\n{text}"
+        );
+    }
+    assert!(
+        exporter.log().contains("reading the plugin directory"),
+        "{}",
+        exporter.log()
+    );
+    drop(stalled);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let e = exporter.scrape();
+        if (ratio(&e), filesystem_ok(&e)) == (Some(1.0), Some(1.0)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the ratio did not come back after the resume\n{}",
+            exporter.log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Resumes a suspended disk when dropped.
+struct Resumed<'a>(&'a DmDisk);
+
+impl Drop for Resumed<'_> {
+    fn drop(&mut self) {
+        self.0.resume();
+    }
+}
+
 /// The kinds of filesystem call the exporter makes per volumes directory,
 /// each of which a stalled disk may hold once.
 const STUCK_CALL_KINDS: u64 = 6;
@@ -497,5 +596,6 @@ on_every_fs!(
     read_only,
     quotas_off,
     full_outside_volumes,
-    stall
+    stall,
+    a_stalled_plugin_dir_costs_the_ratio_and_nothing_else
 );

@@ -36,7 +36,7 @@ pub struct Filesystem {
     inflight: InFlight,
     plugin_dir: Option<PathBuf>,
     /// The ratio as last read, and the file it was read from.
-    ratio: Mutex<Option<KeptRatio>>,
+    ratio: Arc<Mutex<Option<KeptRatio>>>,
     probe: ProbeFn,
     /// Each directory's last [`Health`], to log a change once.
     last_health: Mutex<HashMap<PathBuf, Health>>,
@@ -168,7 +168,7 @@ impl Filesystem {
             timeout,
             inflight: InFlight::new("volumes directory probe"),
             plugin_dir,
-            ratio: Mutex::default(),
+            ratio: Arc::default(),
             probe,
             last_health: Mutex::default(),
         }
@@ -246,22 +246,43 @@ fn file_key(dir: &Path) -> Option<Option<FileKey>> {
     Some(Some((m.dev(), m.ino(), m.ctime(), m.ctime_nsec())))
 }
 
+/// [`ratio`], parsed again only when the file changed.
+fn cached_ratio(dir: &Path, cache: &Mutex<Option<KeptRatio>>) -> anyhow::Result<Option<f64>> {
+    if !dir.is_dir() {
+        return Ok(None);
+    }
+    let Some(key) = file_key(dir) else {
+        return ratio(Some(dir));
+    };
+    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, r)) = cache.as_ref().filter(|(k, _)| *k == key) {
+        return r.clone().map_err(|e| anyhow!(e));
+    }
+    let r = ratio(Some(dir)).map_err(|e| e.to_string());
+    *cache = Some((key, r.clone()));
+    r.map_err(|e| anyhow!(e))
+}
+
 impl Filesystem {
-    /// [`ratio`], parsed again only when the file changed.
-    fn cached_ratio(&self) -> anyhow::Result<Option<f64>> {
-        let Some(dir) = self.plugin_dir.as_deref().filter(|d| d.is_dir()) else {
+    /// The overcommit ratio from the plugin directory, read on the blocking
+    /// pool: the directory is on the root filesystem, whose stall would
+    /// otherwise stop the runtime's one thread, and every timer with it.
+    async fn overcommit_ratio(&self) -> anyhow::Result<Option<f64>> {
+        let Some(dir) = self.plugin_dir.clone() else {
             return Ok(None);
         };
-        let Some(key) = file_key(dir) else {
-            return ratio(Some(dir));
-        };
-        let mut cache = self.ratio.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, r)) = cache.as_ref().filter(|(k, _)| *k == key) {
-            return r.clone().map_err(|e| anyhow!(e));
+        let cache = self.ratio.clone();
+        let shown = dir.display().to_string();
+        match self
+            .inflight
+            .run("plugin directory", self.timeout, move || {
+                cached_ratio(&dir, &cache)
+            })
+            .await
+        {
+            Ok(r) => r,
+            Err(blocked) => Err(anyhow!("reading the plugin directory {shown}: {blocked}")),
         }
-        let r = ratio(Some(dir)).map_err(|e| e.to_string());
-        *cache = Some((key, r.clone()));
-        r.map_err(|e| anyhow!(e))
     }
 }
 
@@ -278,7 +299,7 @@ impl Collector for Filesystem {
         Box::pin(async move {
             let inv = &scrape.inventory;
             let mut errors = Vec::new();
-            let ratio = self.cached_ratio().unwrap_or_else(|e| {
+            let ratio = self.overcommit_ratio().await.unwrap_or_else(|e| {
                 errors.push(e.to_string());
                 None
             });
