@@ -7,7 +7,7 @@
 //! be cancelled, so this bounds the blocked threads to one per key instead of
 //! one per scrape.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 #[derive(Debug)]
 pub struct InFlight {
     what: &'static str,
-    calls: Arc<Mutex<HashMap<String, Instant>>>,
+    calls: Arc<Mutex<HashSet<String>>>,
 }
 
 /// Why a guarded call produced no value.
@@ -57,7 +57,7 @@ pub struct Ticket {
     key: String,
     started: Instant,
     stuck: Arc<AtomicBool>,
-    calls: Arc<Mutex<HashMap<String, Instant>>>,
+    calls: Arc<Mutex<HashSet<String>>>,
 }
 
 impl Ticket {
@@ -95,11 +95,10 @@ impl InFlight {
     /// Claims `key` for a new call, unless one is still outstanding.
     pub fn begin(&self, key: &str) -> Result<Ticket, Blocked> {
         let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
-        if calls.contains_key(key) {
+        if !calls.insert(key.to_string()) {
             return Err(Blocked::Stuck);
         }
         let started = Instant::now();
-        calls.insert(key.to_string(), started);
         Ok(Ticket {
             what: self.what,
             key: key.to_string(),
@@ -113,7 +112,7 @@ impl InFlight {
         self.calls
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .contains_key(key)
+            .contains(key)
     }
 
     /// Runs `f` on the blocking pool with a timeout, one call per key.

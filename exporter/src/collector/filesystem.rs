@@ -213,12 +213,9 @@ impl Filesystem {
     }
 }
 
-/// The ratio in force: `Ok(None)` when the plugin directory is unknown or
-/// absent, an error naming the file when it cannot be used.
-fn ratio(plugin_dir: Option<&Path>) -> anyhow::Result<Option<f64>> {
-    let Some(dir) = plugin_dir.filter(|d| d.is_dir()) else {
-        return Ok(None);
-    };
+/// The ratio in force in the plugin directory `dir` (1 without a
+/// prjquota.toml), an error naming the file when it cannot be used.
+fn ratio(dir: &Path) -> anyhow::Result<Option<f64>> {
     prjquota_core::config::load(dir)
         .map(|c| Some(c.overcommit_ratio))
         .map_err(|e| anyhow!("{e}"))
@@ -246,19 +243,20 @@ fn file_key(dir: &Path) -> Option<Option<FileKey>> {
     Some(Some((m.dev(), m.ino(), m.ctime(), m.ctime_nsec())))
 }
 
-/// [`ratio`], parsed again only when the file changed.
+/// [`ratio`], parsed again only when the file changed; `Ok(None)` when the
+/// plugin directory does not exist.
 fn cached_ratio(dir: &Path, cache: &Mutex<Option<KeptRatio>>) -> anyhow::Result<Option<f64>> {
     if !dir.is_dir() {
         return Ok(None);
     }
     let Some(key) = file_key(dir) else {
-        return ratio(Some(dir));
+        return ratio(dir);
     };
     let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, r)) = cache.as_ref().filter(|(k, _)| *k == key) {
         return r.clone().map_err(|e| anyhow!(e));
     }
-    let r = ratio(Some(dir)).map_err(|e| e.to_string());
+    let r = ratio(dir).map_err(|e| e.to_string());
     *cache = Some((key, r.clone()));
     r.map_err(|e| anyhow!(e))
 }
