@@ -63,40 +63,39 @@ pub fn terminate(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
 /// and its kernel stack. For a test's failure message when a daemon stops
 /// answering: which thread is stuck, and where.
 pub fn threads(pid: u32) -> String {
-    let dir = format!("/proc/{pid}/task");
-    let Ok(tasks) = std::fs::read_dir(&dir) else {
-        return format!("{dir}: gone");
+    let tasks = match procfs::process::Process::new(pid as i32).and_then(|p| p.tasks()) {
+        Ok(t) => t,
+        Err(e) => return format!("process {pid}: {e}"),
     };
-    let read = |tid: &str, f: &str| {
-        std::fs::read_to_string(format!("{dir}/{tid}/{f}"))
+    // wchan and the kernel stack: read by path, procfs's Task has neither.
+    let read = |tid: i32, f: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/{f}"))
             .map(|s| s.trim().to_string())
             .unwrap_or_else(|e| format!("({f}: {e})"))
     };
-    let mut tids: Vec<String> = tasks
-        .filter_map(|t| t.ok())
-        .map(|t| t.file_name().to_string_lossy().into_owned())
-        .collect();
-    tids.sort_by_key(|t| t.parse::<u32>().unwrap_or(0));
-    tids.iter()
-        .map(|tid| {
-            let stat = read(tid, "stat");
-            // The fields after the name's closing parenthesis: state is
-            // the first, utime and stime the 12th and 13th.
-            let rest: Vec<&str> = stat
-                .rsplit_once(')')
-                .map(|(_, r)| r.split_whitespace().collect())
-                .unwrap_or_default();
-            let field = |i: usize| rest.get(i).copied().unwrap_or("?");
-            format!(
-                "{tid} {} state {} ticks {}+{} wchan {}\n  {}",
-                read(tid, "comm"),
-                field(0),
-                field(11),
-                field(12),
-                read(tid, "wchan"),
-                read(tid, "stack").replace('\n', "\n  ")
-            )
+    let mut lines: Vec<(i32, String)> = tasks
+        .filter_map(Result::ok)
+        .map(|t| {
+            let about = match t.stat() {
+                Ok(st) => format!(
+                    "{} state {} ticks {}+{}",
+                    st.comm, st.state, st.utime, st.stime
+                ),
+                Err(e) => format!("(stat: {e})"),
+            };
+            let line = format!(
+                "{} {about} wchan {}\n  {}",
+                t.tid,
+                read(t.tid, "wchan"),
+                read(t.tid, "stack").replace('\n', "\n  ")
+            );
+            (t.tid, line)
         })
+        .collect();
+    lines.sort();
+    lines
+        .into_iter()
+        .map(|(_, l)| l)
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -107,7 +106,7 @@ mod tests {
     use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
 
-    use super::{terminate, wait_or_kill};
+    use super::{terminate, threads, wait_or_kill};
 
     #[test]
     fn a_child_past_its_time_is_killed_and_a_quick_one_is_not() {
@@ -147,5 +146,18 @@ mod tests {
         .unwrap();
         assert_eq!(line, "ignoring\n");
         assert_eq!(terminate(&mut deaf, Duration::from_millis(300)), None);
+    }
+
+    #[test]
+    fn threads_names_each_thread_with_its_state_and_stack() {
+        let here = threads(std::process::id());
+        let mine = nix::unistd::gettid();
+        let line = here
+            .lines()
+            .find(|l| l.starts_with(&format!("{mine} ")))
+            .unwrap_or_else(|| panic!("no line for thread {mine}:\n{here}"));
+        // This thread is running while it reads its own state.
+        assert!(line.contains(" state R ticks "), "{line}");
+        assert!(line.contains(" wchan "), "{line}");
     }
 }
