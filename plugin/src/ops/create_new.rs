@@ -6,7 +6,7 @@ use std::io;
 use std::os::fd::AsFd;
 
 use anyhow::{bail, Context, Result};
-use prjquota_core::guard_pins::kernel_dev;
+use prjquota_core::guard_pins::{kernel_dev, PinnedGuard};
 
 use super::converge::{converge, limits_for, Undo};
 use super::desired::{Created, Desired};
@@ -45,6 +45,7 @@ fn allocate_and_claim(
     cfg: &Config,
     id: &VolumeId,
     limits: &Limits,
+    guard: Option<&PinnedGuard>,
 ) -> Result<u32> {
     let _fs = match registry::lock_filesystem(vfs.dev) {
         Ok(lock) => Some(lock),
@@ -66,7 +67,7 @@ fn allocate_and_claim(
     // Into the guard before the claim: the ID is predictable (the next
     // free one), and until the guard knows it, a file outside the volumes
     // may be given it by its owner and charge the new volume.
-    if let (Some(g), Some(dev)) = (open_guard(vfs)?, kernel_dev(vfs.dev)) {
+    if let (Some(g), Some(dev)) = (guard, kernel_dev(vfs.dev)) {
         g.register_project(dev, pid, true)?;
     }
     fault::point("create:project-guarded");
@@ -116,6 +117,10 @@ pub(crate) fn create_new(
         Err(e) => return Err(e).with_context(|| format!("cannot inspect {}", path.display())),
     }
 
+    // Opened once, before anything is made: the ID and then the root go
+    // into the same maps, and pins that cannot be used refuse the create
+    // while there is nothing to roll back.
+    let guard = open_guard(vfs)?;
     reg.follow_journal_of(vfs);
     let mut claimed = false;
     let project_id = {
@@ -143,7 +148,14 @@ pub(crate) fn create_new(
         let pid = match (adopt, own) {
             (Some(p), _) | (None, Some(p)) => p,
             (None, None) => {
-                let p = allocate_and_claim(vfs, &book, cfg, id, &limits_for(bytes, params))?;
+                let p = allocate_and_claim(
+                    vfs,
+                    &book,
+                    cfg,
+                    id,
+                    &limits_for(bytes, params),
+                    guard.as_ref(),
+                )?;
                 claimed = true;
                 p
             }
@@ -184,26 +196,22 @@ pub(crate) fn create_new(
         limits: claimed,
         ..Undo::default()
     };
-    let guard = open_guard(vfs);
-    let result = guard
-        .and_then(|g| {
-            converge(
-                vfs,
-                id,
-                project_id,
-                params,
-                bytes,
-                g.as_ref(),
-                true,
-                &mut undo,
-            )
-        })
-        .and_then(|()| {
-            let mut rec = want.record(vfs, project_id);
-            rec.state = State::Ready;
-            let _alloc = reg.lock_allocation()?;
-            reg.store_keeping_ledger(&rec, Durable::Now)
-        });
+    let result = converge(
+        vfs,
+        id,
+        project_id,
+        params,
+        bytes,
+        guard.as_ref(),
+        true,
+        &mut undo,
+    )
+    .and_then(|()| {
+        let mut rec = want.record(vfs, project_id);
+        rec.state = State::Ready;
+        let _alloc = reg.lock_allocation()?;
+        reg.store_keeping_ledger(&rec, Durable::Now)
+    });
     match result {
         Ok(()) => Ok(Created { path, bytes }),
         Err(e) => {

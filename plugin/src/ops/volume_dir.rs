@@ -37,7 +37,7 @@ pub(crate) fn is_empty_dir(fd: &OwnedFd) -> io::Result<bool> {
 
 /// Applies mode and owner to the volume root (never to its content).
 pub(crate) fn apply_root_attrs(fd: &OwnedFd, p: &VolumeParams) -> io::Result<()> {
-    let st = sys::fstat(fd.as_fd())?;
+    let mut st = sys::fstat(fd.as_fd())?;
     if (p.uid.is_some() && p.uid != Some(st.st_uid))
         || (p.gid.is_some() && p.gid != Some(st.st_gid))
     {
@@ -46,9 +46,9 @@ pub(crate) fn apply_root_attrs(fd: &OwnedFd, p: &VolumeParams) -> io::Result<()>
             p.uid.unwrap_or(u32::MAX),
             p.gid.unwrap_or(u32::MAX),
         )?;
+        // The kernel may clear setuid/setgid bits on chown.
+        st = sys::fstat(fd.as_fd())?;
     }
-    // After chown: the kernel clears setuid/setgid bits on chown.
-    let st = sys::fstat(fd.as_fd())?;
     if st.st_mode & 0o7777 != p.mode {
         sys::fchmod(fd.as_fd(), p.mode)?;
     }
