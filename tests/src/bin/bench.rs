@@ -146,9 +146,10 @@ fn main() {
         node(&mount, &a.plugin_dir, "image", "image-plugin.sh"),
         node(&mount, &a.plugin_dir, "guide", "guide-mkdir-plugin.sh"),
     ];
-    let sections: [(&str, Section); 6] = [
+    let sections: [(&str, Section); 7] = [
         ("create", create_latency),
         ("durability", create_durability),
+        ("calls", system_calls),
         ("storm", restore_storm),
         ("fingerprint", fingerprint),
         ("delete", delete_many_files),
@@ -159,7 +160,7 @@ fn main() {
     for o in only.iter().flatten() {
         assert!(
             sections.iter().any(|(name, _)| name == o),
-            "--only takes a comma-separated list of create, durability, storm, fingerprint, delete, crowd (got {o})"
+            "--only takes a comma-separated list of create, durability, calls, storm, fingerprint, delete, crowd (got {o})"
         );
     }
     for (name, section) in sections {
@@ -355,6 +356,87 @@ fn traced_flushes(n: &Node, spec: &Spec, trace: &Path) -> (usize, f64) {
     (times.len(), times.iter().fold(0.0, |a, t| a + t))
 }
 
+/// Section 1c: how many system calls a create and a restore make, from
+/// the plugin's exec to its exit: what each contender asks of the kernel,
+/// which the emulated CPU makes dear, counted rather than timed.
+fn system_calls(_a: &Args, contenders: &[Node; 4], _free: u64, r: &mut Report) {
+    r.table(
+        "System calls per operation",
+        &[
+            "contender",
+            "create",
+            "restore (the same create again)",
+            "create / mkdir",
+            "restore / mkdir",
+        ],
+    );
+    let trace = Path::new(MOUNT).join("calls.strace");
+    let counts: Vec<(usize, usize)> = contenders[..2]
+        .iter()
+        .map(|n| {
+            let spec = Spec::new("calls", GIB);
+            let create = traced_calls(n, &spec, &trace);
+            let restore = traced_calls(n, &spec, &trace);
+            n.delete(&spec).ok();
+            (create, restore)
+        })
+        .collect();
+    let (mkdir_create, mkdir_restore) = counts[1];
+    for (k, (create, restore)) in counts.into_iter().enumerate() {
+        r.measure(&format!("calls_{}_create", NAMES[k]), create as f64);
+        r.measure(&format!("calls_{}_restore", NAMES[k]), restore as f64);
+        r.row(&[
+            NAMES[k].into(),
+            create.to_string(),
+            restore.to_string(),
+            format!("{:.1}×", create as f64 / mkdir_create as f64),
+            format!("{:.1}×", restore as f64 / mkdir_restore as f64),
+        ]);
+    }
+}
+
+/// Runs one create under `strace -f` and counts the system calls the
+/// plugin made after its exec (the `env` that starts it is left out).
+fn traced_calls(n: &Node, spec: &Spec, trace: &Path) -> usize {
+    let _ = std::fs::remove_file(trace);
+    let trace_arg = trace.to_string_lossy();
+    let strace = ["/usr/bin/strace", "-f", "-qq", "-o", &trace_arg];
+    let out = n
+        .create_command_under(&strace, spec)
+        .output()
+        .expect("run strace (the bench needs it in the guest)");
+    assert!(
+        out.status.success(),
+        "a traced create of {} failed: {}{}",
+        n.plugin.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(trace).expect("strace's output");
+    count_after_exec(&text, &n.plugin.to_string_lossy())
+        .unwrap_or_else(|| panic!("no exec of {} in the trace:\n{text}", n.plugin.display()))
+}
+
+/// The calls `strace -f -qq` shows for the process that exec'd `exe`,
+/// after that exec; `None` when the trace has no such exec.
+fn count_after_exec(trace: &str, exe: &str) -> Option<usize> {
+    let exec = format!("execve(\"{exe}\"");
+    let mut lines = trace.lines();
+    let pid = lines.by_ref().find_map(|l| {
+        let (pid, call) = l.split_once(' ')?;
+        call.trim_start().starts_with(&exec).then_some(pid)
+    })?;
+    Some(
+        lines
+            .filter_map(|l| l.split_once(' '))
+            .filter(|(p, call)| {
+                // A call resumed after a signal is the one already counted.
+                *p == pid && !call.trim_start().starts_with("<...") && !call.contains("+++")
+            })
+            .count(),
+    )
+}
+
 /// Section 2: Restore storm: every volume re-created at once, as at agent start.
 fn restore_storm(a: &Args, contenders: &[Node; 4], _free: u64, r: &mut Report) {
     r.table(
@@ -385,11 +467,12 @@ fn restore_storm(a: &Args, contenders: &[Node; 4], _free: u64, r: &mut Report) {
                 n.create(sp).created();
             });
         }
-        // ABBA, each storm after a sync: neither contender inherits the
-        // writeback of the other's storm or of the section before, and each
-        // runs once first and once last.
+        // ABBA BAAB, each storm after a sync: neither contender inherits
+        // the writeback of the other's storm or of the section before, each
+        // runs as often first as last, and four storms each hold the mean
+        // against one slow storm.
         let mut took: [Vec<f64>; 2] = Default::default();
-        for k in [0, 1, 1, 0] {
+        for k in [0, 1, 1, 0, 1, 0, 0, 1] {
             nix::unistd::sync();
             let node = &contenders[k];
             let start = Instant::now();
@@ -410,11 +493,14 @@ fn restore_storm(a: &Args, contenders: &[Node; 4], _free: u64, r: &mut Report) {
         for (k, t) in [p, m].into_iter().enumerate() {
             r.measure(&format!("restore_storm_{}_{}_seconds", NAMES[k], n_vol), t);
         }
-        let both = |v: &[f64]| format!("{} ({}, {})", ms(mean(v)), ms(v[0]), ms(v[1]));
+        let each = |v: &[f64]| {
+            let storms: Vec<String> = v.iter().map(|t| ms(*t)).collect();
+            format!("{} ({})", ms(mean(v)), storms.join(", "))
+        };
         r.row(&[
             n_vol.to_string(),
-            both(&took[0]),
-            both(&took[1]),
+            each(&took[0]),
+            each(&took[1]),
             format!("{:.2}×", p / m),
             format!("{:.1} %", p / 50.0 * 100.0),
         ]);
@@ -576,4 +662,28 @@ fn statvfs(path: &Path) -> (u64, u64) {
     let st = prjquota_core::sys::fstatfs(f.as_fd()).unwrap();
     let bs = st.f_frsize as u64;
     (st.f_bavail as u64 * bs, st.f_blocks as u64 * bs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::count_after_exec;
+
+    #[test]
+    fn calls_are_counted_from_the_plugins_exec_and_for_its_process_only() {
+        let trace = "\
+41    execve(\"/usr/bin/env\", [\"/usr/bin/env\"], 0x1 /* 0 vars */) = 0
+41    brk(NULL)                         = 0x5555
+41    execve(\"/p/prjquota\", [\"/p/prjquota\", \"create\"], 0x2 /* 11 vars */) = 0
+41    openat(AT_FDCWD, \"/v\", O_RDONLY) = 3
+42    read(3, \"\", 8)                  = 0
+41    flock(3, LOCK_EX <unfinished ...>
+41    <... flock resumed>)               = 0
+41    exit_group(0)                     = ?
+41    +++ exited with 0 +++
+";
+        // openat, flock, exit_group: not env's brk, not the other
+        // process's read, the resumed flock once.
+        assert_eq!(count_after_exec(trace, "/p/prjquota"), Some(3));
+        assert_eq!(count_after_exec(trace, "/p/mkdir"), None);
+    }
 }
