@@ -322,30 +322,16 @@ fn create_durability(a: &Args, contenders: &[Node; 4], _free: u64, r: &mut Repor
 /// Runs one create under `strace -f -T`, tracing the calls that wait for
 /// the disk; returns how many there were and the seconds spent in them.
 fn traced_flushes(n: &Node, spec: &Spec, trace: &Path) -> (usize, f64) {
-    let _ = std::fs::remove_file(trace);
-    let trace_arg = trace.to_string_lossy();
-    let strace = [
-        "/usr/bin/strace",
-        "-f",
-        "-qq",
-        "-T",
-        "-o",
-        &trace_arg,
-        "-e",
-        "trace=fsync,fdatasync,syncfs,sync,sync_file_range,msync",
-    ];
-    let out = n
-        .create_command_under(&strace, spec)
-        .output()
-        .expect("run strace (the bench needs it in the guest)");
-    assert!(
-        out.status.success(),
-        "a traced create of {} failed: {}{}",
-        n.plugin.display(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let text = traced_create(
+        n,
+        spec,
+        trace,
+        &[
+            "-T",
+            "-e",
+            "trace=fsync,fdatasync,syncfs,sync,sync_file_range,msync",
+        ],
     );
-    let text = std::fs::read_to_string(trace).expect("strace's output");
     let times: Vec<f64> = text
         .lines()
         .filter_map(|l| {
@@ -398,21 +384,7 @@ fn system_calls(_a: &Args, contenders: &[Node; 4], _free: u64, r: &mut Report) {
 /// Runs one create under `strace -f` and counts the system calls the
 /// plugin made after its exec (the `env` that starts it is left out).
 fn traced_calls(n: &Node, spec: &Spec, trace: &Path) -> usize {
-    let _ = std::fs::remove_file(trace);
-    let trace_arg = trace.to_string_lossy();
-    let strace = ["/usr/bin/strace", "-f", "-qq", "-o", &trace_arg];
-    let out = n
-        .create_command_under(&strace, spec)
-        .output()
-        .expect("run strace (the bench needs it in the guest)");
-    assert!(
-        out.status.success(),
-        "a traced create of {} failed: {}{}",
-        n.plugin.display(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = std::fs::read_to_string(trace).expect("strace's output");
+    let text = traced_create(n, spec, trace, &[]);
     count_after_exec(&text, &n.plugin.to_string_lossy())
         .unwrap_or_else(|| panic!("no exec of {} in the trace:\n{text}", n.plugin.display()))
 }
@@ -435,6 +407,27 @@ fn count_after_exec(trace: &str, exe: &str) -> Option<usize> {
             })
             .count(),
     )
+}
+
+/// Runs one create under `strace -f -qq` with `args` added, and returns
+/// the trace.
+fn traced_create(n: &Node, spec: &Spec, trace: &Path, args: &[&str]) -> String {
+    let _ = std::fs::remove_file(trace);
+    let trace_arg = trace.to_string_lossy();
+    let mut strace = vec!["/usr/bin/strace", "-f", "-qq", "-o", &trace_arg];
+    strace.extend_from_slice(args);
+    let out = n
+        .create_command_under(&strace, spec)
+        .output()
+        .expect("run strace (the bench needs it in the guest)");
+    assert!(
+        out.status.success(),
+        "a traced create of {} failed: {}{}",
+        n.plugin.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read_to_string(trace).expect("strace's output")
 }
 
 /// Section 2: Restore storm: every volume re-created at once, as at agent start.
