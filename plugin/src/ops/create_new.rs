@@ -218,7 +218,7 @@ pub(crate) fn create_new(
             if dir_existed {
                 undo.dir = false;
             }
-            rollback(vfs, reg, id, project_id, bytes, &undo);
+            rollback(vfs, reg, guard.as_ref(), id, project_id, bytes, &undo);
             Err(e)
         }
     }
@@ -230,24 +230,20 @@ pub(crate) fn create_new(
 fn rollback(
     vfs: &VolumesFs,
     reg: &Registry,
+    guard: Option<&PinnedGuard>,
     id: &VolumeId,
     project_id: u32,
     bytes: u64,
     undo: &Undo,
 ) {
     let mut keep_record = false;
-    if let Some(key) = &undo.guarded {
-        match open_guard(vfs) {
-            Ok(Some(g)) => {
-                if let Err(e) = g
-                    .unregister_root(key)
-                    .and_then(|_| g.forget_project(key.dev, project_id))
-                {
-                    log(id, format_args!("rollback: {e}"));
-                }
-            }
-            Ok(None) => {}
-            Err(e) => log(id, format_args!("rollback: {e:#}")),
+    // The guard the create put the root into: only then is there a key.
+    if let (Some(key), Some(g)) = (&undo.guarded, guard) {
+        if let Err(e) = g
+            .unregister_root(key)
+            .and_then(|_| g.forget_project(key.dev, project_id))
+        {
+            log(id, format_args!("rollback: {e}"));
         }
     }
     if undo.dir {
