@@ -294,9 +294,10 @@ pub fn source_date_epoch(root: &Path) -> Result<String> {
     Ok(e)
 }
 
-/// Release build for an explicit target triple: RUSTFLAGS then reach only
-/// the binaries, not build scripts or proc macros, and the output lands in
-/// `target/<triple>/release`, apart from the dynamic `target/release`.
+/// The `shipped` profile's build (Cargo.toml) for an explicit target triple:
+/// RUSTFLAGS then reach only the binaries, not build scripts or proc
+/// macros, and the output lands in `target/<triple>/shipped`, apart from the
+/// dynamic `target/release`.
 ///
 /// One cargo invocation per binary: built together, cargo unifies the
 /// features of their shared dependencies, so the plugin would differ with
@@ -313,16 +314,17 @@ pub fn build_static(root: &Path, epoch: &str, bins: &[&str]) -> Result<PathBuf> 
         root.display()
     );
     header(&format!(
-        "build: RUSTFLAGS='{rustflags}' cargo build --release --target {TRIPLE}"
+        "build: RUSTFLAGS='{rustflags}' cargo build --profile shipped --target {TRIPLE}"
     ));
     for b in bins {
         run(cargo()
             .env("RUSTFLAGS", &rustflags)
             .env("SOURCE_DATE_EPOCH", epoch)
-            .args(["build", "--release", "--locked", "--target", TRIPLE])
+            .args(["build", "--locked", "--target", TRIPLE])
+            .args(["--profile", "shipped"])
             .args(["-p", b]))?;
     }
-    Ok(crate::target_dir().join(TRIPLE).join("release"))
+    Ok(crate::target_dir().join(TRIPLE).join("shipped"))
 }
 
 /// `ldd` is what an operator runs to check; it must find no libc to load.
