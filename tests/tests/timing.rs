@@ -116,6 +116,11 @@ fn a_restore_of_50_volumes_is_within_2x_of_a_plain_mkdir(fs: &FsCase) {
 /// Volumes already on the crowded node of the flatness test.
 const CROWD: u32 = 2000;
 
+/// The flatness test's samples per node. A restore is short, and beside
+/// another VM a burst of its load on a few samples moved a median of nine
+/// past the bound while the create's held.
+const CROWD_SAMPLES: usize = 15;
+
 /// A create and a restore on a node that holds 2,000 volumes cost what they
 /// cost on an empty node, side by side on one filesystem: admission and
 /// the project-ID choice read the registry's ledger, not every record and
@@ -146,7 +151,7 @@ fn a_create_among_2000_volumes_costs_what_it_costs_on_an_empty_node(fs: &FsCase)
     let mut restore = [Vec::new(), Vec::new()];
     // The first create after volumes were added behind the plugin reads
     // them all, once: not a sample.
-    for i in 0..=SAMPLES {
+    for i in 0..=CROWD_SAMPLES {
         for (k, f) in [&empty, &crowded].into_iter().enumerate() {
             let spec = Spec::new(&format!("flat{i}"), SIZE as i64);
             let out = f.node.create(&spec);
@@ -160,7 +165,7 @@ fn a_create_among_2000_volumes_costs_what_it_costs_on_an_empty_node(fs: &FsCase)
             f.node.delete(&spec).ok();
         }
     }
-    assert_eq!(create[1].len(), SAMPLES, "every sample was taken");
+    assert_eq!(create[1].len(), CROWD_SAMPLES, "every sample was taken");
     assert_ledger_agrees(dir, "after the samples");
     for (what, [e, c]) in [("create", create), ("restore", restore)] {
         let ratio = median(c.clone()) / median(e.clone());
