@@ -29,6 +29,7 @@ use std::time::Duration;
 use super::background::{self, Background};
 use super::{kernel_maps, BoxFuture, Collector, Scrape};
 use crate::exposition::{Extra, Family};
+use crate::inventory::Volume;
 use anyhow::anyhow;
 use prjquota_ebpf::{
     Counters, ErrnoBucket, LoadOptions, Mode, ProgramFailure, WriteTelemetry, HOOK_NAMES,
@@ -117,9 +118,11 @@ struct Since {
     /// When the last successful read began, and the one before it.
     last_read: Option<f64>,
     previous: Option<f64>,
-    /// Per index in the roots at the last read: a hash of the volume ID it
-    /// was read for (0 before it was), and since when it counts.
-    volumes: foldhash::HashMap<u32, (u64, f64)>,
+    /// Per index in the roots at the last read: the volume it was read for
+    /// (`None` before it was), and since when it counts. The volume is held,
+    /// not hashed: the registry reuses an unchanged record's `Arc`, so most
+    /// reads compare a pointer, and a held `Arc`'s address is never reused.
+    volumes: foldhash::HashMap<u32, (Option<Arc<Volume>>, f64)>,
     /// Per (index, errno bucket) whose count is not 0: since when.
     errnos: foldhash::HashMap<(u32, usize), f64>,
 }
@@ -143,27 +146,27 @@ impl Since {
         let prev = self.previous_read();
         self.volumes.retain(|i, _| counters.volumes.contains_key(i));
         for i in counters.volumes.keys() {
-            self.volumes.entry(*i).or_insert((0, prev));
+            self.volumes.entry(*i).or_insert((None, prev));
         }
         let volumes = &self.volumes;
         self.errnos.retain(|(i, _), _| volumes.contains_key(i));
     }
 
-    /// Since when index `index`'s counters count, for volume `volume_id`.
-    fn volume(&mut self, index: u32, volume_id: &str) -> f64 {
-        use std::hash::{BuildHasher, BuildHasherDefault};
-        let h = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
-            .hash_one(volume_id)
-            | 1;
+    /// Since when index `index`'s counters count, for `volume`.
+    fn volume(&mut self, index: u32, volume: &Arc<Volume>) -> f64 {
         let prev = self.previous_read();
-        let e = self.volumes.entry(index).or_insert((h, prev));
-        if e.0 == 0 {
-            e.0 = h;
-        } else if e.0 != h {
-            // Another volume at the same index since the last read: it
-            // re-entered, zeroed, after that read.
-            *e = (h, prev);
-            self.errnos.retain(|(i, _), _| *i != index);
+        let e = self.volumes.entry(index).or_insert((None, prev));
+        match &e.0 {
+            None => e.0 = Some(volume.clone()),
+            Some(held) if Arc::ptr_eq(held, volume) => {}
+            // The same volume from a rewritten record (a resize).
+            Some(held) if held.volume_id == volume.volume_id => e.0 = Some(volume.clone()),
+            Some(_) => {
+                // Another volume at the same index since the last read: it
+                // re-entered, zeroed, after that read.
+                *e = (Some(volume.clone()), prev);
+                self.errnos.retain(|(i, _), _| *i != index);
+            }
         }
         e.1
     }
@@ -517,7 +520,7 @@ fn counter_families(
         let Some((x, c)) = index.and_then(|x| Some((x, counters.volumes.get(&x)?))) else {
             continue;
         };
-        let created = since.volume(x, &inventory.volumes[i].volume_id);
+        let created = since.volume(x, &inventory.volumes[i]);
         bytes.volume_since(i, &[], c.written_bytes as f64, created);
         ops.volume_since(i, &[], c.write_ops as f64, created);
         // An errno's series appears at its first failed write: five zero
@@ -744,11 +747,17 @@ mod tests {
             created(&mut since, &counters, 150.0),
             (vec![140.0, 110.0], vec![140.0, 140.0])
         );
+        // The same volumes from rewritten records (a resize: new `Arc`s,
+        // the same IDs) count since when they did.
+        let again = scrape(&[1, 2], false);
+        since.read(&counters, 155.0);
+        let fams = counter_families(&counters, &ids, &again.inventory, &mut since);
+        assert_eq!(fams[0].created, vec![140.0, 110.0]);
         // Another volume at index 9 (reused) starts afresh.
         let s2 = scrape(&[1, 3], false);
         since.read(&counters, 160.0);
         let fams = counter_families(&counters, &ids, &s2.inventory, &mut since);
-        assert_eq!(fams[0].created, vec![140.0, 150.0]);
+        assert_eq!(fams[0].created, vec![140.0, 155.0]);
     }
 
     #[tokio::test]
