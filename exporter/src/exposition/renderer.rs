@@ -2,7 +2,7 @@
 //! its inputs did not change, and [`encode_all`] for whole families at once.
 
 use super::encoder::{Created, Encoder};
-use super::family::{Family, Kind, Labels, Sample};
+use super::family::{Extra, Family, Kind, Labels, Sample};
 use super::openmetrics::{self, Format};
 use crate::deflate::{Deflater, Piece};
 use crate::inventory::Inventory;
@@ -34,9 +34,8 @@ use crate::inventory::Inventory;
 pub struct Renderer {
     previous: Option<std::sync::Arc<Inventory>>,
     families: foldhash::HashMap<&'static str, Vec<Run>>,
-    /// The extra label sets met so far, by address and length, numbered
-    /// from 1 so a key holds 4 bytes rather than a fat pointer's 16.
-    pub(super) extras: foldhash::HashMap<(usize, usize), u32>,
+    /// The extra label sets met so far, numbered (see [`ExtraIds`]).
+    pub(super) extras: ExtraIds,
     /// `Some` to keep the text compressed.
     deflater: Option<Deflater>,
     format: Format,
@@ -128,6 +127,43 @@ pub(super) const RUN: usize = 256;
 /// something builds them per scrape, and the table must not grow forever.
 pub(super) const MAX_EXTRAS: usize = 1024;
 
+/// The extra label sets met so far, by address and length, numbered from 1
+/// so a key holds 4 bytes rather than a fat pointer's 16. Every sample with
+/// extra labels asks, and a family's samples take turns among a few sets
+/// (allowed, denied): the last two answers are tried before the table.
+#[derive(Default)]
+pub(super) struct ExtraIds {
+    ids: foldhash::HashMap<(usize, usize), u32>,
+    /// Most recent first; an id of 0 is an empty slot.
+    recent: [((usize, usize), u32); 2],
+}
+
+impl ExtraIds {
+    fn id(&mut self, extra: Extra) -> u32 {
+        let key = (extra.as_ptr() as usize, extra.len());
+        match self.recent {
+            [(k, id), _] if id != 0 && k == key => return id,
+            [_, (k, id)] if id != 0 && k == key => {
+                self.recent.swap(0, 1);
+                return id;
+            }
+            _ => {}
+        }
+        let next = self.ids.len() as u32 + 1;
+        let id = *self.ids.entry(key).or_insert(next);
+        self.recent = [(key, id), self.recent[0]];
+        id
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    fn clear(&mut self) {
+        *self = ExtraIds::default();
+    }
+}
+
 /// Up to [`RUN`] consecutive sample lines of one family as last rendered.
 struct Run {
     keys: Box<[SampleKey]>,
@@ -153,18 +189,12 @@ impl SampleKey {
     /// `None` for a sample that is not cached (no volume labels).
     pub(super) fn of(
         inventory: &Inventory,
-        extras: &mut foldhash::HashMap<(usize, usize), u32>,
+        extras: &mut ExtraIds,
         s: &Sample,
     ) -> Option<SampleKey> {
         let (index, extra) = match &s.labels {
             Labels::Volume { index, extra: [] } => (*index, 0),
-            Labels::Volume { index, extra } => {
-                let next = extras.len() as u32 + 1;
-                let id = *extras
-                    .entry((extra.as_ptr() as usize, extra.len()))
-                    .or_insert(next);
-                (*index, id)
-            }
+            Labels::Volume { index, extra } => (*index, extras.id(extra)),
             Labels::VolumeInfo { index } => (*index, u32::MAX),
             Labels::None | Labels::Owned(_) | Labels::Shared(_) => return None,
         };
@@ -238,15 +268,22 @@ impl Renderer {
         };
         // Kept to the end of this render: the cached keys name its volumes.
         let prev = previous.take().unwrap_or_default();
+        // The registry hands over the same inventory while no record
+        // changed: its volumes are where they were, and an index says it.
+        let same_inventory = Arc::ptr_eq(&prev, inventory);
         let same = |old: &SampleKey, new: &SampleKey| {
             old.value == new.value
                 && old.extra == new.extra
-                && match (
-                    prev.volumes.get(old.volume as usize),
-                    inventory.volumes.get(new.volume as usize),
-                ) {
-                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                    _ => false,
+                && if same_inventory {
+                    old.volume == new.volume
+                } else {
+                    match (
+                        prev.volumes.get(old.volume as usize),
+                        inventory.volumes.get(new.volume as usize),
+                    ) {
+                        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                        _ => false,
+                    }
                 }
         };
         // Escapes every volume's labels only when a per-volume line is

@@ -1,7 +1,7 @@
 //! The encoders against each other and against the `prometheus` crate,
 //! and the renderer's reuse.
 
-use super::renderer::{SampleKey, MAX_EXTRAS, RUN};
+use super::renderer::{ExtraIds, SampleKey, MAX_EXTRAS, RUN};
 use super::*;
 use crate::deflate::Piece;
 use crate::inventory::tests::volume;
@@ -342,7 +342,7 @@ fn an_unchanged_family_is_reused_without_a_copy() {
         assert_eq!(a.pieces.len(), b.pieces.len());
         // Every per-volume family but the changed one is the same memory;
         // self metrics are written afresh.
-        let mut extras = foldhash::HashMap::default();
+        let mut extras = ExtraIds::default();
         let per_volume = fams
             .iter()
             .filter(|f| SampleKey::of(&inv, &mut extras, &f.samples[0]).is_some())
