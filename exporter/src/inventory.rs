@@ -133,6 +133,19 @@ impl Inventory {
                 .all(|(a, b)| Arc::ptr_eq(a, b))
     }
 
+    /// Whether [`Inventory::assemble`] of `dirs` and `per_dir` would give
+    /// this inventory: the same directories, as read, and the very same
+    /// volumes in the same order, none dropped.
+    pub fn lists(&self, dirs: &[Dir], per_dir: &[Vec<Arc<Volume>>]) -> bool {
+        self.dirs == dirs
+            && per_dir.iter().map(Vec::len).sum::<usize>() == self.volumes.len()
+            && per_dir
+                .iter()
+                .flatten()
+                .zip(&self.volumes)
+                .all(|(a, b)| Arc::ptr_eq(a, b))
+    }
+
     /// Assembles an inventory; a volume ID seen in an earlier directory is
     /// dropped (the same directory configured twice, or a bind mount of it),
     /// since two series with one label set would make the scrape invalid.
@@ -264,6 +277,34 @@ pub mod tests {
         assert_eq!(inv.volumes.len(), 1);
         assert_eq!(inv.volumes[0].namespace, "a");
         assert_eq!(dropped, vec![a.volume_id.clone()]);
+    }
+
+    /// What lets the registry keep its last inventory: the very same
+    /// volumes in the same directories, none dropped; anything else is
+    /// assembled afresh.
+    #[test]
+    fn an_inventory_lists_only_what_assembles_into_it() {
+        let (a, b) = (Arc::new(volume("a", "p", 1)), Arc::new(volume("a", "p", 2)));
+        let dirs = vec![Dir::default(), Dir::default()];
+        let per_dir = vec![vec![a.clone()], vec![b.clone()]];
+        let (inv, _) = Inventory::assemble(dirs.clone(), per_dir.clone());
+        assert!(inv.lists(&dirs, &per_dir));
+        // A rewritten record: an equal volume, another `Arc`.
+        let b2 = Arc::new(volume("a", "p", 2));
+        assert!(!inv.lists(&dirs, &[vec![a.clone()], vec![b2]]));
+        // Another order, one volume fewer or more.
+        assert!(!inv.lists(&dirs, &[vec![b.clone()], vec![a.clone()]]));
+        assert!(!inv.lists(&dirs, &[vec![a.clone()], vec![]]));
+        assert!(!inv.lists(&dirs, &[vec![a.clone()], vec![b.clone(), b.clone()]]));
+        // A directory read stale this time.
+        let mut stale = dirs.clone();
+        stale[1].stale = true;
+        assert!(!inv.lists(&stale, &per_dir));
+        // One dropped as a duplicate: its assembly never lists it.
+        let dup = vec![vec![a.clone()], vec![a.clone()]];
+        let (inv, dropped) = Inventory::assemble(dirs.clone(), dup.clone());
+        assert_eq!(dropped.len(), 1);
+        assert!(!inv.lists(&dirs, &dup));
     }
 
     #[test]

@@ -178,6 +178,18 @@ impl Registry {
             });
             per_dir.push(snap.volumes.clone());
         }
+        let result = if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(anyhow!(errors.join("; ")))
+        };
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        // Most loads find what the last one did: that inventory is kept as
+        // it is, without assembling (a hash of every volume ID) a copy to
+        // compare with it.
+        if let Some(l) = last.as_ref().filter(|l| l.lists(&dirs, &per_dir)) {
+            return (l.clone(), result);
+        }
         let (inventory, dropped) = Inventory::assemble(dirs, per_dir);
         if !dropped.is_empty() {
             let mut warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
@@ -190,12 +202,6 @@ impl Registry {
                 }
             }
         }
-        let result = if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(anyhow!(errors.join("; ")))
-        };
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         let inventory = match last.as_ref() {
             Some(l) if l.same_as(&inventory) => l.clone(),
             _ => Arc::new(inventory),
