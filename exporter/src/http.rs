@@ -378,6 +378,7 @@ async fn render(app: &App, arrived: Instant, format: Format) -> Option<Pieces> {
             .expect("never poisoned")
             .render(&scraped.inventory, families),
     );
+    crate::exposition::recycle(scraped.families);
     *app.last.get(format).lock().expect("never poisoned") = Some((began, body.clone()));
     drop(permit);
     Some(body)

@@ -27,7 +27,7 @@ mod tests;
 mod text;
 
 pub use encoder::{Created, Encoder};
-pub use family::{Extra, Family, Kind, Labels, Sample, SharedLabel, VOLUME_LABELS};
+pub use family::{recycle, Extra, Family, Kind, Labels, Sample, SharedLabel, VOLUME_LABELS};
 pub use openmetrics::{negotiate, Format};
 pub use renderer::{encode_all, encode_all_as, Rendered, Renderer, Wire};
 pub use text::{escape, value};
