@@ -59,7 +59,7 @@ use crate::allocs::{GuardedAlloc, GuardedRoots};
 use crate::exposition::{Extra, Family};
 use anyhow::anyhow;
 use prjquota_ebpf::guard::{
-    bpf_lsm_active, pins, Guard, GuardCounters, GuardEvent, GuardMode, Outcome,
+    bpf_lsm_active, pins, Guard, GuardCounters, GuardEvent, GuardMode, Outcome, Outcomes,
 };
 use prjquota_ebpf::{kernel_dev, LoadOptions};
 
@@ -602,18 +602,19 @@ fn attempts_family(capacity: usize) -> Family {
 fn counter_families(scrape: &Scrape, c: &GuardCounters) -> Vec<Family> {
     let inv = &scrape.inventory;
     let mut attempts = attempts_family(2 * inv.volumes.len());
-    // In the inventory's order, each key once: the volume the index
-    // keeps for it.
+    // Only volumes whose project is in the guard, each key once: the
+    // volume the index keeps for it. Each project placed at its volume,
+    // then read in the inventory's order: a lookup per project in the
+    // index's table rather than one per volume in the counters' tree too.
     let index = inv.by_kernel_project();
-    for (i, v) in inv.volumes.iter().enumerate() {
-        let Some(key) = inv.kernel_key(v) else {
-            continue;
-        };
-        // Only volumes whose project is in the guard.
-        let (Some(&at), Some(o)) = (index.get(&key), c.projects.get(&key)) else {
-            continue;
-        };
-        if at == i {
+    let mut at: Vec<Option<&Outcomes>> = vec![None; inv.volumes.len()];
+    for (key, o) in &c.projects {
+        if let Some(&i) = index.get(key) {
+            at[i] = Some(o);
+        }
+    }
+    for (i, o) in at.into_iter().enumerate() {
+        if let Some(o) = o {
             attempts.volume_with(i, ALLOWED, o.allowed as f64);
             attempts.volume_with(i, DENIED, o.denied as f64);
         }
