@@ -107,12 +107,12 @@ impl QuotaReader {
                 .await
             {
                 Ok(Ok(found)) => {
-                    // `found` is in ID order.
+                    let at = Positions::of(&found, lo..=hi, idx.len());
                     for &i in &idx {
                         let id = inv.volumes[i].project_id;
-                        per_volume[i] = Some(match found.binary_search_by_key(&id, |q| q.id) {
-                            Ok(k) => found[k],
-                            Err(_) => ProjectQuota {
+                        per_volume[i] = Some(match at.find(&found, id) {
+                            Some(k) => found[k],
+                            None => ProjectQuota {
                                 id,
                                 ..ProjectQuota::default()
                             },
@@ -124,6 +124,47 @@ impl QuotaReader {
             }
         }
         QuotaReading { per_volume, errors }
+    }
+}
+
+/// Where each project of a pass is in its list (in ID order), for a
+/// lookup per volume: a table by ID where the IDs are dense (the plugin
+/// hands out the lowest free ones), a binary search where they are not.
+enum Positions {
+    Table { lo: u32, at: Vec<u32> },
+    Search,
+}
+
+impl Positions {
+    /// The pass `found` over `range`, for `volumes` lookups: a table of at
+    /// most four entries per volume, past which a search costs less than
+    /// filling it.
+    fn of(found: &[ProjectQuota], range: RangeInclusive<u32>, volumes: usize) -> Positions {
+        let (lo, hi) = (*range.start(), *range.end());
+        let span = (hi - lo) as usize + 1;
+        if span > 4 * volumes + 1024 {
+            return Positions::Search;
+        }
+        let mut at = vec![u32::MAX; span];
+        for (k, q) in found.iter().enumerate() {
+            if let Some(slot) = q.id.checked_sub(lo).and_then(|o| at.get_mut(o as usize)) {
+                *slot = k as u32;
+            }
+        }
+        Positions::Table { lo, at }
+    }
+
+    /// `id`'s index in `found`.
+    fn find(&self, found: &[ProjectQuota], id: u32) -> Option<usize> {
+        match self {
+            Positions::Table { lo, at } => id
+                .checked_sub(*lo)
+                .and_then(|o| at.get(o as usize))
+                .filter(|&&k| k != u32::MAX)
+                .map(|&k| k as usize),
+            // `found` is in ID order.
+            Positions::Search => found.binary_search_by_key(&id, |q| q.id).ok(),
+        }
     }
 }
 
@@ -246,6 +287,32 @@ mod tests {
             )],
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_project_is_found_by_table_and_by_search_alike() {
+        let q = |id| ProjectQuota {
+            id,
+            ..ProjectQuota::default()
+        };
+        // Dense IDs (a table), then IDs far apart (a search).
+        for (found, range) in [
+            (vec![q(10), q(11), q(14)], 10..=20),
+            (vec![q(10), q(5_000_000), q(u32::MAX)], 10..=u32::MAX),
+        ] {
+            let at = Positions::of(&found, range.clone(), 3);
+            assert_eq!(
+                matches!(at, Positions::Table { .. }),
+                *range.end() == 20,
+                "{range:?}"
+            );
+            for (k, p) in found.iter().enumerate() {
+                assert_eq!(at.find(&found, p.id), Some(k));
+            }
+            for absent in [0, 9, 12, 21, 4_999_999] {
+                assert_eq!(at.find(&found, absent), None, "{absent}");
+            }
+        }
     }
 
     #[tokio::test]
