@@ -221,7 +221,10 @@ fn render(plugins_md: &str, measures: &[&str], quick: bool) -> Result<String> {
          side by side in one boot. The guest boots with `{}`: the emulator then translates a \
          binary's code once rather than at every exec (xtask/src/vm.rs).\n\
          - Host CPU: {cpu}, {} cores.\n\
-         - prjquota and the mkdir plugin: static release builds, run from the guest's disk; the exporter and the tests that measure it (with their floors): release builds.\n         - Each plugin section starts after a sync with the guest's page cache dropped, so it          measures the same run alone (`--only`) as after the others.\n\n",
+         - prjquota and the mkdir plugin: static release builds, run from the guest's disk; \
+         the exporter and the tests that measure it (with their floors): release builds.\n\
+         - Each plugin section starts after a sync with the guest's page cache dropped, so it \
+         measures the same run alone (`--only`) as after the others.\n\n",
         if quick { " --quick" } else { "" },
         kernel.display(),
         crate::vm::EMULATOR_APPEND,
