@@ -110,7 +110,7 @@ impl Inventory {
 
     /// `v`'s `(device in the kernel's encoding, project ID)`; `None` when
     /// its directory's device is unknown.
-    pub fn kernel_key(&self, v: &Volume) -> Option<(u64, u32)> {
+    fn kernel_key(&self, v: &Volume) -> Option<(u64, u32)> {
         let dev = self.dirs.get(v.dir)?.dev.and_then(kernel_dev)?;
         Some((dev, v.project_id))
     }
