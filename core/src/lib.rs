@@ -10,10 +10,14 @@
 //! filesystems it runs on; [`volume_id`],
 //! [`volume_params`], [`units`] and [`quoted`] are what those two are made of;
 //! [`suggest`] answers both binaries' mistyped flags; [`run_dir`] holds the
-//! host-wide locks in `/run/prjquota`.
+//! host-wide locks in `/run/prjquota`; [`entry_open`] opens an entry of a
+//! tree a tenant writes without acting on what it has not seen, and
+//! [`fault`] holds the pause the race tests stop it with.
 
 pub mod announce;
 pub mod config;
+pub mod entry_open;
+pub mod fault;
 pub mod fs_type;
 pub mod guard_pins;
 pub mod mountinfo;

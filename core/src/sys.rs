@@ -523,6 +523,45 @@ pub fn mount_id_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<u64> {
     statx_mount_id(dir.as_raw_fd(), name, libc::AT_SYMLINK_NOFOLLOW)
 }
 
+/// `fstat(2)` and [`mount_id`] of `fd` in one `statx`: what an entry
+/// opened with `O_PATH` is, and on which mount. The `stat` holds the type
+/// and mode, inode, device, link count, owner and size.
+pub fn stat_and_mount(fd: BorrowedFd<'_>) -> io::Result<(libc::stat, u64)> {
+    const STATX_MNT_ID: u32 = 0x0000_1000;
+    let mut stx = MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: "" with AT_EMPTY_PATH describes `fd`, a descriptor the caller
+    // borrows; the kernel writes at most one `struct statx`.
+    let ret = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_BASIC_STATS | STATX_MNT_ID,
+            stx.as_mut_ptr(),
+        )
+    };
+    cvt(ret as libc::c_long)?;
+    // SAFETY: zero-initialised and filled by the successful call above.
+    let stx = unsafe { stx.assume_init() };
+    if stx.stx_mask & STATX_MNT_ID == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "statx did not report a mount ID (kernel older than 5.8)",
+        ));
+    }
+    // SAFETY: `struct stat` is plain old data, for which all zeroes is a
+    // valid value; the fields below are then set from the statx.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    st.st_mode = u32::from(stx.stx_mode);
+    st.st_ino = stx.stx_ino;
+    st.st_dev = libc::makedev(stx.stx_dev_major, stx.stx_dev_minor);
+    st.st_nlink = u64::from(stx.stx_nlink);
+    st.st_uid = stx.stx_uid;
+    st.st_gid = stx.stx_gid;
+    st.st_size = stx.stx_size as i64;
+    Ok((st, stx.stx_mnt_id))
+}
+
 fn statx_mount_id(dirfd: libc::c_int, name: &CStr, flags: libc::c_int) -> io::Result<u64> {
     const STATX_MNT_ID: u32 = 0x0000_1000;
     let mut stx = MaybeUninit::<libc::statx>::zeroed();
@@ -761,11 +800,14 @@ pub fn renameat(dir: BorrowedFd<'_>, from: &CStr, to: &CStr) -> io::Result<()> {
 }
 
 /// One directory entry: its name, inode and `d_type` (`DT_UNKNOWN` on
-/// filesystems that do not fill it).
+/// filesystems that do not fill it), and `d_off`, the position of the
+/// entry after it (for [`seek_dir`]: XFS and ext4 keep it stable while the
+/// directory changes, as NFS needs).
 pub struct DirEntry {
     pub name: std::ffi::CString,
     pub ino: u64,
     pub d_type: u8,
+    pub d_off: i64,
 }
 
 /// Lists a directory through its descriptor (`.` and `..` left out). The
@@ -847,6 +889,7 @@ fn parse_dirents(mut bytes: &[u8]) -> io::Result<Vec<DirEntry>> {
                 name: name.to_owned(),
                 ino: u64::from_ne_bytes(rec[..8].try_into().map_err(|_| bad())?),
                 d_type,
+                d_off: i64::from_ne_bytes(rec[8..16].try_into().map_err(|_| bad())?),
             });
         }
         bytes = &bytes[reclen..];
@@ -857,8 +900,96 @@ fn parse_dirents(mut bytes: &[u8]) -> io::Result<Vec<DirEntry>> {
 /// Moves a directory descriptor back to its first entry, for another pass
 /// of [`read_dir_batch`].
 pub fn rewind_dir(dir: BorrowedFd<'_>) -> io::Result<()> {
+    seek_dir(dir, 0)
+}
+
+/// Moves a directory descriptor to `pos`, a [`DirEntry::d_off`] it gave
+/// (0: the first entry), so that [`read_dir_batch`] reads on from there.
+pub fn seek_dir(dir: BorrowedFd<'_>, pos: i64) -> io::Result<()> {
     // SAFETY: lseek on a descriptor we borrow; no memory is passed.
-    cvt(unsafe { libc::lseek(dir.as_raw_fd(), 0, libc::SEEK_SET) } as libc::c_long).map(drop)
+    cvt(unsafe { libc::lseek(dir.as_raw_fd(), pos, libc::SEEK_SET) } as libc::c_long).map(drop)
+}
+
+// ---------------------------------------------------------------------------
+// include/uapi/linux/fcntl.h, fs/fhandle.c: file handles
+// ---------------------------------------------------------------------------
+
+/// `MAX_HANDLE_SZ` (include/linux/exportfs.h).
+const MAX_HANDLE_SZ: usize = 128;
+
+/// `struct file_handle` with room for the largest handle.
+#[repr(C)]
+struct RawHandle {
+    handle_bytes: u32,
+    handle_type: i32,
+    f_handle: [u8; MAX_HANDLE_SZ],
+}
+const _: () = assert!(size_of::<RawHandle>() == 8 + MAX_HANDLE_SZ);
+
+/// A file handle (`name_to_handle_at(2)`): names an inode on its
+/// filesystem however it is renamed, and goes stale once it is freed; an
+/// inode's number and generation, for XFS and ext4 (8 to 12 bytes).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FileHandle {
+    kind: i32,
+    bytes: Box<[u8]>,
+}
+
+/// The handle of the inode `fd` holds (an `O_PATH` descriptor will do).
+pub fn handle_of(fd: BorrowedFd<'_>) -> io::Result<FileHandle> {
+    let mut h = RawHandle {
+        handle_bytes: MAX_HANDLE_SZ as u32,
+        handle_type: 0,
+        f_handle: [0; MAX_HANDLE_SZ],
+    };
+    let mut mount_id: libc::c_int = 0;
+    // SAFETY: `h` is a live `struct file_handle` whose handle_bytes says
+    // how much room f_handle has; the empty path with AT_EMPTY_PATH names
+    // `fd` itself; the kernel writes the handle and the mount ID only.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_name_to_handle_at,
+            fd.as_raw_fd() as libc::c_long,
+            c"".as_ptr(),
+            &mut h as *mut RawHandle,
+            &mut mount_id as *mut libc::c_int,
+            libc::AT_EMPTY_PATH,
+        )
+    })?;
+    let n = (h.handle_bytes as usize).min(MAX_HANDLE_SZ);
+    Ok(FileHandle {
+        kind: h.handle_type,
+        bytes: h.f_handle[..n].into(),
+    })
+}
+
+/// Opens the inode `handle` names on the filesystem of `mount` with
+/// `flags` (`O_CLOEXEC` added); needs `CAP_DAC_READ_SEARCH`. `ESTALE`:
+/// the inode is gone.
+pub fn open_by_handle(
+    mount: BorrowedFd<'_>,
+    handle: &FileHandle,
+    flags: i32,
+) -> io::Result<OwnedFd> {
+    let mut h = RawHandle {
+        handle_bytes: handle.bytes.len() as u32,
+        handle_type: handle.kind,
+        f_handle: [0; MAX_HANDLE_SZ],
+    };
+    h.f_handle[..handle.bytes.len()].copy_from_slice(&handle.bytes);
+    // SAFETY: `h` is a live `struct file_handle` holding handle_bytes
+    // valid bytes; on success the kernel returns a new descriptor that
+    // nothing else owns.
+    let fd = cvt(unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            mount.as_raw_fd() as libc::c_long,
+            &h as *const RawHandle,
+            (flags | libc::O_CLOEXEC) as libc::c_long,
+        )
+    })?;
+    // SAFETY: see above; fd is a fresh, owned descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 // ---------------------------------------------------------------------------
