@@ -28,6 +28,7 @@ use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
+use prjquota_core::entry_open::{open_entry, Opened};
 use prjquota_core::sys;
 
 /// Descriptors kept open at once during a walk.
@@ -298,44 +299,40 @@ fn unlock(fd: BorrowedFd<'_>, what: &dyn std::fmt::Display) -> io::Result<bool> 
 }
 
 /// Clears the flags of entry `name` of `dir` when it is on the volume's
-/// device and mount. A regular file or a FIFO is opened without following a
-/// link and without blocking (a FIFO's read end opens at once, and acts on
-/// nothing), and checked to be what was listed. A device node or a socket
-/// is never opened (opening a device could act on it): only
-/// `file_setattr(2)` (6.17+) reaches it, by name.
+/// device and mount. The entry is first opened with `O_PATH` and its type
+/// read from that descriptor (`prjquota_core::entry_open`): only a regular
+/// file or a FIFO is opened again, read-only and without blocking (a FIFO's
+/// read end opens at once, and acts on nothing), through that descriptor,
+/// so a device node swapped in after the listing is never opened (opening
+/// a device can act on it). A device node or a socket is reached only by
+/// `file_setattr(2)` (6.17+), by name.
 fn unlock_entry(dir: BorrowedFd<'_>, name: &CStr, dev: u64, mnt: u64) -> io::Result<bool> {
-    let st = match sys::fstatat_nofollow(dir, name) {
-        Ok(st) => st,
+    let opened = match open_entry(dir, name, mnt) {
+        Ok(o) => o,
         Err(e) if gone(&e) => return Ok(false),
+        // On another mount: not the volume's to unlock.
+        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => return Ok(false),
         Err(e) => return Err(e),
     };
-    let kind = st.st_mode & libc::S_IFMT;
-    if kind != libc::S_IFREG && kind != libc::S_IFIFO {
-        return unlock_by_name(dir, name, st.st_dev, dev);
-    }
-    let fd = match sys::openat(
-        dir,
-        name,
-        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY,
-        0,
-    ) {
-        Ok(fd) => fd,
-        Err(e) if gone(&e) => return Ok(false),
-        Err(e) => return Err(e),
-    };
-    let now = sys::fstat(fd.as_fd())?;
-    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino)
-        || now.st_dev != dev
-        || sys::mount_id(fd.as_fd())? != mnt
-    {
+    let st = *opened.stat();
+    if st.st_dev != dev {
         return Ok(false);
     }
-    match unlock(fd.as_fd(), &name.to_string_lossy()) {
-        // Before 5.13 a FIFO's ioctls never reach the filesystem.
-        Err(e) if kind == libc::S_IFIFO && e.raw_os_error() == Some(libc::ENOTTY) => {
-            unlock_by_name(dir, name, st.st_dev, dev)
-        }
-        other => other,
+    match opened {
+        Opened::File(fd, _) => match unlock(fd.as_fd(), &name.to_string_lossy()) {
+            // Before 5.13 a FIFO's ioctls never reach the filesystem.
+            Err(e)
+                if st.st_mode & libc::S_IFMT == libc::S_IFIFO
+                    && e.raw_os_error() == Some(libc::ENOTTY) =>
+            {
+                unlock_by_name(dir, name, st.st_dev, dev)
+            }
+            other => other,
+        },
+        // A directory is entered and unlocked as one; a file another
+        // process holds a lease on cannot be opened now.
+        Opened::Dir(..) | Opened::Unopened(..) => Ok(false),
+        Opened::Other(..) => unlock_by_name(dir, name, st.st_dev, dev),
     }
 }
 
