@@ -11,10 +11,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
+use prjquota_core::entry_open::open_subdir;
 use prjquota_core::{project_ids, quota, run_dir, sys};
 use prjquota_ebpf::guard::root_identity_of;
 
-use super::tag_walk::{self, Walked};
+use super::tag_walk::{Budget, Linked, Step, Walk, Walked};
 use super::GuardedAlloc;
 
 /// What a scan asks of the quota-escape guard.
@@ -53,6 +54,9 @@ pub struct Census {
     /// Already in a project outside the allocations' range (someone else's
     /// tagging): left alone, not reported.
     pub foreign: u64,
+    /// Files the walks could not tag yet (a write lease, an I/O error),
+    /// tried again at every scan.
+    pub retries: u64,
 }
 
 /// One allocation directory's state, as a scan last saw it.
@@ -73,6 +77,9 @@ pub struct Accounting {
     /// The alloc directory's device, as the kernel's quota and the guard
     /// name it.
     pub dev: u64,
+    /// Its mount: allocation directories are read on it, never through a
+    /// mount point.
+    mount: u64,
     range: RangeInclusive<u32>,
     allocs: BTreeMap<String, Seen>,
     /// Where the next ID is looked for: past the last one given, so a
@@ -90,7 +97,17 @@ pub struct Accounting {
     /// through when its last walk started: a higher count calls for
     /// another walk.
     let_through: BTreeMap<String, u64>,
+    /// The walks under way (a first walk, or one made again), each stepped
+    /// once per scan in turn, so that none holds up the others.
+    walking: BTreeMap<String, Walk>,
+    /// Per allocation, the files its last walk left out for links outside
+    /// it: a drop of a link count calls for another walk.
+    linked: BTreeMap<String, Vec<Linked>>,
 }
+
+/// Multiply-linked files watched per allocation (two system calls each per
+/// scan).
+const MAX_WATCHED_LINKED: usize = 1024;
 
 /// How long a listing is trusted while the alloc directory's change time
 /// stays the same: two changes within one tick of the filesystem's clock
@@ -128,13 +145,14 @@ impl Accounting {
                 path.display()
             );
         }
-        let dev = sys::fstat(dir.as_fd())
-            .with_context(|| format!("cannot stat {}", path.display()))?
-            .st_dev;
+        let (st, mount) = sys::stat_and_mount(dir.as_fd())
+            .with_context(|| format!("cannot stat {}", path.display()))?;
+        let dev = st.st_dev;
         let mut a = Accounting {
             path: path.to_owned(),
             dir,
             dev,
+            mount,
             cursor: *range.start(),
             range,
             allocs: BTreeMap::new(),
@@ -142,6 +160,8 @@ impl Accounting {
             walked: Walked::default(),
             walks: 0,
             let_through: BTreeMap::new(),
+            walking: BTreeMap::new(),
+            linked: BTreeMap::new(),
         };
         a.relist()?;
         if let Some(last) = a.held_ids().max() {
@@ -213,7 +233,14 @@ impl Accounting {
                 Seen::Foreign(_) => c.foreign += 1,
             }
         }
+        c.retries = self.walking.values().map(|w| w.retries() as u64).sum();
         c
+    }
+
+    /// Whether a walk is under way: the caller scans again at once rather
+    /// than after its interval.
+    pub fn busy(&self) -> bool {
+        self.walking.values().any(|w| !w.is_done())
     }
 
     /// Brings the map up to date: lists the alloc directory when it
@@ -239,10 +266,13 @@ impl Accounting {
             self.relist()?;
         }
         let mut failed = Vec::new();
+        // A claimed allocation whose walk is under way is stepped below.
         let waiting: Vec<String> = self
             .allocs
             .iter()
-            .filter(|(_, s)| matches!(s, Seen::Waiting | Seen::Claimed(_)))
+            .filter(|(id, s)| {
+                matches!(s, Seen::Waiting | Seen::Claimed(_)) && !self.walking.contains_key(*id)
+            })
             .map(|(id, _)| id.clone())
             .collect();
         for id in waiting {
@@ -259,7 +289,10 @@ impl Accounting {
             .map(|(id, p)| (id.to_string(), p))
             .collect();
         for (id, p) in accounted {
-            match self.walk_again_if_escaped(&id, p, guard) {
+            let again = self
+                .walk_again_if_escaped(&id, p, guard)
+                .and_then(|()| self.walk_again_if_unlinked(&id, p));
+            match again {
                 Ok(()) => {}
                 Err(e) if is_gone(&e) => {
                     self.allocs.remove(&id);
@@ -267,9 +300,131 @@ impl Accounting {
                 Err(e) => failed.push((id, e)),
             }
         }
+        let walking: Vec<String> = self.walking.keys().cloned().collect();
+        for id in walking {
+            match self.step_walk(&id) {
+                Ok(()) => {}
+                Err(e) if is_gone(&e) => {
+                    self.walking.remove(&id);
+                    self.allocs.remove(&id);
+                }
+                Err(e) => {
+                    // Made again from the start at the next scan.
+                    self.walking.remove(&id);
+                    failed.push((id, e));
+                }
+            }
+        }
         let allocs = &self.allocs;
         self.let_through.retain(|id, _| allocs.contains_key(id));
+        self.walking.retain(|id, _| allocs.contains_key(id));
+        self.linked.retain(|id, _| allocs.contains_key(id));
         Ok(failed)
+    }
+
+    /// One step of allocation `id`'s walk: a first walk done publishes its
+    /// usage; a walk done with nothing left to try again marks the
+    /// directory walked; a walk that lost its place starts over.
+    fn step_walk(&mut self, id: &str) -> Result<()> {
+        let Some(p) = self.project_of_seen(id) else {
+            self.walking.remove(id);
+            return Ok(());
+        };
+        let fd = self.open_alloc(id)?;
+        let (_, ino, gen) = root_identity_of(fd.as_fd())?;
+        if (ino, gen) != (p.ino, p.gen) {
+            // Another directory under the name: the next listing reads it.
+            self.walking.remove(id);
+            return Ok(());
+        }
+        let walk = self.walking.get_mut(id).expect("stepped walks are kept");
+        let step = if walk.is_done() {
+            walk.retry(fd.as_fd())
+        } else {
+            walk.step(fd.as_fd(), Budget::STEP)
+        };
+        self.walked += walk.take_walked();
+        let step = step.with_context(|| format!("cannot tag {}", self.path.join(id).display()))?;
+        match step {
+            Step::Paused => {}
+            Step::Done { complete: false } if walk.lost() => {
+                // A directory moved under the walk: made again.
+                self.walks += 1;
+                *walk = Walk::new(fd.as_fd(), p.project_id)?;
+            }
+            Step::Done { complete } => {
+                let mut linked = walk.take_linked();
+                if complete {
+                    self.walking.remove(id);
+                    sys::fsetxattr(fd.as_fd(), WALKED, p.project_id.to_string().as_bytes())
+                        .with_context(|| {
+                            format!("cannot mark {} walked", self.path.join(id).display())
+                        })?;
+                }
+                if !linked.is_empty() {
+                    linked.truncate(MAX_WATCHED_LINKED);
+                    self.linked.insert(id.to_string(), linked);
+                }
+                self.allocs.insert(id.to_string(), Seen::Accounted(p));
+            }
+        }
+        Ok(())
+    }
+
+    fn project_of_seen(&self, id: &str) -> Option<AllocProject> {
+        match self.allocs.get(id)? {
+            Seen::Accounted(p) | Seen::Claimed(p) => Some(*p),
+            _ => None,
+        }
+    }
+
+    /// A file the last walk left out for its links outside the allocation
+    /// whose link count dropped may now be the allocation's alone: walk
+    /// again (a removed file is forgotten).
+    fn walk_again_if_unlinked(&mut self, id: &str, p: AllocProject) -> Result<()> {
+        if self.walking.contains_key(id) {
+            return Ok(());
+        }
+        let Some(watched) = self.linked.get_mut(id) else {
+            return Ok(());
+        };
+        let mut dropped = false;
+        watched.retain(|l| {
+            let Ok(fd) = sys::open_by_handle(self.dir.as_fd(), &l.handle, libc::O_PATH) else {
+                return false;
+            };
+            match sys::fstat(fd.as_fd()) {
+                Ok(st) if st.st_nlink < l.nlink => {
+                    dropped = true;
+                    false
+                }
+                Ok(_) => true,
+                Err(_) => false,
+            }
+        });
+        if watched.is_empty() {
+            self.linked.remove(id);
+        }
+        if dropped {
+            crate::info!(
+                "a file an allocation shared with another place is now its own: walking it again",
+                alloc_id = id,
+                project_id = p.project_id,
+            );
+            self.start_walk(id, p)?;
+        }
+        Ok(())
+    }
+
+    /// Starts a walk of allocation `id` (one under way is made again from
+    /// the start).
+    fn start_walk(&mut self, id: &str, p: AllocProject) -> Result<()> {
+        let fd = self.open_alloc(id)?;
+        self.walks += 1;
+        self.linked.remove(id);
+        self.walking
+            .insert(id.to_string(), Walk::new(fd.as_fd(), p.project_id)?);
+        Ok(())
     }
 
     /// A change the guard let through (`--guard=detect`, or one of the
@@ -317,8 +472,8 @@ impl Accounting {
             project_id = p.project_id,
             let_through = now - known,
         );
-        self.walk(fd.as_fd(), p.project_id)
-            .with_context(|| format!("cannot walk {} again", self.path.join(id).display()))
+        drop(fd);
+        self.start_walk(id, p)
     }
 
     /// Lists the alloc directory: new allocations are read back (their
@@ -371,8 +526,20 @@ impl Accounting {
     /// without the walked mark is a walk a crash interrupted, which the
     /// scan makes again.
     fn read_back(&mut self, id: &str) -> io::Result<Option<Seen>> {
-        let Ok(fd) = self.open_alloc(id) else {
-            return Ok(None);
+        let fd = match self.open_alloc(id) {
+            Ok(fd) => fd,
+            // Not a directory on this mount (a file, a symlink, a mount
+            // point): not an allocation Nomad made. Any other failure is
+            // the scan's, said, never an allocation silently left out.
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOTDIR | libc::ELOOP | libc::EXDEV)
+                ) =>
+            {
+                return Ok(None)
+            }
+            Err(e) => return Err(e),
         };
         let (pid, inherit) = quota::project_of(fd.as_fd())?;
         if pid == 0 {
@@ -396,11 +563,7 @@ impl Accounting {
 
     fn open_alloc(&self, id: &str) -> io::Result<OwnedFd> {
         let name = CString::new(id).map_err(io::Error::other)?;
-        sys::openat_no_xdev(
-            self.dir.as_fd(),
-            &name,
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
-        )
+        open_subdir(self.dir.as_fd(), &name, self.mount)
     }
 
     /// Tags allocation `id` if one of its tasks has started, or finishes
@@ -425,7 +588,7 @@ impl Accounting {
         } else if current != 0 {
             self.allocs.insert(id.to_string(), Seen::Foreign(current));
             return Ok(());
-        } else if !a_task_started(fd.as_fd())? {
+        } else if !a_task_started(fd.as_fd(), self.mount)? {
             return Ok(());
         } else {
             let pid = self.claim(fd.as_fd(), id, project, guard)?;
@@ -434,9 +597,10 @@ impl Accounting {
             project(pid)
         };
         self.allocs.insert(id.to_string(), Seen::Claimed(p));
-        self.walk(fd.as_fd(), p.project_id)
-            .with_context(|| format!("cannot tag {}", self.path.join(id).display()))?;
-        self.allocs.insert(id.to_string(), Seen::Accounted(p));
+        if !self.walking.contains_key(id) {
+            drop(fd);
+            self.start_walk(id, p)?;
+        }
         Ok(())
     }
 
@@ -471,16 +635,6 @@ impl Accounting {
         })?;
         self.cursor = pid.saturating_add(1);
         Ok(pid)
-    }
-
-    /// Walks an allocation whose directory holds `pid`, then marks it
-    /// walked.
-    fn walk(&mut self, top: BorrowedFd<'_>, pid: u32) -> io::Result<()> {
-        self.walks += 1;
-        let walked = tag_walk::tag_below(top, pid)?;
-        sys::fsetxattr(top, WALKED, pid.to_string().as_bytes())?;
-        self.walked += walked;
-        Ok(())
     }
 
     /// The next ID of the range no accounted allocation holds and the
@@ -528,16 +682,12 @@ fn walked_mark_of(fd: BorrowedFd<'_>, pid: u32) -> io::Result<bool> {
 /// Whether a task of the allocation has started: some `<task>/tmp`
 /// directory exists (Nomad makes it when it builds the task's directory,
 /// after any previous allocation's data has moved in).
-fn a_task_started(alloc: BorrowedFd<'_>) -> io::Result<bool> {
+fn a_task_started(alloc: BorrowedFd<'_>, mount: u64) -> io::Result<bool> {
     for e in sys::read_dir(alloc)? {
         if e.name.as_bytes() == b"alloc" {
             continue;
         }
-        let Ok(task) = sys::openat_no_xdev(
-            alloc,
-            &e.name,
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
-        ) else {
+        let Ok(task) = open_subdir(alloc, &e.name, mount) else {
             continue;
         };
         if let Ok(st) = sys::fstatat_nofollow(task.as_fd(), c"tmp") {

@@ -1,32 +1,48 @@
-//! Puts one allocation's tree into a project: the walk made once, when the
-//! allocation's first task starts.
+//! Puts one allocation's tree into a project: a walk made when the
+//! allocation's first task starts (and again when something got out).
 //!
-//! Each directory gets the project ID and `PROJINHERIT` as it is opened,
+//! Each directory gets the project ID and `PROJINHERIT` as it is entered,
 //! before it is read, so that whatever is created in it from then on is
 //! charged to the project by the kernel itself; what it held before is then
 //! read and tagged one entry at a time. The walk never leaves the
-//! allocation directory's mount (`openat2` with `RESOLVE_NO_XDEV`): Nomad's
-//! bind mounts (`<task>/alloc`) and tmpfs mounts (`secrets`, `private`) are
-//! skipped however their device numbers look.
+//! allocation directory's mount: Nomad's bind mounts (`<task>/alloc`) and
+//! tmpfs mounts (`secrets`, `private`) are skipped however their device
+//! numbers look.
+//!
+//! Nothing is opened before it is known: each entry is opened with
+//! `O_PATH` and only a directory, a regular file or a FIFO is opened again
+//! from that descriptor ([`prjquota_core::entry_open`]); a device node a
+//! task swapped in after the listing is never opened.
+//!
+//! A walk is resumable ([`Walk::step`]): it runs for a budget of entries
+//! and time, then stops with a file handle of the directory it was reading
+//! and, for each level above, only that directory's inode and where its
+//! listing goes on (16 bytes a level, whatever the directories hold), so
+//! that one allocation of a million directories neither fills the
+//! exporter's memory nor holds up the others' walks. Going up, a directory
+//! is reopened through `..` and must be the one it came from; a walk that
+//! lost its place that way (a directory renamed meanwhile) is made again.
 //!
 //! Left as they are, and counted:
-//! - files with more than one link: a chroot's hard links to host files
-//!   (`/usr/bin/…`) share their inode with the host, whose project they
-//!   must keep;
+//! - files with more than one link, unless the walk met every link inside
+//!   the allocation: a chroot's hard links to host files share their inode
+//!   with the host, whose project they must keep. The others are kept by
+//!   handle, and a drop of their link count calls for another walk
+//!   ([`Linked`]);
 //! - symlinks, sockets and device nodes: `FS_IOC_FSSETXATTR` needs an open
-//!   descriptor, and opening a device can act on it;
-//! - what lies deeper than [`MAX_DEPTH`] directories (each level holds a
-//!   descriptor); the deepest directory still inherits, so only what was
-//!   there before the walk stays out.
+//!   descriptor, and opening a device can act on it.
+//!
+//! A file that cannot be opened for now (another process holds a write
+//! lease on it) is kept by handle and tried again at every step until it
+//! is tagged: the walk is complete only when none is left.
 
-use std::ffi::{CStr, CString};
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
 
-use prjquota_core::sys;
-
-/// Directory levels below the allocation directory the walk descends.
-pub const MAX_DEPTH: usize = 64;
+use prjquota_core::entry_open::{open_entry, Opened};
+use prjquota_core::sys::{self, FileHandle};
 
 /// What a walk did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -37,17 +53,18 @@ pub struct Walked {
     pub files: u64,
     /// Entries already in the project.
     pub already: u64,
-    /// Files left out because they have more than one link.
+    /// Files left out because they have links outside the allocation.
     pub linked: u64,
     /// Mount points left out.
     pub mounts: u64,
     /// Symlinks, sockets and device nodes left out.
     pub special: u64,
-    /// Directories not read because they lie deeper than [`MAX_DEPTH`].
+    /// Directories not read: the walk's memory budget for levels was spent.
     pub deep: u64,
     /// Entries that vanished between listing and opening.
     pub gone: u64,
-    /// Entries that could not be tagged (an immutable file, an I/O error).
+    /// Entries that could not be tagged (an immutable file, an I/O error,
+    /// a write lease): tried again until they are.
     pub failed: u64,
 }
 
@@ -65,216 +82,373 @@ impl std::ops::AddAssign for Walked {
     }
 }
 
-/// Puts everything beneath `top` on its mount into project `id`, leaving
-/// `top`'s own attributes alone.
-pub fn tag_below(top: BorrowedFd<'_>, id: u32) -> io::Result<Walked> {
-    let mut walked = Walked::default();
-    let mut buf = vec![0u8; 32 * 1024];
-    let top = sys::openat(top, c".", DIR_FLAGS, 0)?;
-    let subdirs = list_and_tag(top.as_fd(), id, &mut buf, &mut walked);
-    // Depth first, one descriptor per level: each level keeps the names of
-    // the subdirectories it has yet to enter.
-    let mut stack = vec![Level { fd: top, subdirs }];
-    loop {
-        let depth = stack.len();
-        let Some(level) = stack.last_mut() else { break };
-        let Some((name, ino)) = level.subdirs.pop() else {
-            stack.pop();
-            continue;
-        };
-        let Some(fd) = enter(level.fd.as_fd(), &name, ino, id, &mut walked) else {
-            continue;
-        };
-        if depth > MAX_DEPTH {
-            walked.deep += 1;
-            continue;
-        }
-        let subdirs = list_and_tag(fd.as_fd(), id, &mut buf, &mut walked);
-        stack.push(Level { fd, subdirs });
-    }
-    Ok(walked)
+/// How much one [`Walk::step`] may do before it stops for the others.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    pub entries: u64,
+    pub time: Duration,
 }
 
-/// Opens subdirectory `name` of `parent`, listed as inode `ino`, and puts
-/// it into the project with `PROJINHERIT`: right before it is read, so that
-/// a file made in it meanwhile is either listed or inherits, and one made
-/// before stays out of the project only for the time its listing takes
-/// (a rename into a directory that inherits another project fails).
-fn enter(
-    parent: BorrowedFd<'_>,
-    name: &CStr,
-    ino: u64,
-    id: u32,
-    walked: &mut Walked,
-) -> Option<OwnedFd> {
-    let fd = match sys::openat_no_xdev(parent, name, DIR_FLAGS) {
-        Ok(fd) => fd,
-        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
-            walked.mounts += 1;
-            return None;
-        }
-        Err(e) => {
-            count_error(&e, walked);
-            return None;
-        }
+impl Budget {
+    /// A step of a scan: a few thousand entries or 20 ms, whichever ends
+    /// first, so that a scan over many walking allocations stays short.
+    pub const STEP: Budget = Budget {
+        entries: 4096,
+        time: Duration::from_millis(20),
     };
-    // Renamed away and replaced since it was listed: the replacement was
-    // made in, or moved into, a directory that already inherits.
-    match sys::fstat(fd.as_fd()) {
-        Ok(st) if st.st_ino == ino => {}
-        Ok(_) => {
-            walked.gone += 1;
-            return None;
-        }
-        Err(e) => {
-            count_error(&e, walked);
-            return None;
-        }
-    }
-    match set_project(fd.as_fd(), id, true) {
-        Ok(true) => walked.dirs += 1,
-        Ok(false) => walked.already += 1,
-        // Still read: what it holds may be taggable.
-        Err(e) => count_error(&e, walked),
-    }
-    Some(fd)
+    /// No limit: one step walks the whole tree (tests, and trees known
+    /// small).
+    pub const WHOLE: Budget = Budget {
+        entries: u64::MAX,
+        time: Duration::MAX,
+    };
 }
 
-const DIR_FLAGS: i32 = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+/// The levels a walk may keep (16 bytes each): the deepest tree it reads
+/// whole. Below it a directory is entered (it gets the project and
+/// `PROJINHERIT`) but not read.
+pub const MAX_LEVELS: usize = 1 << 22;
+/// Multiply-linked files a walk keeps count of (a handle each, 50 bytes).
+const MAX_LINKED: usize = 1 << 16;
+/// Files a walk keeps trying again (a handle each).
+const MAX_RETRY: usize = 1 << 16;
+/// One `getdents64` read.
+const BATCH_BYTES: usize = 16 * 1024;
 
+/// Where a [`Walk::step`] left off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The budget ran out: call again.
+    Paused,
+    /// Every directory was read. `complete`: nothing is left to try again
+    /// (a walk that lost its place, or files that could not be tagged yet,
+    /// leave it incomplete: the caller walks again, or calls
+    /// [`Walk::retry`]).
+    Done { complete: bool },
+}
+
+/// A multiply-linked file the walk met: its handle, its link count, and
+/// how many of its links the walk saw.
+#[derive(Debug, Clone)]
+pub struct Linked {
+    pub handle: FileHandle,
+    pub nlink: u64,
+    seen: u64,
+}
+
+#[derive(Debug)]
 struct Level {
-    fd: OwnedFd,
-    subdirs: Vec<(CString, u64)>,
+    ino: u64,
+    /// Where its listing goes on (a `d_off`; 0 the first entry).
+    resume: i64,
 }
 
-/// Lists `dir` to its end, tagging each entry; returns its subdirectories
-/// (name and inode) for the walk to enter.
-fn list_and_tag(
-    dir: BorrowedFd<'_>,
+/// One walk of one allocation's tree into project `id`.
+#[derive(Debug)]
+pub struct Walk {
     id: u32,
-    buf: &mut [u8],
-    walked: &mut Walked,
-) -> Vec<(CString, u64)> {
-    let mut subdirs = Vec::new();
-    loop {
-        let batch = match sys::read_dir_batch(dir, buf) {
-            Ok(b) if b.is_empty() => return subdirs,
-            Ok(b) => b,
-            Err(_) => {
-                walked.failed += 1;
-                return subdirs;
+    /// The allocation's mount: the walk never leaves it.
+    mount: u64,
+    levels: Vec<Level>,
+    /// The directory being read, by handle, between steps.
+    suspended: Option<FileHandle>,
+    /// What this walk did so far.
+    pub walked: Walked,
+    linked: HashMap<u64, Linked>,
+    retry: Vec<FileHandle>,
+    /// Its place was lost: the tree must be walked again.
+    lost: bool,
+    done: bool,
+}
+
+impl Walk {
+    /// A walk of everything beneath `top` (whose own attributes are left
+    /// alone) into project `id`.
+    pub fn new(top: BorrowedFd<'_>, id: u32) -> io::Result<Walk> {
+        let (st, mount) = sys::stat_and_mount(top)?;
+        Ok(Walk {
+            id,
+            mount,
+            levels: vec![Level {
+                ino: st.st_ino,
+                resume: 0,
+            }],
+            suspended: None,
+            walked: Walked::default(),
+            linked: HashMap::new(),
+            retry: Vec::new(),
+            lost: false,
+            done: false,
+        })
+    }
+
+    /// Walks on from where the last step stopped, for at most `budget`.
+    /// `top` is the allocation directory, the same every step.
+    pub fn step(&mut self, top: BorrowedFd<'_>, budget: Budget) -> io::Result<Step> {
+        if self.done {
+            return Ok(self.finished());
+        }
+        let until = Instant::now().checked_add(budget.time);
+        let mut left = budget.entries;
+        let mut buf = vec![0u8; BATCH_BYTES];
+        let Some(mut dir) = self.resume(top)? else {
+            self.lost = true;
+            self.done = true;
+            return Ok(self.finished());
+        };
+        loop {
+            if left == 0 || until.is_some_and(|u| Instant::now() >= u) {
+                self.suspended = Some(sys::handle_of(dir.as_fd())?);
+                return Ok(Step::Paused);
+            }
+            let level = self.levels.last_mut().expect("a walk has a level");
+            sys::seek_dir(dir.as_fd(), level.resume)?;
+            let batch = sys::read_dir_batch(dir.as_fd(), &mut buf).inspect_err(|_| {
+                self.walked.failed += 1;
+            })?;
+            if batch.is_empty() {
+                if self.levels.len() == 1 {
+                    self.done = true;
+                    self.settle_linked();
+                    return Ok(self.finished());
+                }
+                let child = self.levels.pop().expect("more than one level");
+                let _ = child;
+                match self.up(dir.as_fd()) {
+                    Some(parent) => dir = parent,
+                    None => {
+                        self.lost = true;
+                        self.done = true;
+                        return Ok(self.finished());
+                    }
+                }
+                continue;
+            }
+            let mut descended = None;
+            for entry in batch {
+                left = left.saturating_sub(1);
+                self.levels.last_mut().expect("a level").resume = entry.d_off;
+                if let Some(sub) = self.entry(dir.as_fd(), &entry) {
+                    descended = Some(sub);
+                    break;
+                }
+                if left == 0 {
+                    break;
+                }
+            }
+            if let Some((fd, ino)) = descended {
+                if self.levels.len() >= MAX_LEVELS {
+                    self.walked.deep += 1;
+                } else {
+                    self.levels.push(Level { ino, resume: 0 });
+                    dir = fd;
+                }
+            }
+        }
+    }
+
+    /// Tries again each file that could not be tagged yet.
+    pub fn retry(&mut self, top: BorrowedFd<'_>) -> io::Result<Step> {
+        let mut still = Vec::new();
+        for h in std::mem::take(&mut self.retry) {
+            match sys::open_by_handle(top, &h, libc::O_RDONLY | libc::O_NOCTTY | libc::O_NONBLOCK) {
+                Ok(fd) => match set_project(fd.as_fd(), self.id, false) {
+                    Ok(true) => self.walked.files += 1,
+                    Ok(false) => self.walked.already += 1,
+                    Err(_) => still.push(h),
+                },
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ESTALE | libc::ENOENT)) => {
+                    self.walked.gone += 1
+                }
+                Err(_) => still.push(h),
+            }
+        }
+        self.retry = still;
+        Ok(self.finished())
+    }
+
+    /// Files the walk left out for their links outside the allocation,
+    /// to watch for a drop of their link count.
+    pub fn take_linked(&mut self) -> Vec<Linked> {
+        self.linked.drain().map(|(_, l)| l).collect()
+    }
+
+    /// Files waiting to be tried again.
+    pub fn retries(&self) -> usize {
+        self.retry.len()
+    }
+
+    /// Every directory was read (files may wait to be tried again).
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// The walk lost its place: it must be made again.
+    pub fn lost(&self) -> bool {
+        self.lost
+    }
+
+    /// What the walk did since the last call.
+    pub fn take_walked(&mut self) -> Walked {
+        std::mem::take(&mut self.walked)
+    }
+
+    fn finished(&self) -> Step {
+        Step::Done {
+            complete: !self.lost && self.retry.is_empty(),
+        }
+    }
+
+    /// The directory the last step was reading: the allocation itself at
+    /// the start, else reopened by its handle; `None` when it is gone or
+    /// another (the walk lost its place).
+    fn resume(&mut self, top: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
+        let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+        let fd = match self.suspended.take() {
+            Some(h) => match sys::open_by_handle(top, &h, flags) {
+                Ok(fd) => fd,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ESTALE | libc::ENOENT)) => {
+                    return Ok(None)
+                }
+                Err(e) => return Err(e),
+            },
+            None => sys::openat(top, c".", flags, 0)?,
+        };
+        let want = self.levels.last().expect("a level").ino;
+        Ok((sys::fstat(fd.as_fd())?.st_ino == want).then_some(fd))
+    }
+
+    /// The parent of `dir`, which must be the level above: `None` when it
+    /// is not (the directory moved).
+    fn up(&mut self, dir: BorrowedFd<'_>) -> Option<OwnedFd> {
+        let parent = sys::openat(
+            dir,
+            c"..",
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+            0,
+        )
+        .ok()?;
+        let want = self.levels.last()?.ino;
+        (sys::fstat(parent.as_fd()).ok()?.st_ino == want).then_some(parent)
+    }
+
+    /// Tags one entry of `dir`; returns a subdirectory to enter, already in
+    /// the project.
+    fn entry(&mut self, dir: BorrowedFd<'_>, entry: &sys::DirEntry) -> Option<(OwnedFd, u64)> {
+        let opened = match open_entry(dir, &entry.name, self.mount) {
+            Ok(o) => o,
+            Err(e) => {
+                match e.raw_os_error() {
+                    Some(libc::EXDEV) => self.walked.mounts += 1,
+                    Some(libc::ENOENT) => self.walked.gone += 1,
+                    _ => self.walked.failed += 1,
+                }
+                return None;
             }
         };
-        for entry in batch {
-            if let Some(ino) = entry_step(dir, &entry.name, entry.d_type, id, walked) {
-                subdirs.push((entry.name, ino));
+        match opened {
+            Opened::Dir(fd, st) => {
+                // Renamed away and replaced since it was listed: the
+                // replacement was made in, or moved into, a directory that
+                // already inherits.
+                if st.st_ino != entry.ino {
+                    self.walked.gone += 1;
+                    return None;
+                }
+                match set_project(fd.as_fd(), self.id, true) {
+                    Ok(true) => self.walked.dirs += 1,
+                    Ok(false) => self.walked.already += 1,
+                    // Still read: what it holds may be taggable.
+                    Err(_) => self.walked.failed += 1,
+                }
+                Some((fd, st.st_ino))
+            }
+            Opened::File(fd, st) => {
+                self.file(fd, &st);
+                None
+            }
+            Opened::Unopened(path, _, _) => {
+                self.walked.failed += 1;
+                self.keep_for_retry(path.as_fd());
+                None
+            }
+            Opened::Other(..) => {
+                self.walked.special += 1;
+                None
+            }
+        }
+    }
+
+    fn file(&mut self, fd: OwnedFd, st: &libc::stat) {
+        if st.st_nlink > 1 {
+            let Some(l) = self.count_link(fd.as_fd(), st) else {
+                self.walked.linked += 1;
+                return;
+            };
+            if l.seen < l.nlink {
+                return;
+            }
+            // Every link is inside the allocation: it is the task's own.
+            self.linked.remove(&st.st_ino);
+        }
+        match set_project(fd.as_fd(), self.id, false) {
+            Ok(true) => self.walked.files += 1,
+            Ok(false) => self.walked.already += 1,
+            Err(_) => {
+                self.walked.failed += 1;
+                self.keep_for_retry(fd.as_fd());
+            }
+        }
+    }
+
+    /// Counts a link of a multiply-linked file; `None` when there is no
+    /// room left to keep it (then it is left out for good).
+    fn count_link(&mut self, fd: BorrowedFd<'_>, st: &libc::stat) -> Option<&Linked> {
+        if !self.linked.contains_key(&st.st_ino) {
+            if self.linked.len() >= MAX_LINKED {
+                return None;
+            }
+            let handle = sys::handle_of(fd).ok()?;
+            self.linked.insert(
+                st.st_ino,
+                Linked {
+                    handle,
+                    nlink: st.st_nlink,
+                    seen: 0,
+                },
+            );
+        }
+        let l = self.linked.get_mut(&st.st_ino)?;
+        l.seen += 1;
+        Some(l)
+    }
+
+    /// Multiply-linked files with links outside the allocation, once the
+    /// whole tree was read: left out, counted.
+    fn settle_linked(&mut self) {
+        self.walked.linked += self.linked.len() as u64;
+    }
+
+    fn keep_for_retry(&mut self, fd: BorrowedFd<'_>) {
+        if self.retry.len() < MAX_RETRY {
+            if let Ok(h) = sys::handle_of(fd) {
+                self.retry.push(h);
             }
         }
     }
 }
 
-/// Tags one entry of `dir`; returns the inode of a subdirectory to enter.
-fn entry_step(
-    dir: BorrowedFd<'_>,
-    name: &CStr,
-    d_type: u8,
-    id: u32,
-    walked: &mut Walked,
-) -> Option<u64> {
-    let d_type = if d_type == libc::DT_UNKNOWN {
-        match sys::fstatat_nofollow(dir, name) {
-            Ok(st) => mode_to_dtype(st.st_mode),
-            Err(e) => {
-                count_error(&e, walked);
-                return None;
-            }
-        }
-    } else {
-        d_type
-    };
-    let flags = match d_type {
-        // Entered (and tagged) by the walk when its turn comes.
-        libc::DT_DIR => match sys::fstatat_nofollow(dir, name) {
-            Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => return Some(st.st_ino),
-            Ok(_) => libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NOCTTY | libc::O_NONBLOCK,
-            Err(e) => {
-                count_error(&e, walked);
-                return None;
-            }
-        },
-        // Non-blocking: a FIFO opens at once without a writer.
-        libc::DT_REG | libc::DT_FIFO => {
-            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NOCTTY | libc::O_NONBLOCK
-        }
-        _ => {
-            walked.special += 1;
-            return None;
-        }
-    };
-    let fd = match sys::openat_no_xdev(dir, name, flags) {
-        Ok(fd) => fd,
-        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
-            walked.mounts += 1;
-            return None;
-        }
-        // Replaced by a symlink since the listing.
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            walked.special += 1;
-            return None;
-        }
-        Err(e) => {
-            count_error(&e, walked);
-            return None;
-        }
-    };
-    let st = match sys::fstat(fd.as_fd()) {
-        Ok(st) => st,
-        Err(e) => {
-            count_error(&e, walked);
-            return None;
-        }
-    };
-    let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
-    // The type may have changed since the listing (a rename over it): the
-    // descriptor is what counts.
-    if !is_dir
-        && st.st_mode & libc::S_IFMT != libc::S_IFREG
-        && st.st_mode & libc::S_IFMT != libc::S_IFIFO
-    {
-        walked.special += 1;
-        return None;
-    }
-    if !is_dir && st.st_nlink > 1 {
-        walked.linked += 1;
-        return None;
-    }
-    match set_project(fd.as_fd(), id, is_dir) {
-        Ok(true) if is_dir => walked.dirs += 1,
-        Ok(true) => walked.files += 1,
-        Ok(false) => walked.already += 1,
-        Err(e) => {
-            count_error(&e, walked);
-            // A directory that cannot be tagged is still read: what it
-            // holds may be taggable.
-            if !is_dir {
-                return None;
-            }
-        }
-    }
-    is_dir.then_some(st.st_ino)
-}
-
-fn count_error(e: &io::Error, walked: &mut Walked) {
-    if e.raw_os_error() == Some(libc::ENOENT) {
-        walked.gone += 1;
-    } else {
-        walked.failed += 1;
-    }
+/// Puts everything beneath `top` on its mount into project `id` in one
+/// go, leaving `top`'s own attributes alone.
+pub fn tag_below(top: BorrowedFd<'_>, id: u32) -> io::Result<Walked> {
+    let mut w = Walk::new(top, id)?;
+    w.step(top, Budget::WHOLE)?;
+    Ok(w.walked)
 }
 
 /// Gives an open inode project `id` (and `PROJINHERIT` when `inherit`),
 /// keeping its other attributes. `Ok(false)`: it already had them.
-fn set_project(fd: BorrowedFd<'_>, id: u32, inherit: bool) -> io::Result<bool> {
+pub fn set_project(fd: BorrowedFd<'_>, id: u32, inherit: bool) -> io::Result<bool> {
     let mut a = sys::get_fsxattr(fd)?;
     let want_flag = if inherit {
         sys::FS_XFLAG_PROJINHERIT
@@ -288,17 +462,4 @@ fn set_project(fd: BorrowedFd<'_>, id: u32, inherit: bool) -> io::Result<bool> {
     a.xflags |= want_flag;
     sys::set_fsxattr(fd, &a)?;
     Ok(true)
-}
-
-fn mode_to_dtype(mode: u32) -> u8 {
-    match mode & libc::S_IFMT {
-        libc::S_IFDIR => libc::DT_DIR,
-        libc::S_IFREG => libc::DT_REG,
-        libc::S_IFIFO => libc::DT_FIFO,
-        libc::S_IFLNK => libc::DT_LNK,
-        libc::S_IFSOCK => libc::DT_SOCK,
-        libc::S_IFCHR => libc::DT_CHR,
-        libc::S_IFBLK => libc::DT_BLK,
-        _ => libc::DT_UNKNOWN,
-    }
 }

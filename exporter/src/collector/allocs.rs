@@ -56,6 +56,9 @@ pub const CHROOT_SOURCES: [&str; 8] = [
     "/usr",
 ];
 
+/// Between two scans while a walk is under way.
+const WALK_PAUSE: Duration = Duration::from_millis(5);
+
 /// What the scan thread publishes for scrapes.
 #[derive(Debug, Default)]
 struct Shared {
@@ -212,7 +215,14 @@ fn scan_loop(
             s.walks = o.accounting.walks;
         }
         drop(shared);
-        std::thread::sleep(setup.scan_interval);
+        // A walk under way goes on at once: each scan steps every walk by
+        // a budget, so a long one neither stalls nor starves the others.
+        let busy = owned.as_ref().is_some_and(|o| o.accounting.busy());
+        std::thread::sleep(if busy {
+            WALK_PAUSE.min(setup.scan_interval)
+        } else {
+            setup.scan_interval
+        });
     }
 }
 
@@ -281,6 +291,7 @@ fn take(setup: &AllocsSetup) -> Result<Owned> {
     let range = cfg.alloc_project_ids().map_err(|e| anyhow!(e))?;
     let path = &setup.alloc_dir;
     let dir = open_dir(path)?;
+    refuse_read_only(&dir, path)?;
     refuse_chroot_sources_on_mount(&dir, path, &setup.chroot_sources)?;
     let st = sys::fstat(dir.as_fd())?;
     // One owner per alloc directory: two exporters would give one
@@ -318,6 +329,27 @@ fn open_dir(path: &Path) -> Result<OwnedFd> {
                 path.display()
             )
         })
+}
+
+/// Refuses an alloc directory this process cannot write: every claim and
+/// walk would fail. Under a sandbox (the package's unit is
+/// `ProtectSystem=strict`) the directory is writable only when it was
+/// named to the sandbox and existed when the service started.
+fn refuse_read_only(dir: &OwnedFd, path: &Path) -> Result<()> {
+    let st = nix::sys::statvfs::fstatvfs(dir)
+        .with_context(|| format!("cannot statvfs {}", path.display()))?;
+    if st.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY) {
+        bail!(
+            "{} is read-only to this exporter, so no allocation can be put into its project: \
+             under the package's unit, set NOMAD_ALLOC_DIR={} in /etc/default/prjquota \
+             (/etc/sysconfig/prjquota) rather than --nomad.alloc-dir in EXPORTER_ARGS, then \
+             systemctl daemon-reload && systemctl restart prjquota-exporter; elsewhere, mount \
+             its filesystem read-write (docs/allocations.md)",
+            path.display(),
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 /// Refuses an alloc directory on the same mount as a chroot source: there
@@ -446,6 +478,11 @@ fn self_families(census: Census, walked: Walked, walks: u64, failures: u64) -> V
     ] {
         allocs.labelled(vec![("state", state.into())], n as f64);
     }
+    let mut retries = Family::gauge(
+        "prjquota_exporter_alloc_walk_retries",
+        "Files the allocation walks could not tag yet (another process holds a write lease on them, or the kernel refused: the log says why), tried again at every scan; an allocation is marked walked only once none is left.",
+    );
+    retries.plain(census.retries as f64);
     let mut walks_f = Family::counter(
         "prjquota_exporter_alloc_walks_total",
         "Walks that put an allocation's tree into its project (once per allocation; again after a crash interrupted one).",
@@ -472,7 +509,7 @@ fn self_families(census: Census, walked: Walked, walks: u64, failures: u64) -> V
         "Scans that could not put a started allocation into its project (retried at the next scan; the log says why).",
     );
     fail.plain(failures as f64);
-    vec![allocs, walks_f, entries, fail]
+    vec![allocs, retries, walks_f, entries, fail]
 }
 
 #[cfg(test)]
