@@ -71,6 +71,16 @@ const BOOT_IMAGE: &str = "/var/lib/prjquota-boot-volumes.img";
 /// What the first boot leaves for the second: the volume's path, ID,
 /// project ID and the bytes written.
 const BOOT_STATE: &str = "/var/lib/prjquota-boot-state";
+/// The node's Nomad data_dir filesystem (allocation usage on, as
+/// docs/allocations.md turns it on: NOMAD_ALLOC_DIR in the settings), an
+/// image of its own beside the volumes', mounted by a mount unit.
+const BOOT_DATA: &str = "/srv/nomaddata";
+const BOOT_DATA_MOUNT: &str = "srv-nomaddata.mount";
+const BOOT_DATA_IMAGE: &str = "/var/lib/prjquota-boot-nomaddata.img";
+const BOOT_ALLOC_DIR: &str = "/srv/nomaddata/alloc";
+/// The allocation each reboot leaves for the next (its ID and the bytes
+/// charged to it), which the next exporter reads back without a walk.
+const BOOT_ALLOC_STATE: &str = "/var/lib/prjquota-boot-alloc";
 /// The stub Nomad agent's script and what it records.
 const STUB: &str = "/usr/local/lib/stub-nomad";
 const STUB_LOG: &str = "/var/lib/stub-nomad.log";
@@ -1329,33 +1339,51 @@ fn assert_boot(n: u32) {
 fn a_node_with_volumes_is_set_up_for_a_reboot() {
     assert_boot(1);
     let t = Instant::now();
-    std::fs::write(
-        format!("/etc/systemd/system/{BOOT_MOUNT}"),
-        format!(
-            "[Unit]\n\
-             Description=The node's volumes filesystem\n\
-             [Mount]\n\
-             What={BOOT_IMAGE}\n\
-             Where={BOOT_VOLUMES}\n\
-             Type=xfs\n\
-             Options=loop,prjquota\n\
-             [Install]\n\
-             WantedBy=local-fs.target\n"
+    for (what, unit, image, at) in [
+        ("volumes", BOOT_MOUNT, BOOT_IMAGE, BOOT_VOLUMES),
+        (
+            "Nomad data_dir",
+            BOOT_DATA_MOUNT,
+            BOOT_DATA_IMAGE,
+            BOOT_DATA,
         ),
-    )
-    .unwrap();
-    sh_ok(&format!(
-        "set -e; truncate -s 512M {BOOT_IMAGE}; mkfs.xfs -q -f {BOOT_IMAGE}; \
-         mkdir -p {BOOT_VOLUMES} {PLUGIN_DIR}; \
-         systemctl daemon-reload; systemctl enable --now {BOOT_MOUNT}; \
-         mountpoint {BOOT_VOLUMES}"
-    ));
+    ] {
+        std::fs::write(
+            format!("/etc/systemd/system/{unit}"),
+            format!(
+                "[Unit]\n\
+                 Description=The node's {what} filesystem\n\
+                 [Mount]\n\
+                 What={image}\n\
+                 Where={at}\n\
+                 Type=xfs\n\
+                 Options=loop,prjquota\n\
+                 [Install]\n\
+                 WantedBy=local-fs.target\n"
+            ),
+        )
+        .unwrap();
+        sh_ok(&format!(
+            "set -e; truncate -s 512M {image}; mkfs.xfs -q -f {image}; \
+             mkdir -p {at} {PLUGIN_DIR}; \
+             systemctl daemon-reload; systemctl enable --now {unit}; \
+             mountpoint {at}"
+        ));
+    }
     lap(t, "reboot_filesystem_mounted");
     sh_ok(&format!("dpkg -i {}", deb().display()));
     lap(t, "reboot_package_installed");
+    // Allocation usage on, by the one setting docs/allocations.md gives:
+    // Nomad has not run yet, so its alloc directory does not exist.
     sh_ok(&format!(
-        "sed -i 's|^VOLUMES_DIR=.*|VOLUMES_DIR={BOOT_VOLUMES}|' {SETTINGS}"
+        "sed -i 's|^VOLUMES_DIR=.*|VOLUMES_DIR={BOOT_VOLUMES}|; \
+         s|^NOMAD_ALLOC_DIR=.*|NOMAD_ALLOC_DIR={BOOT_ALLOC_DIR}|' {SETTINGS}"
     ));
+    assert!(
+        sh_ok(&format!("cat {SETTINGS}")).contains(&format!("NOMAD_ALLOC_DIR={BOOT_ALLOC_DIR}")),
+        "the package's settings have no NOMAD_ALLOC_DIR line to set"
+    );
+    let _ = std::fs::remove_file(BOOT_ALLOC_STATE);
     // The exporter's log on the console too: a boot's journal is gone when
     // its test fails, and the console is what the pass's report keeps.
     std::fs::create_dir_all(format!("/etc/systemd/system/{UNIT}.d")).unwrap();
@@ -1559,4 +1587,95 @@ fn the_guard_holds_from_the_first_moment_of_a_boot() {
     // The node's next reboot (into another kernel: xtask/src/systemd.rs)
     // records its stub's attempts afresh.
     std::fs::write(STUB_LOG, "").unwrap();
+    allocations_are_accounted_under_the_unit();
+}
+
+/// Allocation usage, turned on by NOMAD_ALLOC_DIR (the first boot's
+/// settings), under the package's unit and sandbox: the allocation the
+/// last boot left is read back, and one laid out now as Nomad lays it out
+/// is walked once, with what was written before its task started and a
+/// file written after the walk both charged to it and published.
+fn allocations_are_accounted_under_the_unit() {
+    use prjquota_vmtests::nomad_alloc::{write_file, AllocRoot};
+    let alloc_bytes =
+        |m: &str, id: &str| value(m, "nomad_alloc_disk_used_bytes", &[("alloc_id", id)]);
+    let until = |what: &str, pred: &dyn Fn(&str) -> bool| -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let m = metrics();
+            if pred(&m) {
+                return m;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not within 60 s under the unit\n{m}\njournal:\n{}\nsandbox:\n{}",
+                journal(),
+                sh(&format!(
+                    "systemctl show -p ReadWritePaths -p RuntimeDirectory -p ExecStart {UNIT}"
+                ))
+                .1
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    };
+    // The unit made Nomad's alloc directory as Nomad makes it, before Nomad.
+    let meta = std::fs::metadata(BOOT_ALLOC_DIR).expect("the unit made the alloc directory");
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    assert_eq!(
+        (meta.uid(), meta.permissions().mode() & 0o7777),
+        (0, 0o711),
+        "{BOOT_ALLOC_DIR}"
+    );
+    let previous = std::fs::read_to_string(BOOT_ALLOC_STATE).ok();
+    if let Some(prev) = &previous {
+        let (id, bytes) = prev.trim().split_once(' ').unwrap();
+        let bytes: f64 = bytes.parse().unwrap();
+        until("the last boot's allocation read back", &|m| {
+            alloc_bytes(m, id).is_some_and(|b| b >= bytes)
+        });
+    }
+    let root = AllocRoot {
+        path: BOOT_ALLOC_DIR.into(),
+    };
+    let mut a = root.build_alloc();
+    write_file(&a.path.join("alloc/data/before"), 5 << 20);
+    let task = a.build_task("web");
+    until("the started allocation accounted and published", &|m| {
+        alloc_bytes(m, &a.id).is_some_and(|b| b >= (5 << 20) as f64)
+    });
+    write_file(&task.join("local/after-the-walk"), 3 << 20);
+    let m = until("a file written after the walk counted", &|m| {
+        alloc_bytes(m, &a.id).is_some_and(|b| b >= (8 << 20) as f64)
+    });
+    assert_eq!(
+        value(
+            &m,
+            "prjquota_exporter_scrape_collector_success",
+            &[("collector", "allocs")]
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    let allocs = std::fs::read_dir(BOOT_ALLOC_DIR).unwrap().count();
+    assert_eq!(
+        value(&m, "prjquota_exporter_allocs", &[("state", "accounted")]),
+        Some(allocs as f64),
+        "every allocation this node ran is accounted:\n{m}"
+    );
+    // One walk: the previous boot's allocation was read back, not walked.
+    assert_eq!(
+        value(&m, "prjquota_exporter_alloc_walks_total", &[]),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        value(&m, "prjquota_exporter_alloc_tag_failures_total", &[]),
+        Some(0.0),
+        "{m}"
+    );
+    let used = alloc_bytes(&m, &a.id).unwrap();
+    eprintln!("MEASURE systemd_alloc_used_bytes {used}");
+    // The next boot reads it back; its mounts come off now, as at a reboot.
+    a.unmount();
+    std::fs::write(BOOT_ALLOC_STATE, format!("{} {}\n", a.id, (8u64 << 20))).unwrap();
 }
