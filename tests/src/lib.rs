@@ -20,6 +20,7 @@ pub mod prom;
 pub mod readme;
 pub mod records;
 pub mod temp;
+pub mod watchdog;
 pub mod witness;
 
 use std::path::{Path, PathBuf};

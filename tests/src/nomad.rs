@@ -254,6 +254,23 @@ impl Node {
         )
     }
 
+    /// Starts a delete as Nomad runs it, with `extra` variables after
+    /// Nomad's (a fault build's pause), and returns at once: for a test that
+    /// acts while it runs, then waits for its output.
+    pub fn spawn_delete_with(&self, spec: &Spec, extra: &[(&str, String)]) -> std::process::Child {
+        let path = self.volumes_dir.join(&spec.id);
+        plugin_command(
+            &self.plugin,
+            "delete",
+            &self.delete_vars(spec, &path),
+            extra,
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the plugin")
+    }
+
     pub fn delete(&self, spec: &Spec) -> Outcome {
         let path = self.volumes_dir.join(&spec.id);
         self.run("delete", &self.delete_vars(spec, &path))

@@ -16,6 +16,7 @@ use prjquota_vmtests::nomad_alloc::{
     alloc_bytes, inodes_on_mount, project_of, scrape_until, write_file, AllocNode,
 };
 use prjquota_vmtests::on_every_fs;
+use prjquota_vmtests::watchdog::{exchange, Pause, Softdog};
 
 on_every_fs!(
     a_started_allocation_is_accounted_and_a_waiting_one_is_left_alone,
@@ -34,6 +35,11 @@ on_every_fs!(
     two_exporters_with_the_guard_hand_an_allocation_over_without_a_gap,
     a_walk_killed_halfway_with_the_guard_on_stays_guarded_through_the_restart,
     a_disk_failing_mid_walk_is_reported_and_the_walk_finished_after,
+    a_device_swapped_in_after_the_listing_is_never_opened_by_the_walk,
+    a_file_linked_only_inside_its_allocation_is_counted,
+    a_file_linked_outside_is_counted_once_its_outside_link_goes,
+    a_file_written_far_below_the_walks_old_depth_is_counted,
+    a_file_under_a_write_lease_is_tagged_once_the_lease_goes,
 );
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -1058,4 +1064,254 @@ fn a_disk_failing_mid_walk_is_reported_and_the_walk_finished_after(case: &FsCase
     let usage = node.usage(pid);
     assert_eq!(alloc_bytes(&e, &a.id), Some(usage.used_bytes as f64));
     e.assert_collectors_succeeded("after the disk healed");
+}
+
+/// The fault-injection exporter for `node`, stopping right before its
+/// walk opens the entry `pause` names.
+fn paused_exporter(
+    node: &AllocNode,
+    pause: &Pause,
+    extra: &[&str],
+) -> prjquota_vmtests::prom::Exporter {
+    let args = node.exporter_args("200ms", extra);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut cmd = prjquota_vmtests::prom::command_of(
+        &prjquota_vmtests::fault_exporter(),
+        &[&node.fixture.node.volumes_dir],
+        &args,
+        false,
+    );
+    cmd.envs(pause.env());
+    prjquota_vmtests::prom::Exporter::start_command(cmd)
+}
+
+/// A task's root (Docker gives it CAP_MKNOD) swaps a file of its
+/// allocation for a watchdog's device node between a walk's listing and
+/// its open, every time (the fault build pauses there): the exporter, as
+/// root, must never open the device. An opened watchdog stays armed.
+///
+/// The kernel lets two names swap in a directory that inherits a project
+/// only when both inodes are in it: so on a walk made again (the guard,
+/// detecting, let the task's owner change a file's project), over a file
+/// and a device node made after the first walk.
+fn a_device_swapped_in_after_the_listing_is_never_opened_by_the_walk(case: &FsCase) {
+    let dog = Softdog::take();
+    let node = AllocNode::new(case, "alloc-swap", 8);
+    let pause = Pause::new(
+        &std::env::temp_dir().join(format!("pause-alloc-{}", case.name)),
+        "victim",
+    );
+    let (a, task) = owned_task(&node);
+    let exp = paused_exporter(&node, &pause, &["--guard=detect"]);
+    scrape_until(&exp, WAIT, "the allocation in the guard", |e| {
+        accounted(e) == 1.0 && e.get(GUARDED, &[]) == Some(1.0)
+    });
+    let (pid, _) = project_of(&a.path);
+    let local = task.join("local");
+    write_file(&local.join("victim"), 4096);
+    dog.mknod(&local.join("dog"));
+    assert_eq!(project_of(&local.join("victim")).0, pid);
+    // The owner's change the guard lets through calls for another walk.
+    assert_eq!(
+        chproj_as(Who::User(OWNER), &open(&local.join("data")), 0).1,
+        Ok(()),
+        "--guard=detect refused the owner's change"
+    );
+    // Listed as a regular file; a device by the time it is opened.
+    pause.wait(WAIT);
+    exchange(&local.join("victim"), &local.join("dog"));
+    pause.go();
+    let e = scrape_until(&exp, WAIT, "the change walked back", |e| {
+        e.value("prjquota_exporter_alloc_walks_total", &[]) >= 2.0
+            && project_of(&local.join("data")).0 == pid
+    });
+    assert!(
+        !dog.armed(),
+        "the walk opened the device swapped in after its listing: the watchdog is armed\n{}",
+        exp.log()
+    );
+    assert!(
+        e.value(
+            "prjquota_exporter_alloc_walk_entries_total",
+            &[("outcome", "special")]
+        ) >= 1.0,
+        "{}",
+        e.text
+    );
+    drop(exp);
+}
+
+/// A file the task hard-linked inside its own allocation before the walk
+/// is the allocation's: every link was met, so it is tagged; after its
+/// second link goes, what it grows by is counted.
+fn a_file_linked_only_inside_its_allocation_is_counted(case: &FsCase) {
+    let node = AllocNode::new(case, "alloc-links", 8);
+    let exp = node.start_exporter(&[]);
+    let mut a = node.root.build_alloc();
+    let data = a.path.join("alloc/data");
+    write_file(&data.join("one"), 1 << 20);
+    std::fs::hard_link(data.join("one"), data.join("two")).unwrap();
+    a.build_task("web");
+    scrape_until(&exp, WAIT, "the allocation accounted", |e| {
+        alloc_bytes(e, &a.id).is_some_and(|b| b >= (1 << 20) as f64)
+    });
+    let (pid, _) = project_of(&a.path);
+    assert_eq!(
+        project_of(&data.join("one")).0,
+        pid,
+        "a link inside only was left out"
+    );
+    std::fs::remove_file(data.join("two")).unwrap();
+    append(&data.join("one"), 8 << 20);
+    scrape_until(&exp, WAIT, "its growth counted", |e| {
+        alloc_bytes(e, &a.id).is_some_and(|b| b >= (9 << 20) as f64)
+    });
+}
+
+/// A file with a link outside the allocation keeps its project (it may be
+/// a host file); once that link goes, it is the allocation's alone and its
+/// growth is counted, without another task starting.
+fn a_file_linked_outside_is_counted_once_its_outside_link_goes(case: &FsCase) {
+    let node = AllocNode::new(case, "alloc-outlink", 8);
+    let exp = node.start_exporter(&[]);
+    let mut a = node.root.build_alloc();
+    let data = a.path.join("alloc/data");
+    let outside = node
+        .root
+        .path
+        .with_file_name(format!("outside-{}", case.name));
+    write_file(&outside, 1 << 20);
+    std::fs::hard_link(&outside, data.join("shared")).unwrap();
+    a.build_task("web");
+    let e = scrape_until(&exp, WAIT, "the allocation accounted", |e| {
+        accounted(e) == 1.0
+    });
+    assert!(
+        e.value(
+            "prjquota_exporter_alloc_walk_entries_total",
+            &[("outcome", "linked")]
+        ) >= 1.0,
+        "{}",
+        e.text
+    );
+    assert_eq!(
+        project_of(&data.join("shared")).0,
+        0,
+        "a shared inode was taken"
+    );
+    std::fs::remove_file(&outside).unwrap();
+    append(&data.join("shared"), 8 << 20);
+    scrape_until(
+        &exp,
+        WAIT,
+        "the file counted once its outside link went",
+        |e| alloc_bytes(e, &a.id).is_some_and(|b| b >= (9 << 20) as f64),
+    );
+    let (pid, _) = project_of(&a.path);
+    assert_eq!(project_of(&data.join("shared")).0, pid);
+}
+
+/// A tree deeper than the 64 levels the walk once stopped at: every
+/// directory in it is the allocation's, so a file written at the bottom
+/// after the walk is counted.
+fn a_file_written_far_below_the_walks_old_depth_is_counted(case: &FsCase) {
+    let node = AllocNode::new(case, "alloc-deep", 8);
+    let exp = node.start_exporter(&[]);
+    let mut a = node.root.build_alloc();
+    let mut deep = a.path.join("alloc/data");
+    for _ in 0..150 {
+        deep.push("d");
+    }
+    std::fs::create_dir_all(&deep).unwrap();
+    a.build_task("web");
+    scrape_until(&exp, WAIT, "the allocation accounted", |e| {
+        accounted(e) == 1.0
+    });
+    write_file(&deep.join("late"), 4 << 20);
+    scrape_until(&exp, WAIT, "a file 150 levels down counted", |e| {
+        alloc_bytes(e, &a.id).is_some_and(|b| b >= (4 << 20) as f64)
+    });
+    let (pid, _) = project_of(&a.path);
+    assert_eq!(project_of(&deep), (pid, true));
+}
+
+/// A file another process holds a write lease on cannot be opened without
+/// waiting for the lease: the walk goes on, says so, and tags it once the
+/// lease is given up; the walk is marked done only then.
+fn a_file_under_a_write_lease_is_tagged_once_the_lease_goes(case: &FsCase) {
+    let node = AllocNode::new(case, "alloc-lease", 8);
+    let exp = node.start_exporter(&[]);
+    let mut a = node.root.build_alloc();
+    let leased = a.path.join("alloc/data/leased");
+    write_file(&leased, 1 << 20);
+    // The tenant's process: a write lease, its break signal ignored.
+    let mut held = std::process::Command::new(prjquota_vmtests::PYTHON)
+        .args([
+            "-c",
+            "import fcntl, os, signal, sys\n\
+             signal.signal(signal.SIGIO, signal.SIG_IGN)\n\
+             fd = os.open(sys.argv[1], os.O_WRONLY)\n\
+             fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)\n\
+             print('held', flush=True)\n\
+             sys.stdin.read()\n",
+        ])
+        .arg(&leased)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(held.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "held", "the lease was not taken");
+    a.build_task("web");
+    let e = scrape_until(&exp, WAIT, "the walk past the leased file", |e| {
+        e.value(
+            "prjquota_exporter_alloc_walk_entries_total",
+            &[("outcome", "failed")],
+        ) >= 1.0
+    });
+    let (pid, _) = project_of(&a.path);
+    assert!(pid != 0, "{}", e.text);
+    assert_eq!(project_of(&leased).0, 0, "a leased file was opened");
+    assert!(
+        e.value("prjquota_exporter_alloc_walk_retries", &[]) >= 1.0,
+        "{}",
+        e.text
+    );
+    assert_eq!(
+        walked_mark(&a.path),
+        None,
+        "marked walked with a file left out"
+    );
+    held.kill().unwrap();
+    held.wait().unwrap();
+    scrape_until(&exp, WAIT, "the leased file tagged", |e| {
+        e.get("prjquota_exporter_alloc_walk_retries", &[]) == Some(0.0)
+            && alloc_bytes(e, &a.id).is_some_and(|b| b >= (1 << 20) as f64)
+    });
+    assert_eq!(project_of(&leased).0, pid);
+    assert_eq!(walked_mark(&a.path), Some(pid.to_string()));
+}
+
+/// Appends `bytes` to `p`.
+fn append(p: &std::path::Path, bytes: usize) {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(p)
+        .and_then(|mut f| f.write_all(&vec![0x5a; bytes]))
+        .unwrap_or_else(|e| panic!("append to {}: {e}", p.display()));
+}
+
+/// The allocation directory's walked mark, if any.
+fn walked_mark(p: &std::path::Path) -> Option<String> {
+    use std::os::fd::AsFd;
+    let f = std::fs::File::open(p).unwrap();
+    prjquota_core::sys::fgetxattr(f.as_fd(), c"trusted.prjquota.walked")
+        .unwrap()
+        .map(|v| String::from_utf8_lossy(&v).into_owned())
 }

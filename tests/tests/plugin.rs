@@ -34,6 +34,7 @@ on_every_fs!(
     a_volume_with_many_files_is_deleted_completely,
     delete_clears_immutable_and_append_only_flags,
     delete_under_an_append_only_root_passes_every_kind_of_file,
+    delete_never_opens_a_device_swapped_in_after_the_listing,
     a_plugin_run_without_any_environment_fails_cleanly,
     create_and_delete_sync_only_where_the_journal_needs_it,
 );
@@ -634,6 +635,53 @@ fn delete_clears_immutable_and_append_only_flags(fs: &FsCase) {
 /// for the root's flag, not its own; whatever kind of file it is, the
 /// delete clears the root and goes on. A directory's listing order is the
 /// filesystem's (ext4 hashes names), so each kind is the only entry once.
+/// A workload that made a directory append-only (so that the delete must
+/// clear flags entry by entry) swaps a file the delete listed for a
+/// watchdog's device node right before the delete opens it to clear its
+/// flags, every time (the fault build pauses there): the plugin, as root,
+/// must never open the device. An opened watchdog stays armed.
+fn delete_never_opens_a_device_swapped_in_after_the_listing(fs: &FsCase) {
+    use prjquota_vmtests::watchdog::{exchange, Pause, Softdog};
+    let dog = Softdog::take();
+    let f = Fixture::with_plugin(
+        &(fs.mount)(),
+        &format!("{}-swap", fs.name),
+        &prjquota_vmtests::fault_bin(),
+    );
+    let spec = Spec::new("swap", 16 * MIB as i64);
+    let (path, _) = f.create(&spec);
+    let pid = f.project_id(&spec.id);
+    // The one entry of an append-only directory: the first unlink there is
+    // refused, and the delete clears the directory's flag, then opens the
+    // entry to clear its own.
+    let dir = path.join("box");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("victim"), b"x").unwrap();
+    sh(&format!("chattr +a {}", dir.display()));
+    let pause = Pause::new(
+        &std::env::temp_dir().join(format!("pause-{}", spec.id)),
+        "victim",
+    );
+    let child = f.node.spawn_delete_with(&spec, &pause.env());
+    pause.wait(Duration::from_secs(60));
+    // Made now, in the volume's project, as the task would, and swapped in.
+    dog.mknod(&dir.join("dog"));
+    exchange(&dir.join("victim"), &dir.join("dog"));
+    pause.go();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "delete: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        !dog.armed(),
+        "the delete opened the device swapped in after its listing: the watchdog is armed"
+    );
+    assert!(!path.exists());
+    assert!(f.quota(pid).is_unused());
+}
+
 fn delete_under_an_append_only_root_passes_every_kind_of_file(fs: &FsCase) {
     let f = fs.fixture("aroot");
     use nix::sys::stat::{makedev, mknod, Mode, SFlag};
