@@ -84,6 +84,33 @@ pub fn find_mount(mountinfo: &str, major: u32, minor: u32, path: &Path) -> Optio
         .max_by_key(|m| m.mount_point.components().count())
 }
 
+/// Whether a mount made at `path` would propagate to the mount's peers:
+/// the mount that holds `path` (the longest mount point that is a prefix
+/// of it, by whole components; the last one mounted there) is `shared:`
+/// in its optional fields. Mounted under a private or a slave mount (a
+/// systemd sandbox, `unshare --propagation private`), a new mount is seen
+/// by this mount namespace alone.
+pub fn propagates(mountinfo: &str, path: &Path) -> bool {
+    mountinfo
+        .lines()
+        .filter_map(|l| {
+            let fields: Vec<&str> = l.split(' ').collect();
+            let point = PathBuf::from(unescape(fields.get(4)?));
+            path.starts_with(&point).then_some((point, fields))
+        })
+        // The last of the longest: a mount over a mount hides it.
+        .fold(None::<(PathBuf, Vec<&str>)>, |best, (p, f)| match &best {
+            Some((b, _)) if b.components().count() > p.components().count() => best,
+            _ => Some((p, f)),
+        })
+        .is_some_and(|(_, f)| {
+            f.iter()
+                .skip(6)
+                .take_while(|o| **o != "-")
+                .any(|o| o.starts_with("shared:"))
+        })
+}
+
 /// This process's `/proc/self/mountinfo`. Read into a buffer sized for a
 /// typical table: procfs reports no size, and from an empty String
 /// `read_to_string` probes with 32 bytes and doubles (nine system calls).
@@ -222,5 +249,20 @@ mod tests {
         let msg = err.to_string();
         assert!(msg.contains("4095:1048575"), "{msg}");
         assert!(msg.contains("quotactl_fd"), "{msg}");
+    }
+    #[test]
+    fn a_mount_propagates_only_under_a_shared_one() {
+        let host = "22 1 0:21 / /sys rw,nosuid shared:7 - sysfs sysfs rw\n\
+                    23 22 0:22 / /sys/fs/bpf rw shared:8 - bpf bpf rw,mode=700\n";
+        assert!(propagates(host, Path::new("/sys/fs/bpf")));
+        let sandbox = "22 1 0:21 / /sys rw,nosuid master:7 - sysfs sysfs rw\n";
+        assert!(!propagates(sandbox, Path::new("/sys/fs/bpf")));
+        let private = "22 1 0:21 / /sys rw,nosuid - sysfs sysfs rw\n";
+        assert!(!propagates(private, Path::new("/sys/fs/bpf")));
+        // A private mount over a shared one hides it.
+        let over = "22 1 0:21 / /sys rw shared:7 - sysfs sysfs rw\n\
+                    30 22 0:21 / /sys rw - sysfs sysfs rw\n";
+        assert!(!propagates(over, Path::new("/sys/fs/bpf")));
+        assert!(!propagates("", Path::new("/sys/fs/bpf")));
     }
 }

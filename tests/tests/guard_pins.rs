@@ -31,68 +31,57 @@ on_every_fs!(
     a_start_killed_at_any_step_leaves_the_next_create_guarded,
 );
 
-/// With nothing mounted at /sys/fs/bpf (the exporter alone in a mount
-/// namespace where it was unmounted), the exporter mounts bpffs for root
-/// only (mode 0700, nosuid, nodev, noexec): `nobody` can make nothing in
-/// it, so no one can take the pin root before the exporter does.
+/// With nothing mounted at /sys/fs/bpf in a mount namespace of the
+/// exporter's own (a sandbox, a container: `unshare --propagation
+/// private`), a bpffs it mounted would be seen there alone, and the plugin
+/// Nomad runs would find no pins to put a new volume in: it mounts none. An
+/// enforcing exporter refuses to start, saying so and how to mount one on
+/// the host; the default runs unpinned and says so.
 #[test]
-fn the_exporter_mounts_bpffs_for_root_only() {
+fn the_exporter_mounts_no_bpffs_the_plugin_cannot_see() {
     let f = XFS.fixture("pins-mount");
-    let inner = command(
-        &[&f.node.volumes_dir],
-        &["--guard=enforce", "--ebpf=off"],
-        false,
-    );
-    let mut cmd = Command::new("unshare");
-    cmd.args([
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        "while mountpoint -q /sys/fs/bpf; do umount /sys/fs/bpf || exit 97; done; exec \"$@\"",
-        "sh",
-    ])
-    .arg(inner.get_program())
-    .args(inner.get_args());
-    let e = Exporter::start_command(cmd);
-    let pid = e.pid();
-    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
-    let line = mountinfo
-        .lines()
-        .rfind(|l| l.split(' ').nth(4) == Some("/sys/fs/bpf"))
-        .unwrap_or_else(|| panic!("nothing mounted at /sys/fs/bpf:\n{mountinfo}\n{}", e.log()));
-    let (left, right) = line.split_once(" - ").expect("a mountinfo line");
-    let opts: Vec<&str> = left.split(' ').nth(5).unwrap().split(',').collect();
-    let fs: Vec<&str> = right.split(' ').collect();
-    assert_eq!(fs[0], "bpf", "{line}");
-    for o in ["nosuid", "nodev", "noexec"] {
-        assert!(opts.contains(&o), "{o} missing: {line}");
-    }
-    assert!(fs[2].split(',').any(|o| o == "mode=700"), "{line}");
-    // bpffs sets the sticky bit on its root whatever the mode.
-    let here = format!("/proc/{pid}/root/sys/fs/bpf");
-    assert_eq!(
-        std::fs::metadata(&here).unwrap().mode() & 0o777,
-        0o700,
-        "{line}"
-    );
-    let out = Command::new("nsenter")
-        .args(["--target", &pid.to_string(), "--mount"])
-        .args([
-            "setpriv",
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
+    let private = |args: &[&str]| {
+        let inner = command(&[&f.node.volumes_dir], args, false);
+        let mut cmd = Command::new("unshare");
+        cmd.args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            "while mountpoint -q /sys/fs/bpf; do umount /sys/fs/bpf || exit 97; done; exec \"$@\"",
+            "sh",
         ])
-        .args(["mkdir", "/sys/fs/bpf/squat"])
-        .output()
-        .unwrap();
-    assert!(
-        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
-        "nobody made a directory in the bpffs the exporter mounted: {out:?}"
+        .arg(inner.get_program())
+        .args(inner.get_args());
+        cmd
+    };
+    let (status, err) = run_to_refusal(
+        private(&["--guard=enforce", "--ebpf=off"]),
+        "an enforcing guard with no bpffs the plugin can see",
     );
-    assert_eq!(e.scrape().value("prjquota_exporter_guard_pinned", &[]), 1.0);
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.lines().any(|l| l.contains("msg=exiting")
+            && l.contains("seen by its own mount namespace alone")
+            && l.contains("mount -t bpf -o mode=0700 bpf /sys/fs/bpf")),
+        "{err}"
+    );
+    let e = Exporter::start_command(private(&["--ebpf=off"]));
+    let m = e.scrape();
+    assert_eq!(
+        m.value("prjquota_exporter_guard_pinned", &[]),
+        0.0,
+        "{}",
+        m.text
+    );
+    let mountinfo = std::fs::read_to_string(format!("/proc/{}/mountinfo", e.pid())).unwrap();
+    assert!(
+        !mountinfo
+            .lines()
+            .any(|l| l.split(' ').nth(4) == Some("/sys/fs/bpf")),
+        "a bpffs was mounted in the exporter's own namespace:\n{mountinfo}"
+    );
     e.stop();
 }
 
@@ -152,6 +141,74 @@ fn a_pin_root_others_could_have_made_is_refused() {
             .create(&root)
             .unwrap();
     }
+    sh(&format!("umount {}", mnt.display()));
+    std::fs::remove_dir(&mnt).unwrap();
+}
+
+/// `--guard=off` removes the pinned guard of its volumes directories. In a
+/// pin root others may write (a bpffs mounted 1777, as a container runtime
+/// may leave it), `nobody`'s symlinks, one named as the volumes
+/// directory's link and one as a pin directory pointing at a directory of
+/// root's files, would make that removal unlink those files as root: the
+/// exporter trusts nothing there, removes nothing, and says why.
+#[test]
+fn guard_off_trusts_no_pin_root_others_may_write() {
+    let f = XFS.fixture("pins-off");
+    let mnt = PathBuf::from(format!("/tmp/pins-off-{}", std::process::id()));
+    std::fs::create_dir_all(&mnt).unwrap();
+    sh(&format!("mount -t bpf -o mode=1777 bpf {}", mnt.display()));
+    let root = mnt.join("prjquota");
+    let victim = f.root.join("precious");
+    std::fs::create_dir_all(&victim).unwrap();
+    for n in ["one", "two"] {
+        std::fs::write(victim.join(n), b"keep").unwrap();
+    }
+    let pin_dir = root.join("@guard-1-1");
+    let link = prjquota_core::guard_pins::link_of(&root, &f.node.volumes_dir);
+    let as_nobody = |args: &[&std::ffi::OsStr]| {
+        let st = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .args(args)
+            .status()
+            .unwrap();
+        assert!(st.success(), "nobody: {args:?}");
+    };
+    as_nobody(&["mkdir".as_ref(), root.as_os_str()]);
+    as_nobody(&[
+        "ln".as_ref(),
+        "-s".as_ref(),
+        victim.as_os_str(),
+        pin_dir.as_os_str(),
+    ]);
+    as_nobody(&[
+        "ln".as_ref(),
+        "-s".as_ref(),
+        pin_dir.as_os_str(),
+        link.as_os_str(),
+    ]);
+    let e = Exporter::start_with(
+        &[&f.node.volumes_dir],
+        &[
+            "--guard=off",
+            "--ebpf=off",
+            "--guard.pin-root",
+            root.to_str().unwrap(),
+        ],
+    );
+    for n in ["one", "two"] {
+        assert_eq!(
+            std::fs::read(victim.join(n)).ok().as_deref(),
+            Some(&b"keep"[..]),
+            "--guard=off removed {n} through a symlink in the pin root"
+        );
+    }
+    let log = e.log_lines_with("could not be removed");
+    assert!(
+        log.contains("writable by root only") || log.contains("writable by users other than root"),
+        "{log}\n{}",
+        e.log()
+    );
+    e.stop();
     sh(&format!("umount {}", mnt.display()));
     std::fs::remove_dir(&mnt).unwrap();
 }

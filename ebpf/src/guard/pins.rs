@@ -29,6 +29,7 @@ use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::fs;
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -70,6 +71,14 @@ fn ctx(path: &Path, what: &str, e: io::Error) -> io::Error {
 pub fn ensure_root(root: &Path) -> io::Result<()> {
     let parent = root.parent().unwrap_or(Path::new("/"));
     if parent == Path::new("/sys/fs/bpf") && fs_type(parent)? != BPF_FS_MAGIC {
+        // Pins the plugin cannot see guard nothing it creates: mounted in a
+        // mount namespace of this process's own, a bpffs is its alone.
+        if !mount_reaches_the_host(parent) {
+            return Err(io::Error::other(format!(
+                "no bpf filesystem is mounted at {} for the node, and one this exporter                  mounted would be seen by its own mount namespace alone (a sandbox or a                  container: the plugin Nomad runs would not find the guard's pins): mount                  one on the host (mount -t bpf -o mode=0700 bpf /sys/fs/bpf; systemd does                  at boot), then restart the exporter",
+                parent.display()
+            )));
+        }
         crate::raw::mount_bpffs(parent).map_err(|e| {
             ctx(
                 parent,
@@ -118,6 +127,42 @@ pub fn ensure_root(root: &Path) -> io::Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Checks, without making or changing anything, that an existing pin
+/// root is one only root could have set up: a directory (not a symlink)
+/// of root's, writable by root only, on bpffs, under directories only
+/// root may write. What `--guard=off` removes is found there: in a root
+/// someone else could write, a symlink of theirs would name what to
+/// delete.
+pub fn check_root(root: &Path) -> io::Result<()> {
+    let m = fs::symlink_metadata(root).map_err(|e| ctx(root, "cannot stat", e))?;
+    if !m.is_dir() || m.uid() != 0 || m.mode() & 0o022 != 0 {
+        return Err(io::Error::other(format!(
+            "{} is not a directory of root's writable by root only (uid {}, mode {:o}), so              nothing in it is trusted or removed: remove it (rm -r {}) if it is not the guard's",
+            root.display(),
+            m.uid(),
+            m.mode() & 0o7777,
+            root.display()
+        )));
+    }
+    if fs_type(root)? != BPF_FS_MAGIC {
+        return Err(io::Error::other(format!(
+            "{} is not on a bpf filesystem, so it holds no pins of the guard's",
+            root.display()
+        )));
+    }
+    refuse_untrusted(root, root.parent().unwrap_or(Path::new("/")))
+}
+
+/// Whether a mount made at `dir` would be seen outside this process's
+/// mount namespace, where the plugin runs: the mount holding `dir` passes
+/// new mounts on to its peers (systemd makes every mount of the host
+/// shared). Not whether this is PID 1's namespace: in a container with a
+/// PID namespace of its own, PID 1 is the container's.
+fn mount_reaches_the_host(dir: &Path) -> bool {
+    prjquota_core::mountinfo::read_own()
+        .is_ok_and(|m| prjquota_core::mountinfo::propagates(&m, dir))
 }
 
 /// [`guard_pins::untrusted_dirs`] of `dir`, as the error
@@ -231,20 +276,53 @@ pub fn remove_dir(dir: &Path) -> io::Result<usize> {
 }
 
 /// [`remove_dir`], and the kernel IDs of the programs its link pins held.
+/// Never follows a symlink: `dir` itself must be a directory on bpffs, and
+/// only the pins in it (regular files of bpffs) are unlinked, through its
+/// descriptor; anything else there keeps the directory, and is an error.
 fn remove_dir_programs(dir: &Path) -> io::Result<(usize, Vec<u32>)> {
-    let mut names: Vec<PathBuf> = fs::read_dir(dir)
+    use prjquota_core::sys;
+    let m = fs::symlink_metadata(dir).map_err(|e| ctx(dir, "cannot stat", e))?;
+    if !m.is_dir() {
+        return Err(io::Error::other(format!(
+            "{} is not a pin directory (a symlink or a file): left alone",
+            dir.display()
+        )));
+    }
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| ctx(dir, "cannot name", io::Error::other(e)))?;
+    let fd = sys::open(&c, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)
+        .map_err(|e| ctx(dir, "cannot open", e))?;
+    let fs_magic = sys::fstatfs(fd.as_fd())
+        .map_err(|e| ctx(dir, "cannot statfs", e))?
+        .f_type as i64;
+    if fs_magic != BPF_FS_MAGIC {
+        return Err(io::Error::other(format!(
+            "{} is not on a bpf filesystem: not a pin directory, left alone",
+            dir.display()
+        )));
+    }
+    let mut names: Vec<std::ffi::CString> = sys::read_dir(fd.as_fd())
         .map_err(|e| ctx(dir, "cannot list", e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
+        .into_iter()
+        .map(|e| e.name)
         .collect();
     // Links before maps.
-    names.sort_by_key(|p| !is_link_pin(p));
+    names.sort_by_key(|n| !n.as_bytes().starts_with(LINK_PREFIX.as_bytes()));
     let mut n = 0;
     let mut programs = Vec::new();
-    for p in &names {
-        if is_link_pin(p) {
-            programs.extend(program_of_link(p));
+    for name in &names {
+        let p = dir.join(std::ffi::OsStr::from_bytes(name.as_bytes()));
+        let st = sys::fstatat_nofollow(fd.as_fd(), name).map_err(|e| ctx(&p, "cannot stat", e))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(io::Error::other(format!(
+                "{} is not a pin (a pin is a file of bpffs): the directory is left",
+                p.display()
+            )));
         }
-        fs::remove_file(p).map_err(|e| ctx(p, "cannot unpin", e))?;
+        if is_link_pin(&p) {
+            programs.extend(program_of_link(&p));
+        }
+        sys::unlinkat(fd.as_fd(), name, false).map_err(|e| ctx(&p, "cannot unpin", e))?;
         n += 1;
     }
     fs::remove_dir(dir).map_err(|e| ctx(dir, "cannot remove", e))?;
@@ -330,7 +408,8 @@ pub fn remove_unused(root: &Path, candidates: &[PathBuf], keep: &Path) -> io::Re
     }
     let mut removed = Vec::new();
     for d in dirs {
-        if d == keep || used.contains(&d) || !d.exists() {
+        let is_dir = fs::symlink_metadata(&d).is_ok_and(|m| m.is_dir());
+        if d == keep || used.contains(&d) || !is_dir {
             continue;
         }
         let n = remove_dir(&d)?;
@@ -343,8 +422,9 @@ pub fn remove_unused(root: &Path, candidates: &[PathBuf], keep: &Path) -> io::Re
 /// directories no other symlink points at, and returns once the kernel has
 /// detached their programs: the guard has stopped.
 pub fn remove_for(root: &Path, volumes_dirs: &[PathBuf]) -> io::Result<Removed> {
-    if !root.exists() {
-        return Ok(Vec::new());
+    match fs::symlink_metadata(root) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        _ => check_root(root)?,
     }
     let mut targets = Vec::new();
     for d in volumes_dirs {
@@ -364,7 +444,8 @@ pub fn remove_for(root: &Path, volumes_dirs: &[PathBuf]) -> io::Result<Removed> 
     targets.sort();
     targets.dedup();
     for t in targets {
-        if is_pin_dir(root, &t) && !used.contains(&t) && t.exists() {
+        let is_dir = fs::symlink_metadata(&t).is_ok_and(|m| m.is_dir());
+        if is_pin_dir(root, &t) && !used.contains(&t) && is_dir {
             let (n, p) = remove_dir_programs(&t)?;
             programs.extend(p);
             removed.push((t, n));
