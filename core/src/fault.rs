@@ -4,8 +4,8 @@
 //! the entry named by `PRJQUOTA_PAUSE_NAME`, so that a test can swap the
 //! entry inside the window every time rather than once in a million tries:
 //! it creates `$PRJQUOTA_PAUSE_DIR/paused` and waits (at most two minutes)
-//! for `$PRJQUOTA_PAUSE_DIR/go`, then removes both. Without the feature it
-//! compiles to nothing.
+//! for `$PRJQUOTA_PAUSE_DIR/go`, then removes both. Once per process: the
+//! name's later opens go on. Without the feature it compiles to nothing.
 
 /// Pauses before opening `name`, when the environment asks for it.
 #[inline(always)]
@@ -27,6 +27,10 @@ fn pause(name: &std::ffi::CStr) {
         return;
     };
     if name.to_bytes() != std::os::unix::ffi::OsStrExt::as_bytes(want.as_os_str()) {
+        return;
+    }
+    static PAUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if PAUSED.swap(true, std::sync::atomic::Ordering::SeqCst) {
         return;
     }
     let dir = PathBuf::from(dir);

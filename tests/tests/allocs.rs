@@ -40,6 +40,7 @@ on_every_fs!(
     a_file_linked_outside_is_counted_once_its_outside_link_goes,
     a_file_written_far_below_the_walks_old_depth_is_counted,
     a_file_under_a_write_lease_is_tagged_once_the_lease_goes,
+    a_start_waits_for_a_long_first_scan_before_it_takes_the_guard_over,
 );
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -890,17 +891,20 @@ fn a_walk_killed_halfway_with_the_guard_on_stays_guarded_through_the_restart(cas
 const HANDOVER_PHASES: [&str; 4] = [
     "one exporter",
     "a second one started beside it",
-    "the first stopping, the second taking over",
-    "the second alone",
+    "the first stopped, the second beside its pins",
+    "the service started again beside the second",
 ];
 
 /// A second exporter started with the guard on beside the first (an
-/// upgrade's overlap, a copy started by hand): the first keeps the
-/// allocations and the pinned guard, the second waits for the allocations
-/// and leaves the guard alone, saying so. The owner's tries are refused
-/// throughout: once the first stops, its pinned guard goes on enforcing,
-/// the second reads the allocation back (no walk) and writes the next
-/// one into that guard at its claim.
+/// upgrade's overlap, a copy started by hand): allocations are accounted
+/// by the exporter that owns the guard, so the second leaves both to the
+/// first and says so. Once the first stops, its pinned guard goes on
+/// enforcing and the second still accounts nothing (it does not own that
+/// guard); the service started again owns both, reads the allocation back
+/// (no walk), and guards the next one from its claim. The owner's tries
+/// are refused throughout. (Before, the second took the allocations over
+/// when the first stopped, and the restarted service, owning the guard
+/// without them, took every allocation root the second wrote out of it.)
 fn two_exporters_with_the_guard_hand_an_allocation_over_without_a_gap(case: &FsCase) {
     let node = AllocNode::new(case, "alloc-guard-two", 20);
     let (a, task) = owned_task(&node);
@@ -914,61 +918,115 @@ fn two_exporters_with_the_guard_hand_an_allocation_over_without_a_gap(case: &FsC
     looper.wait_attempts(50);
     looper.enter(1);
     let second = node.start_exporter(&["--guard=enforce"]);
-    scrape_until(
-        &second,
-        WAIT,
-        "the second waiting for the allocations",
-        |e| {
-            e.get(
-                "prjquota_exporter_scrape_collector_success",
-                &[("collector", "allocs")],
-            ) == Some(0.0)
-        },
-    );
+    let refused = |e: &prjquota_vmtests::prom::Exposition| {
+        e.get(
+            "prjquota_exporter_scrape_collector_success",
+            &[("collector", "allocs")],
+        ) == Some(0.0)
+    };
+    scrape_until(&second, WAIT, "the second leaving the allocations", refused);
     looper.wait_attempts(100);
     looper.enter(2);
     first.stop_leaving_pins();
+    looper.wait_attempts(100);
+    let e = scrape_until(&second, WAIT, "the second still leaving them", refused);
     assert!(
         second
             .log()
-            .contains("another exporter owns the guard of this volumes directory"),
+            .contains("allocations are accounted by the guard's owner"),
         "{}",
         second.log()
     );
-    let e = scrape_until(
-        &second,
-        WAIT,
-        "the second taking the allocations over",
-        |e| accounted(e) == 1.0,
+    assert!(
+        accounted(&e) < 0.0,
+        "the second published a census:\n{}",
+        e.text
     );
+    // The service starts again with the second still beside it: the
+    // service owns the guard, so the allocations are its own.
+    looper.enter(3);
+    let service = node.start_exporter(&["--guard=enforce"]);
+    let e = scrape_until(&service, WAIT, "the service accounting again", |e| {
+        accounted(e) == 1.0 && e.get(GUARDED, &[]) == Some(1.0)
+    });
+    scrape_until(&second, WAIT, "the second leaving them still", refused);
+    // The pins are not the second's to take with it.
+    second.stop_leaving_pins();
+    // Through a few of the service's guard sync rounds.
+    looper.wait_attempts(300);
+    assert_all_refused(&HANDOVER_PHASES, &looper.stop());
     assert_eq!(
         e.value("prjquota_exporter_alloc_walks_total", &[]),
         0.0,
-        "{}: the second walked what the first had accounted",
+        "{}: the service walked what was accounted",
         case.name
     );
-    looper.enter(3);
-    // Through a few of the second's guard sync rounds.
-    looper.wait_attempts(300);
-    assert_all_refused(&HANDOVER_PHASES, &looper.stop());
     assert_eq!(project_of(&data).0, pid);
 
     let (b, task_b) = owned_task(&node);
-    scrape_until(&second, WAIT, "the next allocation accounted", |e| {
+    scrape_until(&service, WAIT, "the next allocation accounted", |e| {
         accounted(e) == 2.0
     });
     assert_eq!(
         chproj_as(Who::User(OWNER), &open(&task_b.join("local/data")), 0).1,
         Err(libc::EPERM),
-        "{}: the second exporter's claim was not guarded\n{}",
+        "{}: the service's claim was not guarded\n{}",
         case.name,
-        second.log()
+        service.log()
     );
     assert_eq!(
         project_of(&task_b.join("local/data")).0,
         project_of(&b.path).0
     );
-    drop(second);
+    drop(service);
+}
+
+/// A start whose allocations' first scan lasts (the fault build holds it
+/// at the allocation's directory for longer than the ten seconds a start
+/// once waited) does not take over from the pinned guard without the
+/// allocation: the guard pinned before goes on refusing the owner
+/// throughout, and the new one has the allocation from its swap.
+fn a_start_waits_for_a_long_first_scan_before_it_takes_the_guard_over(case: &FsCase) {
+    let node = AllocNode::new(case, "alloc-guard-slow", 8);
+    let (a, task) = owned_task(&node);
+    let first = node.start_exporter(&["--guard=enforce"]);
+    scrape_until(&first, WAIT, "the allocation in the guard", |e| {
+        accounted(e) == 1.0 && e.get(GUARDED, &[]) == Some(1.0)
+    });
+    first.stop_leaving_pins();
+    let data = task.join("local/data");
+    let looper = Looper::start(&open(&data), 0, 2);
+    looper.wait_attempts(50);
+    let pause = Pause::new(
+        &std::env::temp_dir().join(format!("pause-slow-{}", case.name)),
+        &a.id,
+    );
+    // Its listener comes up only once the guard has started: in a thread.
+    let next = std::thread::scope(|s| {
+        let starting = s.spawn(|| paused_exporter(&node, &pause, &["--guard=enforce"]));
+        pause.wait(WAIT);
+        // Longer than the old wait, and through the owner's tries.
+        std::thread::sleep(Duration::from_secs(12));
+        looper.wait_attempts(100);
+        pause.go();
+        starting.join().expect("the exporter started")
+    });
+    looper.enter(1);
+    scrape_until(&next, WAIT, "the allocation in the new guard", |e| {
+        accounted(e) == 1.0 && e.get(GUARDED, &[]) == Some(1.0)
+    });
+    looper.wait_attempts(200);
+    assert_all_refused(
+        &["a start held in its first scan", "started"],
+        &looper.stop(),
+    );
+    assert!(
+        next.log()
+            .contains("waiting for the allocations' first scan"),
+        "{}",
+        next.log()
+    );
+    drop(next);
 }
 
 /// The disk under the alloc dir fails while an allocation is walked: the

@@ -244,9 +244,10 @@ impl Accounting {
     }
 
     /// Brings the map up to date: lists the alloc directory when it
-    /// changed, tags each waiting allocation whose first task started,
-    /// finishes each claimed allocation's walk, and walks again each
-    /// accounted one in which the guard let a change through. One
+    /// changed, claims each waiting allocation whose first task started
+    /// (its walk starts; [`Accounting::step_walks`] makes it), and starts
+    /// another walk of each accounted one in which the guard let a change
+    /// through or a shared file's link count dropped. One
     /// allocation's failure is logged by the caller from the returned list
     /// and retried at the next scan; the others go on.
     pub fn scan(&mut self, guard: &mut dyn GuardLink) -> Result<Vec<(String, anyhow::Error)>> {
@@ -300,6 +301,18 @@ impl Accounting {
                 Err(e) => failed.push((id, e)),
             }
         }
+        let allocs = &self.allocs;
+        self.let_through.retain(|id, _| allocs.contains_key(id));
+        self.walking.retain(|id, _| allocs.contains_key(id));
+        self.linked.retain(|id, _| allocs.contains_key(id));
+        Ok(failed)
+    }
+
+    /// Steps every walk under way once (see [`Budget::STEP`]), in turn: a
+    /// scan's claims are handed to the guard before any walk runs, and no
+    /// walk holds up another. Failures as [`Accounting::scan`]'s.
+    pub fn step_walks(&mut self) -> Vec<(String, anyhow::Error)> {
+        let mut failed = Vec::new();
         let walking: Vec<String> = self.walking.keys().cloned().collect();
         for id in walking {
             match self.step_walk(&id) {
@@ -315,11 +328,7 @@ impl Accounting {
                 }
             }
         }
-        let allocs = &self.allocs;
-        self.let_through.retain(|id, _| allocs.contains_key(id));
-        self.walking.retain(|id, _| allocs.contains_key(id));
-        self.linked.retain(|id, _| allocs.contains_key(id));
-        Ok(failed)
+        failed
     }
 
     /// One step of allocation `id`'s walk: a first walk done publishes its
@@ -563,6 +572,7 @@ impl Accounting {
 
     fn open_alloc(&self, id: &str) -> io::Result<OwnedFd> {
         let name = CString::new(id).map_err(io::Error::other)?;
+        prjquota_core::fault::pause_before_open(&name);
         open_subdir(self.dir.as_fd(), &name, self.mount)
     }
 

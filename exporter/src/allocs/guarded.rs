@@ -29,6 +29,24 @@ pub struct GuardedAlloc {
     pub project_id: u32,
 }
 
+/// Whether this exporter's guard is the one an allocation joins: only the
+/// exporter that owns the guard of the volumes directory the allocations'
+/// roots are written beside accounts them, or two exporters would split
+/// them, and the owner's sync would take out every root the other wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum GuardOwner {
+    /// The guard has not claimed its pins yet.
+    #[default]
+    Pending,
+    /// This exporter owns the guard.
+    Mine,
+    /// Another exporter does (the reason, for the collector's error).
+    Elsewhere(String),
+    /// No guard will load here (it failed, or is off): accounting runs
+    /// without one, as with `--guard=off`.
+    None,
+}
+
 #[derive(Debug, Default)]
 struct State {
     /// Walked: their usage is complete.
@@ -41,6 +59,7 @@ struct State {
     /// The scan thread has said what it holds at least once (its first
     /// scan, or that accounting cannot run yet).
     settled: bool,
+    owner: GuardOwner,
 }
 
 /// Shared by the scan thread (writer) and the guard's sync (reader).
@@ -125,6 +144,36 @@ impl GuardedRoots {
     /// The walked allocations, whose usage a scrape publishes.
     pub fn accounted(&self) -> Arc<Vec<GuardedAlloc>> {
         self.lock().accounted.clone()
+    }
+
+    /// Says whose the guard is, once the guard's start has claimed (or
+    /// failed to claim) its pins; wakes a scan thread waiting to know.
+    pub fn set_owner(&self, owner: GuardOwner) {
+        self.lock().owner = owner;
+        self.settled.notify_all();
+    }
+
+    pub fn owner(&self) -> GuardOwner {
+        self.lock().owner.clone()
+    }
+
+    /// Waits up to `within` for the guard's start to say whose the guard
+    /// is; [`GuardOwner::Pending`] when it did not.
+    pub fn wait_owner(&self, within: Duration) -> GuardOwner {
+        let deadline = Instant::now() + within;
+        let mut s = self.lock();
+        while s.owner == GuardOwner::Pending {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            s = self
+                .settled
+                .wait_timeout(s, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        s.owner.clone()
     }
 
     /// Waits up to `within` for the first scan, so that a starting guard
@@ -247,5 +296,20 @@ mod tests {
         r.join(root("c", 7));
         r.publish(vec![root("a", 5)], vec![]);
         assert_eq!(*r.current().0, vec![root("a", 5)]);
+    }
+
+    #[test]
+    fn the_scan_waits_for_the_guard_to_say_whose_it_is() {
+        let r = GuardedRoots::new();
+        assert_eq!(r.wait_owner(Duration::from_millis(10)), GuardOwner::Pending);
+        let r2 = r.clone();
+        let t = std::thread::spawn(move || r2.wait_owner(Duration::from_secs(30)));
+        r.set_owner(GuardOwner::Mine);
+        assert_eq!(t.join().unwrap(), GuardOwner::Mine);
+        r.set_owner(GuardOwner::Elsewhere("another".into()));
+        assert_eq!(
+            r.wait_owner(Duration::ZERO),
+            GuardOwner::Elsewhere("another".into())
+        );
     }
 }

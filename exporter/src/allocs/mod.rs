@@ -36,4 +36,4 @@ pub mod guarded;
 pub mod tag_walk;
 
 pub use accounting::{Accounting, AllocProject, Census, GuardLink};
-pub use guarded::{GuardedAlloc, GuardedRoots};
+pub use guarded::{GuardOwner, GuardedAlloc, GuardedRoots};

@@ -25,7 +25,7 @@ use prjquota_core::{config, quota, run_dir, sys};
 
 use super::{BoxFuture, Collector, Scrape};
 use crate::allocs::tag_walk::Walked;
-use crate::allocs::{Accounting, Census, GuardLink, GuardedAlloc, GuardedRoots};
+use crate::allocs::{Accounting, Census, GuardLink, GuardOwner, GuardedAlloc, GuardedRoots};
 use crate::blocking::InFlight;
 use crate::exposition::Family;
 
@@ -149,6 +149,41 @@ fn scan_loop(
     loop {
         // The collector is gone (an exporter made in a test): stop.
         let Some(shared) = weak.upgrade() else { return };
+        // With the guard on, only its owner accounts allocations: wait
+        // for its start to say whose it is (it waits for this thread's
+        // first scan before it takes over, so this comes first), and step
+        // back when it is another exporter's.
+        let owner = if pins.is_some() {
+            guarded.wait_owner(setup.scan_interval.max(Duration::from_millis(100)))
+        } else {
+            GuardOwner::None
+        };
+        let refusal = match &owner {
+            GuardOwner::Pending => Some(None),
+            GuardOwner::Elsewhere(why) => Some(Some(why.clone())),
+            GuardOwner::Mine | GuardOwner::None => None,
+        };
+        if let Some(why) = refusal {
+            if let Some(why) = why {
+                if logged_down.as_ref() != Some(&why) {
+                    crate::error!(
+                        "cannot account Nomad allocations; retrying every scan interval",
+                        alloc_dir = setup.alloc_dir.display(),
+                        error = why,
+                    );
+                    logged_down = Some(why.clone());
+                }
+                // Given up: the owner's guard is not waiting for this one.
+                owned = None;
+                lock(&shared).down = Some(why);
+                guarded.settle();
+            } else {
+                lock(&shared).down = Some("waiting for the quota-escape guard's start".into());
+            }
+            drop(shared);
+            std::thread::sleep(setup.scan_interval);
+            continue;
+        }
         if owned.is_none() {
             match take(&setup) {
                 Ok(o) => {
@@ -183,8 +218,17 @@ fn scan_loop(
         if let Some(o) = owned.as_mut() {
             let result = o.accounting.scan(&mut ScanGuard {
                 guarded: &guarded,
-                pins: pins.as_ref(),
+                // Into the pinned maps only when they are this exporter's.
+                pins: pins.as_ref().filter(|_| owner == GuardOwner::Mine),
                 opened: None,
+            });
+            // The claims go to the guard (and settle a starting one) before
+            // any walk runs.
+            let (accounted, claimed) = o.accounting.guarded();
+            guarded.publish(accounted, claimed);
+            let result = result.map(|mut failed| {
+                failed.extend(o.accounting.step_walks());
+                failed
             });
             let mut s = lock(&shared);
             match result {

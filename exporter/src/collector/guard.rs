@@ -55,7 +55,7 @@ use super::background::{self, Background};
 use super::guard_owner::{self, Keeper};
 use super::guard_sync::Syncer;
 use super::{BoxFuture, Collector, Scrape};
-use crate::allocs::{GuardedAlloc, GuardedRoots};
+use crate::allocs::{GuardOwner, GuardedAlloc, GuardedRoots};
 use crate::exposition::{Extra, Family};
 use anyhow::anyhow;
 use prjquota_ebpf::guard::{
@@ -66,9 +66,9 @@ use prjquota_ebpf::{kernel_dev, LoadOptions};
 /// How long a scrape waits for the start-up load at most.
 const LOAD_WAIT: Duration = Duration::from_secs(2);
 
-/// How long a starting guard waits for the allocations' first scan (a read
-/// of each allocation directory's project, a walk only where one was cut
-/// short) before it takes over without them.
+/// How often a starting guard says it still waits for the allocations'
+/// first scan (a read of each allocation directory's project; walks go on
+/// after it, in steps).
 const ALLOCS_FIRST_SCAN_WAIT: Duration = Duration::from_secs(10);
 /// Events logged one by one per scrape; the rest are summed up in one line.
 const MAX_LOGGED_EVENTS: usize = 50;
@@ -145,6 +145,11 @@ impl GuardCollector {
     /// for [`GuardMode::Off`], removes the pins of the volumes directories.
     pub fn start(setup: GuardSetup, timeout: Duration, opts: LoadOptions) -> GuardCollector {
         let wait = timeout.min(LOAD_WAIT);
+        if setup.mode == GuardMode::Off {
+            if let Some(allocs) = &setup.allocs {
+                allocs.set_owner(GuardOwner::None);
+            }
+        }
         let status = if setup.mode == GuardMode::Off {
             // Readiness waits for the unpin: once ready, an earlier
             // exporter's guard no longer refuses anything.
@@ -338,6 +343,28 @@ fn cannot_enforce(reason: &str) -> bool {
     matches!(reason, "lsm_inactive" | "lsm_unknown")
 }
 
+/// Whose guard the allocations join (they are written beside the first
+/// volumes directory's): this exporter's when it owns that directory's,
+/// nobody's when a stronger guard is left pinned there, another
+/// exporter's when it holds that directory's owner lock.
+fn allocs_owner(volumes_dirs: &[PathBuf], claimed: &guard_owner::Claimed) -> GuardOwner {
+    let Some(first) = volumes_dirs.first() else {
+        return GuardOwner::None;
+    };
+    if claimed.dirs.contains(first) {
+        return GuardOwner::Mine;
+    }
+    match claimed.skipped.iter().find(|(d, _)| d == first) {
+        Some((_, reason)) if *reason == guard_owner::OWNED_ELSEWHERE => GuardOwner::Elsewhere(
+            format!(
+                "another prjquota-exporter owns the quota-escape guard of {}, and allocations are accounted by the guard's owner; stop this one's --nomad.alloc-dir, or the other exporter",
+                first.display()
+            ),
+        ),
+        _ => GuardOwner::None,
+    }
+}
+
 fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
     let requested = setup.mode;
     let lsm = bpf_lsm_active();
@@ -349,6 +376,9 @@ fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
         mode,
         setup.replace_stronger,
     );
+    if let Some(allocs) = &setup.allocs {
+        allocs.set_owner(allocs_owner(&setup.volumes_dirs, &claimed));
+    }
     if claimed.dirs.is_empty() {
         if let Some((_, reason)) = claimed.skipped.first() {
             return Status::Off {
@@ -365,12 +395,15 @@ fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
     let mut fill = |g: &mut Guard| {
         // The maps take over from an earlier exporter's at the swap: with
         // the allocations in them, or their owners could move files out
-        // between the swap and the next round.
+        // between the swap and the next round. However long the first scan
+        // takes, the swap waits for it: until then the guard pinned before
+        // this start goes on enforcing, with the allocations in it.
         if let Some(allocs) = &setup.allocs {
-            if !allocs.wait_settled(ALLOCS_FIRST_SCAN_WAIT) {
+            let started = std::time::Instant::now();
+            while !allocs.wait_settled(ALLOCS_FIRST_SCAN_WAIT) {
                 crate::warn!(
-                    "quota-escape guard: the allocations' first scan has not finished; their directories join the guard when it does",
-                    waited = format!("{ALLOCS_FIRST_SCAN_WAIT:?}")
+                    "quota-escape guard: waiting for the allocations' first scan before taking over from the guard pinned before; that guard enforces meanwhile",
+                    waited = format!("{:?}", started.elapsed())
                 );
             }
         }
@@ -482,6 +515,9 @@ fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
             })
         }
         Err(e) => {
+            if let Some(allocs) = &setup.allocs {
+                allocs.set_owner(GuardOwner::None);
+            }
             crate::warn!(
                 "quota-escape guard is off: project-ID changes under volume roots are neither counted nor refused",
                 requested = requested,
