@@ -3,6 +3,18 @@
 //! Its format and its one reader live here so that the two binaries cannot
 //! disagree on what a record is; the plugin's `registry` owns writing,
 //! locking and the rest of the directory.
+//!
+//! **Compatibility.** Every record ever written must still parse; a test
+//! reads each committed fixture (`core/tests/fixtures/record-v*.json`). A
+//! new field is optional (`#[serde(default)]`, left out when empty), so
+//! that records written before it parse, and keeps [`RECORD_VERSION`]:
+//! readers ignore fields they do not know, so an older exporter still reads
+//! a newer record. A change an older reader would misread (a field that
+//! changes meaning or goes away) raises the version, and the new reader
+//! parses every older one. Writers: the plugin's `registry` (create,
+//! update, delete, `grow`, `reconcile --fix`). Readers: this module's
+//! [`read_record`] and [`parse_record_bytes`], for the plugin, the
+//! exporter's registry collector and the tests.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -57,6 +69,25 @@ pub struct Record {
     pub parameters: Parameters,
     pub created_unix: u64,
     pub updated_unix: u64,
+    /// Set while the operator's `prjquota grow` holds the volume's limits
+    /// above what Nomad's spec asks for; `provisioned_bytes` and
+    /// `params.max_inodes` are then the grown limits in force, never
+    /// lowered by Nomad's restore of the older spec. Cleared once a spec
+    /// asks for at least as much.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grown: Option<Grown>,
+}
+
+/// What Nomad believes of a volume grown by the operator.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grown {
+    /// The capacity Nomad was told (the `bytes` a create returned), within
+    /// its spec's `[capacity_min, capacity_max]`.
+    pub nomad_bytes: u64,
+    /// The inode limit the spec's parameters give (`None`: no limit).
+    pub nomad_max_inodes: Option<u64>,
+    /// When the operator last grew it.
+    pub grown_unix: u64,
 }
 
 /// `<volumes dir>/.prjquota/volumes`: where the records live. The one place
@@ -158,5 +189,40 @@ mod record_stem_tests {
             !is_temp_file(&format!("{ID}.json.tmp")),
             "not hidden: not ours"
         );
+    }
+}
+
+#[cfg(test)]
+mod compatibility_tests {
+    use super::*;
+
+    /// A record as the plugin wrote it before `grown` existed (0.x, record
+    /// version 1): committed once, never edited.
+    const V1: &str = include_str!("../tests/fixtures/record-v1.json");
+    const V1_ID: &str = "0b6f3c1e-5d2a-4f8b-9c7d-1e2f3a4b5c6d";
+
+    #[test]
+    fn every_committed_record_version_parses() {
+        let rec = parse_record_bytes(V1.as_bytes(), V1_ID).unwrap();
+        assert_eq!(rec.provisioned_bytes, 20 << 30);
+        assert_eq!(rec.params.max_inodes, Some(100_000));
+        assert_eq!(rec.grown, None);
+    }
+
+    /// A record that was never grown is written as before (no `grown`
+    /// key), and a grown one reads back whole.
+    #[test]
+    fn grown_is_written_only_when_set_and_reads_back() {
+        let mut rec = parse_record_bytes(V1.as_bytes(), V1_ID).unwrap();
+        let text = serde_json::to_string(&rec).unwrap();
+        assert!(!text.contains("grown"), "{text}");
+        rec.grown = Some(Grown {
+            nomad_bytes: 20 << 30,
+            nomad_max_inodes: Some(100_000),
+            grown_unix: 1_767_300_000,
+        });
+        rec.provisioned_bytes = 40 << 30;
+        let text = serde_json::to_vec(&rec).unwrap();
+        assert_eq!(parse_record_bytes(&text, V1_ID).unwrap(), rec);
     }
 }

@@ -39,6 +39,7 @@ pub fn record(id: &str, namespace: &str, project_id: u32, state: State) -> Recor
         parameters: BTreeMap::new(),
         created_unix: 1_700_000_000,
         updated_unix: 1_700_000_000,
+        grown: None,
     }
 }
 
