@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use crate::contract::CreateRequest;
 use crate::fs::VolumesFs;
 use crate::registry::{self, Record, State};
+use prjquota_core::record::Grown;
 use prjquota_core::volume_params::VolumeParams;
 
 /// What `create` returns to Nomad.
@@ -21,8 +22,14 @@ pub struct Created {
 pub(crate) struct Desired<'a> {
     pub(crate) req: &'a CreateRequest,
     pub(crate) plugin_id: &'a str,
+    /// The parameters in force (an operator's grown inode limit included).
     pub(crate) params: VolumeParams,
+    /// The hard limit in force.
     pub(crate) bytes: u64,
+    /// What Nomad is told: the spec's size, which is `bytes` unless the
+    /// operator grew the volume beyond it (`grown`).
+    pub(crate) nomad_bytes: u64,
+    pub(crate) grown: Option<Grown>,
 }
 
 impl<'a> Desired<'a> {
@@ -37,7 +44,17 @@ impl<'a> Desired<'a> {
             plugin_id,
             params,
             bytes,
+            nomad_bytes: bytes,
+            grown: None,
         }
+    }
+
+    /// This request for a volume the operator grew beyond it: `bytes` and
+    /// `params` in force, Nomad told `grown.nomad_bytes`.
+    pub(crate) fn with_grown(mut self, grown: Option<Grown>) -> Desired<'a> {
+        self.nomad_bytes = grown.as_ref().map_or(self.bytes, |g| g.nomad_bytes);
+        self.grown = grown;
+        self
     }
 
     /// The record of a new volume with `project_id`, in state Creating.
@@ -71,6 +88,7 @@ impl<'a> Desired<'a> {
             parameters: req.parameters.clone(),
             created_unix: now,
             updated_unix: now,
+            grown: self.grown.clone(),
         }
     }
 
@@ -87,6 +105,7 @@ impl<'a> Desired<'a> {
             && rec.provisioned_bytes == self.bytes
             && rec.params == self.params
             && rec.parameters == req.parameters
+            && rec.grown == self.grown
     }
 
     /// Writes this request into an existing volume's record, found at
@@ -104,6 +123,7 @@ impl<'a> Desired<'a> {
         rec.provisioned_bytes = self.bytes;
         rec.params = self.params.clone();
         rec.parameters = req.parameters.clone();
+        rec.grown = self.grown.clone();
         rec.fstype = fstype.to_string();
         rec.path = path;
         rec.updated_unix = registry::now_unix();

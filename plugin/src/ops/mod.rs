@@ -28,6 +28,7 @@ mod converge;
 mod create_new;
 mod delete;
 mod desired;
+mod grow;
 mod pins;
 mod reservations;
 mod update;
@@ -41,6 +42,7 @@ pub(crate) use converge::{converge, limits_for, limits_match, Undo};
 pub use delete::delete;
 pub use desired::Created;
 use desired::Desired;
+pub use grow::{grow, Grew, GrowRequest, Size, VolumeRef};
 pub(crate) use pins::open_guard;
 pub(crate) use volume_dir::open_volume_dir;
 
@@ -51,7 +53,8 @@ use crate::fs::VolumesFs;
 use crate::param_check;
 use crate::registry::{self, Record, Registry, State};
 use prjquota_core::config::{self, Config};
-use prjquota_core::record::record_file_name;
+use prjquota_core::record::{record_file_name, Grown};
+use prjquota_core::units;
 use prjquota_core::volume_params::VolumeParams;
 
 /// The node configuration: `prjquota.toml` in Nomad's plugin dir, or beside
@@ -109,13 +112,30 @@ pub fn create(req: &CreateRequest, plugin_id: &str) -> Result<Created> {
             "volume {id} was being deleted when a previous delete stopped, and part of its data may be gone: run `nomad volume delete` for it again"
         ),
         Some(rec) => {
-            let (params, bytes) = settled(&rec, req, params, fit)?;
+            let s = settled(&rec, req, params, fit)?;
+            if let Some(g) = s.grown.as_ref().filter(|_| rec.grown.is_some()) {
+                if !spec_unchanged(&rec, req) {
+                    log(
+                        id,
+                        format_args!(
+                            "the spec asks for {} ({} inodes), below the {} ({} inodes) the \
+                             operator grew the volume to with `prjquota grow`: the grown \
+                             limits stay, and Nomad is told {}",
+                            units::human(g.nomad_bytes),
+                            inodes_text(g.nomad_max_inodes),
+                            units::human(s.bytes),
+                            inodes_text(s.params.max_inodes),
+                            units::human(g.nomad_bytes),
+                        ),
+                    );
+                }
+            }
             return update::update(
                 &vfs,
                 &reg,
                 &cfg,
                 rec,
-                &Desired::new(req, plugin_id, params, bytes),
+                &Desired::new(req, plugin_id, s.params, s.bytes).with_grown(s.grown),
             );
         }
         None => create_new::create_new(&vfs, &reg, &cfg, &Desired::new(req, plugin_id, params?, fit?))?,
@@ -128,6 +148,28 @@ pub fn create(req: &CreateRequest, plugin_id: &str) -> Result<Created> {
     Ok(created)
 }
 
+/// What a recorded volume keeps under a create of `req`.
+#[derive(Debug, PartialEq)]
+struct Settled {
+    /// The parameters in force.
+    params: VolumeParams,
+    /// The hard limit in force.
+    bytes: u64,
+    /// What Nomad believes, while the operator's grow holds the limits
+    /// above the spec.
+    grown: Option<Grown>,
+}
+
+/// Whether `req` asks for the size the record's spec asked for.
+fn spec_unchanged(rec: &Record, req: &CreateRequest) -> bool {
+    rec.capacity_min_bytes == req.capacity_min && rec.capacity_max_bytes == req.capacity_max
+}
+
+/// "no limit" or the count.
+fn inodes_text(n: Option<u64>) -> String {
+    n.map_or_else(|| "no".to_string(), |n| n.to_string())
+}
+
 /// The parameters and size a recorded volume keeps under `req`. Defaults
 /// belong to a volume from its creation: the record holds what was applied
 /// (the resolved mode, owner and inode limit in `params`, the size in
@@ -138,28 +180,66 @@ pub fn create(req: &CreateRequest, plugin_id: &str) -> Result<Created> {
 /// the returned size on restore), and is never refused because a parameter
 /// left `allowed_parameters`. A changed part is an explicit update: today's
 /// config resolves it (`params`, `fit`), and refuses it if it must.
+///
+/// A volume the operator grew (`prjquota grow`, `rec.grown`) keeps its
+/// grown limits under any spec below them: Nomad cannot update a claimed
+/// volume, so its spec lags, and its restore at every agent start replays
+/// the older one. Nomad is told what the spec asks for (within its
+/// `[capacity_min, capacity_max]`, see the contract); once a spec asks for
+/// at least the grown limits, the volume is Nomad's again.
 fn settled(
     rec: &Record,
     req: &CreateRequest,
     params: Result<VolumeParams>,
     fit: Result<u64>,
-) -> Result<(VolumeParams, u64)> {
-    let params = if rec.parameters == req.parameters {
-        rec.params.clone()
+) -> Result<Settled> {
+    // What the spec asks for, as the record knows it when unchanged.
+    let spec_params = if rec.parameters == req.parameters {
+        match &rec.grown {
+            Some(g) => VolumeParams {
+                max_inodes: g.nomad_max_inodes,
+                ..rec.params.clone()
+            },
+            None => rec.params.clone(),
+        }
     } else {
         params?
     };
     // Also keeps a size an earlier version rounded capacity_max up to a
     // block (which a fit today would round down, or refuse).
-    let bytes = if rec.capacity_min_bytes == req.capacity_min
-        && rec.capacity_max_bytes == req.capacity_max
-        && rec.provisioned_bytes > 0
-    {
-        rec.provisioned_bytes
+    let spec_bytes = if spec_unchanged(rec, req) && rec.provisioned_bytes > 0 {
+        rec.grown
+            .as_ref()
+            .map_or(rec.provisioned_bytes, |g| g.nomad_bytes)
     } else {
         fit?
     };
-    Ok((params, bytes))
+    let Some(g) = &rec.grown else {
+        return Ok(Settled {
+            params: spec_params,
+            bytes: spec_bytes,
+            grown: None,
+        });
+    };
+    let bytes = spec_bytes.max(rec.provisioned_bytes);
+    // `None` is no limit: the highest.
+    let max_inodes = match (spec_params.max_inodes, rec.params.max_inodes) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        _ => None,
+    };
+    let grown = (bytes != spec_bytes || max_inodes != spec_params.max_inodes).then_some(Grown {
+        nomad_bytes: spec_bytes,
+        nomad_max_inodes: spec_params.max_inodes,
+        grown_unix: g.grown_unix,
+    });
+    Ok(Settled {
+        params: VolumeParams {
+            max_inodes,
+            ..spec_params
+        },
+        bytes,
+        grown,
+    })
 }
 
 /// Tells a running prjquota-exporter the volume exists, and waits until it
@@ -233,26 +313,29 @@ mod tests {
         rec.capacity_min_bytes = 0;
         rec.capacity_max_bytes = 0;
         // Today's config refuses the parameters and has no default size.
-        let (p, bytes) = settled(
+        let s = settled(
             &rec,
             &req,
             Err(anyhow!("uid is not allowed")),
             Err(anyhow!("no capacity")),
         )
         .unwrap();
-        assert_eq!((p, bytes), (params(Some(9)), 16 << 20));
+        assert_eq!(
+            (s.params, s.bytes, s.grown),
+            (params(Some(9)), 16 << 20, None)
+        );
 
         // A changed part of the spec is resolved, or refused, today; the
         // unchanged part still keeps the record's.
         let resized = request(0, 32 << 20, "data");
-        let (p, bytes) = settled(
+        let s = settled(
             &rec,
             &resized,
             Err(anyhow!("uid is not allowed")),
             Ok(32 << 20),
         )
         .unwrap();
-        assert_eq!((p, bytes), (params(Some(9)), 32 << 20));
+        assert_eq!((s.params, s.bytes), (params(Some(9)), 32 << 20));
         let mut reparam = request(0, 0, "data");
         reparam.parameters.insert("uid".into(), "1".into());
         let e = settled(&rec, &reparam, Err(anyhow!("uid is not allowed")), Ok(1)).unwrap_err();
@@ -329,5 +412,85 @@ mod tests {
             "an update keeps the creation time"
         );
         assert_eq!(plan_update(&rec, &want, true), UpdatePlan::Nothing);
+    }
+
+    /// A volume grown by the operator to 3 GiB and 2,000 inodes, from a
+    /// spec of 1 GiB and 1,000.
+    fn grown_record() -> Record {
+        let mut req = request(1 << 30, 1 << 30, "data");
+        req.parameters.insert("max_inodes".into(), "1000".into());
+        let mut rec = ready(&Desired::new(&req, "prjquota", params(Some(1000)), 1 << 30));
+        rec.provisioned_bytes = 3 << 30;
+        rec.params.max_inodes = Some(2000);
+        rec.grown = Some(Grown {
+            nomad_bytes: 1 << 30,
+            nomad_max_inodes: Some(1000),
+            grown_unix: 7,
+        });
+        rec
+    }
+
+    fn with_inodes(mut req: CreateRequest, n: &str) -> CreateRequest {
+        req.parameters.insert("max_inodes".into(), n.into());
+        req
+    }
+
+    #[test]
+    fn a_restore_of_the_older_spec_keeps_what_the_operator_grew() {
+        let rec = grown_record();
+        let req = with_inodes(request(1 << 30, 1 << 30, "data"), "1000");
+        let s = settled(&rec, &req, Err(anyhow!("unused")), Err(anyhow!("unused"))).unwrap();
+        assert_eq!((s.bytes, s.params.max_inodes), (3 << 30, Some(2000)));
+        assert_eq!(s.grown, rec.grown);
+        let want = Desired::new(&req, "prjquota", s.params, s.bytes).with_grown(s.grown);
+        // Nomad is told the spec's size, within its capacity range.
+        assert_eq!(want.nomad_bytes, 1 << 30);
+        assert!(want.recorded_in(&rec), "a restore writes nothing");
+        assert_eq!(plan_update(&rec, &want, true), UpdatePlan::Nothing);
+    }
+
+    #[test]
+    fn a_spec_below_the_grown_limits_keeps_them_and_one_above_takes_over() {
+        let rec = grown_record();
+        // A larger spec, still below the grown size: the grown size stays,
+        // Nomad is told the spec's.
+        let req = with_inodes(request(1 << 30, 2 << 30, "data"), "1000");
+        let s = settled(&rec, &req, Ok(params(Some(1000))), Ok(2 << 30)).unwrap();
+        assert_eq!((s.bytes, s.params.max_inodes), (3 << 30, Some(2000)));
+        assert_eq!(s.grown.as_ref().unwrap().nomad_bytes, 2 << 30);
+
+        // The spec catches up with the size but not the inodes: still grown.
+        let req = with_inodes(request(1 << 30, 3 << 30, "data"), "1500");
+        let s = settled(&rec, &req, Ok(params(Some(1500))), Ok(3 << 30)).unwrap();
+        assert_eq!((s.bytes, s.params.max_inodes), (3 << 30, Some(2000)));
+        assert_eq!(
+            s.grown
+                .as_ref()
+                .map(|g| (g.nomad_bytes, g.nomad_max_inodes)),
+            Some((3 << 30, Some(1500)))
+        );
+
+        // The spec asks for as much or more: the volume is Nomad's again.
+        let req = with_inodes(request(1 << 30, 4 << 30, "data"), "2000");
+        let s = settled(&rec, &req, Ok(params(Some(2000))), Ok(4 << 30)).unwrap();
+        assert_eq!(
+            (s.bytes, s.params.max_inodes, &s.grown),
+            (4 << 30, Some(2000), &None)
+        );
+        let want = Desired::new(&req, "prjquota", s.params, s.bytes).with_grown(s.grown);
+        assert_eq!(want.nomad_bytes, 4 << 30);
+        assert_eq!(
+            plan_update(&rec, &want, true),
+            UpdatePlan::Converge {
+                resize_from: Some(3 << 30)
+            }
+        );
+        // An inode limit taken away by the spec is no limit: the highest.
+        let req = request(1 << 30, 3 << 30, "data");
+        let s = settled(&rec, &req, Ok(params(None)), Ok(3 << 30)).unwrap();
+        assert_eq!(
+            (s.bytes, s.params.max_inodes, s.grown),
+            (3 << 30, None, None)
+        );
     }
 }

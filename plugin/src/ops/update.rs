@@ -86,7 +86,12 @@ pub(crate) fn update(
             Err(_) => false,
         };
     match plan_update(&rec, want, kernel_ok) {
-        UpdatePlan::Nothing => return Ok(Created { path, bytes }),
+        UpdatePlan::Nothing => {
+            return Ok(Created {
+                path,
+                bytes: want.nomad_bytes,
+            })
+        }
         UpdatePlan::Converge {
             resize_from: Some(from),
         } => log(
@@ -140,5 +145,8 @@ pub(crate) fn update(
         }
         None => reg.store_keeping_ledger(&rec, Durable::Now)?,
     }
-    Ok(Created { path, bytes })
+    Ok(Created {
+        path,
+        bytes: want.nomad_bytes,
+    })
 }
