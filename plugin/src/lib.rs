@@ -11,6 +11,7 @@
 pub mod admin;
 pub mod admission;
 pub mod capacity;
+pub mod cli;
 pub mod contract;
 pub mod diag;
 pub mod fault;

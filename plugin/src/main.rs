@@ -1,6 +1,7 @@
 //! The `prjquota` executable. Nomad runs it as `<plugin dir>/<plugin id> OP`
 //! with only `DHV_*` variables in the environment; stdout must carry exactly
-//! one JSON value, so every diagnostic goes to stderr.
+//! one JSON value, so every diagnostic goes to stderr. The operator
+//! commands are parsed by [`prjquota::cli`], their one definition.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -9,45 +10,14 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
+use clap::Parser;
+
 use prjquota::admin;
+use prjquota::cli::{Cli, Command, Dashboards};
 use prjquota::contract::{self, Operation};
 use prjquota::ops;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
-
-const USAGE: &str = "\
-prjquota: Nomad dynamic host volume plugin enforcing volume sizes with XFS/ext4 project quotas
-
-Nomad runs it with one argument and DHV_* variables:
-  prjquota fingerprint     print {\"version\": ...}
-  prjquota create          create, restore or resize the volume DHV_VOLUME_ID
-  prjquota delete          delete the volume DHV_VOLUME_ID
-
-Operator commands (Nomad never runs these):
-  prjquota check [--volumes-dir DIR] [--plugin-dir DIR] [--json]
-        is this node ready for a volume? one line per requirement, with fixes
-  prjquota list [--volumes-dir DIR] [--json] [--bytes]
-        the volumes on this node, fullest first
-  prjquota reconcile [--volumes-dir DIR] [--plugin-dir DIR] [--fix] [--json]
-        compare records, directories and quotas; --fix repairs what loses no data
-  prjquota install --plugin-dir DIR
-        put this executable into DIR as prjquota, replacing the old one in one
-        step (what the packages run; DIR: Nomad's host_volume_plugin_dir)
-  prjquota dashboards render [--config FILE] --out DIR
-        write the Prometheus rules (alerts.yaml) and the Grafana dashboard
-        (prjquota.json) rendered from FILE, a copy of
-        /usr/share/prjquota/dashboards/config.toml (the default) with the
-        fields you change (see docs/dashboards.md#customising)
-
-  --volumes-dir defaults to /opt/nomad/data/host_volumes; --plugin-dir to the
-  directory of this executable (where prjquota.toml is looked up).
-
-Options:
-  -h, --help               this text
-  -V, --version            the version
-
-Install: `prjquota install --plugin-dir` Nomad's host_volume_plugin_dir, and put
-host_volumes_dir on an XFS filesystem mounted with -o prjquota (see docs/install.md).";
 
 /// Prints the one JSON value Nomad reads. A failed write (closed pipe) can
 /// only be reported on stderr.
@@ -74,47 +44,9 @@ fn plugin_id(argv0: Option<&OsString>) -> String {
         .unwrap_or_else(|| "prjquota".to_string())
 }
 
-/// The operator commands. Their output is for people (or `--json`), not
-/// for Nomad, so errors are plain text on stderr with exit status 2.
-fn admin(op: &str, booleans: &[&str], args: &[OsString]) -> ExitCode {
-    let args: Vec<String> = match args.iter().map(|a| a.clone().into_string()).collect() {
-        Ok(a) => a,
-        Err(_) => {
-            eprintln!("prjquota {op}: arguments must be UTF-8");
-            return ExitCode::from(2);
-        }
-    };
-    let flags = match admin::parse_flags(&args, booleans) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("prjquota {op}: {e}\n\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
-    let ok = match op {
-        "check" => admin::check::print(&admin::check::run(&flags), flags.json),
-        "list" => match admin::list::rows(&flags) {
-            Ok(rows) if rows.is_empty() && !flags.json => {
-                eprintln!("no volumes in {}", flags.volumes_dir().display());
-                true
-            }
-            Ok(rows) => {
-                print!("{}", admin::list::render(&rows, flags.json, flags.bytes));
-                true
-            }
-            Err(e) => {
-                eprintln!("prjquota list: {e:#}");
-                return ExitCode::from(2);
-            }
-        },
-        _ => match admin::reconcile::run(&flags) {
-            Ok(findings) => admin::reconcile::print(&findings, flags.json, flags.fix),
-            Err(e) => {
-                eprintln!("prjquota reconcile: {e:#}");
-                return ExitCode::from(2);
-            }
-        },
-    };
+/// The outcome of an operator command that reports clean or not (check:
+/// ready; reconcile: nothing left unrepaired): 0 or 1.
+fn status(ok: bool) -> ExitCode {
     if ok {
         ExitCode::SUCCESS
     } else {
@@ -122,26 +54,90 @@ fn admin(op: &str, booleans: &[&str], args: &[OsString]) -> ExitCode {
     }
 }
 
+/// An operator command's failure: plain text on stderr.
+fn refused(command: &str, e: &anyhow::Error, code: u8) -> ExitCode {
+    eprintln!("prjquota {command}: {e:#}");
+    ExitCode::from(code)
+}
+
+/// The operator commands, parsed by `cli`. Their output is for people (or
+/// `--json`), not for Nomad.
+fn operator(command: Command) -> ExitCode {
+    match command {
+        // Reached only with arguments after the operation (main dispatches
+        // Nomad's own form first), which clap refuses.
+        Command::Fingerprint | Command::Create | Command::Delete => {
+            unreachable!("clap refuses arguments to Nomad's operations")
+        }
+        Command::Check { node, json } => {
+            status(admin::check::print(&admin::check::run(&node.flags()), json))
+        }
+        Command::List(args) => {
+            let flags = args.node.flags();
+            match admin::list::rows(&flags, &args.filter()) {
+                Ok(rows) if rows.is_empty() && !args.json => {
+                    eprintln!(
+                        "no volumes in {} (with these filters)",
+                        flags.volumes_dir().display()
+                    );
+                    ExitCode::SUCCESS
+                }
+                Ok(rows) => {
+                    print!("{}", admin::list::render(&rows, args.json, args.bytes));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => refused("list", &e, 2),
+            }
+        }
+        Command::Grow(args) => {
+            let size = match (args.to, args.by) {
+                (Some(n), _) => Some(ops::Size::To(n)),
+                (_, Some(n)) => Some(ops::Size::By(n)),
+                _ => None,
+            };
+            let flags = args.node.flags();
+            let req = ops::GrowRequest {
+                volumes_dir: flags.volumes_dir(),
+                plugin_dir: flags.plugin_dir,
+                volume: ops::VolumeRef::parse(&args.volume, &args.namespace),
+                size,
+                max_inodes: args.inodes,
+            };
+            match ops::grow(&req) {
+                Ok(g) if args.json => {
+                    print!("{}", admin::grow::render_json(&g));
+                    ExitCode::SUCCESS
+                }
+                Ok(g) => {
+                    print!("{}", admin::grow::render(&g));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => refused("grow", &e, 1),
+            }
+        }
+        Command::Reconcile { node, fix, json } => {
+            let flags = admin::Flags {
+                fix,
+                ..node.flags()
+            };
+            match admin::reconcile::run(&flags) {
+                Ok(findings) => status(admin::reconcile::print(&findings, json, fix)),
+                Err(e) => refused("reconcile", &e, 2),
+            }
+        }
+        Command::Install { plugin_dir } => install(&plugin_dir),
+        Command::Dashboards(Dashboards::Render { config, out }) => {
+            dashboards(&admin::dashboards::Render { config, out })
+        }
+    }
+}
+
 /// `prjquota install --plugin-dir DIR`: this executable into Nomad's
 /// plugin directory (`admin::install`).
-fn install(args: &[OsString]) -> ExitCode {
-    let dir = match args {
-        [flag, dir] if flag == "--plugin-dir" => Path::new(dir).to_path_buf(),
-        [flag]
-            if flag
-                .to_str()
-                .is_some_and(|f| f.starts_with("--plugin-dir=")) =>
-        {
-            Path::new(&flag.to_str().unwrap()["--plugin-dir=".len()..]).to_path_buf()
-        }
-        _ => {
-            eprintln!("prjquota install: expected --plugin-dir DIR\n\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+fn install(dir: &Path) -> ExitCode {
     let installed = std::env::current_exe()
         .context("find this executable (/proc/self/exe)")
-        .and_then(|src| admin::install::install(&src, &dir));
+        .and_then(|src| admin::install::install(&src, dir));
     match installed {
         Ok(path) => {
             println!(
@@ -150,77 +146,27 @@ fn install(args: &[OsString]) -> ExitCode {
             );
             ExitCode::SUCCESS
         }
-        Err(e) => {
-            eprintln!("prjquota install: {e:#}");
-            ExitCode::from(1)
-        }
+        Err(e) => refused("install", &e, 1),
     }
 }
 
 /// `prjquota dashboards render [--config FILE] --out DIR`
 /// (`admin::dashboards`).
-fn dashboards(args: &[OsString]) -> ExitCode {
-    let args: Vec<String> = match args.iter().map(|a| a.clone().into_string()).collect() {
-        Ok(a) => a,
-        Err(_) => {
-            eprintln!("prjquota dashboards: arguments must be UTF-8");
-            return ExitCode::from(2);
-        }
-    };
-    let render = match admin::dashboards::parse(&args) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("prjquota dashboards: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    match admin::dashboards::run(&render) {
+fn dashboards(render: &admin::dashboards::Render) -> ExitCode {
+    match admin::dashboards::run(render) {
         Ok(written) => {
             for p in written {
                 println!("wrote {} (from {})", p.display(), render.config.display());
             }
             ExitCode::SUCCESS
         }
-        Err(e) => {
-            eprintln!("prjquota dashboards render: {e:#}");
-            ExitCode::from(1)
-        }
+        Err(e) => refused("dashboards render", &e, 1),
     }
 }
 
-fn main() -> ExitCode {
-    // A bug must still give Nomad an error object rather than empty stdout
-    // (which Nomad takes as an unparsable success).
-    std::panic::set_hook(Box::new(|info| {
-        let msg = format!("internal error in prjquota {VERSION}: {info}; please report it");
-        eprintln!("prjquota: {msg}");
-        emit(&contract::error_json(&msg));
-    }));
-
-    let args: Vec<OsString> = std::env::args_os().collect();
-    let op = args.get(1).and_then(|a| a.to_str()).unwrap_or("");
-    match op {
-        "-h" | "--help" | "help" => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        "-V" | "--version" | "version" => {
-            println!("prjquota {VERSION}");
-            return ExitCode::SUCCESS;
-        }
-        _ => {}
-    }
-    if op == "install" {
-        return install(&args[2..]);
-    }
-    if op == "dashboards" {
-        return dashboards(&args[2..]);
-    }
-    if let Some(booleans) = admin::booleans(op) {
-        return admin(op, booleans, &args[2..]);
-    }
+/// Nomad's operations: `op` alone on the command line.
+fn nomad(op: &str, argv0: Option<&OsString>) -> ExitCode {
     let Some(operation) = Operation::parse(op) else {
-        eprintln!("{USAGE}");
         return fail(&format!(
             "unknown operation {op:?}: expected fingerprint, create or delete"
         ));
@@ -236,7 +182,7 @@ fn main() -> ExitCode {
                 Ok(r) => r,
                 Err(e) => return fail(&e.to_string()),
             };
-            match ops::create(&req, &plugin_id(args.first())) {
+            match ops::create(&req, &plugin_id(argv0)) {
                 Ok(c) => {
                     emit(&contract::create_response_json(&c.path, c.bytes));
                     ExitCode::SUCCESS
@@ -253,6 +199,36 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(&format!("volume {}: {e:#}", req.volume_id)),
             }
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    // A bug must still give Nomad an error object rather than empty stdout
+    // (which Nomad takes as an unparsable success).
+    std::panic::set_hook(Box::new(|info| {
+        let msg = format!("internal error in prjquota {VERSION}: {info}; please report it");
+        eprintln!("prjquota: {msg}");
+        emit(&contract::error_json(&msg));
+    }));
+
+    let args: Vec<OsString> = std::env::args_os().collect();
+    // Nomad's form, `[path, op]`, before the parser is built: a restore
+    // storm runs this once per volume. An unknown op from Nomad (its
+    // DHV_OPERATION set) still gets Nomad's JSON error.
+    if let [argv0, op] = args.as_slice() {
+        let op = op.to_str().unwrap_or("");
+        if Operation::parse(op).is_some() || std::env::var_os("DHV_OPERATION").is_some() {
+            return nomad(op, Some(argv0));
+        }
+    }
+    match Cli::try_parse_from(&args) {
+        Ok(cli) => operator(cli.command),
+        Err(e) => {
+            // --help and --version print and exit 0; a mistake exits 2
+            // with clap's message and, for a typo, its suggestion.
+            let _ = e.print();
+            ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2))
         }
     }
 }

@@ -104,7 +104,12 @@ fn an_edited_copy_of_the_shipped_config_changes_what_is_rendered() {
 fn render_refuses_with_the_fix() {
     let o = render(&["render"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(text(&o).contains("--out DIR is required"), "{}", text(&o));
+    assert!(
+        text(&o).contains("required arguments were not provided")
+            && text(&o).contains("--out <DIR>"),
+        "{}",
+        text(&o)
+    );
 
     let dir = scratch("bad");
     let config = dir.join("bad.toml");

@@ -598,9 +598,9 @@ fn check_tarball(tarball: &Path, name: &str) -> Result<()> {
 }
 
 /// Man pages made by help2man from the binaries' own --help and
-/// --version: the plugin parses its arguments by hand, the exporter with
-/// clap, and both print their whole interface there, so the pages cannot
-/// drift from the binaries shipped beside them.
+/// --version, which both print from their clap definitions (the plugin's
+/// is `prjquota::cli`, also the completions'), so the pages cannot drift
+/// from the binaries shipped beside them.
 fn stage_man_pages(plugin: &Path, exporter: &Path, d: &Path, epoch: &str) -> Result<()> {
     for (bin, name) in [
         (
