@@ -38,7 +38,10 @@ docs/operations.md.";
     after_help = AFTER_HELP,
     disable_help_subcommand = true,
     subcommand_required = true,
-    arg_required_else_help = true
+    arg_required_else_help = true,
+    // /usr/bin/prjquota (deploy/package/prjquota) passes the node's
+    // directories first; the operator's own, after them, win.
+    args_override_self = true
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -326,6 +329,31 @@ mod tests {
         assert_eq!(f.min_used_percent, Some(80.0));
         assert_eq!(parse_percent("12.5"), Ok(12.5));
         assert!(parse_percent("101%").is_err() && parse_percent("x").is_err());
+    }
+
+    /// The packages' wrapper passes the node's directories before the
+    /// operator's arguments: the operator's win.
+    #[test]
+    fn a_later_flag_wins() {
+        let Command::Grow(g) = parse(&[
+            "grow",
+            "--volumes-dir",
+            "/node",
+            "--plugin-dir",
+            "/p",
+            "db",
+            "--volumes-dir",
+            "/mine",
+            "--to",
+            "1GiB",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("not grow")
+        };
+        assert_eq!(g.node.volumes_dir, Some(PathBuf::from("/mine")));
+        assert_eq!(g.node.plugin_dir, Some(PathBuf::from("/p")));
     }
 
     #[test]

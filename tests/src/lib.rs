@@ -14,14 +14,17 @@ pub mod http;
 pub mod nomad;
 pub mod nomad_alloc;
 pub mod nomad_telemetry;
+pub mod operator;
 pub mod pinned;
 pub mod pins;
 pub mod prom;
 pub mod readme;
 pub mod records;
+pub mod runbook;
 pub mod temp;
 pub mod watchdog;
 pub mod witness;
+pub mod writer;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -37,12 +37,13 @@ pub fn blocks_of_section(markdown: &str, heading: &str) -> Vec<Block> {
         .take_while(|l| !l.starts_with("## "));
     let mut out = Vec::new();
     while let Some(l) = lines.next() {
-        let Some(lang) = l.strip_prefix("```") else {
+        // A block may be indented under a list item.
+        let Some(lang) = l.trim_start().strip_prefix("```") else {
             continue;
         };
         let body: Vec<&str> = lines
             .by_ref()
-            .take_while(|l| !l.starts_with("```"))
+            .take_while(|l| !l.trim_start().starts_with("```"))
             .collect();
         out.push(Block {
             lang: lang.trim().to_string(),

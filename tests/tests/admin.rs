@@ -156,7 +156,8 @@ fn list_shows_volumes_with_their_usage_fullest_first() {
     assert_eq!(fill(&pb.join("x"), 8 * MIB, None).errno, None);
     let (code, v) = run_json("list", &f, &[]);
     assert_eq!(code, 0);
-    let rows = v.as_array().unwrap();
+    assert_follows_the_list_schema(&v);
+    let rows = v["volumes"].as_array().unwrap();
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[0]["name"], "beta", "fullest first");
     assert_eq!(rows[0]["size_bytes"], 16 * MIB);
@@ -178,6 +179,137 @@ fn list_shows_volumes_with_their_usage_fullest_first() {
     assert!(
         text.contains("total: 2 volumes promised 33554432, using "),
         "{text}"
+    );
+}
+
+/// `docs/list.schema.json`, which `list --json` is documented to follow.
+const LIST_SCHEMA: &str = include_str!("../../docs/list.schema.json");
+
+/// Validates `doc` against the list schema with Debian's python3-jsonschema
+/// (a validator of its own, not this project's reading of the schema).
+fn assert_follows_the_list_schema(doc: &Value) {
+    use std::io::Write;
+    let mut child = Command::new(prjquota_vmtests::PYTHON)
+        .args([
+            "-c",
+            "import json, sys, jsonschema\n\
+             schema = json.loads(sys.argv[1])\n\
+             jsonschema.Draft202012Validator.check_schema(schema)\n\
+             jsonschema.Draft202012Validator(schema).validate(json.load(sys.stdin))",
+            LIST_SCHEMA,
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run python3 (jsonschema: cargo xtask deps installs python3-jsonschema)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(doc.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "list --json does not follow docs/list.schema.json: {}\n{doc:#}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The JSON has a key the schema forbids: the validator refuses it, so
+/// the check above can fail.
+#[test]
+fn the_list_schema_refuses_what_it_does_not_describe() {
+    let mut doc: Value = serde_json::from_str(r#"{"version": 1, "volumes": []}"#).unwrap();
+    assert_follows_the_list_schema(&doc);
+    doc["extra"] = Value::from(1);
+    let r = std::panic::catch_unwind(|| assert_follows_the_list_schema(&doc));
+    assert!(r.is_err(), "an unknown top-level key passed the schema");
+}
+
+#[test]
+fn list_filters_by_namespace_pool_name_and_fill() {
+    let f = Fixture::new(&xfs_mount(), "list-filter");
+    let mut specs = Vec::new();
+    for (name, ns, fill_mib) in [
+        ("db-orders", "prod", 7),
+        ("db-users", "prod", 1),
+        ("cache", "prod", 7),
+        ("db-orders", "staging", 0),
+    ] {
+        let mut s = Spec::new(name, 8 * MIB as i64);
+        s.namespace = ns.into();
+        let (p, _) = f.create(&s);
+        if fill_mib > 0 {
+            assert_eq!(fill(&p.join("x"), fill_mib * MIB, None).errno, None);
+        }
+        specs.push(s);
+    }
+    let names = |extra: &[&str]| -> Vec<(String, String)> {
+        let (code, v) = run_json("list", &f, extra);
+        assert_eq!(code, 0, "{extra:?}");
+        assert_follows_the_list_schema(&v);
+        assert_eq!(v["version"], 1);
+        let mut n: Vec<(String, String)> = v["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["namespace"].as_str().unwrap().into(),
+                    r["name"].as_str().unwrap().into(),
+                )
+            })
+            .collect();
+        n.sort();
+        n
+    };
+    let pair = |ns: &str, n: &str| (ns.to_string(), n.to_string());
+    assert_eq!(names(&[]).len(), 4);
+    assert_eq!(
+        names(&["--namespace", "prod", "--name", "db-*"]),
+        [pair("prod", "db-orders"), pair("prod", "db-users")]
+    );
+    assert_eq!(
+        names(&["--name", "db-orders"]),
+        [pair("prod", "db-orders"), pair("staging", "db-orders")]
+    );
+    assert_eq!(
+        names(&["--min-used", "80%"]),
+        [pair("prod", "cache"), pair("prod", "db-orders")]
+    );
+    assert_eq!(names(&["--node-pool", "gpu"]), []);
+    assert_eq!(
+        names(&["--node-pool", "default", "--name", "c?che"]),
+        [pair("prod", "cache")]
+    );
+    // Every command answers --help, and a typo gets a suggestion.
+    for cmd in [
+        "check",
+        "list",
+        "grow",
+        "reconcile",
+        "install",
+        "dashboards",
+    ] {
+        let out = Command::new(bin("prjquota"))
+            .args([cmd, "--help"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "prjquota {cmd} --help: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("Usage: prjquota"),
+            "{cmd}"
+        );
+    }
+    let out = Command::new(bin("prjquota"))
+        .args(["list", "--min-usde", "5"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--min-used"),
+        "{out:?}"
     );
 }
 

@@ -33,6 +33,10 @@ const APT_PACKAGES: &[(&str, &str)] = &[
         "python3-prometheus-client",
         "an OpenMetrics parser that checks the exporter's OpenMetrics body (tests/src/prom.rs)",
     ),
+    (
+        "python3-jsonschema",
+        "validates `prjquota list --json` against docs/list.schema.json (tests/tests/admin.rs)",
+    ),
     ("fio", "write load in tests and benchmarks"),
     (
         "nodejs",
