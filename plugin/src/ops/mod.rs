@@ -22,7 +22,9 @@
 //! The same `create` serves a first create, Nomad's restore at agent start
 //! and a spec update: it compares the request with the record, does nothing
 //! when they agree, grows or (when usage fits) shrinks the limit in place,
-//! and never touches the volume's content.
+//! and never touches the volume's content. A volume the operator grew in
+//! use ([`grow`], which Nomad cannot do for a claimed volume) keeps its
+//! grown limits under every spec below them.
 
 mod converge;
 mod create_new;
