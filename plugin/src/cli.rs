@@ -29,6 +29,10 @@ Install: `prjquota install --plugin-dir` Nomad's host_volume_plugin_dir, and put
 on an XFS filesystem mounted with -o prjquota (see docs/install.md). Exit status: see
 docs/operations.md.";
 
+/// Nomad's operations, which take no flags (and are not an operator's to
+/// complete).
+pub const NOMAD_OPERATIONS: [&str; 3] = ["fingerprint", "create", "delete"];
+
 /// `prjquota`'s command line.
 #[derive(Debug, Parser)]
 #[command(
@@ -226,9 +230,42 @@ fn parse_percent(s: &str) -> Result<f64, String> {
         .ok_or_else(|| format!("{s:?} is not a percentage: give e.g. 80% (0 to 100)"))
 }
 
-/// The command's description, for completions and tests.
+/// The whole command line: the parser, and `--help` with every command's
+/// own help appended, so that the man page (help2man reads `--help`)
+/// describes every flag, as `-h` stays short.
 pub fn command() -> clap::Command {
-    <Cli as clap::CommandFactory>::command()
+    let cmd = <Cli as clap::CommandFactory>::command();
+    let mut text = String::from(AFTER_HELP);
+    for sub in cmd
+        .get_subcommands()
+        .filter(|c| !NOMAD_OPERATIONS.contains(&c.get_name()))
+    {
+        append_help(&mut text, sub, "prjquota");
+    }
+    cmd.after_long_help(text)
+}
+
+/// `sub`'s long help, and its own commands' after it.
+fn append_help(text: &mut String, sub: &clap::Command, parent: &str) {
+    let name = format!("{parent} {}", sub.get_name());
+    let mut c = sub.clone().bin_name(&name);
+    text.push_str(&format!("\n\n{name}\n\n{}", c.render_long_help()));
+    for s in sub.get_subcommands() {
+        append_help(text, s, &name);
+    }
+}
+
+/// Parses `args` (argv, the program's name first) with [`command`].
+pub fn parse_from<I, T>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    use clap::FromArgMatches;
+    let mut cmd = command();
+    cmd.try_get_matches_from_mut(args)
+        .and_then(|m| Cli::from_arg_matches(&m))
+        .map_err(|e| e.format(&mut cmd))
 }
 
 #[cfg(test)]
@@ -237,7 +274,7 @@ mod tests {
     use clap::error::ErrorKind;
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
-        Cli::try_parse_from(std::iter::once("prjquota").chain(args.iter().copied()))
+        parse_from(std::iter::once("prjquota").chain(args.iter().copied()))
     }
 
     #[test]
@@ -263,6 +300,28 @@ mod tests {
             assert_eq!(e.kind(), ErrorKind::DisplayHelp, "{p:?}");
             assert_eq!(e.exit_code(), 0, "{p:?}");
         }
+    }
+
+    /// `--help` (what the man page is made from) holds every command's
+    /// flags; `-h` stays short.
+    #[test]
+    fn the_long_help_describes_every_flag() {
+        let long = command().render_long_help().to_string();
+        let short = command().render_help().to_string();
+        let mut cmds = vec![command()];
+        while let Some(c) = cmds.pop() {
+            for a in c.get_arguments().filter_map(|a| a.get_long()) {
+                assert!(
+                    long.contains(&format!("--{a}")),
+                    "--{a} of {}",
+                    c.get_name()
+                );
+            }
+            cmds.extend(c.get_subcommands().cloned());
+        }
+        assert!(long.contains("prjquota dashboards render"), "{long}");
+        assert!(long.contains("Usage: prjquota grow "), "{long}");
+        assert!(!short.contains("--min-used"), "{short}");
     }
 
     #[test]

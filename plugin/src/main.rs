@@ -10,10 +10,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
-use clap::Parser;
-
 use prjquota::admin;
-use prjquota::cli::{Cli, Command, Dashboards};
+use prjquota::cli::{Command, Dashboards};
 use prjquota::contract::{self, Operation};
 use prjquota::ops;
 
@@ -62,13 +60,13 @@ fn refused(command: &str, e: &anyhow::Error, code: u8) -> ExitCode {
 
 /// The operator commands, parsed by `cli`. Their output is for people (or
 /// `--json`), not for Nomad.
-fn operator(command: Command) -> ExitCode {
+fn operator(command: Command, argv0: Option<&OsString>) -> ExitCode {
     match command {
-        // Reached only with arguments after the operation (main dispatches
-        // Nomad's own form first), which clap refuses.
-        Command::Fingerprint | Command::Create | Command::Delete => {
-            unreachable!("clap refuses arguments to Nomad's operations")
-        }
+        // main dispatches Nomad's own form first; these take no arguments,
+        // so the parser yields them only for that form, spelled otherwise.
+        Command::Fingerprint => nomad("fingerprint", argv0),
+        Command::Create => nomad("create", argv0),
+        Command::Delete => nomad("delete", argv0),
         Command::Check { node, json } => {
             status(admin::check::print(&admin::check::run(&node.flags()), json))
         }
@@ -222,8 +220,8 @@ fn main() -> ExitCode {
             return nomad(op, Some(argv0));
         }
     }
-    match Cli::try_parse_from(&args) {
-        Ok(cli) => operator(cli.command),
+    match prjquota::cli::parse_from(&args) {
+        Ok(cli) => operator(cli.command, args.first()),
         Err(e) => {
             // --help and --version print and exit 0; a mistake exits 2
             // with clap's message and, for a typo, its suggestion.

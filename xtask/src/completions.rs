@@ -15,6 +15,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 use clap_complete::Shell;
+use prjquota::cli::NOMAD_OPERATIONS;
 
 /// The shells whose completions the packages ship.
 pub const SHELLS: [Shell; 3] = [Shell::Bash, Shell::Zsh, Shell::Fish];
@@ -81,7 +82,7 @@ pub fn plugin_command() -> clap::Command {
     let full = prjquota::cli::command();
     let operators = full
         .get_subcommands()
-        .filter(|c| !NOMADS.contains(&c.get_name()))
+        .filter(|c| !NOMAD_OPERATIONS.contains(&c.get_name()))
         .cloned()
         .collect::<Vec<_>>();
     clap::Command::new("prjquota")
@@ -90,9 +91,6 @@ pub fn plugin_command() -> clap::Command {
         .disable_help_subcommand(true)
         .subcommands(operators)
 }
-
-/// Nomad's operations, which the completions leave out.
-const NOMADS: [&str; 3] = ["fingerprint", "create", "delete"];
 
 #[cfg(test)]
 mod tests {
@@ -137,7 +135,7 @@ mod tests {
             }
         }
         let bash = String::from_utf8(plugin_script(Shell::Bash)).unwrap();
-        for nomads in NOMADS {
+        for nomads in NOMAD_OPERATIONS {
             assert!(!bash.contains(nomads), "Nomad's {nomads} is offered");
         }
     }
