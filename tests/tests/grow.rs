@@ -88,8 +88,18 @@ fn a_volume_in_use_grows_live_and_nomads_restore_keeps_it(fs: &FsCase) {
             errno: None
         }
     );
-    // The exporter's first scrape after the grow shows it.
-    assert_eq!(capacity(&exp.scrape()), (24 * MIB, 24 * MIB));
+    // The exporter's first scrape after the grow shows it, and still what
+    // Nomad's spec asked for.
+    let e = exp.scrape();
+    assert_eq!(capacity(&e), (24 * MIB, 24 * MIB));
+    assert_eq!(
+        e.value("nomad_host_volume_quota_hard_limit_inodes", &labels),
+        128.0
+    );
+    assert_eq!(
+        e.value("nomad_host_volume_requested_max_bytes", &labels) as u64,
+        8 * MIB
+    );
 
     // Nomad's restore at agent start replays the old spec: the volume
     // keeps its grown limits, and Nomad is told what its spec allows.
