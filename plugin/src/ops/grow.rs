@@ -121,9 +121,7 @@ pub(crate) fn plan(
     if bytes < now {
         bail!(
             "volume {id} is {} ({now} bytes) already, more than the {} ({bytes} bytes) asked: \
-             `prjquota grow` never shrinks a volume; give a size above its current one, or \
-             shrink it through Nomad once it is free (`nomad volume create` with a smaller \
-             capacity_max, refused while the data does not fit)",
+             `prjquota grow` never shrinks a volume: give a size above its current one",
             units::human(now),
             units::human(bytes)
         );
