@@ -47,6 +47,12 @@
 //! # use). A create or grow past it is refused. 1.0 promises no more than
 //! # the disk holds; 2.0 bets that volumes fill at most half. Default: 1.0.
 //! overcommit_ratio = 1.5
+//!
+//! # Where the exporter pins the quota-escape guard and the plugin finds it
+//! # (a directory on a bpf filesystem, root's alone): the exporter's
+//! # --guard.pin-root must name the same one, or it refuses to start.
+//! # Default: /sys/fs/bpf/prjquota.
+//! guard_pin_root = "/sys/fs/bpf/prjquota"
 //! ```
 
 use std::collections::BTreeSet;
@@ -94,6 +100,9 @@ pub struct Config {
     /// How far the volumes' hard limits may exceed the filesystem's space
     /// for them; finite and above 0.
     pub overcommit_ratio: f64,
+    /// Where the quota-escape guard is pinned: the plugin writes new
+    /// volumes' roots into the maps there; an absolute path.
+    pub guard_pin_root: PathBuf,
     /// The file these settings came from; `None` for the built-in defaults.
     pub source: Option<PathBuf>,
 }
@@ -113,6 +122,7 @@ impl Default for Config {
             default_mode: 0o700,
             allowed_parameters: volume_params::KNOWN.iter().map(|s| s.to_string()).collect(),
             overcommit_ratio: 1.0,
+            guard_pin_root: PathBuf::from(crate::guard_pins::PIN_ROOT),
             source: None,
         }
     }
@@ -242,6 +252,7 @@ struct RawConfig {
     default_mode: Option<Spanned<toml::Value>>,
     allowed_parameters: Option<Vec<Spanned<String>>>,
     overcommit_ratio: Option<Spanned<toml::Value>>,
+    guard_pin_root: Option<Spanned<String>>,
 }
 
 /// Parses the text of a configuration file; `origin` is its path, for
@@ -499,6 +510,22 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
             ));
         }
         cfg.overcommit_ratio = ratio;
+    }
+
+    if let Some(v) = &raw.guard_pin_root {
+        let p = PathBuf::from(v.get_ref());
+        if !p.is_absolute() || p.parent().is_none() {
+            return Err(invalid(
+                "guard_pin_root",
+                v.span(),
+                format!(
+                    "guard_pin_root must be an absolute path of a directory on a bpf                      filesystem, not {}; remove it for the default {}",
+                    shown(v.get_ref()),
+                    crate::guard_pins::PIN_ROOT
+                ),
+            ));
+        }
+        cfg.guard_pin_root = p;
     }
 
     Ok(cfg)
@@ -932,5 +959,19 @@ mod tests {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert_eq!(load(&dir).unwrap().default_mode, 0o750);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_guards_pin_root_is_an_absolute_path() {
+        let cfg = parse_ok("guard_pin_root = \"/sys/fs/bpf/other\"\n");
+        assert_eq!(cfg.guard_pin_root, PathBuf::from("/sys/fs/bpf/other"));
+        assert_eq!(
+            Config::default().guard_pin_root,
+            PathBuf::from("/sys/fs/bpf/prjquota")
+        );
+        for bad in ["\"relative/dir\"", "\"/\""] {
+            let e = parse_err(&format!("guard_pin_root = {bad}\n"));
+            assert!(e.to_string().contains("guard_pin_root"), "{e}");
+        }
     }
 }

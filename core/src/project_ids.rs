@@ -35,6 +35,69 @@ pub fn first_free_from<E>(
     Ok(None)
 }
 
+/// Candidates a bounded search reads one by one from its start.
+pub const STEPS: u32 = 64;
+/// Candidates it then reads at random across the rest of the range.
+pub const PROBES: u32 = 64;
+
+/// A free ID at or above `start` in `range`, in at most [`STEPS`] +
+/// [`PROBES`] reads of the kernel whatever was squatted there: the first
+/// free one of the [`STEPS`] from `start`, else one of [`PROBES`] random
+/// candidates above those. `None` when none of them was free: the range
+/// is nearly full, and only a pass over it can tell (the caller's).
+///
+/// The IDs a local user tagged its files with before the guard refused
+/// them (one quota read each, under the filesystem-wide allocation lock)
+/// cost a create no more than [`STEPS`] + [`PROBES`] reads: a dense run of
+/// them is stepped over at random, not one by one. `seed` varies the
+/// random candidates (the time and the process will do).
+pub fn bounded_free_from<E>(
+    range: &RangeInclusive<u32>,
+    start: u32,
+    held: impl Fn(u32) -> bool,
+    mut get: impl FnMut(u32) -> Result<ProjectQuota, E>,
+    seed: u64,
+) -> Result<Option<u32>, E> {
+    let start = start.max(*range.start());
+    if !range.contains(&start) {
+        return Ok(None);
+    }
+    let steps_end = start.saturating_add(STEPS - 1).min(*range.end());
+    if let Some(id) = first_free_from(&(start..=steps_end), start, &held, &mut get)? {
+        return Ok(Some(id));
+    }
+    let Some(rest) = steps_end.checked_add(1).filter(|r| *r <= *range.end()) else {
+        return Ok(None);
+    };
+    let width = u64::from(*range.end() - rest) + 1;
+    let mut state = seed;
+    for _ in 0..PROBES {
+        let candidate = rest + (splitmix64(&mut state) % width) as u32;
+        if !held(candidate) && get(candidate)?.is_unused() {
+            return Ok(Some(candidate));
+        }
+    }
+    Ok(None)
+}
+
+/// A seed for [`bounded_free_from`]: the clock and the process.
+pub fn seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ (u64::from(std::process::id()) << 32)
+}
+
+/// SplitMix64: a small, well-mixed sequence; no more is needed to spread
+/// candidates over a range.
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// The lowest ID of `range` that `taken` does not hold and no dquot of
 /// `kernel` (one pass over the range) says is in use.
 pub fn lowest_free(
@@ -127,5 +190,75 @@ mod tests {
             lowest_free(&(u32::MAX..=u32::MAX), [u32::MAX].into(), &[]),
             None
         );
+    }
+
+    #[test]
+    fn a_dense_squat_costs_a_bounded_number_of_reads() {
+        // Every ID from 100 to 1,000,099 squatted; the range goes to 10^9.
+        let squatted = |id: u32| (100..1_000_100).contains(&id);
+        let mut reads = 0;
+        let got = bounded_free_from(
+            &(1..=1_000_000_000),
+            100,
+            |_| false,
+            |id| -> io::Result<ProjectQuota> {
+                reads += 1;
+                Ok(if squatted(id) {
+                    used(id)
+                } else {
+                    ProjectQuota {
+                        id,
+                        ..Default::default()
+                    }
+                })
+            },
+            7,
+        )
+        .unwrap()
+        .expect("a free ID");
+        assert!(!squatted(got) && got > 163, "{got}");
+        assert!(reads <= STEPS + PROBES, "{reads} reads");
+        // Free at once: one read, the start.
+        let mut reads = 0;
+        let got = bounded_free_from(
+            &(1..=1_000),
+            5,
+            |_| false,
+            |id| -> io::Result<ProjectQuota> {
+                reads += 1;
+                Ok(ProjectQuota {
+                    id,
+                    ..Default::default()
+                })
+            },
+            7,
+        )
+        .unwrap();
+        assert_eq!((got, reads), (Some(5), 1));
+        // A full range: None, for the caller's pass.
+        let got = bounded_free_from(
+            &(1..=1_000),
+            1,
+            |_| false,
+            |id| -> io::Result<_> { Ok(used(id)) },
+            7,
+        )
+        .unwrap();
+        assert_eq!(got, None);
+        // Held candidates are never chosen.
+        let got = bounded_free_from(
+            &(1..=200),
+            1,
+            |id| id < 199,
+            |id| -> io::Result<_> {
+                Ok(ProjectQuota {
+                    id,
+                    ..Default::default()
+                })
+            },
+            3,
+        )
+        .unwrap();
+        assert!(matches!(got, Some(199) | Some(200) | None), "{got:?}");
     }
 }

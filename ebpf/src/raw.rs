@@ -107,6 +107,14 @@ pub struct GuardProject {
     pub _pad: u32,
 }
 
+/// `struct guard_range`: project IDs `min..=max`; `max` 0 is no range.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GuardRange {
+    pub min: u32,
+    pub max: u32,
+}
+
 /// `struct guard_counters`: one CPU's share of a volume's attempts.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -130,6 +138,10 @@ unsafe impl aya::Pod for GuardProject {}
 // SAFETY: as above: two `u64`s (16 bytes), `#[repr(C)]`, no padding, any bit
 // pattern valid.
 unsafe impl aya::Pod for GuardRawCounters {}
+
+// SAFETY: as above: two `u32`s (8 bytes), `#[repr(C)]`, no padding, any bit
+// pattern valid.
+unsafe impl aya::Pod for GuardRange {}
 
 /// A `bpf_prog_info` of zeros: what the kernel wants in the fields it does
 /// not fill (a zero length asks for no array).

@@ -2,14 +2,14 @@
 
 #![forbid(unsafe_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
 use prjquota_exporter::collector::{EbpfMode, GuardMode};
 use prjquota_exporter::log::{self, Level};
-use prjquota_exporter::{error, info, Config, Exporter};
+use prjquota_exporter::{error, info, warn, Config, Exporter};
 
 /// Default listen address.
 ///
@@ -145,9 +145,12 @@ struct Flags {
     /// root-only): it keeps enforcing while no exporter runs (restart,
     /// crash, upgrade), and the plugin writes new volumes into it. With
     /// --guard=off, the pins of the --volumes-dir directories are removed
-    /// (not those of an exporter that still runs: one owns each).
-    #[arg(long = "guard.pin-root", value_name = "DIR", default_value = prjquota_ebpf::guard::pins::PIN_ROOT)]
-    guard_pin_root: PathBuf,
+    /// (not those of an exporter that still runs: one owns each). The
+    /// plugin looks where prjquota.toml's guard_pin_root says (in
+    /// --plugin-dir; /sys/fs/bpf/prjquota by default), which is this flag's
+    /// default: a value of its own elsewhere is refused, saying so.
+    #[arg(long = "guard.pin-root", value_name = "DIR")]
+    guard_pin_root: Option<PathBuf>,
 
     /// How often the guard's maps are synced with the registries and the
     /// volume roots checked (and put back) when a registry, the pins or
@@ -448,6 +451,38 @@ fn main() {
     }
 }
 
+/// Where the guard is pinned: `--guard.pin-root`, which must be where the
+/// plugin looks (prjquota.toml's `guard_pin_root` in `plugin_dir`), or
+/// the plugin would write new volumes into no guard; that place when the
+/// flag is not given.
+fn guard_pin_root(flag: Option<&Path>, plugin_dir: &Path) -> anyhow::Result<PathBuf> {
+    let plugins = match prjquota_core::config::load(plugin_dir) {
+        Ok(cfg) => Some(cfg.guard_pin_root),
+        Err(e) => {
+            warn!(
+                "cannot read the plugin's prjquota.toml; the guard is pinned where the flag or the default says",
+                plugin_dir = plugin_dir.display(),
+                err = format!("{e:#}")
+            );
+            None
+        }
+    };
+    match (flag, plugins) {
+        (Some(f), Some(p)) if f != p => anyhow::bail!(
+            "--guard.pin-root {} is not where the plugin finds the guard ({}: guard_pin_root in \
+             {}/prjquota.toml): a volume it creates would not be guarded until the exporter's \
+             next sync; set guard_pin_root = \"{}\" there, or drop the flag",
+            f.display(),
+            p.display(),
+            plugin_dir.display(),
+            f.display()
+        ),
+        (Some(f), _) => Ok(f.to_path_buf()),
+        (None, Some(p)) => Ok(p),
+        (None, None) => Ok(PathBuf::from(prjquota_ebpf::guard::pins::PIN_ROOT)),
+    }
+}
+
 async fn run(flags: Flags) -> anyhow::Result<()> {
     use anyhow::Context;
     // Registered first: from here on SIGHUP never takes its default action
@@ -457,6 +492,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     // exit, and does not restart it).
     let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
     let disabled_collectors = flags.disabled_collectors();
+    let guard_pin_root = guard_pin_root(flags.guard_pin_root.as_deref(), &flags.plugin_dir)?;
     let config = Config {
         volumes_dirs: flags.volumes_dirs,
         mount_timeout: flags.mount_timeout,
@@ -464,7 +500,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         disabled_collectors,
         ebpf: flags.ebpf,
         guard: flags.guard,
-        guard_pin_root: flags.guard_pin_root,
+        guard_pin_root,
         guard_sync_interval: flags.guard_sync_interval,
         guard_verify_interval: flags.guard_verify_interval,
         guard_replace_stronger: flags.guard_replace_stronger,

@@ -258,18 +258,25 @@ fn volumes_usage(vfs: &VolumesFs, ids: BTreeSet<u32>) -> Result<u64> {
 ///
 /// From the book's next unreserved ID, each candidate costs one quota read,
 /// and a candidate is skipped only when the kernel knows it (another
-/// volumes directory's claim, another tool's project), so the usual choice
-/// is one read. Once the IDs above every reservation run out of the range,
-/// the lowest free one is found as before the ledger: one listing of the
-/// reservations and one quota pass over the range.
+/// volumes directory's claim, another tool's project, IDs squatted before
+/// the guard refused them), so the usual choice is one read, and the most
+/// [`project_ids::STEPS`] + [`project_ids::PROBES`]: past a few steps the
+/// candidates are random above the reservations. Only when none of those
+/// is free, or the IDs above every reservation ran out, is the lowest free
+/// one found as before the ledger: one listing of the reservations and one
+/// quota pass over the range.
 pub(crate) fn choose_project_id(vfs: &VolumesFs, book: &Book, cfg: &Config) -> Result<u32> {
     let range = cfg.project_id_min..=cfg.project_id_max;
     if let Some(start) = book.next_unreserved(&range) {
         // Nothing at or above the book's next ID is reserved here.
         let control = Control::of(vfs);
-        if let Some(pid) =
-            project_ids::first_free_from(&range, start, |_| false, |p| control.get(p))?
-        {
+        if let Some(pid) = project_ids::bounded_free_from(
+            &range,
+            start,
+            |_| false,
+            |p| control.get(p),
+            project_ids::seed(),
+        )? {
             return Ok(pid);
         }
     }

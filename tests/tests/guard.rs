@@ -36,7 +36,7 @@ use prjquota_ebpf::guard::{
 };
 use prjquota_ebpf::Variant;
 use prjquota_vmtests::attack::{
-    act, assert_all_refused, chproj_as, open, Looper, Who, OWNER, RESTART_PHASES,
+    act, assert_all_refused, chproj, chproj_as, open, Looper, Who, OWNER, RESTART_PHASES,
 };
 use prjquota_vmtests::dm::DmDisk;
 use prjquota_vmtests::fixture::{fill, Fixture, FsCase, SmallFs, MIB};
@@ -52,6 +52,7 @@ on_every_fs!(
     the_guard_holds_through_exporter_restarts_and_crashes,
     a_reused_inode_number_does_not_inherit_a_deleted_root,
     a_file_outside_the_volumes_cannot_take_a_volume_project,
+    an_id_in_prjquotas_ranges_cannot_be_squatted_outside_the_roots,
     the_sync_timer_re_tags_a_root_changed_behind_its_back,
     an_idle_sync_opens_no_root_and_the_verify_interval_finds_a_replaced_one,
     a_file_opened_by_handle_is_judged_fail_closed,
@@ -79,10 +80,6 @@ fn set_xattr(fd: &OwnedFd, change: impl FnOnce(&mut FsXattr)) -> Result<(), i32>
     let mut a = sys::get_fsxattr(fd.as_fd()).map_err(errno_of)?;
     change(&mut a);
     sys::set_fsxattr(fd.as_fd(), &a).map_err(errno_of)
-}
-
-fn chproj(fd: &OwnedFd, id: u32) -> Result<(), i32> {
-    set_xattr(fd, |a| a.projid = id)
 }
 
 /// Whether this kernel has file_setattr(2), by its release (6.17+).
@@ -1273,14 +1270,75 @@ fn a_file_outside_the_volumes_cannot_take_a_volume_project(fs: &FsCase) {
     ];
     // A sleepable compat program reads the cold page (faulting it in), and
     // from 6.17 inode_file_setattr judges the kernel's own copy: either
-    // counts the attempt against the volume. The non-sleepable compat
-    // program refuses it unread, which names no volume.
+    // counts the attempt as one outside the roots. The non-sleepable compat
+    // program refuses it unread, which names no ID. None is counted against
+    // the volume the ID names: its owner did not make them.
     let log = exp.log();
     let read_cold =
         log.contains("lsm.s/file_ioctl_compat") || log.contains("lsm/inode_file_setattr");
     assert_eq!(
-        e.value(ATTEMPTS, &labels),
+        e.value(
+            "prjquota_exporter_guard_outside_attempts_total",
+            &[("result", "denied")]
+        ),
         if read_cold { 3.0 } else { 2.0 },
+        "{}",
+        e.text
+    );
+    assert_eq!(e.value(ATTEMPTS, &labels), 0.0, "{}", e.text);
+    drop(exp);
+    fs::remove_dir_all(&outside).unwrap();
+}
+
+/// Outside every root, an ID no volume holds yet but in the ranges
+/// prjquota.toml gives the volumes or the allocations is refused too (and
+/// counted apart): a local user who tagged its files with the IDs after
+/// the last volume's made every later create step over each of them,
+/// seconds per create for thousands. An ID outside the ranges is theirs.
+fn an_id_in_prjquotas_ranges_cannot_be_squatted_outside_the_roots(fs: &FsCase) {
+    let v = Volume::new(fs, "guard-squat-range");
+    let (lo, hi) = (v.f.id_min, v.f.id_max);
+    let allocs = hi + 1..=hi + 10;
+    v.f.set_config(&format!(
+        "alloc_project_id_min = {}\nalloc_project_id_max = {}\n",
+        allocs.start(),
+        allocs.end()
+    ));
+    let dir = v.f.node.plugin_dir.display().to_string();
+    let exp = guarding(&v, &["--plugin-dir", &dir]);
+    let outside = scratch_dir(&(fs.mount)(), &format!("{}-guard-squat-range", fs.name));
+    let file = outside.join("f");
+    fs::write(&file, b"squatter").unwrap();
+    chown(&file, Some(OWNER), Some(OWNER)).unwrap();
+    let fd = open(&file);
+    let free_volume_id = (lo..=hi).rev().find(|&id| id != v.projid).unwrap();
+    for (what, id) in [
+        ("a volume ID no volume holds", free_volume_id),
+        ("an allocation ID", *allocs.start()),
+    ] {
+        assert_eq!(
+            chproj_as(Who::User(OWNER), &fd, id).1,
+            Err(libc::EPERM),
+            "{}: {what} ({id}) taken outside the roots",
+            fs.name
+        );
+    }
+    assert_eq!(Fixture::project_of(&file).0, 0);
+    let theirs = allocs.end() + 1;
+    assert_eq!(
+        chproj_as(Who::User(OWNER), &fd, theirs).1,
+        Ok(()),
+        "{}: an ID outside prjquota's ranges",
+        fs.name
+    );
+    chproj(&fd, 0).unwrap();
+    let e = exp.scrape();
+    assert_eq!(
+        e.value(
+            "prjquota_exporter_guard_outside_attempts_total",
+            &[("result", "denied")]
+        ),
+        2.0,
         "{}",
         e.text
     );
@@ -2043,11 +2101,21 @@ fn a_guard_that_cannot_pin_refuses_to_enforce_and_says_so() {
     let pin_root = not_bpffs.join("pins");
     let pin_arg = pin_root.to_str().expect("a UTF-8 path");
     let dirs = [v.f.node.volumes_dir.as_path()];
+    // Where the plugin looks too: prjquota.toml's guard_pin_root.
+    v.f.set_config(&format!("guard_pin_root = \"{pin_arg}\"\n"));
+    let plugins = v.f.node.plugin_dir.to_str().expect("a UTF-8 path");
 
     let (status, err) = run_to_refusal(
         command(
             &dirs,
-            &["--guard=enforce", "--ebpf=off", "--guard.pin-root", pin_arg],
+            &[
+                "--guard=enforce",
+                "--ebpf=off",
+                "--guard.pin-root",
+                pin_arg,
+                "--plugin-dir",
+                plugins,
+            ],
             false,
         ),
         "--guard=enforce and a pin root off bpffs",
@@ -2066,7 +2134,14 @@ fn a_guard_that_cannot_pin_refuses_to_enforce_and_says_so() {
 
     let exp = Exporter::start_with(
         &dirs,
-        &["--guard=detect", "--ebpf=off", "--guard.pin-root", pin_arg],
+        &[
+            "--guard=detect",
+            "--ebpf=off",
+            "--guard.pin-root",
+            pin_arg,
+            "--plugin-dir",
+            plugins,
+        ],
     );
     let log = exp.log();
     assert!(

@@ -107,6 +107,8 @@ fn a_pin_root_others_could_have_made_is_refused() {
         "{} is writable by users other than root (mode 1777)",
         mnt.display()
     );
+    f.set_config(&format!("guard_pin_root = \"{root_arg}\"\n"));
+    let plugins = f.node.plugin_dir.to_str().expect("a UTF-8 path");
     for who in ["nobody", "root"] {
         let (status, err) = run_to_refusal(
             command(
@@ -116,6 +118,8 @@ fn a_pin_root_others_could_have_made_is_refused() {
                     "--ebpf=off",
                     "--guard.pin-root",
                     root_arg,
+                    "--plugin-dir",
+                    plugins,
                 ],
                 false,
             ),
@@ -186,6 +190,7 @@ fn guard_off_trusts_no_pin_root_others_may_write() {
         pin_dir.as_os_str(),
         link.as_os_str(),
     ]);
+    f.set_config(&format!("guard_pin_root = \"{}\"\n", root.display()));
     let e = Exporter::start_with(
         &[&f.node.volumes_dir],
         &[
@@ -193,6 +198,8 @@ fn guard_off_trusts_no_pin_root_others_may_write() {
             "--ebpf=off",
             "--guard.pin-root",
             root.to_str().unwrap(),
+            "--plugin-dir",
+            f.node.plugin_dir.to_str().unwrap(),
         ],
     );
     for n in ["one", "two"] {
@@ -211,6 +218,67 @@ fn guard_off_trusts_no_pin_root_others_may_write() {
     e.stop();
     sh(&format!("umount {}", mnt.display()));
     std::fs::remove_dir(&mnt).unwrap();
+}
+
+/// The plugin finds the guard where prjquota.toml's `guard_pin_root`
+/// says, as the exporter pins it: a volume created under a pin root of the
+/// node's own is guarded when its create returns. An exporter told to pin
+/// anywhere else refuses to start, saying where the plugin looks: its
+/// volumes would be guarded only from its next sync.
+#[test]
+fn the_plugin_finds_the_guard_where_prjquota_toml_says() {
+    let f = XFS.fixture("pins-own-root");
+    let root = "/sys/fs/bpf/prjquota-own-root";
+    f.set_config(&format!("guard_pin_root = \"{root}\"\n"));
+    let plugins = f.node.plugin_dir.to_str().unwrap();
+    let (status, err) = run_to_refusal(
+        command(
+            &[&f.node.volumes_dir],
+            &[
+                "--guard=enforce",
+                "--ebpf=off",
+                "--guard.pin-root",
+                "/sys/fs/bpf/prjquota-elsewhere",
+                "--plugin-dir",
+                plugins,
+            ],
+            false,
+        ),
+        "a pin root the plugin does not look in",
+    );
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.lines()
+            .any(|l| l.contains("msg=exiting") && l.contains("guard_pin_root") && l.contains(root)),
+        "{err}"
+    );
+    // Without the flag it pins where the file says; the plugin writes there.
+    let exp = Exporter::start_with(
+        &[&f.node.volumes_dir],
+        &["--guard=enforce", "--ebpf=off", "--plugin-dir", plugins],
+    );
+    assert!(
+        std::fs::symlink_metadata(prjquota_core::guard_pins::link_of(
+            Path::new(root),
+            &f.node.volumes_dir
+        ))
+        .is_ok(),
+        "not pinned under {root}:\n{}",
+        exp.log()
+    );
+    let owner = OWNER.to_string();
+    let spec = Spec::new("own-root", 16 * MIB as i64)
+        .param("uid", &owner)
+        .param("gid", &owner);
+    let (path, _) = f.create(&spec);
+    let data = path.join("data");
+    assert_eq!(fill(&data, MIB, Some(OWNER)).errno, None);
+    assert_eq!(
+        chproj_as(Who::User(OWNER), &open(&data), 0).1,
+        Err(libc::EPERM),
+        "a volume created under the node's own pin root was not guarded"
+    );
+    drop(exp);
 }
 
 /// The steps of a start at which `PRJQUOTA_FAULT_GUARD_START` stops the

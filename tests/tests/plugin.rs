@@ -35,6 +35,7 @@ on_every_fs!(
     delete_clears_immutable_and_append_only_flags,
     delete_under_an_append_only_root_passes_every_kind_of_file,
     delete_never_opens_a_device_swapped_in_after_the_listing,
+    a_create_after_squatted_ids_reads_a_bounded_number_of_quotas,
     a_plugin_run_without_any_environment_fails_cleanly,
     create_and_delete_sync_only_where_the_journal_needs_it,
 );
@@ -680,6 +681,85 @@ fn delete_never_opens_a_device_swapped_in_after_the_listing(fs: &FsCase) {
     );
     assert!(!path.exists());
     assert!(f.quota(pid).is_unused());
+}
+
+/// The quota reads (`quotactl`, `quotactl_fd`) of one create, traced.
+fn quota_reads_of_a_create(f: &Fixture, spec: &Spec) -> usize {
+    let trace = std::env::temp_dir().join(format!("quota-reads-{}", spec.id));
+    let trace_arg = trace.display().to_string();
+    let out = f
+        .node
+        .create_command_under(
+            &[
+                "/usr/bin/strace",
+                "-f",
+                "-qq",
+                "-e",
+                "trace=quotactl,quotactl_fd",
+                "-o",
+                &trace_arg,
+            ],
+            spec,
+        )
+        .output()
+        .expect("strace");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let n = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("quotactl"))
+        .count();
+    let _ = std::fs::remove_file(&trace);
+    n
+}
+
+/// A local user tagged its own files with the project IDs after the last
+/// volume's (before the guard refused it): a create used to read each of
+/// them, one `quotactl` under the filesystem-wide allocation lock (20,000
+/// made one take seconds, a million past Nomad's deadline). It reads at
+/// most a bounded number more than a create on an empty node, whatever
+/// was squatted.
+fn a_create_after_squatted_ids_reads_a_bounded_number_of_quotas(fs: &FsCase) {
+    const SQUATTED: u32 = 3000;
+    let small = prjquota_vmtests::fixture::SmallFs::new(fs, "squat", 512 * MIB);
+    let f = small.fixture("squat");
+    std::fs::write(
+        f.node.plugin_dir.join("prjquota.toml"),
+        "project_id_min = 1000\nproject_id_max = 1999999999\n",
+    )
+    .unwrap();
+    let first = Spec::new("first", MIB as i64);
+    let empty_node = quota_reads_of_a_create(&f, &first);
+    let last = f.project_id(&first.id);
+    let squat = small.mount.join("squat");
+    std::fs::create_dir(&squat).unwrap();
+    for id in last + 1..=last + SQUATTED {
+        let p = squat.join(id.to_string());
+        std::fs::write(&p, b"").unwrap();
+        prjquota_vmtests::attack::chproj(&prjquota_vmtests::attack::open(&p), id)
+            .expect("a squatter's chproj, before any guard");
+    }
+    let next = Spec::new("next", MIB as i64);
+    let squatted = quota_reads_of_a_create(&f, &next);
+    eprintln!(
+        "MEASURE create_quota_reads empty_node {empty_node} after_{SQUATTED}_squatted {squatted}"
+    );
+    let bound = (prjquota_core::project_ids::STEPS + prjquota_core::project_ids::PROBES) as usize;
+    assert!(
+        squatted <= empty_node + bound,
+        "{}: a create after {SQUATTED} squatted IDs read {squatted} quotas, an empty node's {empty_node}",
+        fs.name
+    );
+    let got = f.project_id(&next.id);
+    assert!(
+        !(last + 1..=last + SQUATTED).contains(&got),
+        "{}: a squatted ID {got} was given",
+        fs.name
+    );
 }
 
 fn delete_under_an_append_only_root_passes_every_kind_of_file(fs: &FsCase) {

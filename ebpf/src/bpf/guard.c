@@ -31,9 +31,13 @@
  *
  * Outside every volume root, on a device that holds roots, an unprivileged
  * FS_IOC_FSSETXATTR (or file_setattr(2)) whose project ID is a volume's
- * project on that device (`guard_projects`) is an attempt too
- * (GUARD_WHAT_FOREIGN_PROJID): it would charge the file to that volume's
- * quota and fill it. It is counted against that project.
+ * project on that device (`guard_projects`), or lies in a range prjquota
+ * gives out (`guard_ranges`: the volumes' and the allocations', from
+ * prjquota.toml), is an attempt too (GUARD_WHAT_FOREIGN_PROJID): it would
+ * charge the file to that volume's quota and fill it, or squat an ID a
+ * create then has to step over. It is counted apart
+ * (GSTAT_OUTSIDE_ALLOWED/DENIED), never against the volume it names: its
+ * owner did not make it.
  *
  * Roots are keyed by (device, inode number, inode generation): a deleted
  * root's inode number, given to a new file, does not match its entry.
@@ -195,6 +199,14 @@ struct {
 	__type(key, struct guard_project);
 	__type(value, __u32);
 } guard_projects SEC(".maps");
+
+/* The project-ID ranges prjquota gives out; filled by the exporter. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, GUARD_MAX_RANGES);
+	__type(key, __u32);
+	__type(value, struct guard_range);
+} guard_ranges SEC(".maps");
 
 /* Devices that hold at least one root. */
 struct {
@@ -378,14 +390,18 @@ static __always_inline void stat_add(__u32 slot)
 		__sync_fetch_and_add(v, 1);
 }
 
-/* Counts an attempt against project `projid` on `dev` (WHERE_VOLUME: the
- * volume's; WHERE_OUTSIDE: the one asked for), or as unattributed. */
+/* Counts an attempt against the volume's project `projid` on `dev`
+ * (WHERE_VOLUME), outside every root apart, or as unattributed. */
 static __always_inline void count(__u32 where, __u64 dev, __u32 projid, __u8 result)
 {
 	struct guard_project key = {.dev = dev, .projid = projid};
 	struct guard_counters *c;
 
-	if (where != WHERE_VOLUME && where != WHERE_OUTSIDE) {
+	if (where == WHERE_OUTSIDE) {
+		stat_add(result == GUARD_ALLOWED ? GSTAT_OUTSIDE_ALLOWED : GSTAT_OUTSIDE_DENIED);
+		return;
+	}
+	if (where != WHERE_VOLUME) {
 		stat_add(result == GUARD_ALLOWED ? GSTAT_WALK_LIMIT_ALLOWED : GSTAT_WALK_LIMIT_DENIED);
 		return;
 	}
@@ -415,6 +431,19 @@ static __always_inline int volume_project(__u64 dev, __u32 projid)
 	return bpf_map_lookup_elem(&guard_projects, &key) != 0;
 }
 
+/* Whether `projid` lies in a range prjquota gives out. */
+static __always_inline int in_ranges(__u32 projid)
+{
+	for (__u32 i = 0; i < GUARD_MAX_RANGES; i++) {
+		__u32 k = i;
+		struct guard_range *r = bpf_map_lookup_elem(&guard_ranges, &k);
+
+		if (r && r->max && projid >= r->min && projid <= r->max)
+			return 1;
+	}
+	return 0;
+}
+
 /* What an attempt is: the request against the volume's state, or, outside
  * every root, whether it would join a volume's project. */
 static __always_inline __u8 judge(__u32 where, const struct guard_root *root, __u64 dev, int dir,
@@ -423,7 +452,9 @@ static __always_inline __u8 judge(__u32 where, const struct guard_root *root, __
 	__u8 what = 0;
 
 	if (where == WHERE_OUTSIDE)
-		return sets_projid && volume_project(dev, projid) ? GUARD_WHAT_FOREIGN_PROJID : 0;
+		return sets_projid && (volume_project(dev, projid) || in_ranges(projid))
+			       ? GUARD_WHAT_FOREIGN_PROJID
+			       : 0;
 	if (sets_projid && (where != WHERE_VOLUME || projid != root->projid))
 		what |= GUARD_WHAT_PROJID;
 	if (dir && !(xflags & FS_XFLAG_PROJINHERIT))

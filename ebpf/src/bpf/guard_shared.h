@@ -31,7 +31,13 @@
 #define GSTAT_WALK_LIMIT_DENIED 3  /* ... that were refused */
 #define GSTAT_UNREADABLE 4        /* ioctl argument unreadable in the LSM hook: refused */
 #define GSTAT_MAP_FULL 5          /* attempts on a volume the counters map had no room for */
-#define N_GSTATS 6
+#define GSTAT_OUTSIDE_ALLOWED 6   /* outside every root, taking a volume's or an allocation's ID (or one of their ranges): went through */
+#define GSTAT_OUTSIDE_DENIED 7    /* ... refused */
+#define N_GSTATS 8
+
+/* Entries of `guard_ranges`: the project-ID ranges prjquota gives out
+ * (the volumes', the allocations'), from prjquota.toml. */
+#define GUARD_MAX_RANGES 4
 
 /* guard_event.result */
 #define GUARD_ALLOWED 0
@@ -45,7 +51,7 @@
 #define GUARD_WHAT_PROJID 1     /* sets a project ID other than the volume's */
 #define GUARD_WHAT_NOINHERIT 2  /* leaves a directory without PROJINHERIT */
 #define GUARD_WHAT_UNREADABLE 4 /* the new attributes could not be read */
-#define GUARD_WHAT_FOREIGN_PROJID 8 /* outside every root: sets a volume's project ID */
+#define GUARD_WHAT_FOREIGN_PROJID 8 /* outside every root: sets a volume's or an allocation's project ID, or one in their ranges */
 #define GUARD_WHAT_GENERATION 16 /* sets the inode generation (SETVERSION): a root would leave the guard's key */
 
 /* guard_event.where */
@@ -74,6 +80,13 @@ struct guard_project {
 	__u64 dev;    /* kernel encoding */
 	__u32 projid;
 	__u32 _pad;   /* 0 */
+};
+
+/* Value of `guard_ranges`: an inclusive range of project IDs; max 0 is
+ * no range. */
+struct guard_range {
+	__u32 min;
+	__u32 max;
 };
 
 /* Value of the per-CPU `guard_counters` map, per (device, project ID). */

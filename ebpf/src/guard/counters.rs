@@ -18,7 +18,9 @@ pub(super) const GSTAT_WALK_LIMIT_ALLOWED: u32 = 2;
 pub(super) const GSTAT_WALK_LIMIT_DENIED: u32 = 3;
 pub(super) const GSTAT_UNREADABLE: u32 = 4;
 pub(super) const GSTAT_MAP_FULL: u32 = 5;
-pub(super) const N_GSTATS: u32 = 6;
+pub(super) const GSTAT_OUTSIDE_ALLOWED: u32 = 6;
+pub(super) const GSTAT_OUTSIDE_DENIED: u32 = 7;
+pub(super) const N_GSTATS: u32 = 8;
 
 /// Attempts by outcome.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -50,9 +52,12 @@ impl Outcomes {
 pub struct GuardCounters {
     /// Per `(device in the kernel's encoding, project ID)`: every volume
     /// project in the guard (zeros until the first attempt), and any other
-    /// with counts. Attempts inside a volume count against its project;
-    /// outside every volume, against the project asked for.
+    /// with counts. Attempts inside a volume count against its project.
     pub projects: BTreeMap<(u64, u32), Outcomes>,
+    /// Attempts outside every root to take a volume's or an allocation's
+    /// project ID, or one in their ranges: counted apart, never against
+    /// the volume they name (its owner did not make them).
+    pub outside: Outcomes,
     /// Attempts past [`GUARD_MAX_DEPTH`](super::GUARD_MAX_DEPTH) on a volume filesystem (volume
     /// unknown).
     pub walk_limit: Outcomes,
@@ -111,6 +116,10 @@ impl Guard {
         };
         out.unreadable = sums[GSTAT_UNREADABLE as usize];
         out.map_full = sums[GSTAT_MAP_FULL as usize];
+        out.outside = Outcomes {
+            allowed: sums[GSTAT_OUTSIDE_ALLOWED as usize],
+            denied: sums[GSTAT_OUTSIDE_DENIED as usize],
+        };
         out.missed_runs = self.detect_missed_runs();
         Ok(out)
     }

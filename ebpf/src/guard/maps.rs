@@ -22,6 +22,9 @@ pub(super) const MAP_PROJECTS: &str = "guard_projects";
 pub(super) const MAP_COUNTERS: &str = "guard_counters";
 pub(super) const MAP_STATS: &str = "guard_stats";
 pub(super) const MAP_EVENTS: &str = "guard_events";
+pub(super) const MAP_RANGES: &str = "guard_ranges";
+/// Entries of `guard_ranges` (`GUARD_MAX_RANGES`).
+pub const MAX_RANGES: usize = 4;
 
 /// The identity the guard keys a root by: `(st_dev, st_ino, generation)`
 /// of the directory at `path` (not following a symlink).
@@ -281,6 +284,32 @@ impl Guard {
             }
         }
         Ok(update)
+    }
+
+    /// The project-ID ranges prjquota gives out (the volumes', the
+    /// allocations'): outside every root, an unprivileged caller may not
+    /// take an ID in them. At most [`MAX_RANGES`]; the rest of the map is
+    /// cleared.
+    pub fn set_ranges(
+        &mut self,
+        ranges: &[std::ops::RangeInclusive<u32>],
+    ) -> Result<(), TelemetryError> {
+        let mut map: aya::maps::Array<&mut MapData, crate::raw::GuardRange> = map_err(
+            MAP_RANGES,
+            aya::maps::Array::try_from(self.map_mut(MAP_RANGES)?),
+        )?;
+        for i in 0..MAX_RANGES {
+            let r = ranges
+                .get(i)
+                .map_or(crate::raw::GuardRange::default(), |r| {
+                    crate::raw::GuardRange {
+                        min: *r.start(),
+                        max: *r.end(),
+                    }
+                });
+            map_err(MAP_RANGES, map.set(i as u32, r, 0))?;
+        }
+        Ok(())
     }
 
     pub(super) fn map(&self, name: &'static str) -> Result<&Map, TelemetryError> {

@@ -26,7 +26,7 @@ const EVENTS_BYTES: u32 = 262_144;
 #[test]
 fn header_matches_rust() {
     let h = defines(include_str!("../bpf/guard_shared.h"));
-    let expect: [(&str, u64); 25] = [
+    let expect: [(&str, u64); 28] = [
         ("GUARD_MAX_DEPTH", GUARD_MAX_DEPTH as u64),
         ("GUARD_MAX_DEPTH_CONTEXT", GUARD_MAX_DEPTH_CONTEXT as u64),
         ("GUARD_MAX_ROOTS", MAX_ROOTS as u64),
@@ -39,7 +39,10 @@ fn header_matches_rust() {
         ("GSTAT_WALK_LIMIT_DENIED", GSTAT_WALK_LIMIT_DENIED as u64),
         ("GSTAT_UNREADABLE", GSTAT_UNREADABLE as u64),
         ("GSTAT_MAP_FULL", GSTAT_MAP_FULL as u64),
+        ("GSTAT_OUTSIDE_ALLOWED", GSTAT_OUTSIDE_ALLOWED as u64),
+        ("GSTAT_OUTSIDE_DENIED", GSTAT_OUTSIDE_DENIED as u64),
         ("N_GSTATS", N_GSTATS as u64),
+        ("GUARD_MAX_RANGES", super::maps::MAX_RANGES as u64),
         ("GUARD_ALLOWED", GUARD_ALLOWED as u64),
         ("GUARD_DENIED", 1),
         ("GUARD_SRC_FILEATTR", 0),

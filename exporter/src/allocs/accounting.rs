@@ -651,16 +651,20 @@ impl Accounting {
     /// kernel counts nothing to, from past the last one given, wrapping
     /// once; one pass over the range when stepping does not find one.
     fn choose_id(&mut self) -> Result<u32> {
-        // Candidates read one by one before a pass over the whole range.
-        const STEPS: u32 = 64;
         let held: std::collections::BTreeSet<u32> = self.held_ids().collect();
         let fd = self.dir.as_fd();
         let read = |p| quota::get(fd, p);
+        // From the cursor, then (wrapped) from the range's start: a bounded
+        // number of reads each whatever was squatted, before a pass.
         for start in [self.cursor, *self.range.start()] {
-            let window = start..=start.saturating_add(STEPS - 1).min(*self.range.end());
-            if let Some(pid) =
-                project_ids::first_free_from(&window, start, |p| held.contains(&p), read)
-                    .with_context(|| format!("cannot read the quota of {}", self.path.display()))?
+            if let Some(pid) = project_ids::bounded_free_from(
+                &self.range,
+                start,
+                |p| held.contains(&p),
+                read,
+                project_ids::seed(),
+            )
+            .with_context(|| format!("cannot read the quota of {}", self.path.display()))?
             {
                 return Ok(pid);
             }

@@ -53,6 +53,7 @@ use std::time::Duration;
 
 use super::background::{self, Background};
 use super::guard_owner::{self, Keeper};
+use super::guard_ranges::GuardRanges;
 use super::guard_sync::Syncer;
 use super::{BoxFuture, Collector, Scrape};
 use crate::allocs::{GuardOwner, GuardedAlloc, GuardedRoots};
@@ -134,6 +135,9 @@ pub struct GuardSetup {
     /// The accounted allocations' directories (`--nomad.alloc-dir`), roots
     /// besides the volumes'.
     pub allocs: Option<Arc<GuardedRoots>>,
+    /// Where prjquota.toml is (`--plugin-dir`): the project-ID ranges the
+    /// guard keeps for prjquota.
+    pub plugin_dir: Option<PathBuf>,
 }
 
 pub struct GuardCollector {
@@ -390,7 +394,9 @@ fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
     }
     let volumes_dirs = claimed.dirs;
     let syncer = Arc::new(
-        Syncer::new(&volumes_dirs, setup.allocs.clone()).verifying_every(setup.verify_interval),
+        Syncer::new(&volumes_dirs, setup.allocs.clone())
+            .verifying_every(setup.verify_interval)
+            .keeping_ranges(GuardRanges::new(setup.plugin_dir.clone())),
     );
     let mut fill = |g: &mut Guard| {
         // The maps take over from an earlier exporter's at the swap: with
@@ -682,7 +688,13 @@ fn counter_families(scrape: &Scrape, c: &GuardCounters) -> Vec<Family> {
         "Attempts on a volume the guard's counters map had no room for (beyond --ebpf.max-volumes): refused or counted all the same, but not per volume.",
     );
     full.plain(c.map_full as f64);
-    let mut out = vec![attempts, unattributed, privileged, lost, full];
+    let mut outside = Family::counter(
+        "prjquota_exporter_guard_outside_attempts_total",
+        "Attempts outside every volume and allocation root to give a file a volume's or an allocation's project ID, or one in the ranges prjquota.toml gives them (squatting an ID a create would look for), by result: counted here, never against the volume they name.",
+    );
+    outside.labelled(vec![("result", "allowed".into())], c.outside.allowed as f64);
+    outside.labelled(vec![("result", "denied".into())], c.outside.denied as f64);
+    let mut out = vec![attempts, unattributed, outside, privileged, lost, full];
     // Absent, never 0, where the kernel does not report it (before 5.12).
     if let Some(missed) = c.missed_runs {
         let mut f = Family::counter(
@@ -896,6 +908,7 @@ mod tests {
             verify_interval: Duration::from_secs(60),
             replace_stronger: false,
             allocs: None,
+            plugin_dir: None,
         }
     }
 

@@ -187,6 +187,8 @@ pub struct Syncer {
     /// opening every root.
     verify_every: Duration,
     last_full: Mutex<Option<LastFull>>,
+    /// The project-ID ranges put into the guard at every round.
+    ranges: Option<super::guard_ranges::GuardRanges>,
 }
 
 impl Syncer {
@@ -200,7 +202,14 @@ impl Syncer {
             stats: SyncStats::default(),
             verify_every: Duration::ZERO,
             last_full: Mutex::new(None),
+            ranges: None,
         }
+    }
+
+    /// Each round also puts `ranges` into the guard (when its file changed).
+    pub fn keeping_ranges(mut self, ranges: super::guard_ranges::GuardRanges) -> Syncer {
+        self.ranges = Some(ranges);
+        self
     }
 
     /// Timed rounds open the roots only when a [`Signals`] moved, and at
@@ -231,6 +240,9 @@ impl Syncer {
     /// module; `pins_restored`: this round's pin check put some back),
     /// else a quiet round that opens nothing.
     pub fn timed_round(&self, guard: &Mutex<Guard>, pins_restored: bool) -> Round {
+        if let Some(r) = &self.ranges {
+            r.apply(&mut lock(guard));
+        }
         let signals = self.signals(|| lock(guard).activity().ok());
         self.timed(signals, pins_restored, || self.round(guard, true))
     }
@@ -280,6 +292,9 @@ impl Syncer {
 
     /// [`Syncer::round`] on a guard not shared yet (the start-up fill).
     pub fn round_on(&self, guard: &mut Guard, retag: bool) -> Round {
+        if let Some(r) = &self.ranges {
+            r.apply(guard);
+        }
         let snapshot = guard.snapshot();
         self.round_with(move || snapshot, |s, w| guard.apply(s, w), retag)
     }

@@ -29,6 +29,7 @@ pub mod ebpf;
 pub mod filesystem;
 pub mod guard;
 mod guard_owner;
+mod guard_ranges;
 pub mod guard_sync;
 mod kernel_maps;
 pub mod quota;
@@ -316,6 +317,7 @@ impl Exporter {
                 verify_interval: config.guard_verify_interval,
                 replace_stronger: config.guard_replace_stronger,
                 allocs: guarded_allocs.clone(),
+                plugin_dir: config.plugin_dir.clone(),
             },
             config.mount_timeout,
             opts,

@@ -304,11 +304,7 @@ pub fn run(flags: &Flags) -> Vec<Item> {
     if exists {
         items.push(registry_lock(&vfs));
     }
-    items.push(guard(
-        Path::new(guard_pins::PIN_ROOT),
-        &dir,
-        bpf_lsm_active(),
-    ));
+    items.push(guard(&cfg.guard_pin_root, &dir, bpf_lsm_active()));
     items
 }
 

@@ -95,7 +95,7 @@ pub fn run(flags: &Flags) -> Result<Vec<Finding>> {
         let Some(rec) = reg.load(id)?.filter(|r| r == rec) else {
             continue;
         };
-        out.extend(check_volume(&vfs, &reg, &rec, fix)?);
+        out.extend(check_volume(&vfs, &reg, &rec, fix, &cfg.guard_pin_root)?);
     }
 
     // Directories named like volumes that no record holds.
@@ -230,7 +230,13 @@ pub fn run(flags: &Flags) -> Result<Vec<Finding>> {
 }
 
 /// Compares one recorded volume with its directory and the kernel.
-fn check_volume(vfs: &VolumesFs, reg: &Registry, rec: &Record, fix: bool) -> Result<Vec<Finding>> {
+fn check_volume(
+    vfs: &VolumesFs,
+    reg: &Registry,
+    rec: &Record,
+    fix: bool,
+    pin_root: &std::path::Path,
+) -> Result<Vec<Finding>> {
     let id = &rec.volume_id;
     let subject = format!("volume {id}");
     let mut out = Vec::new();
@@ -252,7 +258,7 @@ fn check_volume(vfs: &VolumesFs, reg: &Registry, rec: &Record, fix: bool) -> Res
             rec.project_id,
             &rec.params,
             rec.provisioned_bytes,
-            ops::open_guard(vfs)?.as_ref(),
+            ops::open_guard(vfs, pin_root)?.as_ref(),
             false,
             &mut Undo::default(),
         )

@@ -120,7 +120,7 @@ pub(crate) fn create_new(
     // Opened once, before anything is made: the ID and then the root go
     // into the same maps, and pins that cannot be used refuse the create
     // while there is nothing to roll back.
-    let guard = open_guard(vfs)?;
+    let guard = open_guard(vfs, &cfg.guard_pin_root)?;
     reg.follow_journal_of(vfs);
     let mut claimed = false;
     let project_id = {

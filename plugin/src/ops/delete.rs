@@ -106,7 +106,10 @@ pub fn delete(req: &DeleteRequest) -> Result<()> {
     // cannot outlive its inode by matching another: a reused inode number
     // comes with a new generation. A delete that stops in between leaves
     // the entry to the exporter's sync.
-    let guard = open_guard(&vfs)?;
+    let guard = open_guard(
+        &vfs,
+        &super::pins::pin_root_for_delete(req.plugin_dir.as_deref()),
+    )?;
     let root_key = match &guard {
         Some(_) => match open_volume_dir(&vfs, id) {
             Ok(fd) => Some(

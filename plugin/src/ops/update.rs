@@ -132,7 +132,7 @@ pub(crate) fn update(
         pid,
         params,
         bytes,
-        open_guard(vfs)?.as_ref(),
+        open_guard(vfs, &cfg.guard_pin_root)?.as_ref(),
         false,
         &mut undo,
     )?;
