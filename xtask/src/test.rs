@@ -94,8 +94,9 @@ macro_rules! compat {
      (binary(guard) & (test(enforce_refuses_escapes) | test(the_default_refuses) | \
        test(a_file_outside_the_volumes) | test(a_change_through_an_overlay) | \
        test(enforce_keeps_every_root_generation) | test(enforce_keeps_a_root_generation_on_ext4) | \
-       test(detect_counts_escapes) | test(guard_loads_in_both_modes) | \
-       test(the_exporter_counts_refuses))) | \
+       test(detect_counts_escapes) | test(detect_counts_a_root_generation_change) | \
+       test(guard_loads_in_both_modes) | \
+       test(the_exporter_counts_refuses) | test(squatted_outside))) | \
      (binary(faults) & test(=ext4::disk_errors)) | \
      (binary(exporter) & test(every_metric_matches)) | \
      (binary(capacity) & test(nearly_full_filesystem)) | \

@@ -71,9 +71,12 @@
  *                             argument read from user memory (SETVERSION
  *                             included). file_setattr(2) does not exist
  *                             there.
- *   The detect programs do not see SETVERSION from 5.13 on (it does not
- *   reach vfs_fileattr_set); the exporter's sync re-reads each root's
- *   generation and puts the new key in within one interval.
+ *   fexit  security_file_ioctl DETECT from 5.13, where nothing enforces:
+ *   fexit  __x64_sys_ioctl     the generation ioctls alone, which never
+ *                             reach vfs_fileattr_set (guard_version_judge);
+ *                             the exporter's sync also re-reads each root's
+ *                             generation and puts the new key in within one
+ *                             interval.
 
  * The volume of an inode: walk d_parent from the inode's own dentry (the
  * root's own attributes matter most) up to GUARD_MAX_DEPTH dentries, with
@@ -579,20 +582,23 @@ static __always_inline __u32 ioctl_subject(struct file *file, unsigned int cmd,
 	return where;
 }
 
-#ifdef PRJQUOTA_COMPAT
 /*
+ * An ioctl judged at the exit of security_file_ioctl (the file still held,
+ * the argument read from the caller's memory before the kernel copies it:
+ * another thread may change it in between, a gap the LSM hook shares), and
+ * kept per thread until the native ioctl system call returns, whose result
+ * says allowed (0) or denied. A 32-bit caller's compat_ioctl(2) goes
+ * uncounted: an fexit on its system call wrapper attached on 5.10 and never
+ * took a judgement in the VM tests, so that path is not claimed.
+ *
  * Before 5.13 there is no vfs_fileattr_set: FS_IOC_FSSETXATTR and
  * FS_IOC_SETFLAGS go from the ioctl system call to the filesystem's own
  * handler (xfs_file_ioctl, ext4_ioctl, modules), which checks and applies
  * them; vfs_ioctl, between the two, is inlined into the system call. So
- * the request is judged where the LSM hook would judge it, at the exit of
- * security_file_ioctl (the file still held, the argument read from the
- * caller's memory before the kernel copies it: another thread may change
- * it in between, a gap the LSM hook shares), and kept per thread until the
- * native ioctl system call returns, whose result says allowed (0) or
- * denied. A 32-bit caller's compat_ioctl(2) goes uncounted: an fexit on
- * its system call wrapper attached on 5.10 and never took a judgement
- * in the VM tests, so that path is not claimed.
+ * there (the context build) every attempt is judged so (guard_ioctl_judge).
+ * From 5.13 on, the generation ioctls alone never reach vfs_fileattr_set:
+ * guard_version_judge judges them so, beside the fexit of vfs_fileattr_set,
+ * where nothing refuses them (detect mode).
  *
  * Judged and counted as guard_fileattr_set_exit does: the same attempts,
  * allowed or denied by the kernel's result; privileged changes counted
@@ -605,8 +611,10 @@ struct {
 	__type(value, struct guard_event);
 } guard_pending SEC(".maps");
 
-SEC("fexit/security_file_ioctl")
-int BPF_PROG(guard_ioctl_judge, struct file *file, unsigned int cmd, unsigned long arg, int ret)
+/* Judges one ioctl for its system call's exit to count; `version_only`:
+ * the generation ioctls alone. */
+static __always_inline int judge_ioctl(struct file *file, unsigned int cmd, unsigned long arg,
+				       int ret, int version_only)
 {
 	__u64 tid = bpf_get_current_pid_tgid();
 	struct guard_event ev = {};
@@ -622,6 +630,8 @@ int BPF_PROG(guard_ioctl_judge, struct file *file, unsigned int cmd, unsigned lo
 	bpf_map_delete_elem(&guard_pending, &tid);
 	if (ret)
 		return 0; /* refused before the filesystem saw it */
+	if (version_only && !sets_version(cmd))
+		return 0;
 	where = ioctl_subject(file, cmd, &dentry, &root, &dev);
 	if (where == WHERE_OTHER_FS)
 		return 0;
@@ -670,6 +680,21 @@ int BPF_PROG(guard_ioctl_judge, struct file *file, unsigned int cmd, unsigned lo
 	return 0;
 }
 
+#ifdef PRJQUOTA_COMPAT
+SEC("fexit/security_file_ioctl")
+int BPF_PROG(guard_ioctl_judge, struct file *file, unsigned int cmd, unsigned long arg, int ret)
+{
+	return judge_ioctl(file, cmd, arg, ret, 0);
+}
+#endif
+
+SEC("fexit/security_file_ioctl")
+int BPF_PROG(guard_version_judge, struct file *file, unsigned int cmd, unsigned long arg,
+	     int ret)
+{
+	return judge_ioctl(file, cmd, arg, ret, 1);
+}
+
 /* Counts and reports the judgement of this thread's ioctl by its result. */
 static __always_inline int ioctl_done(long ret)
 {
@@ -703,7 +728,6 @@ int BPF_PROG(guard_sys_ioctl_exit, void *regs, long ret)
 {
 	return ioctl_done(ret);
 }
-#endif
 
 /* ---- enforce ---- */
 

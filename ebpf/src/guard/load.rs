@@ -65,6 +65,23 @@ const DETECT_IOCTL: Detect = Detect {
     ],
 };
 
+/// From 5.13, where nothing enforces: the generation ioctls, which never
+/// reach vfs_fileattr_set, judged at the exit of security_file_ioctl and
+/// counted at the exit of the native system call. Exit first, as above.
+const DETECT_VERSION: Detect = Detect {
+    hook: "security_file_ioctl",
+    parts: &[
+        DetectPart {
+            prog: "guard_sys_ioctl_exit",
+            funcs: &["__x64_sys_ioctl", "__arm64_sys_ioctl"],
+        },
+        DetectPart {
+            prog: "guard_version_judge",
+            funcs: &["security_file_ioctl"],
+        },
+    ],
+};
+
 /// The oldest kernel the guard is built and tested for (fexit 5.5, the
 /// BPF ring buffer 5.8; Debian 11's 5.10 is the oldest tested). Which build
 /// and which hooks load above it is probed, not read from the version.
@@ -226,6 +243,21 @@ impl Guard {
                 }
             }
         }
+        // Detecting only, from 5.13: the generation ioctls too. Without
+        // them such a change goes uncounted (the sync still re-keys the
+        // root); a guard that cannot attach them says so and runs.
+        if !g.enforcing() && detect.hook == DETECT_FILEATTR.hook {
+            match load_detect(&mut g.ebpf, &btf, DETECT_VERSION) {
+                Ok(links) => {
+                    attached.extend(links.into_iter().map(|(p, id)| (p, LinkId::FExit(id))));
+                    g.version_detected = true;
+                }
+                Err((part, e)) => {
+                    g.version_detected = false;
+                    g.version_detect_error = Some(format!("{part}: {}", chain(&e)));
+                }
+            }
+        }
         fault_point("attached");
         let Some((root, volumes_dirs)) = pin else {
             return Ok((g, None));
@@ -316,6 +348,8 @@ impl Guard {
             requested,
             lsm: Vec::new(),
             not_enforcing: None,
+            version_detected: false,
+            version_detect_error: None,
             max_roots: opts.max_roots,
             held: Vec::new(),
         })

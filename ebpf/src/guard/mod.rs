@@ -147,6 +147,10 @@ pub struct Guard {
     /// The attached LSM programs' sections, when enforcing.
     lsm: Vec<&'static str>,
     not_enforcing: Option<NotEnforcing>,
+    /// Detecting only (5.13+): the generation ioctls are judged too.
+    version_detected: bool,
+    /// Why they are not, when their programs did not attach.
+    version_detect_error: Option<String>,
     max_roots: u32,
     /// The pinned links' descriptors, kept after pinning: while this
     /// process runs its programs stay attached even when someone removes
@@ -215,6 +219,14 @@ impl Guard {
         } else {
             GuardMode::Detect
         }
+    }
+
+    /// Whether a generation change (`FS_IOC_SETVERSION`) is counted while
+    /// the guard detects only; and why not when its programs did not
+    /// attach (`None` when it enforces, where it is refused instead, or
+    /// before 5.13, where the context build judges every ioctl).
+    pub fn version_detect(&self) -> (bool, Option<&str>) {
+        (self.version_detected, self.version_detect_error.as_deref())
     }
 
     /// Whether attempts are refused.

@@ -276,8 +276,9 @@ pub fn remove_dir(dir: &Path) -> io::Result<usize> {
 }
 
 /// [`remove_dir`], and the kernel IDs of the programs its link pins held.
-/// Never follows a symlink: `dir` itself must be a directory on bpffs, and
-/// only the pins in it (regular files of bpffs) are unlinked, through its
+/// Never follows a symlink: `dir` itself must be a directory on the
+/// filesystem of the pin root above it (bpffs: the callers checked the
+/// root), and only the pins in it (regular files) are unlinked, through its
 /// descriptor; anything else there keeps the directory, and is an error.
 fn remove_dir_programs(dir: &Path) -> io::Result<(usize, Vec<u32>)> {
     use prjquota_core::sys;
@@ -292,12 +293,17 @@ fn remove_dir_programs(dir: &Path) -> io::Result<(usize, Vec<u32>)> {
         .map_err(|e| ctx(dir, "cannot name", io::Error::other(e)))?;
     let fd = sys::open(&c, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)
         .map_err(|e| ctx(dir, "cannot open", e))?;
-    let fs_magic = sys::fstatfs(fd.as_fd())
-        .map_err(|e| ctx(dir, "cannot statfs", e))?
-        .f_type as i64;
-    if fs_magic != BPF_FS_MAGIC {
+    let root = dir.parent().unwrap_or(Path::new("/"));
+    let root_dev = fs::symlink_metadata(root)
+        .map_err(|e| ctx(root, "cannot stat", e))?
+        .dev();
+    if sys::fstat(fd.as_fd())
+        .map_err(|e| ctx(dir, "cannot stat", e))?
+        .st_dev
+        != root_dev
+    {
         return Err(io::Error::other(format!(
-            "{} is not on a bpf filesystem: not a pin directory, left alone",
+            "{} is not on the pin root's filesystem: not a pin directory, left alone",
             dir.display()
         )));
     }
@@ -426,6 +432,11 @@ pub fn remove_for(root: &Path, volumes_dirs: &[PathBuf]) -> io::Result<Removed> 
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         _ => check_root(root)?,
     }
+    remove_for_in_trusted(root, volumes_dirs)
+}
+
+/// [`remove_for`] once the root is known to be root's alone.
+fn remove_for_in_trusted(root: &Path, volumes_dirs: &[PathBuf]) -> io::Result<Removed> {
     let mut targets = Vec::new();
     for d in volumes_dirs {
         let link = link_of(root, d);
@@ -647,11 +658,11 @@ mod tests {
         assert_eq!(removed, [(first.clone(), 2)]);
         assert!(!first.exists() && second.exists());
         // --guard=off for /v/a leaves /v/b's; for both, nothing is left.
-        assert!(remove_for(&root, std::slice::from_ref(&a))
+        assert!(remove_for_in_trusted(&root, std::slice::from_ref(&a))
             .unwrap()
             .is_empty());
         assert!(second.exists());
-        let removed = remove_for(&root, &[a, b]).unwrap();
+        let removed = remove_for_in_trusted(&root, &[a, b]).unwrap();
         assert_eq!(removed, [(second.clone(), 0)]);
         assert_eq!(fs::read_dir(&root).unwrap().count(), 0);
         fs::remove_dir(&root).unwrap();
@@ -720,5 +731,32 @@ mod tests {
         assert_eq!(remove_unused(&root, &[], &live).unwrap(), [(dead, 2)]);
         assert!(live.exists());
         fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_pin_directory_that_is_a_symlink_is_left_with_what_it_points_at() {
+        let root = std::env::temp_dir().join(format!("pins-link-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir(&root).unwrap();
+        let victim = root.with_file_name(format!("pins-victim-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&victim);
+        fs::create_dir(&victim).unwrap();
+        fs::write(victim.join("keep"), b"x").unwrap();
+        let planted = root.join(format!("{DIR_PREFIX}1-1"));
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        let link = link_of(&root, Path::new("/v/a"));
+        std::os::unix::fs::symlink(&planted, &link).unwrap();
+        assert!(remove_dir(&planted).is_err());
+        assert!(remove_for_in_trusted(&root, &[PathBuf::from("/v/a")])
+            .unwrap()
+            .is_empty());
+        assert!(
+            remove_unused(&root, std::slice::from_ref(&planted), &root.join("none"))
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(fs::read(victim.join("keep")).unwrap(), b"x");
+        fs::remove_dir_all(&root).unwrap();
+        fs::remove_dir_all(&victim).unwrap();
     }
 }

@@ -472,6 +472,12 @@ fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
                 .or(auto_why.as_ref())
                 .map(|why| (why.reason(), why.to_string()));
             let reason = detect_reason(g.mode(), fallback.as_ref().map(|f| f.0), lsm_active);
+            if let (false, Some(why)) = g.version_detect() {
+                crate::warn!(
+                    "quota-escape guard: an owner's change of a volume root's generation (FS_IOC_SETVERSION, ext4 without metadata_csum) is not counted here; the sync still re-keys the root within one interval",
+                    err = why
+                );
+            }
             match (&fallback, reason) {
                 (Some((reason, why)), _) if requested == GuardMode::Enforce => crate::warn!(
                     "quota-escape guard: enforcement unavailable; with --guard=enforce the exporter does not start",
