@@ -43,6 +43,16 @@ on_every_fs!(
     a_start_waits_for_a_long_first_scan_before_it_takes_the_guard_over,
 );
 
+/// The big allocation's walk, on XFS (made for many inodes): a cost test,
+/// not a filesystem one.
+#[test]
+fn a_huge_allocation_walks_in_steps_beside_the_others() {
+    huge_allocation(&prjquota_vmtests::fixture::SmallFs::xfs_for_many_files(
+        "alloc-huge",
+        2048 * MIB,
+    ));
+}
+
 const WAIT: Duration = Duration::from_secs(60);
 
 fn accounted(e: &prjquota_vmtests::prom::Exposition) -> f64 {
@@ -1372,4 +1382,101 @@ fn walked_mark(p: &std::path::Path) -> Option<String> {
     prjquota_core::sys::fgetxattr(f.as_fd(), c"trusted.prjquota.walked")
         .unwrap()
         .map(|v| String::from_utf8_lossy(&v).into_owned())
+}
+
+/// An allocation of `PRJQUOTA_ALLOC_DIRS` directories (20,000 in
+/// `cargo xtask test`, a million in `cargo xtask stress`; half in one flat
+/// directory with long names, the rest in a chain far deeper than a walk
+/// once went): its walk goes in steps, so an allocation started meanwhile
+/// is accounted while it runs, the exporter's memory does not follow the
+/// tree, and when it ends every directory is in the project.
+fn huge_allocation(small: &prjquota_vmtests::fixture::SmallFs) {
+    let dirs: usize = prjquota_vmtests::vm_env("PRJQUOTA_ALLOC_DIRS")
+        .parse()
+        .expect("PRJQUOTA_ALLOC_DIRS: a whole number");
+    let node = AllocNode::on(small.fixture("alloc-huge"), 8);
+    std::fs::create_dir_all(&node.fixture.node.volumes_dir).unwrap();
+    let exp = node.start_exporter(&[]);
+    let hwm = |exp: &prjquota_vmtests::prom::Exporter| -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/status", exp.pid()))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+            .expect("VmHWM")
+    };
+    let mut big = node.root.build_alloc();
+    let data = big.path.join("alloc/data");
+    let wide = data.join("wide");
+    std::fs::create_dir(&wide).unwrap();
+    let pad = "n".repeat(200);
+    for i in 0..dirs / 2 {
+        std::fs::create_dir(wide.join(format!("{pad}{i}"))).unwrap();
+    }
+    // Deeper than PATH_MAX lets a path name: made one level at a time.
+    let deep = {
+        use prjquota_core::sys;
+        use std::os::fd::AsFd;
+        std::fs::create_dir(data.join("deep")).unwrap();
+        let mut fd: std::os::fd::OwnedFd = std::fs::File::open(data.join("deep")).unwrap().into();
+        for _ in 0..dirs - dirs / 2 {
+            sys::mkdirat(fd.as_fd(), c"d", 0o755).unwrap();
+            fd = sys::openat(fd.as_fd(), c"d", libc::O_RDONLY | libc::O_DIRECTORY, 0).unwrap();
+        }
+        fd
+    };
+    prjquota_vmtests::sh("sync");
+    let before = hwm(&exp);
+    let started = std::time::Instant::now();
+    big.build_task("t");
+    let deadline = std::time::Instant::now() + WAIT;
+    while project_of(&big.path).0 == 0 {
+        assert!(std::time::Instant::now() < deadline, "never claimed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Another allocation, started while the big one is walked.
+    let mut small_one = node.root.build_alloc();
+    small_one.build_task("t");
+    let e = scrape_until(&exp, WAIT, "the small one accounted", |e| {
+        alloc_bytes(e, &small_one.id).is_some()
+    });
+    let big_walking = e.value("prjquota_exporter_allocs", &[("state", "walking")]);
+    eprintln!(
+        "MEASURE alloc_huge_small_accounted_after_seconds {:.1} big_still_walking {big_walking}",
+        started.elapsed().as_secs_f64()
+    );
+    let within = Duration::from_secs(60 + dirs as u64 / 100);
+    scrape_until(&exp, within, "the big one accounted", |e| {
+        alloc_bytes(e, &big.id).is_some()
+    });
+    let took = started.elapsed();
+    let grew = hwm(&exp).saturating_sub(before);
+    eprintln!(
+        "MEASURE alloc_huge_walk dirs {dirs} seconds {:.1} peak_rss_growth_kib {grew}",
+        took.as_secs_f64()
+    );
+    let (pid, _) = project_of(&big.path);
+    assert_eq!(
+        prjquota_core::quota::project_of(std::os::fd::AsFd::as_fd(&deep)).unwrap(),
+        (pid, true),
+        "the deepest directory"
+    );
+    assert_eq!(
+        project_of(&wide.join(format!("{pad}{}", dirs / 2 - 1))),
+        (pid, true)
+    );
+    assert_eq!(walked_mark(&big.path), Some(pid.to_string()));
+    // Names are not kept: a walk of 200-byte names holding them for a
+    // flat directory of `dirs / 2` would grow by more than this.
+    assert!(
+        grew < 8 * 1024,
+        "the exporter's peak RSS grew by {grew} KiB walking {dirs} directories"
+    );
+    drop(exp);
+    small_one.destroy();
+    // Too deep for a recursive removal's stack: the plugin's own removal.
+    let parent: std::os::fd::OwnedFd = std::fs::File::open(&node.root.path).unwrap().into();
+    let name = std::ffi::CString::new(big.id.clone()).unwrap();
+    big.unmount();
+    prjquota::remove::remove_tree(std::os::fd::AsFd::as_fd(&parent), &name).unwrap();
 }

@@ -17,6 +17,8 @@ const SOAK_CHURN_VOLUMES: &str = "10000";
 /// Volumes of the soak run of the plugin's restore storm (Nomad replays
 /// every volume of a node at once at agent start).
 const SOAK_STORM_VOLUMES: &str = "1000";
+/// Directories of the big allocation of the walk's budget test.
+const SOAK_ALLOC_DIRS: &str = "1000000";
 
 pub fn main(args: &[String]) -> Result<u8> {
     let mut secs: u64 = 300;
@@ -48,6 +50,10 @@ pub fn main(args: &[String]) -> Result<u8> {
             "PRJQUOTA_STORM_VOLUMES".to_string(),
             SOAK_STORM_VOLUMES.to_string(),
         ),
+        (
+            "PRJQUOTA_ALLOC_DIRS".to_string(),
+            SOAK_ALLOC_DIRS.to_string(),
+        ),
     ];
     if let Some(seed) = seed {
         guest_env.push(("PRJQUOTA_STRESS_SEED".to_string(), seed));
@@ -57,7 +63,7 @@ pub fn main(args: &[String]) -> Result<u8> {
         vm: true,
         filter: Some(
             "binary(stress) | test(a_churn_of_thousands) | test(restore_storm) \
-             | (binary(faults) & test(stall))"
+             | (binary(faults) & test(stall)) | test(a_huge_allocation)"
                 .into(),
         ),
         vm_threads: 2,

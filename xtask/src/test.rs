@@ -184,6 +184,10 @@ pub const CHURN_VOLUMES: &str = "400";
 /// pass under emulation and starved the tests beside it.
 pub const STORM_VOLUMES: &str = "100";
 
+/// Directories of the big allocation the walk's budget test makes in
+/// `cargo xtask test` (CI); `cargo xtask stress` makes a million.
+pub const ALLOC_DIRS: &str = "20000";
+
 /// CI gives a run 90 minutes on 2 cores, and a cold run should stay under
 /// 45. The full pass on 6.1 gets 35 minutes and each compatibility pass
 /// 20, room to spare over what they take beside another VM on one core
@@ -887,6 +891,7 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
         ),
         ("PRJQUOTA_CHURN_VOLUMES".into(), CHURN_VOLUMES.into()),
         ("PRJQUOTA_STORM_VOLUMES".into(), STORM_VOLUMES.into()),
+        ("PRJQUOTA_ALLOC_DIRS".into(), ALLOC_DIRS.into()),
     ];
     if let Some(d) = &dist {
         env.push(("PRJQUOTA_DEB".into(), d.deb.to_string_lossy().into_owned()));
