@@ -26,6 +26,7 @@ pub mod genetlink;
 pub mod http;
 pub mod inventory;
 pub mod listen;
+pub mod plugin_config;
 pub mod process;
 pub mod web_config;
 

@@ -455,14 +455,26 @@ fn main() {
 /// plugin looks (prjquota.toml's `guard_pin_root` in `plugin_dir`), or
 /// the plugin would write new volumes into no guard; that place when the
 /// flag is not given.
-fn guard_pin_root(flag: Option<&Path>, plugin_dir: &Path) -> anyhow::Result<PathBuf> {
-    let plugins = match prjquota_core::config::load(plugin_dir) {
-        Ok(cfg) => Some(cfg.guard_pin_root),
-        Err(e) => {
+fn guard_pin_root(
+    flag: Option<&Path>,
+    plugin_dir: &Path,
+    within: Duration,
+) -> anyhow::Result<PathBuf> {
+    use prjquota_exporter::plugin_config::{load_within, Read};
+    let plugins = match load_within(plugin_dir, within) {
+        Read::Done(Ok(cfg)) => Some(cfg.guard_pin_root),
+        Read::Done(Err(e)) => {
             warn!(
                 "cannot read the plugin's prjquota.toml; the guard is pinned where the flag or the default says",
                 plugin_dir = plugin_dir.display(),
-                err = format!("{e:#}")
+                err = e
+            );
+            None
+        }
+        Read::Stuck => {
+            warn!(
+                "the plugin's prjquota.toml did not answer within the mount timeout; the guard is pinned where the flag or the default says",
+                plugin_dir = plugin_dir.display(),
             );
             None
         }
@@ -492,7 +504,11 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     // exit, and does not restart it).
     let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
     let disabled_collectors = flags.disabled_collectors();
-    let guard_pin_root = guard_pin_root(flags.guard_pin_root.as_deref(), &flags.plugin_dir)?;
+    let guard_pin_root = guard_pin_root(
+        flags.guard_pin_root.as_deref(),
+        &flags.plugin_dir,
+        flags.mount_timeout,
+    )?;
     let config = Config {
         volumes_dirs: flags.volumes_dirs,
         mount_timeout: flags.mount_timeout,

@@ -41,6 +41,7 @@ on_every_fs!(
     a_file_written_far_below_the_walks_old_depth_is_counted,
     a_file_under_a_write_lease_is_tagged_once_the_lease_goes,
     a_start_waits_for_a_long_first_scan_before_it_takes_the_guard_over,
+    a_file_outside_given_an_allocations_id_calls_for_no_walk_of_it,
 );
 
 /// The big allocation's walk, on XFS (made for many inodes): a cost test,
@@ -626,8 +627,13 @@ fn a_walked_allocation_is_guarded_like_a_volume(case: &FsCase) {
     );
     assert_eq!(project_of(&task.join("local/data")).0, pid);
     assert_eq!(project_of(&task.join("local/dir")), (pid, true));
+    // The file outside is counted apart, not against the allocation.
     let e = scrape_until(&exp, WAIT, "the attempts counted", |e| {
-        e.get(ALLOC_ATTEMPTS, &[("alloc_id", &a.id), ("result", "denied")]) == Some(3.0)
+        e.get(ALLOC_ATTEMPTS, &[("alloc_id", &a.id), ("result", "denied")]) == Some(2.0)
+            && e.get(
+                "prjquota_exporter_guard_outside_attempts_total",
+                &[("result", "denied")],
+            ) == Some(1.0)
     });
     assert_eq!(
         e.value(
@@ -939,6 +945,19 @@ fn two_exporters_with_the_guard_hand_an_allocation_over_without_a_gap(case: &FsC
     looper.enter(2);
     first.stop_leaving_pins();
     looper.wait_attempts(100);
+    // An allocation whose task starts now, with only the second running:
+    // it is not claimed, and no root is written into the pinned guard.
+    let roots_before = prjquota_vmtests::pinned::roots(&node.fixture.node.volumes_dir).len();
+    let mut later = node.root.build_alloc();
+    later.build_task("t");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(project_of(&later.path), (0, false), "the second claimed it");
+    assert_eq!(
+        prjquota_vmtests::pinned::roots(&node.fixture.node.volumes_dir).len(),
+        roots_before,
+        "the second wrote roots into a guard it does not own"
+    );
+    later.destroy();
     let e = scrape_until(&second, WAIT, "the second still leaving them", refused);
     assert!(
         second
@@ -1479,4 +1498,55 @@ fn huge_allocation(small: &prjquota_vmtests::fixture::SmallFs) {
     let name = std::ffi::CString::new(big.id.clone()).unwrap();
     big.unmount();
     prjquota::remove::remove_tree(std::os::fd::AsFd::as_fd(&parent), &name).unwrap();
+}
+
+/// A file outside every allocation, given an allocation's project ID by a
+/// user the guard only counts (`--guard=detect`): counted apart, as an
+/// attempt outside the roots, never against the allocation it names,
+/// whose walk it used to call for at every scan.
+fn a_file_outside_given_an_allocations_id_calls_for_no_walk_of_it(case: &FsCase) {
+    let node = AllocNode::new(case, "alloc-outside-id", 20);
+    let (a, _task) = owned_task(&node);
+    let exp = node.start_exporter(&["--guard=detect"]);
+    let e = scrape_until(&exp, WAIT, "the allocation in the guard", |e| {
+        accounted(e) == 1.0 && e.get(GUARDED, &[]) == Some(1.0)
+    });
+    let walks = e.value("prjquota_exporter_alloc_walks_total", &[]);
+    let (pid, _) = project_of(&a.path);
+    let outside = node.fixture.root.join("owners-outside-file");
+    write_file(&outside, 4096);
+    std::os::unix::fs::chown(&outside, Some(OWNER), Some(OWNER)).unwrap();
+    for _ in 0..3 {
+        assert_eq!(
+            chproj_as(Who::User(OWNER), &open(&outside), pid).1,
+            Ok(()),
+            "--guard=detect refused"
+        );
+        prjquota_vmtests::attack::chproj(&open(&outside), 0).unwrap();
+    }
+    let e = scrape_until(&exp, WAIT, "the attempts counted apart", |e| {
+        e.get(
+            "prjquota_exporter_guard_outside_attempts_total",
+            &[("result", "allowed")],
+        ) == Some(3.0)
+    });
+    // A few scans later: no walk was called for.
+    std::thread::sleep(Duration::from_secs(2));
+    let e2 = exp.scrape();
+    assert_eq!(
+        e2.value("prjquota_exporter_alloc_walks_total", &[]),
+        walks,
+        "an outside file's changes walked the allocation again\n{}",
+        exp.log_lines_with("walking it again")
+    );
+    assert_eq!(
+        e.get(
+            ALLOC_ATTEMPTS,
+            &[("alloc_id", &a.id), ("result", "allowed")]
+        ),
+        Some(0.0),
+        "{}",
+        e.text
+    );
+    drop(exp);
 }

@@ -3,26 +3,36 @@
 //! outside every root, an unprivileged caller may not give a file an ID in
 //! them, so no one can squat the IDs a create will look for. Read again
 //! when the file changes, as the plugin reads it at every operation.
+//!
+//! The file is read off the sync's thread, one read at a time, and the
+//! guard is locked only to write what was read: a plugin directory on
+//! storage that stopped answering costs a change of the ranges, never a
+//! sync round or a scrape.
 
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::sync::Mutex;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use prjquota_core::config;
-use prjquota_ebpf::guard::Guard;
 
-/// What the file said last, and when it was changed then.
+/// The file's change time (`None`: no file) and the ranges it gave.
+type Reading = (Option<SystemTime>, Result<Vec<RangeInclusive<u32>>, String>);
+
 #[derive(Debug, Default)]
-struct Seen {
-    changed: Option<Option<SystemTime>>,
+struct State {
+    /// The change time of the file whose ranges are in the guard.
+    applied: Option<Option<SystemTime>>,
+    /// A read under way.
+    pending: Option<Receiver<Reading>>,
     error: Option<String>,
 }
 
 #[derive(Debug)]
 pub struct GuardRanges {
     plugin_dir: Option<PathBuf>,
-    seen: Mutex<Seen>,
+    state: Mutex<State>,
 }
 
 impl GuardRanges {
@@ -31,40 +41,65 @@ impl GuardRanges {
     pub fn new(plugin_dir: Option<PathBuf>) -> GuardRanges {
         GuardRanges {
             plugin_dir,
-            seen: Mutex::new(Seen::default()),
+            state: Mutex::new(State::default()),
         }
     }
 
-    /// Puts the ranges into `guard` when the file changed since the last
-    /// call (the first call always). A file that cannot be read keeps the
-    /// ranges in force, said once.
-    pub fn apply(&self, guard: &mut Guard) {
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        let changed = self.plugin_dir.as_ref().and_then(|d| {
-            std::fs::metadata(d.join(config::FILE_NAME))
-                .and_then(|m| m.modified())
-                .ok()
-        });
-        if seen.changed == Some(changed) {
-            return;
+    /// Ranges to put into the guard, when the file changed since they were
+    /// put there (with its change time, for [`GuardRanges::applied`]),
+    /// waiting at most `wait` for a read (the start's fill waits a little,
+    /// so that the ranges are in the maps at the swap; the sync's rounds do
+    /// not wait). A read that has not answered goes on, and a later call
+    /// takes its result.
+    pub fn due(&self, wait: Duration) -> Option<(Option<SystemTime>, Vec<RangeInclusive<u32>>)> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.pending.is_none() {
+            state.pending = Some(self.read(state.applied));
         }
-        let ranges = match self.read() {
+        let rx = state.pending.as_ref()?;
+        let got = if wait.is_zero() {
+            rx.try_recv().map_err(|e| e == TryRecvError::Disconnected)
+        } else {
+            rx.recv_timeout(wait)
+                .map_err(|e| e == mpsc::RecvTimeoutError::Disconnected)
+        };
+        let (changed, ranges) = match got {
             Ok(r) => r,
+            Err(gone) => {
+                if gone {
+                    state.pending = None;
+                }
+                return None;
+            }
+        };
+        state.pending = None;
+        match ranges {
+            Ok(ranges) if state.applied != Some(changed) => Some((changed, ranges)),
+            Ok(_) => None,
             Err(why) => {
-                if seen.error.as_ref() != Some(&why) {
+                if state.error.as_ref() != Some(&why) {
                     crate::warn!(
                         "quota-escape guard: cannot read the project-ID ranges to keep for prjquota; the ranges in force stay",
                         err = why
                     );
-                    seen.error = Some(why);
+                    state.error = Some(why);
                 }
-                return;
+                None
             }
-        };
-        match guard.set_ranges(&ranges) {
+        }
+    }
+
+    /// Says how putting [`GuardRanges::due`]'s ranges into the guard went.
+    pub fn applied(
+        &self,
+        changed: Option<SystemTime>,
+        result: Result<(), prjquota_ebpf::TelemetryError>,
+    ) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match result {
             Ok(()) => {
-                seen.changed = Some(changed);
-                seen.error = None;
+                state.applied = Some(changed);
+                state.error = None;
             }
             Err(e) => crate::warn!(
                 "quota-escape guard: cannot put the project-ID ranges into its map; retried at the next round",
@@ -73,12 +108,32 @@ impl GuardRanges {
         }
     }
 
-    fn read(&self) -> Result<Vec<RangeInclusive<u32>>, String> {
-        let cfg = match &self.plugin_dir {
-            Some(d) => config::load(d).map_err(|e| format!("{e:#}"))?,
-            None => config::Config::default(),
-        };
-        Ok(ranges_of(&cfg))
+    /// Starts a read of the file (its change time, and its ranges when
+    /// that moved from `applied`) on a thread of its own.
+    fn read(&self, applied: Option<Option<SystemTime>>) -> Receiver<Reading> {
+        let (tx, rx) = mpsc::channel();
+        let dir = self.plugin_dir.clone();
+        let _ = std::thread::Builder::new()
+            .name("guard-ranges".into())
+            .spawn(move || {
+                let changed = dir.as_ref().and_then(|d| {
+                    std::fs::metadata(d.join(config::FILE_NAME))
+                        .and_then(|m| m.modified())
+                        .ok()
+                });
+                let ranges = if applied == Some(changed) {
+                    Ok(Vec::new())
+                } else {
+                    match &dir {
+                        Some(d) => config::load(d)
+                            .map(|c| ranges_of(&c))
+                            .map_err(|e| format!("{e:#}")),
+                        None => Ok(ranges_of(&config::Config::default())),
+                    }
+                };
+                let _ = tx.send((changed, ranges));
+            });
+        rx
     }
 }
 

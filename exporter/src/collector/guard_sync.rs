@@ -241,7 +241,10 @@ impl Syncer {
     /// else a quiet round that opens nothing.
     pub fn timed_round(&self, guard: &Mutex<Guard>, pins_restored: bool) -> Round {
         if let Some(r) = &self.ranges {
-            r.apply(&mut lock(guard));
+            if let Some((changed, ranges)) = r.due(Duration::ZERO) {
+                let result = lock(guard).set_ranges(&ranges);
+                r.applied(changed, result);
+            }
         }
         let signals = self.signals(|| lock(guard).activity().ok());
         self.timed(signals, pins_restored, || self.round(guard, true))
@@ -293,7 +296,12 @@ impl Syncer {
     /// [`Syncer::round`] on a guard not shared yet (the start-up fill).
     pub fn round_on(&self, guard: &mut Guard, retag: bool) -> Round {
         if let Some(r) = &self.ranges {
-            r.apply(guard);
+            // A start's fill: the ranges in the maps at the swap, unless
+            // the plugin directory does not answer.
+            if let Some((changed, ranges)) = r.due(Duration::from_secs(2)) {
+                let result = guard.set_ranges(&ranges);
+                r.applied(changed, result);
+            }
         }
         let snapshot = guard.snapshot();
         self.round_with(move || snapshot, |s, w| guard.apply(s, w), retag)

@@ -157,7 +157,7 @@ fn main() {
         node(&mount, &a.plugin_dir, "image", "image-plugin.sh"),
         node(&mount, &a.plugin_dir, "guide", "guide-mkdir-plugin.sh"),
     ];
-    let sections: [(&str, Section); 7] = [
+    let sections: [(&str, Section); 8] = [
         ("create", create_latency),
         ("durability", create_durability),
         ("calls", system_calls),
@@ -165,13 +165,14 @@ fn main() {
         ("fingerprint", fingerprint),
         ("delete", delete_many_files),
         ("crowd", create_among_volumes),
+        ("squat", create_after_squatted_ids),
     ];
     // --only create,storm: the named sections, in the report's order.
     let only: Option<Vec<&str>> = a.only.as_deref().map(|o| o.split(',').collect());
     for o in only.iter().flatten() {
         assert!(
             sections.iter().any(|(name, _)| name == o),
-            "--only takes a comma-separated list of create, durability, calls, storm, fingerprint, delete, crowd (got {o})"
+            "--only takes a comma-separated list of create, durability, calls, storm, fingerprint, delete, crowd, squat (got {o})"
         );
     }
     for (name, section) in sections {
@@ -688,6 +689,75 @@ fn create_among_volumes(a: &Args, contenders: &[Node; 4], _free: u64, r: &mut Re
             cells.push(format!("{:.2}×", c / e));
         }
         r.row(&cells);
+    }
+}
+
+/// Section 8: a create after a million project IDs squatted right after
+/// the last volume's, inside the volumes' range (a local user's files
+/// tagged before any guard refused it: here each ID holds a limit, the
+/// cheapest way to make a million dquots), against the same create on a
+/// node with nothing squatted.
+fn create_after_squatted_ids(a: &Args, contenders: &[Node; 4], _free: u64, r: &mut Report) {
+    use std::os::fd::AsFd;
+    r.table(
+        "Create after project IDs squatted inside the volumes' range (an empty node = 1×)",
+        &[
+            "squatted IDs",
+            "create median (empty node)",
+            "create / empty",
+        ],
+    );
+    let empty = &contenders[0];
+    let squatted = node(Path::new(MOUNT), &a.plugin_dir, "squatted", "prjquota");
+    // A range of its own, above the others' on this filesystem.
+    const MIN: u32 = 1_800_000_000;
+    std::fs::write(
+        squatted.plugin_dir.join("prjquota.toml"),
+        format!(
+            "overcommit_ratio = 1000000.0\nproject_id_min = {MIN}\nproject_id_max = 1999999999\n"
+        ),
+    )
+    .expect("the squatted node's config");
+    let first = Spec::new("squat-first", 64 * MIB);
+    squatted.create(&first).created();
+    let n: u32 = if a.quick { 10_000 } else { 1_000_000 };
+    let fs = std::fs::File::open(MOUNT).unwrap();
+    let limits = prjquota_core::quota::Limits {
+        bytes_hard: 4096,
+        ..prjquota_core::quota::Limits::NONE
+    };
+    let t = std::time::Instant::now();
+    for id in MIN + 1..=MIN + n {
+        prjquota_core::quota::set_limits(fs.as_fd(), id, &limits).expect("squat an ID");
+    }
+    r.measure("squat_ids_seconds", t.elapsed().as_secs_f64());
+    fresh_memory();
+    let samples = if a.quick { 5 } else { 15 };
+    let mut times: [Vec<f64>; 2] = Default::default();
+    for i in 0..=samples {
+        for (k, node) in [empty, &squatted].into_iter().enumerate() {
+            let spec = Spec::new(&format!("squat-{i}"), 64 * MIB);
+            let took = timed_create(node, &spec);
+            if i > 0 {
+                times[k].push(took);
+            }
+            node.delete(&spec).ok();
+        }
+    }
+    let (e, c) = (median(times[0].clone()), median(times[1].clone()));
+    r.measure(
+        &format!("create_after_squatted_median_seconds{{ids={n}}}"),
+        c,
+    );
+    r.measure(
+        &format!("create_squat_empty_node_median_seconds{{ids={n}}}"),
+        e,
+    );
+    r.row(&[n.to_string(), ms(e), format!("{:.2}×", c / e)]);
+    squatted.delete(&first).ok();
+    for id in MIN + 1..=MIN + n {
+        let _ =
+            prjquota_core::quota::set_limits(fs.as_fd(), id, &prjquota_core::quota::Limits::NONE);
     }
 }
 
