@@ -2,7 +2,8 @@
 //! allocations', from the plugin's `prjquota.toml`), handed to the guard:
 //! outside every root, an unprivileged caller may not give a file an ID in
 //! them, so no one can squat the IDs a create will look for. Read again
-//! when the file changes, as the plugin reads it at every operation.
+//! when the file changes (looked at once a minute), as the plugin reads it
+//! at every operation.
 //!
 //! The file is read off the sync's thread, one read at a time, and the
 //! guard is locked only to write what was read: a plugin directory on
@@ -26,8 +27,15 @@ struct State {
     applied: Option<Option<SystemTime>>,
     /// A read under way.
     pending: Option<Receiver<Reading>>,
+    /// When the last read started: the sync's rounds look at the file
+    /// once a minute at most (a change of the ranges is rare; the plugin
+    /// directory's disk is no one's to keep busy).
+    started: Option<std::time::Instant>,
     error: Option<String>,
 }
+
+/// The shortest time between two looks at the file from the sync's rounds.
+const LOOK_EVERY: Duration = Duration::from_secs(60);
 
 #[derive(Debug)]
 pub struct GuardRanges {
@@ -53,8 +61,11 @@ impl GuardRanges {
     /// takes its result.
     pub fn due(&self, wait: Duration) -> Option<(Option<SystemTime>, Vec<RangeInclusive<u32>>)> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if state.pending.is_none() {
+        // A start's fill (it waits) always looks; a round once a minute.
+        let due = !wait.is_zero() || state.started.is_none_or(|t| t.elapsed() >= LOOK_EVERY);
+        if state.pending.is_none() && due {
             state.pending = Some(self.read(state.applied));
+            state.started = Some(std::time::Instant::now());
         }
         let rx = state.pending.as_ref()?;
         let got = if wait.is_zero() {
