@@ -1,7 +1,7 @@
 //! The Prometheus configs under deploy/ against the series' schema: a
 //! target label the service discovery writes must be named as the
 //! exporter's series and the dashboards name the same thing, or a join on
-//! it finds nothing (the Nomad SD config once wrote `nomad_node_id` beside
+//! it finds nothing (a Nomad SD config once wrote `nomad_node_id` beside
 //! the series' `node_id`).
 
 use std::collections::BTreeSet;
@@ -69,67 +69,31 @@ fn target_labels(job: &Value) -> Vec<(Vec<String>, String)> {
         .collect()
 }
 
-fn check_nomad_sd_job(place: &str, job: &Value, schema: &BTreeSet<String>) {
-    let written = target_labels(job);
-    for (sources, target) in &written {
+/// Every label a scrape job's relabelling writes must be one the series
+/// have (docs/metrics.md), or a join on it finds nothing.
+fn check_job_labels(place: &str, job: &Value, schema: &BTreeSet<String>) {
+    for (sources, target) in target_labels(job) {
         assert!(
-            schema.contains(target) || ["job", "instance"].contains(&target.as_str()),
+            schema.contains(&target) || ["job", "instance"].contains(&target.as_str()),
             "{place}: relabelling {sources:?} writes the label {target:?}, which no series \
              of docs/metrics.md has: name it as the schema does (e.g. node_id) or add it there"
         );
     }
-    let node = written
-        .iter()
-        .find(|(s, _)| s.iter().any(|x| x == "__meta_nomad_node_id"))
-        .unwrap_or_else(|| panic!("{place}: no relabelling of __meta_nomad_node_id"));
-    assert_eq!(
-        node.1, "node_id",
-        "{place}: the Nomad node's ID must be node_id, as on the exporter's series"
-    );
-    // A target label the exporter also exposes is renamed exported_<name>
-    // on the series that have it unless the exposed labels win.
-    assert_eq!(
-        job["honor_labels"].as_bool(),
-        Some(true),
-        "{place}: sets node_id, which the exporter's info and per-directory series expose too: \
-         add `honor_labels: true` or those become exported_node_id"
-    );
 }
 
 #[test]
-fn the_nomad_sd_config_writes_the_schemas_label_names() {
+fn the_shipped_scrape_configs_write_only_the_schemas_label_names() {
     let schema = schema_labels();
-    let path = repo_root().join("deploy/prometheus/nomad-sd.yml");
-    let text = std::fs::read_to_string(&path).expect("read deploy/prometheus/nomad-sd.yml");
-    let v: Value = serde_norway::from_str(&text).expect("nomad-sd.yml is YAML");
+    let place = "deploy/prometheus/prometheus.yml";
+    let text = std::fs::read_to_string(repo_root().join(place)).expect("read prometheus.yml");
+    let v: Value = serde_norway::from_str(&text).expect("prometheus.yml is YAML");
     let jobs = v["scrape_configs"].as_sequence().expect("scrape_configs");
-    let job = jobs
-        .iter()
-        .find(|j| j.get("nomad_sd_configs").is_some())
-        .expect("a job with nomad_sd_configs");
-    check_nomad_sd_job("deploy/prometheus/nomad-sd.yml", job, &schema);
-}
-
-#[test]
-fn the_nomad_sd_snippet_in_the_docs_agrees_with_the_schema() {
-    let schema = schema_labels();
-    let page = std::fs::read_to_string(repo_root().join("docs/dashboards.md"))
-        .expect("read docs/dashboards.md");
-    let blocks: Vec<&str> = page
-        .split("```yaml\n")
-        .skip(1)
-        .filter_map(|b| b.split("```").next())
-        .filter(|b| b.contains("nomad_sd_configs"))
-        .collect();
     assert!(
-        !blocks.is_empty(),
-        "docs/dashboards.md shows no nomad_sd_configs"
+        jobs.iter().any(|j| j["job_name"] == "prjquota-exporter"),
+        "{place}: no prjquota-exporter job"
     );
-    for b in blocks {
-        let v: Value = serde_norway::from_str(b).expect("the docs' block is YAML");
-        for job in v["scrape_configs"].as_sequence().expect("scrape_configs") {
-            check_nomad_sd_job("docs/dashboards.md", job, &schema);
-        }
+    for job in jobs {
+        check_job_labels(place, job, &schema);
     }
 }
 

@@ -20,29 +20,6 @@ fn hcl(rel: &str) -> Value {
 }
 
 #[test]
-fn the_exporter_job_is_a_system_job_with_a_checked_service_on_14646() {
-    let v = hcl("nomad/prjquota-exporter.nomad.hcl");
-    let job = &v["job"]["prjquota-exporter"];
-    assert_eq!(job["type"], "system");
-    let group = &job["group"]["exporter"];
-    assert_eq!(group["network"]["port"]["metrics"]["static"], 14646);
-    assert_eq!(group["service"]["provider"], "nomad");
-    assert_eq!(group["service"]["check"]["path"], "/healthz");
-    let task = &group["task"]["exporter"];
-    assert_eq!(
-        task["driver"], "raw_exec",
-        "eBPF and quotactl need the host's privileges"
-    );
-    let args: Vec<&str> = task["config"]["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
-    assert!(args.contains(&"--volumes-dir") && args.contains(&"--web.listen-address"));
-}
-
-#[test]
 fn the_example_volume_spec_uses_the_plugin_and_its_parameters() {
     let v = hcl("nomad/volume.hcl");
     assert_eq!(v["type"], "host");

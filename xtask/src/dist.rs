@@ -448,10 +448,6 @@ fn stage_files(
             "deploy/prometheus/prometheus.yml",
             "usr/share/prjquota/prometheus/prometheus.yml",
         ),
-        (
-            "deploy/prometheus/nomad-sd.yml",
-            "usr/share/prjquota/prometheus/nomad-sd.yml",
-        ),
         ("deploy/prjquota.toml", "usr/share/prjquota/prjquota.toml"),
         ("docs/runbooks.md", "usr/share/doc/prjquota/runbooks.md"),
         // Not active: the operator copies it into nomad.service.d.
