@@ -320,7 +320,7 @@ impl Config {
     /// Refuses what would render invalid or misleading rules: each error
     /// names the field and what it takes.
     pub fn check(&self) -> Result<(), String> {
-        crate::parse_matchers(&self.selector).map_err(|e| {
+        crate::promql::parse_matchers(&self.selector).map_err(|e| {
             format!("selector: {e}; write label matchers as in PromQL, e.g. selector = 'job=\"prjquota\"'")
         })?;
         let l = &self.cluster_label;
@@ -360,7 +360,7 @@ impl Config {
             }
         }
         let n = &self.nomad;
-        crate::parse_matchers(&n.selector).map_err(|e| {
+        crate::promql::parse_matchers(&n.selector).map_err(|e| {
             format!("[nomad] selector: {e}; write label matchers as in PromQL, e.g. selector = 'job=\"nomad\"'")
         })?;
         for (field, l) in [

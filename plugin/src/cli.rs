@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueHint};
 
-use crate::admin::{self, list::Filter, Flags};
+use crate::admin::{list::Filter, Flags};
 use prjquota_core::units;
 
 const ABOUT: &str =
@@ -99,24 +99,6 @@ pub enum Command {
         /// Nomad's host_volume_plugin_dir
         #[arg(long, value_name = "DIR", value_hint = ValueHint::DirPath)]
         plugin_dir: PathBuf,
-    },
-    /// The Prometheus rules and the Grafana dashboard, from a config
-    #[command(subcommand)]
-    Dashboards(Dashboards),
-}
-
-/// `prjquota dashboards …`
-#[derive(Debug, Subcommand)]
-pub enum Dashboards {
-    /// Write alerts.yaml and prjquota.json rendered from a config (see docs/dashboards.md#customising)
-    Render {
-        /// A copy of the shipped config with the fields you change
-        #[arg(long, value_name = "FILE", value_hint = ValueHint::FilePath,
-              default_value = admin::dashboards::DEFAULT_CONFIG)]
-        config: PathBuf,
-        /// Where to write the two files (not /usr/share/prjquota, which the package owns)
-        #[arg(long, value_name = "DIR", value_hint = ValueHint::DirPath)]
-        out: PathBuf,
     },
 }
 
@@ -293,7 +275,7 @@ mod tests {
                 paths.push(vec![sub.get_name(), subsub.get_name()]);
             }
         }
-        assert!(paths.len() > 10, "{paths:?}");
+        assert!(paths.len() > 8, "{paths:?}");
         for mut p in paths {
             p.push("--help");
             let e = parse(&p).expect_err("--help stops the parse");
@@ -319,7 +301,6 @@ mod tests {
             }
             cmds.extend(c.get_subcommands().cloned());
         }
-        assert!(long.contains("prjquota dashboards render"), "{long}");
         assert!(long.contains("Usage: prjquota grow "), "{long}");
         assert!(!short.contains("--min-used"), "{short}");
     }

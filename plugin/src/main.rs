@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use prjquota::admin;
-use prjquota::cli::{Command, Dashboards};
+use prjquota::cli::Command;
 use prjquota::contract::{self, Operation};
 use prjquota::ops;
 
@@ -124,9 +124,6 @@ fn operator(command: Command, argv0: Option<&OsString>) -> ExitCode {
             }
         }
         Command::Install { plugin_dir } => install(&plugin_dir),
-        Command::Dashboards(Dashboards::Render { config, out }) => {
-            dashboards(&admin::dashboards::Render { config, out })
-        }
     }
 }
 
@@ -145,20 +142,6 @@ fn install(dir: &Path) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => refused("install", &e, 1),
-    }
-}
-
-/// `prjquota dashboards render [--config FILE] --out DIR`
-/// (`admin::dashboards`).
-fn dashboards(render: &admin::dashboards::Render) -> ExitCode {
-    match admin::dashboards::run(render) {
-        Ok(written) => {
-            for p in written {
-                println!("wrote {} (from {})", p.display(), render.config.display());
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) => refused("dashboards render", &e, 1),
     }
 }
 

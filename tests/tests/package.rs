@@ -33,6 +33,8 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 const MAN_DB_AUTO_UPDATE: &str = "var/lib/man-db/auto-update";
 const UNIT: &str = "usr/lib/systemd/system/prjquota-exporter.service";
 const EXPORTER: &str = "usr/bin/prjquota-exporter";
+/// The dashboards' renderer, apart from the plugin Nomad runs.
+const RENDERER: &str = "usr/bin/prjquota-dashboards";
 const PLUGIN: &str = "usr/lib/prjquota/prjquota";
 const ADMIN: &str = "usr/bin/prjquota";
 const GENERATOR: &str = "usr/lib/systemd/system-generators/prjquota-exporter-generator";
@@ -45,17 +47,21 @@ const NOMAD_DROP_IN: &str = "usr/share/doc/prjquota/nomad-requires-prjquota.conf
 const PLUGIN_DIR: &str = "opt/nomad/data/host_volume_plugins";
 const DASHBOARD: &str = "usr/share/prjquota/dashboards/prjquota.json";
 const RULES: &str = "usr/share/prjquota/rules/prjquota-alerts.yaml";
-/// The dashboards' default config, which `prjquota dashboards render`
-/// reads when given no --config (`admin::dashboards::DEFAULT_CONFIG`).
+/// The dashboards' default config, which `prjquota-dashboards render`
+/// reads when given no --config (`prjquota_dashboards::cli::DEFAULT_CONFIG`).
 const DASHBOARDS_CONFIG: &str = "usr/share/prjquota/dashboards/config.toml";
 /// Where Debian's zsh (zsh-common) and Fedora's look for packaged
 /// completions.
 const ZSH_DEB: &str = "usr/share/zsh/vendor-completions";
 const ZSH_RPM: &str = "usr/share/zsh/site-functions";
 
+/// The commands the package puts on PATH, each with its man page and
+/// completions.
+const COMMANDS: [&str; 3] = ["prjquota", "prjquota-exporter", "prjquota-dashboards"];
+
 /// Each command's bash, zsh and fish completions, zsh's in `zsh_dir`.
 fn completions(zsh_dir: &str) -> Vec<String> {
-    ["prjquota", "prjquota-exporter"]
+    COMMANDS
         .iter()
         .flat_map(|c| {
             [
@@ -275,7 +281,7 @@ fn the_deb_installs_its_unit_verifies_and_a_purge_leaves_nothing() {
 
     // The files land where docs/install.md says.
     let install_md = include_str!("../../docs/install.md");
-    for p in [EXPORTER, PLUGIN, ADMIN, CONFFILE, "usr/share/prjquota/"] {
+    for p in [EXPORTER, PLUGIN, ADMIN, RENDERER, CONFFILE, "usr/share/prjquota/"] {
         assert!(
             install_md.contains(&format!("/{p}")),
             "docs/install.md does not say that the .deb installs /{p}"
@@ -284,6 +290,7 @@ fn the_deb_installs_its_unit_verifies_and_a_purge_leaves_nothing() {
     assert_mode(&root.at(EXPORTER), 0o755);
     assert_mode(&root.at(PLUGIN), 0o755);
     assert_mode(&root.at(ADMIN), 0o755);
+    assert_mode(&root.at(RENDERER), 0o755);
     assert_mode(&root.at(GENERATOR), 0o755);
     assert_mode(&root.at(CONFFILE), 0o644);
     // The plugin Nomad runs: the package's, a regular file.
@@ -344,7 +351,7 @@ fn the_deb_installs_its_unit_verifies_and_a_purge_leaves_nothing() {
             "the install made /{dir}: the nomad.service drop-in is opt-in"
         );
     }
-    for page in ["prjquota", "prjquota-exporter"] {
+    for page in COMMANDS {
         let p = format!("usr/share/man/man1/{page}.1.gz");
         assert_mode(&root.at(&p), 0o644);
     }
@@ -353,7 +360,7 @@ fn the_deb_installs_its_unit_verifies_and_a_purge_leaves_nothing() {
     for p in completions(ZSH_DEB) {
         assert_mode(&root.at(&p), 0o644);
     }
-    for c in ["prjquota", "prjquota-exporter"] {
+    for c in COMMANDS {
         let loaded = root.chroot_ok(&[
             "bash",
             "-c",
@@ -378,7 +385,7 @@ fn the_deb_installs_its_unit_verifies_and_a_purge_leaves_nothing() {
     assert_mode(&root.at(DASHBOARDS_CONFIG), 0o644);
     assert_eq!(
         format!("/{DASHBOARDS_CONFIG}"),
-        prjquota::admin::dashboards::DEFAULT_CONFIG,
+        prjquota_dashboards::cli::DEFAULT_CONFIG,
         "the package ships the dashboards config where the command looks"
     );
     // dpkg installed exactly the binaries the .deb was built from: by
@@ -386,7 +393,11 @@ fn the_deb_installs_its_unit_verifies_and_a_purge_leaves_nothing() {
     // plugin and this run's debug exporter; with --release-deb both static
     // release binaries, whose static linking `cargo xtask dist` checks.
     let built_from = PathBuf::from(vm_env("PRJQUOTA_DEB_BINS"));
-    for (installed, name) in [(PLUGIN, "prjquota"), (EXPORTER, "prjquota-exporter")] {
+    for (installed, name) in [
+        (PLUGIN, "prjquota"),
+        (EXPORTER, "prjquota-exporter"),
+        (RENDERER, "prjquota-dashboards"),
+    ] {
         assert!(
             std::fs::read(root.at(installed)).unwrap()
                 == std::fs::read(built_from.join(name)).unwrap(),
@@ -456,8 +467,7 @@ fn the_deb_installs_its_unit_verifies_and_a_purge_leaves_nothing() {
     // From the installed default config, the installed command renders
     // exactly the dashboard and rules the package ships.
     root.chroot_ok(&[
-        "/usr/bin/prjquota",
-        "dashboards",
+        "/usr/bin/prjquota-dashboards",
         "render",
         "--out",
         "/tmp/prjquota-dashboards",
@@ -466,7 +476,7 @@ fn the_deb_installs_its_unit_verifies_and_a_purge_leaves_nothing() {
         assert!(
             std::fs::read(root.at(shipped)).unwrap()
                 == std::fs::read(root.at("tmp/prjquota-dashboards").join(name)).unwrap(),
-            "prjquota dashboards render gave another {name} than /{shipped}"
+            "prjquota-dashboards render gave another {name} than /{shipped}"
         );
     }
     // The render is the test's, not the package's: the purge's check below
@@ -513,6 +523,7 @@ fn the_deb_installs_its_unit_verifies_and_a_purge_leaves_nothing() {
         EXPORTER,
         PLUGIN,
         ADMIN,
+        RENDERER,
         GENERATOR,
         UNIT,
         DASHBOARD,
@@ -664,7 +675,7 @@ fn the_rpm_holds_the_debs_files_and_scripts() {
         "the .rpm's config files"
     );
     let perms = q(&["--qf", "[%{FILEMODES:perms} %{FILENAMES}\n]"]);
-    for p in [EXPORTER, PLUGIN, ADMIN, GENERATOR] {
+    for p in [EXPORTER, PLUGIN, ADMIN, RENDERER, GENERATOR] {
         assert!(
             perms.contains(&format!("-rwxr-xr-x /{p}\n")),
             "/{p} is not 0755 in the .rpm:\n{perms}"

@@ -8,7 +8,8 @@
 //! `prjquota`'s come from its one command-line definition
 //! (`prjquota::cli`), which its parser and `--help` (so its man page) use
 //! too. Nomad's own operations (fingerprint, create, delete) are not
-//! offered: an operator never runs them.
+//! offered: an operator never runs them. `prjquota-dashboards`'s come
+//! from its definition (`prjquota_dashboards::cli`) the same way.
 
 use std::path::Path;
 use std::process::Command;
@@ -36,13 +37,14 @@ pub fn path(shell: Shell, bin: &str, zsh_dir: &str) -> String {
     }
 }
 
-/// Writes both commands' completions for every shell under the staged
+/// Writes every command's completions for every shell under the staged
 /// tree `d`.
 pub fn stage(exporter: &Path, d: &Path, zsh_dir: &str) -> Result<()> {
     for shell in SHELLS {
         for (bin, text) in [
             ("prjquota-exporter", from_binary(exporter, shell)?),
             ("prjquota", plugin_script(shell)),
+            ("prjquota-dashboards", dashboards_script(shell)),
         ] {
             let to = d.join(path(shell, bin, zsh_dir));
             std::fs::create_dir_all(to.parent().context("a completion's directory")?)?;
@@ -72,6 +74,18 @@ fn from_binary(exporter: &Path, shell: Shell) -> Result<Vec<u8>> {
 pub fn plugin_script(shell: Shell) -> Vec<u8> {
     let mut out = Vec::new();
     clap_complete::generate(shell, &mut plugin_command(), "prjquota", &mut out);
+    out
+}
+
+/// The completion script of `prjquota-dashboards` for `shell`.
+pub fn dashboards_script(shell: Shell) -> Vec<u8> {
+    let mut out = Vec::new();
+    clap_complete::generate(
+        shell,
+        &mut prjquota_dashboards::cli::command(),
+        "prjquota-dashboards",
+        &mut out,
+    );
     out
 }
 
@@ -137,6 +151,16 @@ mod tests {
         let bash = String::from_utf8(plugin_script(Shell::Bash)).unwrap();
         for nomads in NOMAD_OPERATIONS {
             assert!(!bash.contains(nomads), "Nomad's {nomads} is offered");
+        }
+    }
+
+    #[test]
+    fn the_dashboards_scripts_offer_render_and_its_flags() {
+        for shell in SHELLS {
+            let s = String::from_utf8(dashboards_script(shell)).unwrap();
+            for word in ["prjquota-dashboards", "render", "config", "out"] {
+                assert!(s.contains(word), "{shell}: {word} in\n{s}");
+            }
         }
     }
 

@@ -3,7 +3,7 @@
 //! by default) into DIR (dashboards/ by default, over the shipped files).
 //! The rendering is the dashboards crate's (`prjquota_dashboards::render`),
 //! which the host tests hold the shipped files to, and which the installed
-//! `prjquota dashboards render` runs too.
+//! `prjquota-dashboards render` runs too.
 
 use std::path::PathBuf;
 

@@ -1,6 +1,6 @@
 //! `cargo xtask dist`: what an operator installs, all in `target/dist/`:
-//! - `prjquota-<version>-x86_64-linux.tar.gz`: statically linked `prjquota`
-//!   and `prjquota-exporter`, their man pages and completions under
+//! - `prjquota-<version>-x86_64-linux.tar.gz`: statically linked `prjquota`,
+//!   `prjquota-exporter` and `prjquota-dashboards`, their man pages and completions under
 //!   `share/` (as under `/usr/local`), `deploy/`, the dashboard, the rules,
 //!   the runbooks, README, LICENSE and THIRD-PARTY-LICENSES;
 //! - `prjquota_<version>-1_amd64.deb`, built by Debian's own `dpkg-deb`;
@@ -42,7 +42,29 @@ use anyhow::{bail, Context, Result};
 use crate::{cargo, header, run};
 
 pub const TRIPLE: &str = "x86_64-unknown-linux-gnu";
-pub const BINS: [&str; 2] = ["prjquota", "prjquota-exporter"];
+pub const BINS: [&str; 3] = ["prjquota", "prjquota-exporter", "prjquota-dashboards"];
+
+/// The executables a package is made of, wherever they were built.
+pub struct Bins {
+    /// `prjquota`, the plugin Nomad runs and the operator commands.
+    pub plugin: PathBuf,
+    pub exporter: PathBuf,
+    /// `prjquota-dashboards`, which renders an operator's rules and
+    /// dashboard (apart from the plugin: Nomad runs that on every volume
+    /// operation, and the renderer's YAML library has no business there).
+    pub dashboards: PathBuf,
+}
+
+impl Bins {
+    /// The executables of [`BINS`] in `dir`, by their names.
+    pub fn in_dir(dir: &Path) -> Bins {
+        Bins {
+            plugin: dir.join("prjquota"),
+            exporter: dir.join("prjquota-exporter"),
+            dashboards: dir.join("prjquota-dashboards"),
+        }
+    }
+}
 
 /// What `build` made, all under `target/dist/` but the binaries.
 pub struct Dist {
@@ -66,21 +88,15 @@ pub fn main(args: &[String]) -> Result<u8> {
             let epoch = source_date_epoch(&root)?;
             let (dir, out) = (Path::new(dir), Path::new(out));
             std::fs::create_dir_all(out)?;
-            let (plugin, exporter) = (dir.join("prjquota"), dir.join("prjquota-exporter"));
-            build_deb(
-                &root,
-                &plugin,
-                &exporter,
-                &out.join(deb_name()),
-                &epoch,
-                "none",
-            )?;
-            build_rpm(&root, &plugin, &exporter, &out.join(rpm_name()), &epoch)?;
+            let bins = Bins::in_dir(dir);
+            build_deb(&root, &bins, &out.join(deb_name()), &epoch, "none")?;
+            build_rpm(&root, &bins, &out.join(rpm_name()), &epoch)?;
             println!("in {}", out.display());
         }
         _ => bail!(
             "usage: cargo xtask dist [--binaries DIR OUT] (got `{}`): --binaries packages \
-             DIR's prjquota and prjquota-exporter into OUT, unchecked, for tests",
+             DIR's prjquota, prjquota-exporter and prjquota-dashboards into OUT, unchecked, \
+             for tests",
             args.join(" ")
         ),
     }
@@ -129,36 +145,19 @@ pub fn build() -> Result<Dist> {
         &stage.join(crate::notice::FILE),
         &crate::notice::render_for_workspace(&root, TRIPLE, &BINS)?,
     )?;
-    stage_share(
-        &bin_dir.join("prjquota"),
-        &bin_dir.join("prjquota-exporter"),
-        &stage,
-        &epoch,
-    )?;
+    let bins = Bins::in_dir(&bin_dir);
+    stage_share(&bins, &stage, &epoch)?;
     let tarball = format!("{name}.tar.gz");
     tar_gz(&out, &name, &out.join(&tarball), &epoch)?;
     check_tarball(&out.join(&tarball), &name)?;
 
     header("deb");
     let deb = deb_name();
-    build_deb(
-        &root,
-        &bin_dir.join("prjquota"),
-        &bin_dir.join("prjquota-exporter"),
-        &out.join(&deb),
-        &epoch,
-        "xz",
-    )?;
+    build_deb(&root, &bins, &out.join(&deb), &epoch, "xz")?;
 
     header("rpm");
     let rpm = rpm_name();
-    build_rpm(
-        &root,
-        &bin_dir.join("prjquota"),
-        &bin_dir.join("prjquota-exporter"),
-        &out.join(&rpm),
-        &epoch,
-    )?;
+    build_rpm(&root, &bins, &out.join(&rpm), &epoch)?;
 
     header("debug symbols");
     let debug = debug_archive(&bin_dir, &out, &epoch)?;
@@ -256,19 +255,18 @@ pub fn deb_name() -> String {
     format!("prjquota_{}-1_amd64.deb", env!("CARGO_PKG_VERSION"))
 }
 
-/// Builds the .deb at `deb` from these two binaries with dpkg-deb
+/// Builds the .deb at `deb` from these binaries with dpkg-deb
 /// (`compression`: dpkg-deb's -Z), staged next to it in `deb-root/`.
 pub fn build_deb(
     root: &Path,
-    plugin: &Path,
-    exporter: &Path,
+    bins: &Bins,
     deb: &Path,
     epoch: &str,
     compression: &str,
 ) -> Result<()> {
     let dir = deb.parent().context("the .deb's directory")?;
     let deb_root = fresh_dir(&dir.join("deb-root"))?;
-    stage_deb(root, plugin, exporter, &deb_root, epoch)?;
+    stage_deb(root, bins, &deb_root, epoch)?;
     normalise(&deb_root, epoch)?;
     run(Command::new("dpkg-deb")
         .env("SOURCE_DATE_EPOCH", epoch)
@@ -403,18 +401,15 @@ pub fn settings_text(default: &str, family: Family) -> String {
 /// node's settings (a conffile), the dashboard, the rules, the Prometheus
 /// configuration, and the licences: the project's and the crates' linked
 /// in (`notice.rs`).
-fn stage_files(
-    root: &Path,
-    plugin: &Path,
-    exporter: &Path,
-    d: &Path,
-    epoch: &str,
-    family: Family,
-) -> Result<()> {
-    install_file(exporter, &d.join("usr/bin/prjquota-exporter"), 0o755)?;
-    install_file(plugin, &d.join(PLUGIN_PATH), 0o755)?;
-    strip(&d.join("usr/bin/prjquota-exporter"))?;
-    strip(&d.join(PLUGIN_PATH))?;
+fn stage_files(root: &Path, bins: &Bins, d: &Path, epoch: &str, family: Family) -> Result<()> {
+    for (bin, to) in [
+        (&bins.exporter, EXPORTER_PATH),
+        (&bins.plugin, PLUGIN_PATH),
+        (&bins.dashboards, DASHBOARDS_PATH),
+    ] {
+        install_file(bin, &d.join(to), 0o755)?;
+        strip(&d.join(to))?;
+    }
     install_file(
         &root.join("deploy/package/prjquota"),
         &d.join("usr/bin/prjquota"),
@@ -438,7 +433,7 @@ fn stage_files(
             "dashboards/alerts.yaml",
             "usr/share/prjquota/rules/prjquota-alerts.yaml",
         ),
-        // What `prjquota dashboards render` reads without --config, and
+        // What `prjquota-dashboards render` reads without --config, and
         // what an operator copies and edits.
         (
             "dashboards/config.toml",
@@ -466,8 +461,8 @@ fn stage_files(
         &licences.join(crate::notice::FILE),
         &crate::notice::render_for_workspace(root, TRIPLE, &BINS)?,
     )?;
-    stage_man_pages(plugin, exporter, d, epoch)?;
-    crate::completions::stage(exporter, d, family.zsh_dir())?;
+    stage_man_pages(bins, d, epoch)?;
+    crate::completions::stage(&bins.exporter, d, family.zsh_dir())?;
     match family {
         Family::Deb => {
             let years = copyright_years(root, epoch)?;
@@ -538,8 +533,9 @@ fn debian_copyright(years: &str) -> String {
          Files: *\n\
          Copyright: {years} prjquota developers\n\
          License: MPL-2.0\n\
-         Comment: /usr/bin/prjquota-exporter and /usr/lib/prjquota/prjquota are\n \
-         statically linked: they contain third-party Rust crates and the GNU C\n \
+         Comment: /usr/bin/prjquota-exporter, /usr/bin/prjquota-dashboards and\n \
+         /usr/lib/prjquota/prjquota are statically linked: they contain\n \
+         third-party Rust crates and the GNU C\n \
          Library. /{DOC_DIR}/{notice} lists each crate with\n \
          its version and licence, and holds their licence texts.\n\
          \n\
@@ -552,15 +548,15 @@ fn debian_copyright(years: &str) -> String {
 
 /// The tarball's `share/`, laid out as under `/usr/local`: man pages and
 /// completions (zsh's in `site-functions`, on zsh's default fpath there).
-fn stage_share(plugin: &Path, exporter: &Path, stage: &Path, epoch: &str) -> Result<()> {
-    stage_man_pages(plugin, exporter, stage, epoch)?;
-    crate::completions::stage(exporter, stage, crate::completions::ZSH_RPM)?;
+fn stage_share(bins: &Bins, stage: &Path, epoch: &str) -> Result<()> {
+    stage_man_pages(bins, stage, epoch)?;
+    crate::completions::stage(&bins.exporter, stage, crate::completions::ZSH_RPM)?;
     std::fs::rename(stage.join("usr/share"), stage.join("share"))
         .context("move the tarball's usr/share to share")?;
     std::fs::remove_dir(stage.join("usr")).context("remove the tarball's empty usr")
 }
 
-/// Fails unless the tarball holds both commands' man pages and every
+/// Fails unless the tarball holds every command's man page and every
 /// shell's completions.
 fn check_tarball(tarball: &Path, name: &str) -> Result<()> {
     let o = Command::new("tar")
@@ -572,12 +568,12 @@ fn check_tarball(tarball: &Path, name: &str) -> Result<()> {
         bail!("tar -tzf {} failed", tarball.display());
     }
     let listed = String::from_utf8_lossy(&o.stdout);
-    let mut want: Vec<String> = ["prjquota", "prjquota-exporter"]
+    let mut want: Vec<String> = BINS
         .iter()
         .map(|bin| format!("{name}/share/man/man1/{bin}.1.gz"))
         .collect();
     for shell in crate::completions::SHELLS {
-        for bin in ["prjquota", "prjquota-exporter"] {
+        for bin in BINS {
             let path = crate::completions::path(shell, bin, crate::completions::ZSH_RPM);
             let path = path.strip_prefix("usr/").unwrap_or(&path);
             want.push(format!("{name}/{path}"));
@@ -597,15 +593,19 @@ fn check_tarball(tarball: &Path, name: &str) -> Result<()> {
 /// --version, which both print from their clap definitions (the plugin's
 /// is `prjquota::cli`, also the completions'), so the pages cannot drift
 /// from the binaries shipped beside them.
-fn stage_man_pages(plugin: &Path, exporter: &Path, d: &Path, epoch: &str) -> Result<()> {
+fn stage_man_pages(bins: &Bins, d: &Path, epoch: &str) -> Result<()> {
     for (bin, name) in [
         (
-            plugin,
+            &bins.plugin,
             "Nomad dynamic host volume plugin and admin commands (project quotas)",
         ),
         (
-            exporter,
+            &bins.exporter,
             "Prometheus exporter and quota guard for prjquota's Nomad host volumes",
+        ),
+        (
+            &bins.dashboards,
+            "render prjquota's Prometheus rules and Grafana dashboard from a config",
         ),
     ] {
         let file = bin
@@ -640,6 +640,8 @@ fn stage_man_pages(plugin: &Path, exporter: &Path, d: &Path, epoch: &str) -> Res
 
 /// Where the package puts the plugin (the scripts copy it from there).
 const PLUGIN_PATH: &str = "usr/lib/prjquota/prjquota";
+const EXPORTER_PATH: &str = "usr/bin/prjquota-exporter";
+const DASHBOARDS_PATH: &str = "usr/bin/prjquota-dashboards";
 
 /// One entry for this version, dated by the commit (reproducible); the
 /// project's own CHANGELOG.md, in the package's docs, says what changed.
@@ -669,7 +671,8 @@ the plugin into Nomad's host_volume_plugin_dir (PLUGIN_DIR in /etc/default/prjqu
 /etc/sysconfig/prjquota in the .rpm) and \
 keeps it up to date there, the prjquota admin command, prjquota-exporter (Prometheus metrics \
 and the quota guard; systemd unit shipped but not enabled), the Grafana dashboard, the alert \
-rules and a Prometheus configuration under /usr/share/prjquota.";
+rules and a Prometheus configuration under /usr/share/prjquota, and prjquota-dashboards, \
+which renders the rules and the dashboard from an edited config.";
 
 /// A maintainer script: /bin/sh, the shared functions, then `name`'s body.
 fn script(root: &Path, name: &str) -> Result<String> {
@@ -680,8 +683,8 @@ fn script(root: &Path, name: &str) -> Result<String> {
 
 /// The .deb's tree: the files, then `DEBIAN/` (control, conffiles,
 /// md5sums, the maintainer scripts).
-fn stage_deb(root: &Path, plugin: &Path, exporter: &Path, d: &Path, epoch: &str) -> Result<()> {
-    stage_files(root, plugin, exporter, d, epoch, Family::Deb)?;
+fn stage_deb(root: &Path, bins: &Bins, d: &Path, epoch: &str) -> Result<()> {
+    stage_files(root, bins, d, epoch, Family::Deb)?;
     let size_kib = du_kib(d)?;
     let version = env!("CARGO_PKG_VERSION");
     let description = wrap_description(DESCRIPTION);
@@ -826,24 +829,17 @@ pub fn rpm_name_of(release: &str) -> String {
 /// the same files as the .deb: the spec only copies the staged tree and
 /// lists it. No strip, no debuginfo, no build-id links (the binaries are
 /// the released ones), times clamped to the commit's.
-pub fn build_rpm(
-    root: &Path,
-    plugin: &Path,
-    exporter: &Path,
-    rpm: &Path,
-    epoch: &str,
-) -> Result<()> {
-    build_rpm_release(root, plugin, exporter, rpm, epoch, REVISION, b"")
+pub fn build_rpm(root: &Path, bins: &Bins, rpm: &Path, epoch: &str) -> Result<()> {
+    build_rpm_release(root, bins, rpm, epoch, REVISION, b"")
 }
 
 /// [`build_rpm`] with another release than the package's own, and
-/// `trailer` appended to both binaries once staged (stripping would drop
+/// `trailer` appended to every binary once staged (stripping would drop
 /// it; an ELF runs with trailing data): the newer package an upgrade test
 /// installs over it, its files told from the old by the trailer.
 pub fn build_rpm_release(
     root: &Path,
-    plugin: &Path,
-    exporter: &Path,
+    bins: &Bins,
     rpm: &Path,
     epoch: &str,
     release: &str,
@@ -852,12 +848,9 @@ pub fn build_rpm_release(
     let dir = rpm.parent().context("the .rpm's directory")?;
     let top = fresh_dir(&dir.join("rpm-build"))?;
     let tree = top.join("tree");
-    stage_files(root, plugin, exporter, &tree, epoch, Family::Rpm)?;
+    stage_files(root, bins, &tree, epoch, Family::Rpm)?;
     if !trailer.is_empty() {
-        for bin in [
-            tree.join("usr/bin/prjquota-exporter"),
-            tree.join(PLUGIN_PATH),
-        ] {
+        for bin in [EXPORTER_PATH, PLUGIN_PATH, DASHBOARDS_PATH].map(|p| tree.join(p)) {
             let mut f = std::fs::OpenOptions::new()
                 .append(true)
                 .open(&bin)
@@ -1029,6 +1022,44 @@ mod tests {
         );
         assert_eq!(build_id("no notes\n"), None);
         assert_eq!(build_id("    Build ID: zz\n"), None);
+    }
+
+    /// Nomad runs the plugin on every volume operation: what only the
+    /// dashboards' renderer needs (a YAML library, the templates) is
+    /// linked into `prjquota-dashboards`, never into it.
+    #[test]
+    fn the_plugin_links_no_yaml_library() {
+        let meta = crate::notice::workspace_metadata(&crate::repo_root(), TRIPLE).unwrap();
+        let names = |bin: &str| -> Vec<String> {
+            crate::notice::linked(&meta, &[bin])
+                .unwrap()
+                .into_iter()
+                .map(|c| c.name)
+                .collect()
+        };
+        let (plugin, renderer) = (names("prjquota"), names("prjquota-dashboards"));
+        for yaml in ["serde_norway", "unsafe-libyaml-norway"] {
+            assert!(!plugin.contains(&yaml.to_string()), "the plugin links {yaml}");
+            assert!(renderer.contains(&yaml.to_string()), "renders without {yaml}?");
+        }
+        let direct = |bin: &str| -> Vec<String> {
+            let pkg = meta["packages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == bin)
+                .unwrap();
+            pkg["dependencies"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d["name"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert!(
+            !direct("prjquota").contains(&"prjquota-dashboards".to_string()),
+            "the plugin depends on the dashboards crate"
+        );
     }
 
     #[test]

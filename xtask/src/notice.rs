@@ -36,6 +36,17 @@ pub struct Crate {
 /// The notice for the crates `cargo metadata` says the workspace packages
 /// `bins` link when built for `triple`.
 pub fn render_for_workspace(root: &Path, triple: &str, bins: &[&str]) -> Result<String> {
+    let meta = workspace_metadata(root, triple)?;
+    let crates = linked(&meta, bins)?;
+    let texts = crates
+        .iter()
+        .map(|c| Ok((c.clone(), licence_files(&c.dir)?)))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(render(&texts))
+}
+
+/// `cargo metadata` of the workspace at `root`, resolved for `triple`.
+pub fn workspace_metadata(root: &Path, triple: &str) -> Result<Value> {
     let o = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(root)
         .args([
@@ -54,13 +65,7 @@ pub fn render_for_workspace(root: &Path, triple: &str, bins: &[&str]) -> Result<
             String::from_utf8_lossy(&o.stderr)
         );
     }
-    let meta: Value = serde_json::from_slice(&o.stdout).context("cargo metadata's JSON")?;
-    let crates = linked(&meta, bins)?;
-    let texts = crates
-        .iter()
-        .map(|c| Ok((c.clone(), licence_files(&c.dir)?)))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(render(&texts))
+    serde_json::from_slice(&o.stdout).context("cargo metadata's JSON")
 }
 
 /// The crates reached from the workspace packages `roots` by normal

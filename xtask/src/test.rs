@@ -1439,7 +1439,7 @@ struct TestDist {
     deb: PathBuf,
     /// The .rpm of the same binaries, to inspect.
     rpm: PathBuf,
-    /// The `prjquota` and `prjquota-exporter` the .deb was built from.
+    /// The binaries the .deb was built from ([`crate::dist::BINS`]).
     deb_bins: PathBuf,
     /// The static release binaries (`prjquota`; with --release-deb also
     /// `prjquota-exporter`).
@@ -1492,35 +1492,23 @@ fn dist_for_tests(opts: &Opts, root: &Path, run_dir: &Path, bin_dir: &Path) -> R
     let deb_bins = run_dir.join("test-deb-bins");
     std::fs::create_dir_all(&deb_bins)?;
     copy(&release.join("prjquota"), &deb_bins.join("prjquota"))?;
-    copy(
-        &bin_dir.join("prjquota-exporter"),
-        &deb_bins.join("prjquota-exporter"),
-    )?;
+    for debug in ["prjquota-exporter", "prjquota-dashboards"] {
+        copy(&bin_dir.join(debug), &deb_bins.join(debug))?;
+    }
     // Stripped as dist strips what it packages (it strips them again, to
     // the same bytes): the package test compares what dpkg installed with
     // these, and the systemd pass unpacks, repacks and installs the
     // package several times under emulation (the debug exporter's debug
     // information is 119 MB of its 120).
-    crate::dist::strip(&deb_bins.join("prjquota"))?;
-    crate::dist::strip(&deb_bins.join("prjquota-exporter"))?;
+    for b in crate::dist::BINS {
+        crate::dist::strip(&deb_bins.join(b))?;
+    }
+    let bins = crate::dist::Bins::in_dir(&deb_bins);
     let deb = run_dir.join("test-deb").join(crate::dist::deb_name());
     std::fs::create_dir_all(deb.parent().unwrap())?;
-    crate::dist::build_deb(
-        root,
-        &deb_bins.join("prjquota"),
-        &deb_bins.join("prjquota-exporter"),
-        &deb,
-        &epoch,
-        "none",
-    )?;
+    crate::dist::build_deb(root, &bins, &deb, &epoch, "none")?;
     let rpm = deb.with_file_name(crate::dist::rpm_name());
-    crate::dist::build_rpm(
-        root,
-        &deb_bins.join("prjquota"),
-        &deb_bins.join("prjquota-exporter"),
-        &rpm,
-        &epoch,
-    )?;
+    crate::dist::build_rpm(root, &bins, &rpm, &epoch)?;
     Ok(TestDist {
         deb,
         rpm,
@@ -1542,8 +1530,7 @@ fn newer_rpm(d: &TestDist) -> Result<PathBuf> {
     let rpm = dir.join(crate::dist::rpm_name_of("2"));
     crate::dist::build_rpm_release(
         &root,
-        &d.deb_bins.join("prjquota"),
-        &d.deb_bins.join("prjquota-exporter"),
+        &crate::dist::Bins::in_dir(&d.deb_bins),
         &rpm,
         &epoch,
         "2",
@@ -1563,11 +1550,12 @@ fn lint_test_packages() -> Result<()> {
     let target = crate::target_dir();
     let epoch = crate::dist::source_date_epoch(&root)?;
     let release = crate::dist::build_static(&root, &epoch, &["prjquota"])?;
-    // The host pass's nextest run has just built it (the exporter's tests
-    // run the binary): a `cargo build -p prjquota-exporter` of its own
-    // resolves other features and rebuilds a dozen crates.
-    let built_exporter = target.join("debug/prjquota-exporter");
-    if !built_exporter.exists() {
+    // The host pass's nextest run has just built them (the exporter's and
+    // the renderer's tests run the binaries): a `cargo build -p
+    // prjquota-exporter` of its own resolves other features and rebuilds a
+    // dozen crates.
+    let debug = ["prjquota-exporter", "prjquota-dashboards"];
+    if debug.iter().any(|b| !target.join("debug").join(b).exists()) {
         run(cargo().args(["build", "--workspace", "--bins"]))?;
     }
     let dir = target
@@ -1576,13 +1564,15 @@ fn lint_test_packages() -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     let result = (|| {
-        let (plugin, exporter) = (dir.join("prjquota"), dir.join("prjquota-exporter"));
-        std::fs::copy(release.join("prjquota"), &plugin)?;
-        std::fs::copy(&built_exporter, &exporter)?;
+        std::fs::copy(release.join("prjquota"), dir.join("prjquota"))?;
+        for b in debug {
+            std::fs::copy(target.join("debug").join(b), dir.join(b))?;
+        }
+        let bins = crate::dist::Bins::in_dir(&dir);
         let deb = dir.join(crate::dist::deb_name());
-        crate::dist::build_deb(&root, &plugin, &exporter, &deb, &epoch, "xz")?;
+        crate::dist::build_deb(&root, &bins, &deb, &epoch, "xz")?;
         let rpm = dir.join(crate::dist::rpm_name());
-        crate::dist::build_rpm(&root, &plugin, &exporter, &rpm, &epoch)?;
+        crate::dist::build_rpm(&root, &bins, &rpm, &epoch)?;
         crate::lint::run(&root, &deb, &rpm, crate::lint::Build::Test)
     })();
     let _ = std::fs::remove_dir_all(&dir);

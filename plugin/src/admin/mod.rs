@@ -1,13 +1,13 @@
-//! Operator commands: `prjquota check`, `list`, `grow` and `reconcile`,
-//! `install` (the plugin into Nomad's plugin directory) and `dashboards
-//! render` (the rules and dashboard from an operator's config).
+//! Operator commands: `prjquota check`, `list`, `grow` and `reconcile`, and
+//! `install` (the plugin into Nomad's plugin directory). The rules and
+//! dashboard from an operator's config are `prjquota-dashboards render`'s
+//! (the dashboards crate), which the plugin Nomad runs does not link.
 //!
 //! Nomad never runs these; they share the plugin's library so that what they
 //! report is exactly what `create` and `delete` would see. They never change
 //! how `fingerprint`, `create` or `delete` behave.
 
 pub mod check;
-pub mod dashboards;
 pub mod grow;
 pub mod install;
 pub mod list;

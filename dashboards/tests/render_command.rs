@@ -1,4 +1,4 @@
-//! `prjquota dashboards render` as an operator runs it from the package:
+//! `prjquota-dashboards render` as an operator runs it from the package:
 //! the built binary, a copy of the shipped config (what the package
 //! installs as /usr/share/prjquota/dashboards/config.toml) edited, and the
 //! output compared with the shipped files.
@@ -7,9 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn dashboards(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../dashboards")
-        .join(rel)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
 
 fn scratch(tag: &str) -> PathBuf {
@@ -20,11 +18,10 @@ fn scratch(tag: &str) -> PathBuf {
 }
 
 fn render(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_prjquota"))
-        .arg("dashboards")
+    Command::new(env!("CARGO_BIN_EXE_prjquota-dashboards"))
         .args(args)
         .output()
-        .expect("run prjquota")
+        .expect("run prjquota-dashboards")
 }
 
 fn text(o: &Output) -> String {
