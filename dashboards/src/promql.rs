@@ -387,7 +387,6 @@ fn skip_until(b: &[u8], i: usize, close: u8) -> Option<usize> {
     None
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

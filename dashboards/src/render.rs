@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::config::{human, Config, FillingUp};
 use crate::artefacts::{DASHBOARD, RULES};
+use crate::config::{human, Config, FillingUp};
 use crate::exprs::{label_values, query_result, rule_exprs};
 use crate::promql::with_matchers;
 

@@ -281,7 +281,14 @@ fn the_deb_installs_its_unit_verifies_and_a_purge_leaves_nothing() {
 
     // The files land where docs/install.md says.
     let install_md = include_str!("../../docs/install.md");
-    for p in [EXPORTER, PLUGIN, ADMIN, RENDERER, CONFFILE, "usr/share/prjquota/"] {
+    for p in [
+        EXPORTER,
+        PLUGIN,
+        ADMIN,
+        RENDERER,
+        CONFFILE,
+        "usr/share/prjquota/",
+    ] {
         assert!(
             install_md.contains(&format!("/{p}")),
             "docs/install.md does not say that the .deb installs /{p}"

@@ -21,8 +21,9 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
+use crate::paths::cargo;
+use crate::process::{header, run, shell_quote};
 use crate::vm::{Fs, VmOpts};
-use crate::{cargo, header, run, shell_quote};
 
 /// The attached file as the guest sees it: vng attaches it as virtio-blk
 /// (vda) when the root is shared over 9p (measured on vng 1.42).
@@ -36,12 +37,12 @@ pub fn main(args: &[String]) -> Result<u8> {
     let (quick, only) = match args {
         [] => (false, None),
         [q] if q == "--quick" => (true, None),
-        [r] if r == "--render-only" => return render_docs(&crate::repo_root()).map(|()| 0),
+        [r] if r == "--render-only" => return render_docs(&crate::paths::repo_root()).map(|()| 0),
         [o, sections] if o == "--only" => (false, Some(sections.clone())),
         _ => bail!("bench takes --quick, --render-only or --only SECTIONS"),
     };
-    let root = crate::repo_root();
-    let target = crate::target_dir();
+    let root = crate::paths::repo_root();
+    let target = crate::paths::target_dir();
     header("deps");
     if crate::deps::main(&[])? != 0 {
         bail!("`cargo xtask deps` failed");

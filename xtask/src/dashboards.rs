@@ -12,14 +12,14 @@ use prjquota_dashboards::config;
 use prjquota_dashboards::render;
 
 pub fn main(args: &[String]) -> Result<u8> {
-    let dir = crate::repo_root().join("dashboards");
+    let dir = crate::paths::repo_root().join("dashboards");
     let mut config = dir.join(config::FILE);
     let mut out = dir.clone();
     let mut i = 0;
     while i < args.len() {
-        if let Some(v) = crate::take_value(args, &mut i, "--config")? {
+        if let Some(v) = crate::args::take_value(args, &mut i, "--config")? {
             config = PathBuf::from(v);
-        } else if let Some(v) = crate::take_value(args, &mut i, "--out")? {
+        } else if let Some(v) = crate::args::take_value(args, &mut i, "--out")? {
             out = PathBuf::from(v);
         } else {
             bail!(

@@ -35,7 +35,7 @@ pub struct PrivateApt {
 impl PrivateApt {
     pub fn new() -> PrivateApt {
         PrivateApt {
-            dir: crate::target_dir().join("apt"),
+            dir: crate::paths::target_dir().join("apt"),
             updated: false,
         }
     }
@@ -70,7 +70,7 @@ impl PrivateApt {
         std::fs::write(self.dir.join("sources.list"), sources)?;
         let mut cmd = limited(UPDATE_SECS, "apt-get");
         cmd.args(self.options()).arg("update");
-        crate::quiet(&mut cmd).with_context(|| {
+        crate::process::quiet(&mut cmd).with_context(|| {
             format!(
                 "apt-get update of the private sources ({}/sources.list: {}) failed: \
                  check that deb.debian.org is reachable",
@@ -111,12 +111,12 @@ impl PrivateApt {
             .arg("download")
             .args(specs)
             .current_dir(&debs);
-        crate::quiet(&mut cmd)?;
+        crate::process::quiet(&mut cmd)?;
         std::fs::create_dir_all(dest)?;
         for deb in std::fs::read_dir(&debs)?.flatten() {
             let mut x = Command::new("dpkg-deb");
             x.arg("-x").arg(deb.path()).arg(dest);
-            crate::quiet(&mut x)?;
+            crate::process::quiet(&mut x)?;
         }
         let _ = std::fs::remove_dir_all(&debs);
         Ok(())

@@ -3,8 +3,9 @@
 
 use anyhow::{bail, Result};
 
+use crate::paths::cargo;
+use crate::process::{header, run};
 use crate::vm::{Fs, VmOpts};
-use crate::{cargo, header, run};
 
 pub fn main(args: &[String]) -> Result<u8> {
     if let Some(a) = args.first() {
@@ -18,12 +19,12 @@ pub fn main(args: &[String]) -> Result<u8> {
     run(cargo().args(["build", "--workspace", "--bins"]))?;
 
     header("demo in the VM: tests/vm/demo.sh");
-    let root = crate::repo_root();
+    let root = crate::paths::repo_root();
     let opts = VmOpts {
         fs: Fs::Xfs,
         env: vec![(
             "PRJQUOTA_BIN_DIR".into(),
-            crate::target_dir()
+            crate::paths::target_dir()
                 .join("debug")
                 .to_string_lossy()
                 .into_owned(),

@@ -7,8 +7,8 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-use crate::is_executable;
 use crate::kernels::Kernel;
+use crate::process::is_executable;
 
 /// Debian packages, and why.
 const APT_PACKAGES: &[(&str, &str)] = &[
@@ -179,7 +179,7 @@ pub fn main(args: &[String]) -> Result<u8> {
                 venv_dir().display()
             );
             let mut cmd = crate::debian::limited(CARGO_INSTALL_SECS, "cargo");
-            cmd.current_dir(crate::repo_root())
+            cmd.current_dir(crate::paths::repo_root())
                 .args([
                     "install",
                     "virtiofsd",
@@ -190,7 +190,7 @@ pub fn main(args: &[String]) -> Result<u8> {
                 ])
                 .arg("--root")
                 .arg(venv_dir());
-            match crate::quiet(&mut cmd) {
+            match crate::process::quiet(&mut cmd) {
                 Ok(()) => println!(
                     "installed   virtiofsd {VIRTIOFSD} ({})",
                     virtiofsd.display()
@@ -212,7 +212,7 @@ pub fn main(args: &[String]) -> Result<u8> {
                 found.as_deref().unwrap_or("none")
             );
             let mut cmd = crate::debian::limited(CARGO_INSTALL_SECS, "cargo");
-            cmd.current_dir(crate::repo_root()).args([
+            cmd.current_dir(crate::paths::repo_root()).args([
                 "install",
                 "cargo-nextest",
                 "--locked",
@@ -220,7 +220,7 @@ pub fn main(args: &[String]) -> Result<u8> {
                 "--version",
                 NEXTEST_VERSION,
             ]);
-            match crate::quiet(&mut cmd) {
+            match crate::process::quiet(&mut cmd) {
                 Ok(()) => println!("installed   cargo-nextest {NEXTEST_VERSION}"),
                 Err(e) => {
                     println!("failed      cargo-nextest: {e:#}");
@@ -292,7 +292,7 @@ fn apt_install(pkgs: &[&str]) -> Result<()> {
     let mut update = crate::debian::limited(crate::debian::UPDATE_SECS, "apt-get");
     update.args(["update", "-q"]);
     // Fatal: an install from stale or missing lists fails later, less clearly.
-    crate::quiet(&mut update).context(
+    crate::process::quiet(&mut update).context(
         "apt-get update failed: check the machine's apt sources and that the mirror is reachable",
     )?;
     let mut install = crate::debian::limited(crate::debian::DOWNLOAD_SECS, "apt-get");
@@ -300,12 +300,12 @@ fn apt_install(pkgs: &[&str]) -> Result<()> {
         .env("DEBIAN_FRONTEND", "noninteractive")
         .args(["install", "-y", "-q", "--no-install-recommends"])
         .args(pkgs);
-    crate::quiet(&mut install)
+    crate::process::quiet(&mut install)
 }
 
 /// The project's Python virtual environment (virtme-ng lives there).
 fn venv_dir() -> PathBuf {
-    crate::target_dir().join("venv")
+    crate::paths::target_dir().join("venv")
 }
 
 fn venv_vng() -> Option<PathBuf> {
@@ -333,7 +333,7 @@ fn pip_install() -> Result<()> {
     if !venv.join("bin/python3").exists() {
         let mut cmd = crate::debian::limited(PIP_SECS, "/usr/bin/python3");
         cmd.args(["-m", "venv"]).arg(&venv);
-        crate::quiet(&mut cmd)
+        crate::process::quiet(&mut cmd)
             .context("python3 -m venv failed: is Debian's python3-venv installed?")?;
     }
     let python = venv.join("bin/python3");
@@ -346,7 +346,7 @@ fn pip_install() -> Result<()> {
         "--disable-pip-version-check",
         VIRTME_NG,
     ]);
-    crate::quiet(&mut cmd)
+    crate::process::quiet(&mut cmd)
 }
 
 /// What `binary --version` prints, if it runs.
@@ -358,7 +358,7 @@ fn version_of(binary: &std::path::Path) -> Option<String> {
 }
 
 fn nextest_version() -> Option<String> {
-    let out = crate::cargo()
+    let out = crate::paths::cargo()
         .args(["nextest", "--version"])
         .output()
         .ok()?;
@@ -374,7 +374,7 @@ fn nextest_version() -> Option<String> {
 
 /// Where `cargo xtask deps` unpacks sid's Prometheus 3.
 pub fn prometheus3_dir() -> PathBuf {
-    crate::target_dir().join("prometheus3")
+    crate::paths::target_dir().join("prometheus3")
 }
 
 /// The Prometheus 3 binary, exported to tests as `PRJQUOTA_PROMETHEUS3`.

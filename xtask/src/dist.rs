@@ -39,7 +39,8 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-use crate::{cargo, header, run};
+use crate::paths::cargo;
+use crate::process::{header, run};
 
 pub const TRIPLE: &str = "x86_64-unknown-linux-gnu";
 pub const BINS: [&str; 3] = ["prjquota", "prjquota-exporter", "prjquota-dashboards"];
@@ -84,7 +85,7 @@ pub fn main(args: &[String]) -> Result<u8> {
         [flag, dir, out] if flag == "--binaries" => {
             // A test package of other binaries (the debug build, say), for
             // working on the packaging without a release build.
-            let root = crate::repo_root();
+            let root = crate::paths::repo_root();
             let epoch = source_date_epoch(&root)?;
             let (dir, out) = (Path::new(dir), Path::new(out));
             std::fs::create_dir_all(out)?;
@@ -110,8 +111,8 @@ pub fn build() -> Result<Dist> {
     if std::env::consts::ARCH != "x86_64" {
         bail!("dist builds x86_64 packages; run it on an x86_64 machine");
     }
-    let root = crate::repo_root();
-    let target = crate::target_dir();
+    let root = crate::paths::repo_root();
+    let target = crate::paths::target_dir();
     let epoch = source_date_epoch(&root)?;
     let version = env!("CARGO_PKG_VERSION");
     let out = target.join("dist");
@@ -322,7 +323,7 @@ pub fn build_static(root: &Path, epoch: &str, bins: &[&str]) -> Result<PathBuf> 
             .args(["--profile", "shipped"])
             .args(["-p", b]))?;
     }
-    Ok(crate::target_dir().join(TRIPLE).join("shipped"))
+    Ok(crate::paths::target_dir().join(TRIPLE).join("shipped"))
 }
 
 /// `ldd` is what an operator runs to check; it must find no libc to load.
@@ -1029,7 +1030,7 @@ mod tests {
     /// linked into `prjquota-dashboards`, never into it.
     #[test]
     fn the_plugin_links_no_yaml_library() {
-        let meta = crate::notice::workspace_metadata(&crate::repo_root(), TRIPLE).unwrap();
+        let meta = crate::notice::workspace_metadata(&crate::paths::repo_root(), TRIPLE).unwrap();
         let names = |bin: &str| -> Vec<String> {
             crate::notice::linked(&meta, &[bin])
                 .unwrap()
@@ -1039,8 +1040,14 @@ mod tests {
         };
         let (plugin, renderer) = (names("prjquota"), names("prjquota-dashboards"));
         for yaml in ["serde_norway", "unsafe-libyaml-norway"] {
-            assert!(!plugin.contains(&yaml.to_string()), "the plugin links {yaml}");
-            assert!(renderer.contains(&yaml.to_string()), "renders without {yaml}?");
+            assert!(
+                !plugin.contains(&yaml.to_string()),
+                "the plugin links {yaml}"
+            );
+            assert!(
+                renderer.contains(&yaml.to_string()),
+                "renders without {yaml}?"
+            );
         }
         let direct = |bin: &str| -> Vec<String> {
             let pkg = meta["packages"]

@@ -416,7 +416,7 @@ mod tests {
 
     #[test]
     fn every_generated_block_is_what_the_results_render_to() {
-        let root = crate::repo_root();
+        let root = crate::paths::repo_root();
         let mut stale = Vec::new();
         for (doc, old, new) in rendered(&root).expect("render the blocks") {
             if old != new {
@@ -432,7 +432,7 @@ mod tests {
 
     #[test]
     fn no_sentence_dates_a_run() {
-        let root = crate::repo_root();
+        let root = crate::paths::repo_root();
         let mut found = Vec::new();
         for doc in documents(&root).expect("list the docs") {
             let text = std::fs::read_to_string(root.join(&doc))
@@ -449,7 +449,7 @@ mod tests {
 
     #[test]
     fn every_relative_link_reaches_its_file_and_heading() {
-        let root = crate::repo_root();
+        let root = crate::paths::repo_root();
         let mut broken = Vec::new();
         for doc in documents(&root).expect("list the docs") {
             let text = std::fs::read_to_string(root.join(&doc))
@@ -464,7 +464,7 @@ mod tests {
     /// it fails at once.
     #[test]
     fn the_quickstart_installs_the_packages_dist_builds() {
-        let readme = std::fs::read_to_string(crate::repo_root().join("README.md")).unwrap();
+        let readme = std::fs::read_to_string(crate::paths::repo_root().join("README.md")).unwrap();
         let quickstart: String = readme
             .lines()
             .skip_while(|l| *l != "## Quickstart")
@@ -499,7 +499,7 @@ mod tests {
 
     #[test]
     fn no_measured_figure_is_typed_outside_a_generated_block() {
-        let root = crate::repo_root();
+        let root = crate::paths::repo_root();
         let mut found = Vec::new();
         for doc in documents(&root).expect("list the docs") {
             let text = std::fs::read_to_string(root.join(&doc))

@@ -66,7 +66,7 @@ impl Kernel {
     }
 
     fn dir(self) -> PathBuf {
-        crate::target_dir().join("kernels").join(self.name())
+        crate::paths::target_dir().join("kernels").join(self.name())
     }
 }
 
@@ -187,13 +187,13 @@ pub fn fetch(k: Kernel, apt: &mut PrivateApt) -> Result<String> {
     // package: keep them (a VM running right now may be reading them).
     if !modules_ready(&release) {
         let _ = std::fs::remove_dir_all(&dest);
-        crate::quiet(
+        crate::process::quiet(
             std::process::Command::new("cp")
                 .arg("-a")
                 .arg(&modules)
                 .arg(&dest),
         )?;
-        crate::quiet(std::process::Command::new("depmod").args(["-a", &release]))?;
+        crate::process::quiet(std::process::Command::new("depmod").args(["-a", &release]))?;
     }
     std::fs::remove_dir_all(&root)?;
     // Written last: its presence means the rest is complete.

@@ -97,7 +97,7 @@ pub fn run(root: &Path, deb: &Path, rpm: &Path, build: Build) -> Result<()> {
 /// Runs a linter, printing what it says: whether it exited 0, and its
 /// errors and warnings. A linter that fails without a finding is an error.
 fn linted(cmd: &mut Command, name: &str) -> Result<(bool, Vec<String>)> {
-    println!("$ {}", crate::display(cmd));
+    println!("$ {}", crate::process::display(cmd));
     let o = cmd
         .output()
         .with_context(|| format!("run {name}: `cargo xtask deps` installs it"))?;
@@ -176,7 +176,7 @@ mod tests {
 
     #[test]
     fn every_rpmlint_filter_has_its_reason() {
-        let root = crate::repo_root();
+        let root = crate::paths::repo_root();
         let config = std::fs::read_to_string(root.join(RPMLINT_CONFIG)).unwrap();
         let mut reason = false;
         let mut filters = 0;
@@ -198,7 +198,7 @@ mod tests {
 
     #[test]
     fn every_lintian_override_has_its_reason() {
-        let root = crate::repo_root();
+        let root = crate::paths::repo_root();
         let text = std::fs::read_to_string(root.join(LINTIAN_OVERRIDES)).unwrap();
         let mut reason = false;
         for line in text.lines() {

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
+use crate::args::take_value;
 use crate::kernels::Kernel;
-use crate::take_value;
 
 /// Volumes of the soak run of the exporter's churn test.
 const SOAK_CHURN_VOLUMES: &str = "10000";

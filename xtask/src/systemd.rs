@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use crate::kernels::Kernel;
-use crate::{run, shell_quote};
+use crate::process::{run, shell_quote};
 
 /// The release of the root: the build machine's, so the test binary built
 /// here finds the same C library in the guest.
@@ -138,14 +138,14 @@ pub fn story_of(pass: &[Planned]) -> String {
 pub fn debian_root() -> Result<PathBuf> {
     static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one_maker = MAKING.lock().unwrap_or_else(|e| e.into_inner());
-    let base = crate::target_dir().join("systemd-root");
+    let base = crate::paths::target_dir().join("systemd-root");
     let dir = base.join(SUITE);
     let key = format!("mmdebstrap --variant=minbase --include={PACKAGES} {SUITE}\n");
     let stamp = base.join(format!("{SUITE}.made-by"));
     if dir.is_dir() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(&key) {
         return Ok(dir);
     }
-    crate::header(&format!("systemd pass: the Debian root ({})", key.trim()));
+    crate::process::header(&format!("systemd pass: the Debian root ({})", key.trim()));
     let t = Instant::now();
     let _ = std::fs::remove_file(&stamp);
     let tmp = base.join(format!("{SUITE}.new"));
@@ -207,7 +207,7 @@ pub fn boots(
     let base = debian_root()?;
     let started = Instant::now();
     let kernel = pass.first().context("a systemd pass of no boot")?.0;
-    let work = crate::target_dir().join("xtask").join(format!(
+    let work = crate::paths::target_dir().join("xtask").join(format!(
         "systemd-{}-{}",
         kernel.name(),
         std::process::id()
@@ -218,7 +218,7 @@ pub fn boots(
     std::fs::create_dir_all(&work)?;
     let _cleanup = RemoveOnDrop(work.clone());
     let root = work.join("root");
-    crate::quiet(
+    crate::process::quiet(
         Command::new("cp")
             .args(["-a", "--reflink=auto"])
             .arg(&base)
@@ -250,7 +250,7 @@ pub fn boots(
             .arg(&into)
             .status()?;
         if !linked.success() {
-            crate::quiet(Command::new("cp").arg("-a").arg(&modules).arg(&into))?;
+            crate::process::quiet(Command::new("cp").arg("-a").arg(&modules).arg(&into))?;
         }
     }
 
@@ -328,7 +328,7 @@ fn boot_once(
     );
     let run_sh = dir.join("run.sh");
     std::fs::write(&run_sh, script)?;
-    crate::quiet(Command::new("chmod").arg("0755").arg(&run_sh))?;
+    crate::process::quiet(Command::new("chmod").arg("0755").arg(&run_sh))?;
     let _ = std::fs::remove_file(dir.join("out.log"));
     // systemd boots into the systemd.run= unit alone, not the default
     // target. A reboot's tests need the node's boot: there the unit pulls
@@ -379,12 +379,12 @@ fn boot_once(
         // it shares the machine with another VM (xtask/src/test.rs).
         .arg("--qemu-opts=-accel tcg,thread=single")
         .stdin(Stdio::null());
-    println!("$ {}", crate::display(&cmd));
+    println!("$ {}", crate::process::display(&cmd));
     let limit = crate::deadline::cut_for(
         &format!("systemd boot {n} on kernel {}", kernel.name()),
         Duration::from_secs(BOOT_LIMIT_SECS),
     );
-    let tee = crate::run_tee_prefixed(&mut cmd, Some(limit), "")?;
+    let tee = crate::process::run_tee_prefixed(&mut cmd, Some(limit), "")?;
     let secs = started.elapsed().as_secs_f64();
     if tee.timed_out {
         bail!(

@@ -22,9 +22,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+use crate::args::take_value;
 use crate::kernels::Kernel;
+use crate::paths::cargo;
+use crate::process::{header, run, shell_quote};
 use crate::vm::{Fs, VmOpts};
-use crate::{cargo, header, run, shell_quote, take_value};
 
 const VM_PACKAGE: &str = "prjquota-vmtests";
 
@@ -394,11 +396,11 @@ fn run_steps(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
         let mut cmd = cargo();
         cmd.args(["nextest", "run", "--workspace", "--exclude", VM_PACKAGE]);
         cmd.args(nextest_selection(opts, opts.filter.as_deref()));
-        println!("$ {}", crate::display(&cmd));
-        if crate::is_executable(&crate::deps::prometheus3_binary()) {
+        println!("$ {}", crate::process::display(&cmd));
+        if crate::process::is_executable(&crate::deps::prometheus3_binary()) {
             cmd.env("PRJQUOTA_PROMETHEUS3", crate::deps::prometheus3_binary());
         }
-        let tee = crate::run_tee(&mut cmd, None)?;
+        let tee = crate::process::run_tee(&mut cmd, None)?;
         let secs = t.elapsed().as_secs_f64();
         passes.push(pass(
             "host".into(),
@@ -728,8 +730,8 @@ fn parse_summary(line: &str) -> Option<Counts> {
 }
 
 fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
-    let root = crate::repo_root();
-    let target = crate::target_dir();
+    let root = crate::paths::repo_root();
+    let target = crate::paths::target_dir();
     let meta_dir = target.join("xtask");
     std::fs::create_dir_all(&meta_dir)?;
 
@@ -838,14 +840,14 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
     };
     let plugin_tests = rust_binary_path(&binaries_json, &format!("{VM_PACKAGE}::plugin"))?;
 
-    let nextest = crate::which("cargo-nextest")
+    let nextest = crate::process::which("cargo-nextest")
         .or_else(|| {
             let home = std::env::var_os("CARGO_HOME")
                 .map(std::path::PathBuf::from)
                 .or_else(|| {
                     std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cargo"))
                 })?;
-            Some(home.join("bin/cargo-nextest")).filter(|p| crate::is_executable(p))
+            Some(home.join("bin/cargo-nextest")).filter(|p| crate::process::is_executable(p))
         })
         .context("cargo-nextest not found: run `cargo xtask deps`")?;
 
@@ -909,7 +911,7 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
             plugin_tests.to_string_lossy().into_owned(),
         ));
     }
-    if crate::is_executable(&crate::deps::prometheus3_binary()) {
+    if crate::process::is_executable(&crate::deps::prometheus3_binary()) {
         env.push((
             "PRJQUOTA_PROMETHEUS3".into(),
             crate::deps::prometheus3_binary()
@@ -1067,9 +1069,13 @@ fn lists_any(expr: &str) -> Result<bool> {
     let out = cmd
         .stderr(Stdio::inherit())
         .output()
-        .with_context(|| format!("cannot run {}", crate::display(&cmd)))?;
+        .with_context(|| format!("cannot run {}", crate::process::display(&cmd)))?;
     if !out.status.success() {
-        bail!("`{}` failed ({})", crate::display(&cmd), out.status);
+        bail!(
+            "`{}` failed ({})",
+            crate::process::display(&cmd),
+            out.status
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -1102,7 +1108,9 @@ fn systemd_pass(planned: &[crate::systemd::Planned], job: &SystemdJob) -> Pass {
     // the root where its Debian package puts it.
     let prometheus = crate::deps::prometheus3_binary();
     let promtool = prometheus.with_file_name("promtool");
-    let boots = if !crate::is_executable(&prometheus) || !crate::is_executable(&promtool) {
+    let boots = if !crate::process::is_executable(&prometheus)
+        || !crate::process::is_executable(&promtool)
+    {
         Err(anyhow::anyhow!(
             "{} or {} is missing: run `cargo xtask deps` (the systemd pass runs Prometheus 3)",
             prometheus.display(),
@@ -1423,9 +1431,13 @@ fn selects_any(opts: &Opts, binaries: &[&str]) -> Result<bool> {
     let out = cmd
         .stderr(Stdio::inherit())
         .output()
-        .with_context(|| format!("cannot run {}", crate::display(&cmd)))?;
+        .with_context(|| format!("cannot run {}", crate::process::display(&cmd)))?;
     if !out.status.success() {
-        bail!("`{}` failed ({})", crate::display(&cmd), out.status);
+        bail!(
+            "`{}` failed ({})",
+            crate::process::display(&cmd),
+            out.status
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -1522,7 +1534,7 @@ fn dist_for_tests(opts: &Opts, root: &Path, run_dir: &Path, bin_dir: &Path) -> R
 /// upgrade test installs over it. On the host, as rpmbuild is not in the
 /// systemd pass's root.
 fn newer_rpm(d: &TestDist) -> Result<PathBuf> {
-    let root = crate::repo_root();
+    let root = crate::paths::repo_root();
     let epoch = crate::dist::source_date_epoch(&root)?;
     let dir = d.rpm.with_file_name("newer-rpm");
     let _ = std::fs::remove_dir_all(&dir);
@@ -1546,8 +1558,8 @@ fn newer_rpm(d: &TestDist) -> Result<PathBuf> {
 /// dist, which CI's budget has no room for). What dist ships differs only
 /// in the exporter's build, and dist lints its own packages too.
 fn lint_test_packages() -> Result<()> {
-    let root = crate::repo_root();
-    let target = crate::target_dir();
+    let root = crate::paths::repo_root();
+    let target = crate::paths::target_dir();
     let epoch = crate::dist::source_date_epoch(&root)?;
     let release = crate::dist::build_static(&root, &epoch, &["prjquota"])?;
     // The host pass's nextest run has just built them (the exporter's and
@@ -1604,7 +1616,7 @@ pub fn static_mkdir_plugin(root: &Path, out: &Path) -> Result<()> {
     .arg(&src)
     .arg("-o")
     .arg(out);
-    crate::run(&mut cmd)?;
+    crate::process::run(&mut cmd)?;
     crate::dist::assert_static(out)
 }
 
@@ -1621,13 +1633,13 @@ fn rust_binary_path(binaries_json: &std::path::Path, id: &str) -> Result<std::pa
 
 /// Runs `cmd` (stderr to ours) and writes its stdout to `path`.
 fn write_stdout(cmd: &mut Command, path: &std::path::Path) -> Result<()> {
-    println!("$ {} > {}", crate::display(cmd), path.display());
+    println!("$ {} > {}", crate::process::display(cmd), path.display());
     let out = cmd
         .stderr(Stdio::inherit())
         .output()
-        .with_context(|| format!("cannot run {}", crate::display(cmd)))?;
+        .with_context(|| format!("cannot run {}", crate::process::display(cmd)))?;
     if !out.status.success() {
-        bail!("`{}` failed ({})", crate::display(cmd), out.status);
+        bail!("`{}` failed ({})", crate::process::display(cmd), out.status);
     }
     std::fs::write(path, &out.stdout)?;
     Ok(())

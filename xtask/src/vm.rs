@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+use crate::args::take_value;
 use crate::kernels::Kernel;
-use crate::{shell_quote, take_value};
+use crate::process::shell_quote;
 
 /// Which quota filesystems the guest mounts (the XFS without quotas always is).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -332,11 +333,11 @@ fn guest_panicked(lines: &[String]) -> bool {
 pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
     let kernel = crate::kernels::to_boot(opts.kernel)?;
     let vng = vng()?;
-    let init = crate::repo_root().join("tests/vm/guest-init.sh");
+    let init = crate::paths::repo_root().join("tests/vm/guest-init.sh");
 
     // The command reaches the guest through the kernel command line, which is
     // short (2 KiB): pass it a script on the shared (read-only) filesystem.
-    let dir = crate::target_dir().join("xtask");
+    let dir = crate::paths::target_dir().join("xtask");
     std::fs::create_dir_all(&dir)?;
     remove_stale_vm_files(&dir);
     let unique = unique_name();
@@ -435,9 +436,10 @@ pub fn run(opts: &VmOpts, cmd: &str, cwd: &Path) -> Result<VmRun> {
         opts.cpus,
         opts.fs.as_str()
     );
-    println!("{}$ {}", opts.prefix, crate::display(&vng_cmd));
+    println!("{}$ {}", opts.prefix, crate::process::display(&vng_cmd));
     let started = Instant::now();
-    let tee = crate::run_tee_prefixed(&mut vng_cmd, Some(timeout(opts.timeout)), &opts.prefix);
+    let tee =
+        crate::process::run_tee_prefixed(&mut vng_cmd, Some(timeout(opts.timeout)), &opts.prefix);
     let _ = std::fs::remove_file(&script);
     let tee = tee?;
     let elapsed = started.elapsed().as_secs_f64();
