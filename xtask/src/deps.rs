@@ -7,7 +7,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-use crate::kernels::Kernel;
+use crate::kernels::{Fetch, Kernel};
 use crate::process::is_executable;
 
 /// Debian packages, and why.
@@ -233,11 +233,11 @@ pub fn main(args: &[String]) -> Result<u8> {
     // The kernel matrix and Prometheus 3, from Debian's archive by name
     // through a private apt state (the machine's sources stay as they are).
     let mut apt = crate::debian::PrivateApt::new();
-    for k in Kernel::ALL {
-        let result = if k == Kernel::V6_1 {
-            crate::kernels::image(k).map(|i| format!("present     kernel 6.1 ({})", i.display()))
-        } else {
-            crate::kernels::fetch(k, &mut apt)
+    for k in Kernel::all() {
+        let result = match k.row().fetch {
+            Fetch::Installed => crate::kernels::image(k)
+                .map(|i| format!("present     kernel {} ({})", k.name(), i.display())),
+            Fetch::Archive => crate::kernels::fetch(k, &mut apt),
         };
         match result {
             Ok(line) => println!("{line}"),

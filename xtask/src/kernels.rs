@@ -1,68 +1,161 @@
-//! The kernel matrix: Debian's generic kernels of four releases, which the
-//! VM boots with `--kernel`. 6.1 is bookworm's, installed by the
-//! `linux-image-amd64` package into /boot. The others are fetched by
-//! [`fetch`] from Debian's archive through [`crate::debian::PrivateApt`]:
-//! the version is whatever `linux-image-amd64/<suite>` depends on today, the
-//! image lands in `target/kernels/<name>/vmlinuz` and the modules in
-//! `/lib/modules/<version>` (where vng and the guest's modprobe look), with
-//! `depmod -a <version>`.
+//! The kernel matrix: one row per kernel ([`KERNELS`]), which everything
+//! else reads. `--kernel` takes a row's name; `cargo xtask deps` fetches
+//! each row's image ([`Fetch`]); `cargo xtask test` boots each row's pass
+//! ([`VmPass`]) and its systemd role ([`Systemd`]) in boot order; the docs'
+//! matrix (docs/kernels.md) is rendered from the rows (`crate::docs`).
+//! Adding a kernel is adding a row (CONTRIBUTING.md, "Add a kernel").
+//!
+//! A row that is [`Fetch::Installed`] is the build machine's own
+//! `linux-image-amd64` in /boot. The others are fetched by [`fetch`] from
+//! Debian's archive through [`crate::debian::PrivateApt`]: the version is
+//! whatever `linux-image-amd64/<suite>` depends on today, the image lands
+//! in `target/kernels/<name>/vmlinuz` and the modules in
+//! `/lib/modules/<version>` (where vng and the guest's modprobe look),
+//! with `depmod -a <version>`.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
 use crate::debian::PrivateApt;
+use crate::selection;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kernel {
-    V5_10,
-    V6_1,
-    V6_12,
-    V7,
+/// One kernel of the matrix.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Row {
+    /// What `--kernel` takes, and the directory under `target/kernels/`.
+    pub name: &'static str,
+    /// The Debian suite whose `linux-image-amd64` it is.
+    pub suite: &'static str,
+    /// How `uname -r` of this line begins (`6.1.`).
+    pub release_prefix: &'static str,
+    pub fetch: Fetch,
+    /// What its VM pass runs without `--filter`.
+    pub pass: VmPass,
+    pub systemd: Systemd,
+    /// When its pass boots among the passes of one kind (a full suite
+    /// always first, then the systemd passes): lower first. The longest
+    /// boot goes first, so that what is left for a lane another frees is
+    /// short.
+    pub boot_order: u8,
 }
 
-impl Kernel {
-    pub const ALL: [Kernel; 4] = [Kernel::V6_1, Kernel::V5_10, Kernel::V6_12, Kernel::V7];
-    pub const DEFAULT: Kernel = Kernel::V6_1;
+/// How `cargo xtask deps` gets a kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fetch {
+    /// The build machine's own `linux-image-amd64`, which apt installs
+    /// into /boot (the machine's release).
+    Installed,
+    /// `linux-image-amd64/<suite>` from Debian's archive, by name.
+    Archive,
+}
 
+/// What a kernel's VM pass runs without `--filter`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VmPass {
+    /// The full suite (`selection::FULL`).
+    Full,
+    /// The compatibility pass: this selection of the suite, or the full
+    /// suite with `--full`.
+    Compat(&'static str),
+    /// Only this selection, even with `--full`: a kernel the full suite
+    /// cannot run on (5.10 has no BPF LSM to enforce with).
+    Only(&'static str),
+}
+
+/// What a kernel does in the systemd passes (`crate::systemd::passes`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Systemd {
+    /// The .deb's whole story, then the node's reboots into it and into
+    /// every [`Systemd::RebootInto`] kernel of the run.
+    DebStory,
+    /// A kernel a node set up by the .deb's story reboots into; alone in
+    /// a run, it sets up its own node.
+    RebootInto,
+    /// The .rpm's story on a kernel without the BPF LSM.
+    RpmStory,
+    /// No systemd pass.
+    None,
+}
+
+/// The matrix, in the order `--kernel all` lists it. The first row is the
+/// default kernel.
+pub const KERNELS: [Row; 4] = [
+    Row {
+        name: "6.1",
+        suite: "bookworm",
+        release_prefix: "6.1.",
+        fetch: Fetch::Installed,
+        pass: VmPass::Full,
+        systemd: Systemd::DebStory,
+        boot_order: 0,
+    },
+    Row {
+        name: "5.10",
+        suite: "bullseye",
+        release_prefix: "5.10.",
+        fetch: Fetch::Archive,
+        pass: VmPass::Only(selection::OLD_KERNEL),
+        systemd: Systemd::RpmStory,
+        // Without the BPF LSM its pass leaves out the guard's tests.
+        boot_order: 2,
+    },
+    Row {
+        name: "6.12",
+        suite: "trixie",
+        release_prefix: "6.12.",
+        fetch: Fetch::Archive,
+        pass: VmPass::Compat(selection::COMPAT_6_12),
+        systemd: Systemd::RebootInto,
+        boot_order: 1,
+    },
+    Row {
+        name: "7",
+        suite: "sid",
+        release_prefix: "7.",
+        fetch: Fetch::Archive,
+        pass: VmPass::Compat(selection::COMPAT_7),
+        systemd: Systemd::RebootInto,
+        boot_order: 1,
+    },
+];
+
+/// A kernel of the matrix: a row of [`KERNELS`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kernel(&'static Row);
+
+impl Kernel {
+    pub const DEFAULT: Kernel = Kernel(&KERNELS[0]);
+
+    /// Every kernel of the matrix, in its order.
+    pub fn all() -> Vec<Kernel> {
+        KERNELS.iter().map(Kernel).collect()
+    }
+
+    /// The kernel `--kernel` names.
     pub fn parse(s: &str) -> Result<Kernel> {
-        Ok(match s {
-            "5.10" => Kernel::V5_10,
-            "6.1" => Kernel::V6_1,
-            "6.12" => Kernel::V6_12,
-            "7" => Kernel::V7,
-            _ => bail!("--kernel must be 5.10, 6.1, 6.12, 7 or all (got `{s}`)"),
-        })
+        match KERNELS.iter().find(|r| r.name == s) {
+            Some(r) => Ok(Kernel(r)),
+            None => bail!("--kernel must be {} or all (got `{s}`)", names_or()),
+        }
     }
 
     pub fn name(self) -> &'static str {
-        match self {
-            Kernel::V5_10 => "5.10",
-            Kernel::V6_1 => "6.1",
-            Kernel::V6_12 => "6.12",
-            Kernel::V7 => "7",
-        }
+        self.0.name
     }
 
     /// The Debian suite whose `linux-image-amd64` is this kernel.
     pub fn suite(self) -> &'static str {
-        match self {
-            Kernel::V5_10 => "bullseye",
-            Kernel::V6_1 => "bookworm",
-            Kernel::V6_12 => "trixie",
-            Kernel::V7 => "sid",
-        }
+        self.0.suite
+    }
+
+    pub fn row(self) -> &'static Row {
+        self.0
     }
 
     /// Whether a release string (`uname -r`) belongs to this kernel line.
     fn matches(self, release: &str) -> bool {
-        let prefix = match self {
-            Kernel::V5_10 => "5.10.",
-            Kernel::V6_1 => "6.1.",
-            Kernel::V6_12 => "6.12.",
-            Kernel::V7 => "7.",
-        };
-        release.starts_with(prefix)
+        release.starts_with(self.0.release_prefix)
     }
 
     fn dir(self) -> PathBuf {
@@ -70,9 +163,21 @@ impl Kernel {
     }
 }
 
+/// The kernels' names as a usage text lists them: `5.10, 6.1, 6.12 or 7`
+/// (sorted by version).
+pub fn names_or() -> String {
+    let mut names: Vec<&str> = KERNELS.iter().map(|r| r.name).collect();
+    names.sort_by(|a, b| version_cmp(a, b));
+    match names.split_last() {
+        Some((last, [])) => last.to_string(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
 /// The image of `k` to boot, when present with its modules.
 pub fn image(k: Kernel) -> Result<PathBuf> {
-    if k == Kernel::V6_1 {
+    if k.row().fetch == Fetch::Installed {
         return boot_image(k);
     }
     let dir = k.dir();
@@ -131,7 +236,8 @@ fn boot_image(k: Kernel) -> Result<PathBuf> {
     }
 }
 
-/// Fetches kernel `k` (not 6.1, which apt installs) unless it is present.
+/// Fetches kernel `k` (not an [`Fetch::Installed`] one, which apt
+/// installs) unless it is present.
 /// Returns what it did, for the deps report.
 pub fn fetch(k: Kernel, apt: &mut PrivateApt) -> Result<String> {
     if let Ok(img) = image(k) {
@@ -150,8 +256,8 @@ pub fn fetch(k: Kernel, apt: &mut PrivateApt) -> Result<String> {
     let release = image_pkg["linux-image-".len()..].to_string();
     if !k.matches(&release) {
         bail!(
-            "{meta} now depends on {image_pkg}, which is not a {} kernel: update the matrix in \
-             xtask/src/kernels.rs",
+            "{meta} now depends on {image_pkg}, which is not a {} kernel: update its row in \
+             xtask/src/kernels.rs (KERNELS)",
             k.name()
         );
     }
@@ -263,15 +369,49 @@ mod tests {
         assert_eq!(version_cmp("5.10.0-30-amd64", "6.1.0-1-amd64"), Less);
     }
 
+    fn k(name: &str) -> Kernel {
+        Kernel::parse(name).unwrap()
+    }
+
     #[test]
     fn names_round_trip_and_lines_match() {
-        for k in Kernel::ALL {
+        for k in Kernel::all() {
             assert_eq!(Kernel::parse(k.name()).unwrap(), k);
         }
-        assert!(Kernel::parse("4.19").is_err());
-        assert!(Kernel::V6_1.matches("6.1.0-56-amd64"));
-        assert!(!Kernel::V6_1.matches("6.12.57+deb13-amd64"));
-        assert!(Kernel::V7.matches("7.2.13+deb14-amd64"));
-        assert!(Kernel::V5_10.matches("5.10.0-35-amd64"));
+        let e = Kernel::parse("4.19").unwrap_err().to_string();
+        assert!(e.contains("5.10, 6.1, 6.12 or 7 or all"), "{e}");
+        assert!(k("6.1").matches("6.1.0-56-amd64"));
+        assert!(!k("6.1").matches("6.12.57+deb13-amd64"));
+        assert!(k("7").matches("7.2.13+deb14-amd64"));
+        assert!(k("5.10").matches("5.10.0-35-amd64"));
+        assert_eq!(Kernel::DEFAULT, k("6.1"));
+    }
+
+    /// Each row stands on its own: a name and a release line of its own
+    /// (no prefix of one release is another's), one kernel the machine
+    /// installs, the default running the full suite.
+    #[test]
+    fn the_rows_are_distinct_and_complete() {
+        for (i, a) in KERNELS.iter().enumerate() {
+            assert!(a.release_prefix.ends_with('.'), "{}", a.name);
+            assert!(a.release_prefix.starts_with(a.name), "{}", a.name);
+            for b in &KERNELS[i + 1..] {
+                assert_ne!(a.name, b.name);
+                assert_ne!(a.suite, b.suite);
+                assert!(
+                    !b.release_prefix.starts_with(a.release_prefix),
+                    "{}",
+                    b.name
+                );
+                assert!(
+                    !a.release_prefix.starts_with(b.release_prefix),
+                    "{}",
+                    a.name
+                );
+            }
+        }
+        let installed = KERNELS.iter().filter(|r| r.fetch == Fetch::Installed);
+        assert_eq!(installed.count(), 1);
+        assert_eq!(Kernel::DEFAULT.row().pass, VmPass::Full);
     }
 }

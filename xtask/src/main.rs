@@ -24,6 +24,7 @@ mod lint;
 mod notice;
 mod paths;
 mod process;
+mod selection;
 mod stress;
 mod systemd;
 mod test;

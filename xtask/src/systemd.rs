@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::kernels::Kernel;
+use crate::kernels::{Kernel, Systemd as Role};
 use crate::process::{run, shell_quote};
 
 /// The release of the root: the build machine's, so the test binary built
@@ -38,8 +38,10 @@ const SUITE: &str = "bookworm";
 /// can be fetched here (the machine reaches Debian's archive only).
 const PACKAGES: &str = "systemd,systemd-sysv,udev,kmod,xfsprogs,util-linux,procps,mount,rpm";
 
-/// The kernels the systemd passes boot: every one of the matrix.
-pub const KERNELS: [Kernel; 4] = [Kernel::V6_1, Kernel::V5_10, Kernel::V6_12, Kernel::V7];
+/// Whether the systemd passes boot `k` (its row's role, `kernels.rs`).
+pub fn boots_kernel(k: Kernel) -> bool {
+    k.row().systemd != Role::None
+}
 
 /// A boot's limit. The first boot on 6.1 (the root's copy, the boot, the
 /// package test, the reboot's set-up, the power-off) took 340 to 470 s on
@@ -76,26 +78,33 @@ const WITHOUT_ENFORCEMENT: &[&str] =
     &["the_rpm_installs_runs_upgrades_and_erases_on_a_kernel_without_the_bpf_lsm"];
 
 /// The systemd passes of a run on `kernels`, each the boots of one copy of
-/// the root. 6.1 runs the package's story and reboots the node, then
-/// reboots it into each newer kernel of the run, as a node whose kernel is
-/// upgraded: the story (install, upgrade, purge) is dpkg's and systemd's
-/// and does not change with the kernel, the guard's first moment does.
-/// Without 6.1, a newer kernel sets up its own node. 5.10 runs the .rpm's
-/// story, which is what its kernel changes of the .deb's too.
+/// the root, by each kernel's role. The .deb's kernel (6.1) runs the
+/// package's story and reboots the node, then reboots it into each
+/// [`Role::RebootInto`] kernel of the run (6.12, 7), as a node whose
+/// kernel is upgraded: the story (install, upgrade, purge) is dpkg's and
+/// systemd's and does not change with the kernel, the guard's first moment
+/// does. Without a .deb kernel in the run, such a kernel sets up its own
+/// node. The .rpm's kernel (5.10) runs the .rpm's story, which is what its
+/// kernel changes of the .deb's too.
 pub fn passes(kernels: &[Kernel]) -> Vec<Vec<Planned>> {
-    let newer = |k: &Kernel| matches!(k, Kernel::V6_12 | Kernel::V7);
-    let with_6_1 = kernels.contains(&Kernel::V6_1);
+    let role = |k: &Kernel| k.row().systemd;
+    let with_deb = kernels.iter().any(|k| role(k) == Role::DebStory);
     let mut out = Vec::new();
-    for &k in kernels.iter().filter(|k| KERNELS.contains(k)) {
-        match k {
-            Kernel::V5_10 => out.push(vec![(k, WITHOUT_ENFORCEMENT)]),
-            Kernel::V6_1 => {
+    for &k in kernels {
+        match role(&k) {
+            Role::RpmStory => out.push(vec![(k, WITHOUT_ENFORCEMENT)]),
+            Role::DebStory => {
                 let mut boots = vec![(k, PACKAGE_STORY), (k, REBOOT)];
-                boots.extend(kernels.iter().filter(|k| newer(k)).map(|&n| (n, REBOOT)));
+                boots.extend(
+                    kernels
+                        .iter()
+                        .filter(|k| role(k) == Role::RebootInto)
+                        .map(|&n| (n, REBOOT)),
+                );
                 out.push(boots);
             }
-            _ if !with_6_1 => out.push(vec![(k, SET_UP), (k, REBOOT)]),
-            _ => {}
+            Role::RebootInto if !with_deb => out.push(vec![(k, SET_UP), (k, REBOOT)]),
+            Role::RebootInto | Role::None => {}
         }
     }
     out
@@ -434,11 +443,15 @@ mod tests {
         pass.iter().map(|(k, t)| (k.name(), *t)).collect()
     }
 
+    fn k(name: &str) -> Kernel {
+        Kernel::parse(name).unwrap()
+    }
+
     #[test]
     fn the_node_set_up_on_6_1_reboots_into_each_newer_kernel() {
-        let all = passes(&Kernel::ALL);
+        let all = passes(&Kernel::all());
         assert_eq!(all.len(), 2, "{all:?}");
-        let one = all.iter().find(|p| p[0].0 == Kernel::V6_1).unwrap();
+        let one = all.iter().find(|p| p[0].0 == k("6.1")).unwrap();
         assert_eq!(
             kernels_and_tests(one),
             [
@@ -448,13 +461,13 @@ mod tests {
                 ("7", REBOOT)
             ]
         );
-        let old = all.iter().find(|p| p[0].0 == Kernel::V5_10).unwrap();
+        let old = all.iter().find(|p| p[0].0 == k("5.10")).unwrap();
         assert_eq!(kernels_and_tests(old), [("5.10", WITHOUT_ENFORCEMENT)]);
     }
 
     #[test]
     fn a_newer_kernel_alone_sets_up_its_own_node() {
-        let p = passes(&[Kernel::V7]);
+        let p = passes(&[k("7")]);
         assert_eq!(kernels_and_tests(&p[0]), [("7", SET_UP), ("7", REBOOT)]);
         assert!(passes(&[]).is_empty());
     }

@@ -23,9 +23,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use crate::args::take_value;
-use crate::kernels::Kernel;
+use crate::kernels::{Kernel, VmPass};
 use crate::paths::cargo;
 use crate::process::{header, run, shell_quote};
+use crate::selection;
 use crate::vm::{Fs, VmOpts};
 
 const VM_PACKAGE: &str = "prjquota-vmtests";
@@ -54,122 +55,13 @@ pub struct Opts {
     pub release_deb: bool,
 }
 
-/// Tests that start, restart or kill the exporter (attaching and
-/// detaching the guard's LSM programs, a dozen times) while an owner loops
-/// on the hooked ioctl: the kernel's patching of a hooked function raced
-/// by the other vCPU, which hung guests with an emulator thread per vCPU
-/// (see `crate::vm::run`). The full suite on 6.1 runs them on both
-/// filesystems; the compatibility passes add one filesystem's cases each,
-/// the XFS cases on 6.12 and the ext4 cases on 7.x.
-macro_rules! attach_races {
-    () => {
-        "((binary(guard) & (test(the_guard_holds_through_exporter_restarts_and_crashes) | \
-           test(a_record_the_exporter_cannot_read_keeps_its_volume_guarded) | \
-           test(a_second_exporter_leaves_the_owners_guard_alone))) | \
-          (binary(guard_pins) & test(a_start_killed_at_any_step)) | \
-          (binary(allocs) & test(an_allocation_stays_guarded_through_exporter_restarts)))"
-    };
-}
-
-/// The compatibility pass: what runs on 6.12 and 7.x besides the full
-/// suite on 6.1, chosen for what the kernel decides and for what one
-/// emulator thread can run in CI's budget. The guard's enforcement
-/// through each kernel's hooks (7.x judges in `inode_file_setattr`, 6.12
-/// has `file_ioctl_compat`), on both filesystems: an owner's escapes, the
-/// defaults, a file outside the volumes, an overlay, the generation, the
-/// detect counts, what the exporter counts and logs; the programs
-/// attaching, the exporter's write counts and quota refusals and its
-/// self-test; the plugin's enforcement; ext4 on a failing disk; the
-/// volume numbers the exporter derives, against each kernel's statfs of a
-/// root (whose free space the kernels report differently). Each adds
-/// one filesystem's cases of the attach races (`attach_races!`). Everything
-/// else runs on 6.1 only: the plugin's and the exporter's own logic, crash
-/// recovery, the write paths at every depth, the stress, admin, load,
-/// hostile, timing, package and dashboard tests.
-macro_rules! compat {
-    () => {
-        "binary(vm_smoke) | \
-     (binary(ebpf) & test(all_programs_attach_and_say_so)) | \
-     (binary(exporter_ebpf) & (test(counts_exact_writes_and_quota_refusals_per_volume) | \
-       test(=xfs::the_self_test_passes_and_fails_a_hook_that_miscounts))) | \
-     (binary(plugin) & test(create_enforces)) | \
-     (binary(guard) & (test(enforce_refuses_escapes) | test(the_default_refuses) | \
-       test(a_file_outside_the_volumes) | test(a_change_through_an_overlay) | \
-       test(enforce_keeps_every_root_generation) | test(enforce_keeps_a_root_generation_on_ext4) | \
-       test(detect_counts_escapes) | test(detect_counts_a_root_generation_change) | \
-       test(guard_loads_in_both_modes) | \
-       test(the_exporter_counts_refuses) | test(squatted_outside))) | \
-     (binary(faults) & test(=ext4::disk_errors)) | \
-     (binary(exporter) & test(every_metric_matches)) | \
-     (binary(capacity) & test(nearly_full_filesystem)) | \
-     (binary(allocs) & (test(a_started_allocation) | test(sticky_disk) | test(during_the_walk) | \
-       test(guarded_like_a_volume) | test(from_its_claim) | test(walked_back)))"
-    };
-}
-
-/// A buffered write held inside the hooked function through another
-/// exporter's attach: whether the kernel skips its fexit differs between
-/// kernels. 6.12 runs it where ext4's generic_perform_write hook does, 7.x
-/// where XFS's iomap hook does; 5.10 (the context build) and 6.1, both.
-macro_rules! held_write {
-    ($fs:literal) => {
-        concat!(
-            "(binary(exporter_ebpf) & test(=",
-            $fs,
-            "::a_buffered_write_held_while_another_exporter_attaches_is_reported))"
-        )
-    };
-}
-
-/// 6.12's compatibility pass.
-pub const COMPAT_FILTER_6_12: &str = concat!(
-    compat!(),
-    " | ",
-    held_write!("ext4"),
-    " | (",
-    attach_races!(),
-    " & test(/^xfs::/))"
-);
-/// 7.x's compatibility pass.
-pub const COMPAT_FILTER_7: &str = concat!(
-    compat!(),
-    " | ",
-    held_write!("xfs"),
-    " | (",
-    attach_races!(),
-    " & test(/^ext4::/))"
-);
-
-/// Linux 5.10 runs the context builds of the write telemetry (the write
-/// paths on XFS, the exporter's counts and a held buffered write on both
-/// filesystems) and of the
-/// guard's detect programs, the quotas read through the block device, the
-/// plugin's enforcement, and instead of the guard's enforce tests (no BPF
-/// LSM in Debian 11's `lsm=`) the checks that it refuses enforcement by
-/// name (`old_kernel`).
-pub const OLD_KERNEL_FILTER: &str = "binary(vm_smoke) | binary(old_kernel) | \
-     (binary(ebpf) & (test(all_programs_attach_and_say_so) | \
-       test(=xfs::every_write_path_counts_exact_bytes_and_calls_at_every_depth))) | \
-     (binary(exporter_ebpf) & (test(counts_exact_writes_and_quota_refusals_per_volume) | \
-       test(a_buffered_write_held_while_another_exporter_attaches_is_reported))) | \
-     (binary(guard) & test(detect_counts)) | (binary(plugin) & test(create_enforces)) | \
-     (binary(exporter) & test(every_metric_matches)) | (binary(capacity) & test(nearly_full_filesystem)) | \
-     (binary(allocs) & (test(a_started_allocation) | test(sticky_disk) | test(during_the_walk) | \
-       test(walked_back)))";
-
-/// The full suite on 6.1 (and on any kernel but 5.10 with `--full`): every
-/// binary but `old_kernel`, which checks refusals that only a kernel older
-/// than 5.17 makes.
-pub const FULL_FILTER: &str = "all() - binary(old_kernel)";
-
 /// What a pass on `kernel` runs without a `--filter`: (filter, is the full
-/// suite).
+/// suite). `full`: `--full`, or the kernel's own pass is the full suite.
 fn pass_selection(kernel: Kernel, full: bool) -> (&'static str, bool) {
-    match (kernel, full) {
-        (Kernel::V5_10, _) => (OLD_KERNEL_FILTER, false),
-        (_, true) => (FULL_FILTER, true),
-        (Kernel::V6_12, false) => (COMPAT_FILTER_6_12, false),
-        (_, false) => (COMPAT_FILTER_7, false),
+    match (kernel.row().pass, full) {
+        (VmPass::Only(f), _) => (f, false),
+        (VmPass::Full, _) | (VmPass::Compat(_), true) => (selection::FULL, true),
+        (VmPass::Compat(f), false) => (f, false),
     }
 }
 
@@ -308,7 +200,7 @@ pub fn main(args: &[String]) -> Result<u8> {
                     opts.vm_lanes = Some(v.parse().context("--vm-lanes")?);
                 } else if let Some(v) = take_value(args, &mut i, "--kernel")? {
                     opts.kernels = if v == "all" {
-                        Kernel::ALL.to_vec()
+                        Kernel::all()
                     } else {
                         vec![Kernel::parse(&v)?]
                     };
@@ -818,6 +710,17 @@ fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
             write_stdout(&mut cmd, &cargo_json)
         },
     )?;
+    // A test binary no selection places would run on the default kernel
+    // only, or nowhere, unseen: stop before any boot.
+    let listed: serde_json::Value = serde_json::from_slice(&std::fs::read(&binaries_json)?)
+        .with_context(|| format!("{} is not JSON", binaries_json.display()))?;
+    if let Some(bins) = listed["rust-binaries"].as_object() {
+        selection::check_listed(
+            bins.iter()
+                .filter(|(_, b)| b["kind"] == "test")
+                .map(|(id, _)| id.as_str()),
+        )?;
+    }
 
     // The package and static-plugin tests need a .deb and the static
     // release plugin; built only when a pass selects one of them.
@@ -1020,9 +923,8 @@ enum Boot {
 /// every suite), in the order the lanes take them, and how many VMs run at
 /// once: `lanes` when given, else [`VM_LANES`]. Longest first, so that the
 /// boot left for a lane another frees is a short one: the full suite, the
-/// systemd passes (6.1's boots the node four times), the compatibility
-/// passes, and 5.10's last (without the BPF LSM its pass leaves out the
-/// guard's tests).
+/// systemd passes (6.1's boots the node four times), then the other
+/// passes by their rows' `boot_order`.
 fn vm_boots(
     kernels: &[Kernel],
     systemd: &[Kernel],
@@ -1036,10 +938,9 @@ fn vm_boots(
         .enumerate()
         .collect();
     all.sort_by_key(|(_, b)| match b {
-        Boot::Suite(k) if full(*k) => 0,
-        Boot::Systemd(_) => 1,
-        Boot::Suite(Kernel::V5_10) => 3,
-        Boot::Suite(_) => 2,
+        Boot::Suite(k) if full(*k) => (0, 0),
+        Boot::Systemd(_) => (1, 0),
+        Boot::Suite(k) => (2, k.row().boot_order),
     });
     (all, lanes.unwrap_or(VM_LANES))
 }
@@ -1056,7 +957,7 @@ fn systemd_kernels(opts: &Opts) -> Result<Vec<Kernel>> {
         .kernels
         .iter()
         .copied()
-        .filter(|k| crate::systemd::KERNELS.contains(k))
+        .filter(|k| crate::systemd::boots_kernel(*k))
         .collect())
 }
 
@@ -1406,8 +1307,8 @@ fn pass_filters(opts: &Opts) -> Vec<&str> {
 
 /// The filter the VM pass on `kernel` runs, and whether it is the full suite.
 fn pass_filter(opts: &Opts, kernel: Kernel) -> (&str, bool) {
-    let (selection, full) = pass_selection(kernel, opts.full || kernel == Kernel::DEFAULT);
-    (opts.filter.as_deref().unwrap_or(selection), full)
+    let (selected, full) = pass_selection(kernel, opts.full);
+    (opts.filter.as_deref().unwrap_or(selected), full)
 }
 
 /// Whether any VM pass of `opts` selects a test of one of `binaries`
@@ -1685,34 +1586,39 @@ mod tests {
         assert_eq!(failed_in_boot(&["a"], &lines[..1]), None);
     }
 
+    fn k(name: &str) -> Kernel {
+        Kernel::parse(name).unwrap()
+    }
+
     #[test]
-    fn the_full_suite_runs_every_attach_race_and_each_compat_pass_one_fs() {
-        let races = attach_races!();
-        assert_eq!(pass_selection(Kernel::V6_1, true).0, FULL_FILTER);
-        assert!(!FULL_FILTER.contains("attach"));
-        for (k, fs) in [(Kernel::V6_12, "xfs"), (Kernel::V7, "ext4")] {
-            let (f, full) = pass_selection(k, false);
-            assert!(!full);
-            assert!(f.contains(&format!("({races} & test(/^{fs}::/))")), "{f}");
-        }
-        assert_eq!(pass_selection(Kernel::V7, true).0, FULL_FILTER);
-        assert_eq!(pass_selection(Kernel::V5_10, true).0, OLD_KERNEL_FILTER);
+    fn each_kernel_runs_its_rows_pass_and_full_where_it_can() {
+        assert_eq!(pass_selection(k("6.1"), false), (selection::FULL, true));
+        assert_eq!(
+            pass_selection(k("6.12"), false),
+            (selection::COMPAT_6_12, false)
+        );
+        assert_eq!(pass_selection(k("7"), false), (selection::COMPAT_7, false));
+        assert_eq!(pass_selection(k("7"), true), (selection::FULL, true));
+        assert_eq!(
+            pass_selection(k("5.10"), true),
+            (selection::OLD_KERNEL, false)
+        );
     }
 
     #[test]
     fn the_full_pass_boots_first_and_two_vms_run_at_once() {
-        let full = |k| k == Kernel::V6_1;
-        let (boots, lanes) = vm_boots(&Kernel::ALL, &[Kernel::V6_1, Kernel::V7], full, None);
+        let full = |k| k == Kernel::DEFAULT;
+        let (boots, lanes) = vm_boots(&Kernel::all(), &[k("6.1"), k("7")], full, None);
         assert_eq!(lanes, VM_LANES);
         assert_eq!(
             boots.iter().map(|(_, b)| *b).collect::<Vec<_>>(),
             vec![
-                Boot::Suite(Kernel::V6_1),
-                Boot::Systemd(Kernel::V6_1),
-                Boot::Systemd(Kernel::V7),
-                Boot::Suite(Kernel::V6_12),
-                Boot::Suite(Kernel::V7),
-                Boot::Suite(Kernel::V5_10),
+                Boot::Suite(k("6.1")),
+                Boot::Systemd(k("6.1")),
+                Boot::Systemd(k("7")),
+                Boot::Suite(k("6.12")),
+                Boot::Suite(k("7")),
+                Boot::Suite(k("5.10")),
             ]
         );
         // Each keeps its place in the report (suites, then systemd passes).
@@ -1721,7 +1627,7 @@ mod tests {
             vec![0, 4, 5, 2, 3, 1]
         );
         // --vm-lanes N: N at a time.
-        assert_eq!(vm_boots(&Kernel::ALL, &[], full, Some(1)).1, 1);
+        assert_eq!(vm_boots(&Kernel::all(), &[], full, Some(1)).1, 1);
     }
 
     #[test]
