@@ -175,6 +175,48 @@ pub fn names_or() -> String {
     }
 }
 
+/// docs/kernels.md's matrix, one line per row (`crate::docs` splices it
+/// in).
+pub fn docs_table() -> String {
+    let mut out = String::from(
+        "| `--kernel` | Debian | `cargo xtask deps` fetches | its VM pass (`cargo xtask \
+         test`) | its systemd pass |\n| --- | --- | --- | --- | --- |\n",
+    );
+    for r in &KERNELS {
+        let fetch = match r.fetch {
+            Fetch::Installed => "the machine's own `linux-image-amd64`, in /boot".to_string(),
+            Fetch::Archive => format!("`linux-image-amd64/{}` from Debian's archive", r.suite),
+        };
+        let pass = match r.pass {
+            VmPass::Full => "the full suite".to_string(),
+            VmPass::Compat(f) => format!(
+                "the compatibility pass, `{}` (`--full`: the full suite)",
+                selection::name_of(f)
+            ),
+            VmPass::Only(f) => format!("`{}`, even with `--full`", selection::name_of(f)),
+        };
+        let systemd = match r.systemd {
+            Systemd::DebStory => {
+                "the .deb's story, then the node rebooted into this kernel and into each kernel \
+                 of the run a node reboots into"
+            }
+            Systemd::RebootInto => "the node the .deb's story set up, rebooted into this kernel",
+            Systemd::RpmStory => "the .rpm's story, without the BPF LSM",
+            Systemd::None => "none",
+        };
+        let default = if r == Kernel::DEFAULT.row() {
+            " (the default)"
+        } else {
+            ""
+        };
+        out += &format!(
+            "| `{}`{default} | {} | {fetch} | {pass} | {systemd} |\n",
+            r.name, r.suite
+        );
+    }
+    out
+}
+
 /// The image of `k` to boot, when present with its modules.
 pub fn image(k: Kernel) -> Result<PathBuf> {
     if k.row().fetch == Fetch::Installed {

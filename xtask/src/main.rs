@@ -60,6 +60,9 @@ commands:
                              boot (release builds); writes bench/RESULTS.md and the docs' blocks
                              generated from it (README.md's comparison, docs/performance.md)
   bench --render-only        only render those blocks from the committed bench/RESULTS.md (no VM)
+  docs                       render every generated block of the docs: the bench's (as
+                             bench --render-only) and docs/kernels.md's matrix, from the kernel
+                             table (xtask/src/kernels.rs)
   dist                       static release binaries, the tarball, the .deb and SHA256SUMS in
                              target/dist/
   dashboards [--config FILE] [--out DIR]
@@ -101,6 +104,7 @@ fn main() -> ExitCode {
         "bench" => bench::main(rest),
         "dist" => dist::main(rest),
         "dashboards" => dashboards::main(rest),
+        "docs" => docs::main(rest),
         "help" | "-h" | "--help" => {
             println!("{USAGE}");
             Ok(0)

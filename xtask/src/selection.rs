@@ -113,6 +113,22 @@ pub const OLD_KERNEL: &str = "binary(vm_smoke) | binary(old_kernel) | \
 /// than 5.17 makes.
 pub const FULL: &str = "all() - binary(old_kernel)";
 
+/// The selections by the names the docs give them.
+const NAMED: [(&str, &str); 4] = [
+    ("FULL", FULL),
+    ("COMPAT_6_12", COMPAT_6_12),
+    ("COMPAT_7", COMPAT_7),
+    ("OLD_KERNEL", OLD_KERNEL),
+];
+
+/// The name of selection `filter` (`selection::COMPAT_7`), for the docs.
+pub fn name_of(filter: &str) -> String {
+    NAMED
+        .iter()
+        .find(|(_, f)| *f == filter)
+        .map_or_else(|| "a filter".into(), |(n, _)| format!("selection::{n}"))
+}
+
 /// Where a test binary of the suite runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Runs {
