@@ -33,18 +33,15 @@ const GUEST_DISK: &str = "/dev/vda";
 /// image plugin's 16 GiB volume twice over.
 const DISK_BYTES: u64 = 40 << 30;
 
-pub fn main(args: &[String]) -> Result<u8> {
-    let (quick, only) = match args {
-        [] => (false, None),
-        [q] if q == "--quick" => (true, None),
-        [r] if r == "--render-only" => return render_docs(&crate::paths::repo_root()).map(|()| 0),
-        [o, sections] if o == "--only" => (false, Some(sections.clone())),
-        _ => bail!("bench takes --quick, --render-only or --only SECTIONS"),
-    };
+pub fn main(args: crate::cli::BenchArgs) -> Result<u8> {
+    if args.render_only {
+        return render_docs(&crate::paths::repo_root()).map(|()| 0);
+    }
+    let (quick, only) = (args.quick, args.only);
     let root = crate::paths::repo_root();
     let target = crate::paths::target_dir();
     header("deps");
-    if crate::deps::main(&[])? != 0 {
+    if crate::deps::main()? != 0 {
         bail!("`cargo xtask deps` failed");
     }
     header("build: release binaries and the bench driver");

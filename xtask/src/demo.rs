@@ -7,12 +7,9 @@ use crate::paths::cargo;
 use crate::process::{header, run};
 use crate::vm::{Fs, VmOpts};
 
-pub fn main(args: &[String]) -> Result<u8> {
-    if let Some(a) = args.first() {
-        bail!("demo takes no arguments (got `{a}`)");
-    }
+pub fn main() -> Result<u8> {
     header("deps");
-    if crate::deps::main(&[])? != 0 {
+    if crate::deps::main()? != 0 {
         bail!("`cargo xtask deps` failed");
     }
     header("build: cargo build --workspace --bins");

@@ -110,10 +110,7 @@ const NEXTEST_VERSION: &str = "0.9.143";
 const CARGO_INSTALL_SECS: u64 = 1800;
 const PIP_SECS: u64 = 600;
 
-pub fn main(args: &[String]) -> Result<u8> {
-    if let Some(a) = args.first() {
-        bail!("deps takes no arguments (got `{a}`)");
-    }
+pub fn main() -> Result<u8> {
     let mut failed = Vec::new();
 
     // Debian packages.

@@ -77,29 +77,23 @@ pub struct Dist {
     pub bin_dir: PathBuf,
 }
 
-pub fn main(args: &[String]) -> Result<u8> {
-    match args {
-        [] => {
+pub fn main(args: crate::cli::DistArgs) -> Result<u8> {
+    match args.binaries.as_deref() {
+        None => {
             build()?;
         }
-        [flag, dir, out] if flag == "--binaries" => {
+        Some([dir, out]) => {
             // A test package of other binaries (the debug build, say), for
             // working on the packaging without a release build.
             let root = crate::paths::repo_root();
             let epoch = source_date_epoch(&root)?;
-            let (dir, out) = (Path::new(dir), Path::new(out));
             std::fs::create_dir_all(out)?;
             let bins = Bins::in_dir(dir);
             build_deb(&root, &bins, &out.join(deb_name()), &epoch, "none")?;
             build_rpm(&root, &bins, &out.join(rpm_name()), &epoch)?;
             println!("in {}", out.display());
         }
-        _ => bail!(
-            "usage: cargo xtask dist [--binaries DIR OUT] (got `{}`): --binaries packages \
-             DIR's prjquota, prjquota-exporter and prjquota-dashboards into OUT, unchecked, \
-             for tests",
-            args.join(" ")
-        ),
+        Some(other) => bail!("--binaries takes DIR and OUT (got {other:?})"),
     }
     Ok(0)
 }

@@ -7,9 +7,8 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 
-use crate::args::take_value;
 use crate::kernels::Kernel;
 
 /// Volumes of the soak run of the exporter's churn test.
@@ -20,24 +19,10 @@ const SOAK_STORM_VOLUMES: &str = "1000";
 /// Directories of the big allocation of the walk's budget test.
 const SOAK_ALLOC_DIRS: &str = "1000000";
 
-pub fn main(args: &[String]) -> Result<u8> {
-    let mut secs: u64 = 300;
-    let mut seed = None;
-    let mut kernel = Kernel::DEFAULT;
-    let mut i = 0;
-    while i < args.len() {
-        if let Some(v) = take_value(args, &mut i, "--secs")? {
-            secs = v.parse().context("--secs must be a whole number")?;
-        } else if let Some(v) = take_value(args, &mut i, "--seed")? {
-            v.parse::<u64>().context("--seed must be a whole number")?;
-            seed = Some(v);
-        } else if let Some(v) = take_value(args, &mut i, "--kernel")? {
-            kernel = Kernel::parse(&v)?;
-        } else {
-            bail!("stress: unknown argument `{}`", args[i]);
-        }
-        i += 1;
-    }
+pub fn main(args: crate::cli::StressArgs) -> Result<u8> {
+    let secs = args.secs;
+    let seed = args.seed.map(|s| s.to_string());
+    let kernel = args.kernel.unwrap_or(Kernel::DEFAULT);
     let mut guest_env = vec![
         ("PRJQUOTA_STRESS_SECS".to_string(), secs.to_string()),
         // The stalled-disk test holds its disk as long, scraping.

@@ -22,7 +22,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::args::take_value;
 use crate::kernels::{Kernel, VmPass};
 use crate::paths::cargo;
 use crate::process::{header, run, shell_quote};
@@ -163,54 +162,21 @@ struct Pass {
     failures: Vec<String>,
 }
 
-pub fn main(args: &[String]) -> Result<u8> {
-    let mut opts = Opts {
-        host: true,
-        vm: true,
-        filter: None,
-        vm_threads: 2,
-        extra: Vec::new(),
-        kernels: vec![Kernel::DEFAULT],
-        full: false,
+pub fn main(args: crate::cli::TestArgs) -> Result<u8> {
+    let opts = Opts {
+        host: !args.vm_only,
+        vm: !args.host_only,
+        filter: args.filter,
+        vm_threads: args.vm_threads,
+        extra: args.extra,
+        kernels: args.kernel.map_or_else(|| vec![Kernel::DEFAULT], |k| k.0),
+        full: args.full,
         guest_env: Vec::new(),
         vm_timeout: None,
-        vm_cpus: None,
-        vm_lanes: None,
-        release_deb: false,
+        vm_cpus: args.vm_cpus,
+        vm_lanes: args.vm_lanes,
+        release_deb: args.release_deb,
     };
-    let mut i = 0;
-    while i < args.len() {
-        match args[i].as_str() {
-            "--host-only" => opts.vm = false,
-            "--vm-only" => opts.host = false,
-            "--full" => opts.full = true,
-            "--release-deb" => opts.release_deb = true,
-            "--" => {
-                opts.extra = args[i + 1..].to_vec();
-                break;
-            }
-            _ => {
-                if let Some(v) = take_value(args, &mut i, "--filter")? {
-                    opts.filter = Some(v);
-                } else if let Some(v) = take_value(args, &mut i, "--vm-threads")? {
-                    opts.vm_threads = v.parse().context("--vm-threads")?;
-                } else if let Some(v) = take_value(args, &mut i, "--vm-cpus")? {
-                    opts.vm_cpus = Some(v.parse().context("--vm-cpus")?);
-                } else if let Some(v) = take_value(args, &mut i, "--vm-lanes")? {
-                    opts.vm_lanes = Some(v.parse().context("--vm-lanes")?);
-                } else if let Some(v) = take_value(args, &mut i, "--kernel")? {
-                    opts.kernels = if v == "all" {
-                        Kernel::all()
-                    } else {
-                        vec![Kernel::parse(&v)?]
-                    };
-                } else {
-                    bail!("test: unknown argument `{}`", args[i]);
-                }
-            }
-        }
-        i += 1;
-    }
     run_opts(&opts)
 }
 

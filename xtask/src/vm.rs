@@ -14,28 +14,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::args::take_value;
 use crate::kernels::Kernel;
 use crate::process::shell_quote;
 
-/// Which quota filesystems the guest mounts (the XFS without quotas always is).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fs {
-    Xfs,
-    Ext4,
-    All,
-}
+pub use crate::cli::Fs;
 
 impl Fs {
-    fn parse(s: &str) -> Result<Fs> {
-        Ok(match s {
-            "xfs" => Fs::Xfs,
-            "ext4" => Fs::Ext4,
-            "all" => Fs::All,
-            _ => bail!("--fs must be xfs, ext4 or all (got `{s}`)"),
-        })
-    }
-
     fn as_str(self) -> &'static str {
         match self {
             Fs::Xfs => "xfs",
@@ -101,45 +85,17 @@ pub struct VmRun {
     pub lines: Vec<String>,
 }
 
-pub fn main(args: &[String]) -> Result<u8> {
-    let mut opts = VmOpts::default();
-    let mut i = 0;
-    let mut cmd: Vec<String> = Vec::new();
-    while i < args.len() {
-        if args[i] == "--" {
-            cmd = args[i + 1..].to_vec();
-            break;
-        } else if let Some(v) = take_value(args, &mut i, "--fs")? {
-            opts.fs = Fs::parse(&v)?;
-        } else if let Some(v) = take_value(args, &mut i, "--kernel")? {
-            opts.kernel = Kernel::parse(&v)?;
-        } else if let Some(v) = take_value(args, &mut i, "--memory")? {
-            opts.memory = v;
-        } else if let Some(v) = take_value(args, &mut i, "--cpus")? {
-            opts.cpus = v.parse().context("--cpus")?;
-        } else if let Some(v) = take_value(args, &mut i, "--disk")? {
-            // A file the guest sees as a block device (/dev/vda), as the
-            // bench's disk: for probes of what the bench measures.
-            opts.disks.push(PathBuf::from(v));
-        } else if let Some(v) = take_value(args, &mut i, "--rwdir")? {
-            // A host directory the guest may write (vng shares it over
-            // virtiofs; an executable run from it is read through the share
-            // again at each exec, so the bench copies its plugins out).
-            opts.rwdirs.push(PathBuf::from(v));
-        } else if args[i].starts_with('-') {
-            bail!("vm: unknown option `{}`", args[i]);
-        } else {
-            cmd = args[i..].to_vec();
-            break;
-        }
-        i += 1;
-    }
-    if cmd.is_empty() {
-        bail!(
-            "vm: no command: cargo xtask vm [--kernel 5.10|6.1|6.12|7] [--fs xfs|ext4|all] \
-             [--memory 2G] [--cpus 2] [--disk FILE]... [--rwdir DIR]... -- CMD..."
-        );
-    }
+pub fn main(args: crate::cli::VmArgs) -> Result<u8> {
+    let opts = VmOpts {
+        fs: args.fs,
+        kernel: args.kernel.unwrap_or(Kernel::DEFAULT),
+        memory: args.memory,
+        cpus: args.cpus,
+        disks: args.disk,
+        rwdirs: args.rwdir,
+        ..VmOpts::default()
+    };
+    let mut cmd = args.cmd;
     // One argument is a bash command line; several are joined like ssh does.
     let cmd = if cmd.len() == 1 {
         cmd.remove(0)
@@ -555,10 +511,14 @@ mod tests {
 
     use super::*;
 
+    /// The guest script gets the names `--fs` takes.
     #[test]
     fn fs_names() {
-        assert_eq!(Fs::parse("all").unwrap(), Fs::All);
-        assert!(Fs::parse("btrfs").is_err());
+        use clap::ValueEnum;
+        for fs in [Fs::Xfs, Fs::Ext4, Fs::All] {
+            assert_eq!(Fs::from_str(fs.as_str(), false), Ok(fs));
+        }
+        assert!(Fs::from_str("btrfs", false).is_err());
     }
 
     #[test]
