@@ -106,6 +106,11 @@ const VIRTIOFSD: &str = "1.14.0";
 /// The cargo-nextest release xtask parses the output of.
 const NEXTEST_VERSION: &str = "0.9.143";
 
+/// The cargo-deny release the host pass checks licences and bans with
+/// (deny.toml). Built from crates.io into target/venv/bin, as virtiofsd:
+/// Debian has no package of it.
+const CARGO_DENY: &str = "0.20.2";
+
 /// Time limits (seconds) of the local install steps.
 const CARGO_INSTALL_SECS: u64 = 1800;
 const PIP_SECS: u64 = 600;
@@ -195,6 +200,38 @@ pub fn main() -> Result<u8> {
                 Err(e) => {
                     println!("failed      virtiofsd: {e:#}");
                     failed.push("virtiofsd".into());
+                }
+            }
+        }
+    }
+
+    let deny = cargo_deny();
+    match version_of(&deny) {
+        Some(v) if v.trim() == format!("cargo-deny {CARGO_DENY}") => {
+            println!("present     cargo-deny {CARGO_DENY} ({})", deny.display())
+        }
+        _ => {
+            println!(
+                "installing  cargo-deny {CARGO_DENY} (cargo install --locked --root {})",
+                venv_dir().display()
+            );
+            let mut cmd = crate::debian::limited(CARGO_INSTALL_SECS, "cargo");
+            cmd.current_dir(crate::paths::repo_root())
+                .args([
+                    "install",
+                    "cargo-deny",
+                    "--locked",
+                    "--force",
+                    "--version",
+                    CARGO_DENY,
+                ])
+                .arg("--root")
+                .arg(venv_dir());
+            match crate::process::quiet(&mut cmd) {
+                Ok(()) => println!("installed   cargo-deny {CARGO_DENY} ({})", deny.display()),
+                Err(e) => {
+                    println!("failed      cargo-deny: {e:#}");
+                    failed.push("cargo-deny".into());
                 }
             }
         }
@@ -298,6 +335,11 @@ fn apt_install(pkgs: &[&str]) -> Result<()> {
         .args(["install", "-y", "-q", "--no-install-recommends"])
         .args(pkgs);
     crate::process::quiet(&mut install)
+}
+
+/// The cargo-deny `cargo xtask deps` installs (the host pass runs it).
+pub fn cargo_deny() -> PathBuf {
+    venv_dir().join("bin/cargo-deny")
 }
 
 /// The project's Python virtual environment (virtme-ng lives there).

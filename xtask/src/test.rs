@@ -2,8 +2,9 @@
 //!
 //! 1. `cargo fmt --all --check`
 //! 2. `cargo clippy --workspace --all-targets -- -D warnings`
-//! 3. host pass: `cargo nextest run --workspace --exclude prjquota-vmtests`
-//! 4. VM pass: builds the workspace binaries (PRJQUOTA_BIN_DIR), `prjquota`
+//! 3. `cargo deny check licenses bans` (deny.toml)
+//! 4. host pass: `cargo nextest run --workspace --exclude prjquota-vmtests`
+//! 5. VM pass: builds the workspace binaries (PRJQUOTA_BIN_DIR), `prjquota`
 //!    with `--features fault-injection` (PRJQUOTA_FAULT_BIN) and the
 //!    `prjquota-vmtests` test binaries on the host, boots ONE VM with every test filesystem and runs
 //!    those binaries there with nextest, reusing the host build
@@ -249,6 +250,18 @@ fn run_steps(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
                 ]))
             },
         )?;
+        step("cargo deny check licenses bans (deny.toml)", || {
+            let deny = crate::deps::cargo_deny();
+            if !crate::process::is_executable(&deny) {
+                bail!(
+                    "{} is missing: run `cargo xtask deps` (it builds cargo-deny)",
+                    deny.display()
+                );
+            }
+            run(std::process::Command::new(&deny)
+                .current_dir(crate::paths::repo_root())
+                .args(["deny", "--locked", "check", "licenses", "bans"]))
+        })?;
         header("host tests: cargo nextest run --workspace --exclude prjquota-vmtests");
         let t = Instant::now();
         let mut cmd = cargo();
