@@ -4,7 +4,7 @@
 //! context builds of their programs), the default guard (`auto`) detects
 //! and says why, and `--guard=enforce` is refused loudly: a refusal to
 //! start that names why and the fix. Only the 5.10 pass runs
-//! this binary (see xtask/src/test.rs); it fails on a kernel new enough for
+//! this binary (see xtask/src/selection.rs); it fails on a kernel new enough for
 //! the helpers builds.
 //!
 //! ```sh

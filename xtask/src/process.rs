@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
@@ -15,6 +15,15 @@ use anyhow::{bail, Context, Result};
 pub fn header(title: &str) {
     println!("\n==== {title}");
     let _ = std::io::stdout().flush();
+}
+
+/// Runs `f` as a step of a run: its header, then how long it took.
+pub fn step(title: &str, f: impl FnOnce() -> Result<()>) -> Result<()> {
+    header(title);
+    let t = Instant::now();
+    f()?;
+    println!("xtask: ok in {:.0}s", t.elapsed().as_secs_f64());
+    Ok(())
 }
 
 /// The command line of `cmd`, for messages.

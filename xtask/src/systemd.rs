@@ -385,7 +385,7 @@ fn boot_once(
         // See xtask/src/vm.rs: one emulator thread keeps code patched by the
         // eBPF attach coherent between vCPUs. Every boot here takes it: a
         // boot is mostly one process at a time, and on one host core each
-        // it shares the machine with another VM (xtask/src/test.rs).
+        // it shares the machine with another VM (xtask/src/test/budget.rs).
         .arg("--qemu-opts=-accel tcg,thread=single")
         .stdin(Stdio::null());
     println!("$ {}", crate::process::display(&cmd));
