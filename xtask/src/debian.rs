@@ -10,8 +10,20 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-/// The suites the private sources list names.
-const SUITES: &[&str] = &["bullseye", "trixie", "sid"];
+/// The suites the private sources list names: each kernel row's that
+/// comes from the archive (`crate::kernels`), and sid, whose Prometheus 3
+/// `cargo xtask deps` unpacks.
+fn suites() -> Vec<&'static str> {
+    let mut out: Vec<&str> = crate::kernels::KERNELS
+        .iter()
+        .filter(|r| r.fetch == crate::kernels::Fetch::Archive)
+        .map(|r| r.suite)
+        .collect();
+    if !out.contains(&"sid") {
+        out.push("sid");
+    }
+    out
+}
 
 /// Time limits (seconds) of the steps that talk to the network.
 pub const UPDATE_SECS: u64 = 600;
@@ -63,7 +75,8 @@ impl PrivateApt {
         }
         std::fs::create_dir_all(self.dir.join("lists/partial"))?;
         std::fs::create_dir_all(self.dir.join("cache/archives/partial"))?;
-        let sources: String = SUITES
+        let suites = suites();
+        let sources: String = suites
             .iter()
             .map(|s| format!("deb http://deb.debian.org/debian {s} main\n"))
             .collect();
@@ -75,7 +88,7 @@ impl PrivateApt {
                 "apt-get update of the private sources ({}/sources.list: {}) failed: \
                  check that deb.debian.org is reachable",
                 self.dir.display(),
-                SUITES.join(", ")
+                suites.join(", ")
             )
         })?;
         self.updated = true;
@@ -150,5 +163,12 @@ mod tests {
             ["linux-image-7.2.13+deb14-amd64", "kmod", "busybox"]
         );
         assert!(parse_depends("Package: x\n").is_empty());
+    }
+
+    /// The private sources name the suites of the kernels fetched from
+    /// the archive (a new row's too), never the machine's own.
+    #[test]
+    fn the_sources_follow_the_kernel_rows() {
+        assert_eq!(suites(), ["bullseye", "trixie", "sid"]);
     }
 }
