@@ -169,6 +169,19 @@ mod tests {
     /// the archive (a new row's too), never the machine's own.
     #[test]
     fn the_sources_follow_the_kernel_rows() {
-        assert_eq!(suites(), ["bullseye", "trixie", "sid"]);
+        use crate::kernels::{Fetch, KERNELS};
+        let suites = suites();
+        for r in &KERNELS {
+            assert_eq!(
+                suites.contains(&r.suite),
+                r.fetch == Fetch::Archive,
+                "{}",
+                r.suite
+            );
+        }
+        assert!(suites.contains(&"sid"), "Prometheus 3 comes from sid");
+        let mut once = suites.clone();
+        once.dedup();
+        assert_eq!(once, suites);
     }
 }

@@ -163,8 +163,8 @@ impl Kernel {
     }
 }
 
-/// The kernels' names as a usage text lists them: `5.10, 6.1, 6.12 or 7`
-/// (sorted by version).
+/// The kernels' names as a usage text lists them (`5.10, 6.1, 6.12 or 7`),
+/// sorted by version.
 pub fn names_or() -> String {
     let mut names: Vec<&str> = KERNELS.iter().map(|r| r.name).collect();
     names.sort_by(|a, b| version_cmp(a, b));
@@ -421,7 +421,10 @@ mod tests {
             assert_eq!(Kernel::parse(k.name()).unwrap(), k);
         }
         let e = Kernel::parse("4.19").unwrap_err().to_string();
-        assert!(e.contains("5.10, 6.1, 6.12 or 7 or all"), "{e}");
+        assert!(e.contains(&format!("{} or all", names_or())), "{e}");
+        for r in &KERNELS {
+            assert!(names_or().contains(r.name), "{}", r.name);
+        }
         assert!(k("6.1").matches("6.1.0-56-amd64"));
         assert!(!k("6.1").matches("6.12.57+deb13-amd64"));
         assert!(k("7").matches("7.2.13+deb14-amd64"));

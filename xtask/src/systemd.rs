@@ -449,7 +449,7 @@ mod tests {
 
     #[test]
     fn the_node_set_up_on_6_1_reboots_into_each_newer_kernel() {
-        let all = passes(&Kernel::all());
+        let all = passes(&["6.1", "5.10", "6.12", "7"].map(k));
         assert_eq!(all.len(), 2, "{all:?}");
         let one = all.iter().find(|p| p[0].0 == k("6.1")).unwrap();
         assert_eq!(
