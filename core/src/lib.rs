@@ -20,6 +20,7 @@ pub mod entry_open;
 pub mod fault;
 pub mod fs_type;
 pub mod guard_pins;
+pub mod lock_file;
 pub mod mountinfo;
 pub mod project_ids;
 pub mod quota;

@@ -5,6 +5,7 @@
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
+use crate::lock_file::{LockFile, Wait};
 use crate::sys;
 
 pub const RUN_DIR: &str = "/run/prjquota";
@@ -45,38 +46,19 @@ pub fn check_root_only(dir: BorrowedFd<'_>, what: &dyn std::fmt::Display) -> io:
 }
 
 /// Takes the exclusive lock `name` in [`RUN_DIR`] without waiting, for as
-/// long as the returned descriptor lives; `None` when another process holds
-/// it. The file must be a regular file of root's.
-pub fn try_lock(name: &std::ffi::CStr) -> io::Result<Option<OwnedFd>> {
-    let fd = lock_file(name)?;
-    Ok(sys::try_flock(fd.as_fd(), true)?.then_some(fd))
+/// long as the returned lock lives; `None` when another process holds it.
+pub fn try_lock(name: &str) -> io::Result<Option<LockFile>> {
+    LockFile::take(open()?.as_fd(), name, Wait::No)
 }
 
 /// Takes the exclusive lock `name` in [`RUN_DIR`], waiting for it, for as
-/// long as the returned descriptor lives.
-pub fn lock(name: &std::ffi::CStr) -> io::Result<OwnedFd> {
-    let fd = lock_file(name)?;
-    sys::flock(fd.as_fd(), true)?;
-    Ok(fd)
+/// long as the returned lock lives.
+pub fn lock(name: &str) -> io::Result<LockFile> {
+    LockFile::take(open()?.as_fd(), name, Wait::Forever)
+        .map(|l| l.expect("a waiting take gives the lock or an error"))
 }
 
-fn lock_file(name: &std::ffi::CStr) -> io::Result<OwnedFd> {
-    let dir = open()?;
-    let fd = sys::openat(
-        dir.as_fd(),
-        name,
-        libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK,
-        0o600,
-    )?;
-    let st = sys::fstat(fd.as_fd())?;
-    if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_uid != 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!(
-                "the lock file {RUN_DIR}/{} is not a regular file of root's: remove it",
-                name.to_string_lossy()
-            ),
-        ));
-    }
-    Ok(fd)
+/// [`lock`], waiting at most `wait`.
+pub fn lock_within(name: &str, wait: std::time::Duration) -> io::Result<LockFile> {
+    LockFile::take_within(open()?.as_fd(), name, wait)
 }

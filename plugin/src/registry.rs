@@ -42,7 +42,7 @@ use std::ffi::CString;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, Context, Result};
 
@@ -57,6 +57,7 @@ pub use prjquota_core::record::{
 use crate::contract::VolumeId;
 use crate::fs::VolumesFs;
 use crate::ledger::Ledger;
+use prjquota_core::lock_file::LockFile;
 use prjquota_core::sys;
 
 const LOCKS: &str = "locks";
@@ -101,84 +102,17 @@ fn open_subdir(parent: BorrowedFd<'_>, name: &str, create: bool) -> io::Result<O
     open()
 }
 
-/// An exclusive `flock` held until dropped.
-#[derive(Debug)]
-pub struct Lock {
-    _fd: OwnedFd,
-}
+/// An exclusive `flock` held until dropped (`prjquota_core::lock_file`).
+pub type Lock = LockFile;
 
 /// How long a call waits for a lock another run holds: well inside
 /// Nomad's 60 s, so that the operator reads why instead of a killed plugin.
 pub const LOCK_WAIT: Duration = Duration::from_secs(45);
 
 /// Takes an exclusive lock on `dir/name`, creating the file, waiting at
-/// most [`LOCK_WAIT`]. The file is re-checked after the lock is granted: if
-/// a delete unlinked and replaced it meanwhile, the lock would guard
-/// nothing, so we start again. A lock file that is not a regular file of
-/// root's is not ours, and is refused.
+/// most [`LOCK_WAIT`].
 fn lock_file(dir: BorrowedFd<'_>, name: &str) -> io::Result<Lock> {
-    lock_file_within(dir, name, LOCK_WAIT)
-}
-
-fn lock_file_within(dir: BorrowedFd<'_>, name: &str, wait: Duration) -> io::Result<Lock> {
-    let n = c(name);
-    let deadline = Instant::now() + wait;
-    loop {
-        let fd = match sys::openat(
-            dir,
-            &n,
-            libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK,
-            0o600,
-        ) {
-            // A read-only filesystem (ext4 after errors=remount-ro, a
-            // remount,ro) refuses O_RDWR even on an existing file, though a
-            // restore of an unchanged volume writes nothing. flock needs no
-            // write access, so an existing lock file is opened read-only and
-            // excludes other runs as well; a missing one cannot be made, and
-            // the filesystem's error stands. Whatever the holder then tries to
-            // write fails with EROFS and names it.
-            Err(e) if e.raw_os_error() == Some(libc::EROFS) => sys::openat(
-                dir,
-                &n,
-                libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
-                0,
-            )
-            .map_err(|_| e)?,
-            r => r?,
-        };
-        let held = sys::fstat(fd.as_fd())?;
-        if held.st_mode & libc::S_IFMT != libc::S_IFREG || held.st_uid != 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!(
-                    "the lock file {name} is not a regular file of root's (mode {:o}, uid {}): something other than prjquota made it; remove it",
-                    held.st_mode, held.st_uid
-                ),
-            ));
-        }
-        let mut pause = Duration::from_millis(1);
-        while !sys::try_flock(fd.as_fd(), true)? {
-            if Instant::now() >= deadline {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!(
-                        "waited {}s for the lock {name}: another prjquota run holds it (a create or delete of the same volume, or one that is stuck on the filesystem); try again once it has finished",
-                        wait.as_secs()
-                    ),
-                ));
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(20));
-        }
-        match sys::fstatat_nofollow(dir, &n) {
-            Ok(now) if now.st_ino == held.st_ino && now.st_dev == held.st_dev => {
-                return Ok(Lock { _fd: fd })
-            }
-            Ok(_) => continue,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e),
-        }
-    }
+    LockFile::take_within(dir, name, LOCK_WAIT)
 }
 
 /// Where the filesystem-wide allocation locks live. Not on the volumes
@@ -192,8 +126,7 @@ pub use prjquota_core::run_dir::RUN_DIR;
 /// (`/run/prjquota/fs-<dev>.lock`). Project IDs belong to the filesystem;
 /// a registry's own allocation lock covers only its directory.
 pub fn lock_filesystem(dev: u64) -> io::Result<Lock> {
-    let dir = prjquota_core::run_dir::open()?;
-    lock_file(dir.as_fd(), &format!("fs-{dev:x}.lock"))
+    prjquota_core::run_dir::lock_within(&format!("fs-{dev:x}.lock"), LOCK_WAIT)
 }
 
 /// When a registry write must be on disk.
@@ -642,6 +575,7 @@ pub fn read_all(volumes_dir: &Path) -> io::Result<Vec<Entry>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     fn scratch(tag: &str) -> (PathBuf, OwnedFd) {
         let dir = std::env::temp_dir().join(format!("prjquota-lock-{tag}-{}", std::process::id()));
@@ -654,11 +588,12 @@ mod tests {
     #[test]
     fn a_lock_held_elsewhere_is_waited_for_only_so_long() {
         let (dir, fd) = scratch("wait");
-        let held = lock_file_within(fd.as_fd(), "v.lock", Duration::from_secs(1)).unwrap();
+        let held = LockFile::take_within(fd.as_fd(), "v.lock", Duration::from_secs(1)).unwrap();
         // flock locks belong to the open file description: a second open
         // conflicts even in this process, as another run would.
         let start = Instant::now();
-        let err = lock_file_within(fd.as_fd(), "v.lock", Duration::from_millis(300)).unwrap_err();
+        let err =
+            LockFile::take_within(fd.as_fd(), "v.lock", Duration::from_millis(300)).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
         assert!(
             err.to_string().contains("another prjquota run holds it"),
@@ -666,7 +601,7 @@ mod tests {
         );
         assert!(start.elapsed() < Duration::from_secs(5));
         drop(held);
-        lock_file_within(fd.as_fd(), "v.lock", Duration::from_millis(300)).unwrap();
+        LockFile::take_within(fd.as_fd(), "v.lock", Duration::from_millis(300)).unwrap();
         std::fs::remove_dir_all(dir).unwrap();
     }
 
@@ -678,7 +613,8 @@ mod tests {
             nix::sys::stat::Mode::from_bits_truncate(0o600),
         )
         .unwrap();
-        let err = lock_file_within(fd.as_fd(), "v.lock", Duration::from_millis(300)).unwrap_err();
+        let err =
+            LockFile::take_within(fd.as_fd(), "v.lock", Duration::from_millis(300)).unwrap_err();
         assert!(err.to_string().contains("not a regular file"), "{err}");
         std::fs::remove_dir_all(dir).unwrap();
     }

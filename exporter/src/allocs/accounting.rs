@@ -628,7 +628,7 @@ impl Accounting {
         // Under the filesystem's lock from choice to claim: another alloc
         // directory on this filesystem (a second agent) may share the range.
         let name = format!("alloc-ids-{:x}.lock", self.dev);
-        let _ids = run_dir::lock(&CString::new(name.clone()).expect("no NUL"))
+        let _ids = run_dir::lock(&name)
             .with_context(|| format!("cannot take {}/{name}", run_dir::RUN_DIR))?;
         let pid = self.choose_id()?;
         guard

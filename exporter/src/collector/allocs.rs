@@ -134,7 +134,7 @@ fn lock(m: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
 /// Accounting and the lock that makes this exporter its only owner.
 struct Owned {
     accounting: Accounting,
-    _lock: OwnedFd,
+    _lock: prjquota_core::lock_file::LockFile,
 }
 
 fn scan_loop(
@@ -342,7 +342,7 @@ fn take(setup: &AllocsSetup) -> Result<Owned> {
     // allocation two IDs. (IDs themselves are chosen under a lock per
     // filesystem: `Accounting`.)
     let name = format!("allocs-{:x}-{:x}.lock", st.st_dev, st.st_ino);
-    let lock = run_dir::try_lock(&std::ffi::CString::new(name.clone()).expect("no NUL"))
+    let lock = run_dir::try_lock(&name)
         .with_context(|| format!("cannot take {}/{name}", run_dir::RUN_DIR))?
         .with_context(|| {
             format!(
