@@ -262,6 +262,12 @@ impl VolumesFs {
                 .is_some_and(|m| m.has_option("ro") && m.has_option("prjquota"))
     }
 
+    /// Whether project quota is enforced, only accounted, or off here: the
+    /// one place the plugin asks.
+    pub fn quota_support(&self) -> io::Result<Support> {
+        quota::support(self.fd())
+    }
+
     /// Fails unless project quotas are accounted and enforced here; the error
     /// says exactly what to change.
     pub fn require_enforced_quota(&self) -> Result<()> {
@@ -275,7 +281,8 @@ impl VolumesFs {
                 self.describe()
             );
         }
-        let support = quota::support(self.fd())
+        let support = self
+            .quota_support()
             .with_context(|| format!("cannot read the quota state of {p} ({})", self.describe()))?;
         if support == Support::Enforced {
             return Ok(());

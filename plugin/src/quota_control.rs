@@ -1,6 +1,9 @@
-//! The project quotas of one volumes filesystem, as create, update and
-//! delete use them: core's quota calls on the filesystem's descriptor, each
-//! refusal said to the operator with the filesystem and the fix.
+//! The project quotas of one volumes filesystem, as every command of the
+//! plugin touches them (create, update, delete, grow, and check, list and
+//! reconcile): core's quota calls on the filesystem's descriptor, each
+//! refusal said to the operator with the filesystem and the fix. Whether
+//! the filesystem has project quota at all is `VolumesFs`'s to say
+//! (`quota_support`, `require_enforced_quota`).
 
 use std::io;
 use std::ops::RangeInclusive;
@@ -11,6 +14,15 @@ use prjquota_core::fs_type::FsType;
 use prjquota_core::quota::{self, Limits, ProjectQuota};
 
 use crate::fs::VolumesFs;
+
+/// The kernel refused a quota call for want of CAP_SYS_ADMIN (EPERM): what
+/// a caller that reports rather than fails looks for.
+#[derive(Debug, thiserror::Error)]
+#[error("the kernel refused to {what} on {fs}: quota changes need CAP_SYS_ADMIN; run the Nomad client agent as root")]
+pub(crate) struct NotPermitted {
+    what: String,
+    fs: String,
+}
 
 /// A handle on the volumes filesystem's project quotas.
 #[derive(Clone, Copy)]
@@ -50,6 +62,17 @@ impl<'a> Control<'a> {
         quota::list(self.vfs.fd(), ids).map_err(|e| self.refused(e, what))
     }
 
+    /// The project of the directory `dir` and whether it passes it on
+    /// (PROJINHERIT).
+    pub fn project_of(&self, dir: BorrowedFd<'_>) -> Result<(u32, bool)> {
+        quota::project_of(dir).map_err(|e| {
+            anyhow::Error::new(e).context(format!(
+                "cannot read the project of a directory on {}",
+                self.vfs.describe()
+            ))
+        })
+    }
+
     /// Puts the directory `dir` into project `pid`, with PROJINHERIT.
     pub fn tag(&self, dir: BorrowedFd<'_>, pid: u32) -> Result<()> {
         quota::tag(dir, pid).map_err(|e| self.tag_refused(e, pid))
@@ -57,10 +80,10 @@ impl<'a> Control<'a> {
 
     fn refused(&self, e: io::Error, what: impl std::fmt::Display) -> anyhow::Error {
         if e.raw_os_error() == Some(libc::EPERM) {
-            anyhow!(
-                "the kernel refused to {what} on {}: quota changes need CAP_SYS_ADMIN; run the Nomad client agent as root",
-                self.vfs.describe()
-            )
+            anyhow::Error::new(NotPermitted {
+                what: what.to_string(),
+                fs: self.vfs.describe(),
+            })
         } else {
             anyhow::Error::new(e).context(format!("cannot {what} on {}", self.vfs.describe()))
         }

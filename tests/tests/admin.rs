@@ -99,6 +99,39 @@ fn check_passes_on_a_prepared_ext4() {
     check_passes_on(&ext4_mount());
 }
 
+/// Root without CAP_SYS_ADMIN (a container's default root) may read a
+/// filesystem's quota state but not a project's quota: `check` names the
+/// capability, as a refusal the plugin recognises (EPERM), not an
+/// unexplained quotactl failure.
+#[test]
+fn check_names_cap_sys_admin_when_the_kernel_refuses_the_quota_reads() {
+    let f = Fixture::new(&xfs_mount(), "check-eperm");
+    f.create(&Spec::new("c", 4 * MIB as i64));
+    let out = Command::new("capsh")
+        .args(["--drop=cap_sys_admin", "--", "-c", "exec \"$@\"", "capsh"])
+        .arg(bin("prjquota"))
+        .arg("check")
+        .args(node_args(&f))
+        .arg("--json")
+        .output()
+        .expect("run prjquota under capsh (libcap2-bin)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(failed_checks(&v), ["privileges"], "{v:#}");
+    assert_eq!(out.status.code(), Some(1), "{v:#}");
+    let item = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "privileges")
+        .unwrap();
+    assert!(
+        item["detail"].as_str().unwrap().contains("(EPERM)")
+            && item["fix"].as_str().unwrap().contains("CAP_SYS_ADMIN"),
+        "{item:#}"
+    );
+}
+
 #[test]
 fn check_fails_without_prjquota_naming_the_mount_option() {
     let f = Fixture::new(&xfs_noquota_mount(), "check-nq");

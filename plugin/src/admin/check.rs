@@ -16,11 +16,11 @@ use serde::Serialize;
 use super::Flags;
 use crate::fs::VolumesFs;
 use crate::ops::load_config;
+use crate::quota_control::{Control, NotPermitted};
 use crate::registry::{self, Entry, Registry};
 use prjquota_core::config::Config;
 use prjquota_core::fs_type::FsType;
 use prjquota_core::guard_pins;
-use prjquota_core::quota::{self, Support};
 use prjquota_core::sys;
 use prjquota_core::units::human;
 
@@ -191,9 +191,9 @@ pub fn run(flags: &Flags) -> Vec<Item> {
     });
 
     let opts = vfs.mount().map(|m| m.options.clone()).unwrap_or_default();
-    let support = quota::support(vfs.fd());
-    let enforced = matches!(support, Ok(Support::Enforced));
-    items.push(match vfs.require_enforced_quota() {
+    let required = vfs.require_enforced_quota();
+    let enforced = required.is_ok();
+    items.push(match required {
         Ok(()) => pass(
             "project quota",
             format!("accounted and enforced (mount options {opts})"),
@@ -213,12 +213,12 @@ pub fn run(flags: &Flags) -> Vec<Item> {
 
     let Some(cfg) = cfg else { return items };
     let range = cfg.project_id_min..=cfg.project_id_max;
-    let kernel_ids = match quota::list(vfs.fd(), range.clone()) {
+    let kernel_ids = match Control::of(&vfs).list(range.clone()) {
         Ok(l) => {
             items.push(pass("privileges", "quotactl reads and writes are allowed"));
             l
         }
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+        Err(e) if e.is::<NotPermitted>() => {
             items.push(fail(
                 "privileges",
                 "the kernel refused a project quota read (EPERM)",
@@ -227,11 +227,7 @@ pub fn run(flags: &Flags) -> Vec<Item> {
             return items;
         }
         Err(e) => {
-            items.push(fail(
-                "privileges",
-                format!("quotactl failed: {e}"),
-                "see the kernel log",
-            ));
+            items.push(fail("privileges", format!("{e:#}"), "see the kernel log"));
             return items;
         }
     };

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use super::Flags;
 use crate::fs::VolumesFs;
+use crate::quota_control::Control;
 use crate::registry::{self, Entry, State};
 use prjquota_core::quota;
 use prjquota_core::units::human;
@@ -113,8 +114,8 @@ pub fn rows(flags: &Flags, filter: &Filter) -> Result<Vec<Row>> {
     let vfs = VolumesFs::open(&dir, false)?;
     let lo = records.iter().map(|r| r.project_id).min().unwrap_or(1);
     let hi = records.iter().map(|r| r.project_id).max().unwrap_or(1);
-    let usage: HashMap<u32, quota::ProjectQuota> = quota::list(vfs.fd(), lo..=hi)
-        .with_context(|| format!("cannot read project quotas on {}", vfs.describe()))?
+    let usage: HashMap<u32, quota::ProjectQuota> = Control::of(&vfs)
+        .list(lo..=hi)?
         .into_iter()
         .map(|q| (q.id, q))
         .collect();

@@ -18,8 +18,8 @@ use super::Flags;
 use crate::contract::VolumeId;
 use crate::fs::VolumesFs;
 use crate::ops::{self, load_config, Undo};
+use crate::quota_control::Control;
 use crate::registry::{Durable, Entry, Record, Registry, State, DIR_NAME};
-use prjquota_core::quota::{self, Limits};
 use prjquota_core::sys;
 
 /// One disagreement, and what `--fix` did about it.
@@ -113,7 +113,8 @@ pub fn run(flags: &Flags) -> Result<Vec<Finding>> {
             continue;
         }
         let projid = ops::open_volume_dir(&vfs, &id)
-            .and_then(|fd| quota::project_of(fd.as_fd()))
+            .map_err(anyhow::Error::from)
+            .and_then(|fd| Control::of(&vfs).project_of(fd.as_fd()))
             .map(|(p, _)| p.to_string())
             .unwrap_or_else(|_| "unknown".into());
         out.push(finding(
@@ -134,9 +135,7 @@ pub fn run(flags: &Flags) -> Result<Vec<Finding>> {
                 Entry::Corrupt { .. } => None,
             })
             .collect();
-        for q in quota::list(vfs.fd(), cfg.project_id_min..=cfg.project_id_max)
-            .with_context(|| format!("cannot list project quotas on {}", vfs.describe()))?
-        {
+        for q in Control::of(&vfs).list(cfg.project_id_min..=cfg.project_id_max)? {
             if q.is_unused() || claimed.contains(&q.id) {
                 continue;
             }
@@ -150,8 +149,7 @@ pub fn run(flags: &Flags) -> Result<Vec<Finding>> {
             );
             if q.used_bytes == 0 && q.used_inodes == 0 {
                 out.push(repairable(f, "clear the project's limits", fix, || {
-                    quota::set_limits(vfs.fd(), q.id, &Limits::NONE)
-                        .with_context(|| format!("cannot clear the limits of project {}", q.id))
+                    Control::of(&vfs).clear_limits(q.id)
                 }));
             } else {
                 let mut f = f;
@@ -291,7 +289,8 @@ fn check_volume(
             return Ok(out);
         }
     };
-    let (pid, inherit) = quota::project_of(fd.as_fd())
+    let (pid, inherit) = Control::of(vfs)
+        .project_of(fd.as_fd())
         .with_context(|| format!("cannot read the project of {}", rec.path.display()))?;
     if pid != rec.project_id || !inherit {
         let f = finding(
@@ -305,8 +304,7 @@ fn check_volume(
         );
         out.push(repairable(f, "re-tag the volume root", fix, converge));
     }
-    let q = quota::get(vfs.fd(), rec.project_id)
-        .with_context(|| format!("cannot read project {}", rec.project_id))?;
+    let q = Control::of(vfs).get(rec.project_id)?;
     let want = ops::limits_for(rec.provisioned_bytes, &rec.params);
     if !ops::limits_match(&q.limits, &want) {
         let f = finding(

@@ -21,7 +21,7 @@ use crate::fs::VolumesFs;
 use crate::quota_control::Control;
 use crate::registry::{self, Durable, Registry, State};
 use prjquota_core::config::Config;
-use prjquota_core::quota::{self, Limits};
+use prjquota_core::quota::Limits;
 use prjquota_core::sys;
 
 /// Chooses a project ID for a new volume and claims it on the kernel by
@@ -97,7 +97,8 @@ pub(crate) fn create_new(
             dir_existed = true;
             let fd = open_volume_dir(vfs, id)
                 .with_context(|| format!("cannot open the existing {}", path.display()))?;
-            let (projid, _) = quota::project_of(fd.as_fd())
+            let (projid, _) = Control::of(vfs)
+                .project_of(fd.as_fd())
                 .with_context(|| format!("cannot read the project ID of {}", path.display()))?;
             let claimed = reg
                 .reservations()?

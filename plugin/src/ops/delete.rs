@@ -131,7 +131,7 @@ pub fn delete(req: &DeleteRequest) -> Result<()> {
     fault::point("delete:unguarded");
 
     let pid = rec.project_id;
-    match quota::support(vfs.fd()) {
+    match vfs.quota_support() {
         Ok(Support::Enforced | Support::AccountingOnly) => {
             Control::of(&vfs).clear_limits(pid)?;
             let left = settled_usage(&vfs, pid)?;

@@ -17,7 +17,6 @@ use crate::fs::VolumesFs;
 use crate::quota_control::Control;
 use crate::registry::{Durable, Record, Registry, State};
 use prjquota_core::config::Config;
-use prjquota_core::quota;
 use prjquota_core::sys;
 
 /// What a create of a recorded volume must do.
@@ -76,7 +75,9 @@ pub(crate) fn update(
                 .unwrap_or(false))
         && match open_volume_dir(vfs, id) {
             Ok(fd) => {
-                quota::project_of(fd.as_fd()).is_ok_and(|(p, inherit)| p == pid && inherit)
+                Control::of(vfs)
+                    .project_of(fd.as_fd())
+                    .is_ok_and(|(p, inherit)| p == pid && inherit)
                     && sys::fstat(fd.as_fd()).is_ok_and(|st| {
                         st.st_mode & 0o7777 == params.mode
                             && params.uid.is_none_or(|u| u == st.st_uid)
