@@ -200,6 +200,9 @@ mod compatibility_tests {
     /// version 1): committed once, never edited.
     const V1: &str = include_str!("../tests/fixtures/record-v1.json");
     const V1_ID: &str = "0b6f3c1e-5d2a-4f8b-9c7d-1e2f3a4b5c6d";
+    /// The same volume as the plugin writes it once an operator grew it
+    /// (`prjquota grow`: version 1 with the optional `grown`).
+    const V1_GROWN: &str = include_str!("../tests/fixtures/record-v1-grown.json");
 
     #[test]
     fn every_committed_record_version_parses() {
@@ -207,6 +210,30 @@ mod compatibility_tests {
         assert_eq!(rec.provisioned_bytes, 20 << 30);
         assert_eq!(rec.params.max_inodes, Some(100_000));
         assert_eq!(rec.grown, None);
+        let grown = parse_record_bytes(V1_GROWN.as_bytes(), V1_ID).unwrap();
+        assert_eq!(grown.provisioned_bytes, 40 << 30);
+        assert_eq!(grown.grown.map(|g| g.nomad_bytes), Some(20 << 30));
+    }
+
+    /// Every fixture in the directory parses, not only those named above:
+    /// a shape committed there is one a reader must keep reading.
+    #[test]
+    fn every_fixture_in_the_directory_parses() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        let mut seen = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let path = e.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if !(name.starts_with("record-v") && name.ends_with(".json")) {
+                continue;
+            }
+            let bytes = std::fs::read(&path).unwrap();
+            let id: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+            let id = id["volume_id"].as_str().unwrap().to_string();
+            parse_record_bytes(&bytes, &id).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+            seen += 1;
+        }
+        assert!(seen >= 2, "the fixtures of {} are gone", dir.display());
     }
 
     /// A record that was never grown is written as before (no `grown`
