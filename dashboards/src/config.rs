@@ -182,7 +182,7 @@ impl Default for Config {
         Config {
             selector: String::new(),
             cluster_label: "cluster".into(),
-            runbook_url: "https://github.com/prjquota/prjquota/blob/main/docs/runbooks.md".into(),
+            runbook_url: release_runbooks(),
             space: FillingUp::default(),
             inodes: FillingUp::default(),
             for_: default_for(),
@@ -402,6 +402,16 @@ impl Config {
     }
 }
 
+/// The runbooks of this release: docs/runbooks.md at the tag of the
+/// workspace's version, so an alert fired by a node running this version
+/// opens the runbook written for it, not whatever `main` says later.
+pub fn release_runbooks() -> String {
+    format!(
+        "https://github.com/prjquota/prjquota/blob/v{}/docs/runbooks.md",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -425,6 +435,21 @@ mod tests {
         for bad in ["", "m", "1h30m", "-1m", "1.5h", "10", "5y"] {
             assert!(d(bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// The shipped config's runbooks are this release's: bumping the
+    /// version means `cargo xtask dashboards` after the config's line.
+    #[test]
+    fn the_shipped_runbooks_are_this_releases() {
+        let shipped = Config::load(&crate::artefacts::dir().join(FILE)).unwrap();
+        assert_eq!(
+            shipped.runbook_url,
+            release_runbooks(),
+            "dashboards/config.toml's runbook_url is not this version's tag: set it to {}, \
+             then run `cargo xtask dashboards`",
+            release_runbooks()
+        );
+        assert_eq!(Config::default().runbook_url, release_runbooks());
     }
 
     #[test]
