@@ -335,6 +335,26 @@ fn the_deb_installs_its_unit_verifies_and_a_purge_leaves_nothing() {
         std::fs::symlink_metadata(root.at("usr/share/doc/prjquota/changelog.Debian.gz")).is_ok(),
         "no Debian changelog"
     );
+    // Every page the README links, where its links find them, and the
+    // bill of materials of what the executables link.
+    let readme = include_str!("../../README.md");
+    for link in readme.split("](").skip(1) {
+        let target = link.split(')').next().unwrap().split('#').next().unwrap();
+        if target.is_empty() || target.contains("://") || target == "LICENSE" {
+            continue;
+        }
+        assert_mode(&root.at(&format!("usr/share/doc/prjquota/{target}")), 0o644);
+    }
+    let sbom: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(root.at("usr/share/doc/prjquota/prjquota.cdx.json")).unwrap(),
+    )
+    .expect("the packaged SBOM is JSON");
+    assert_eq!(sbom["bomFormat"], "CycloneDX");
+    assert_eq!(
+        sbom["dependencies"].as_array().map(Vec::len),
+        Some(COMMANDS.len()),
+        "the SBOM lists what each executable links"
+    );
     // The drop-in that makes nomad.service require the exporter ships as
     // an example and is not active: no nomad.service.d holds it.
     assert_mode(&root.at(NOMAD_DROP_IN), 0o644);

@@ -79,6 +79,18 @@ const APT_PACKAGES: &[(&str, &str)] = &[
         "the RPM family's checks of the .rpm, run by `cargo xtask test` (xtask/src/lint.rs)",
     ),
     (
+        "apt-utils",
+        "apt-ftparchive, which indexes the apt repository of `cargo xtask dist` (xtask/src/repo.rs)",
+    ),
+    (
+        "createrepo-c",
+        "createrepo_c, the yum/dnf repository's metadata of `cargo xtask dist` (xtask/src/repo.rs)",
+    ),
+    (
+        "gpg",
+        "signs the repositories and SHA256SUMS of `cargo xtask dist` (xtask/src/repo.rs)",
+    ),
+    (
         "help2man",
         "the packages' man pages, from the binaries' --help (xtask/src/dist.rs)",
     ),

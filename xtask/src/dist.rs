@@ -9,7 +9,10 @@
 //!   family's paths (`Family`);
 //! - `prjquota-<version>-x86_64-linux-debug.tar.gz`: the binaries' symbols,
 //!   which the packages and the tarball ship stripped, by build ID;
-//! - `SHA256SUMS` over the four;
+//! - `SHA256SUMS` over the four, and `SHA256SUMS.asc`, its signature;
+//! - `apt/` and `yum/`: the package repositories, signed
+//!   (`repo.rs`: the release's key from PRJQUOTA_SIGNING_KEY, else a
+//!   throwaway one), and `prjquota-release-key.asc`, the public key;
 //!
 //! then checks the .deb with lintian and the .rpm with rpmlint (`lint.rs`).
 //!
@@ -130,12 +133,17 @@ pub fn build() -> Result<Dist> {
         "dashboards/alerts.yaml",
         "dashboards/config.toml",
         "dashboards/README.md",
-        "docs/runbooks.md",
-        "README.md",
         "LICENSE",
     ] {
         copy_tree(&root.join(item), &stage.join(item))?;
     }
+    for page in shipped_docs(&root)? {
+        copy_tree(&root.join(&page), &stage.join(&page))?;
+    }
+    write(
+        &stage.join(SBOM),
+        &crate::sbom::for_workspace(&root, TRIPLE, &BINS, &epoch)?,
+    )?;
     write(
         &stage.join(crate::notice::FILE),
         &crate::notice::render_for_workspace(&root, TRIPLE, &BINS)?,
@@ -171,6 +179,32 @@ pub fn build() -> Result<Dist> {
     }
     std::fs::write(out.join("SHA256SUMS"), &sums.stdout)?;
     print!("{}", String::from_utf8_lossy(&sums.stdout));
+
+    header("repositories: apt and yum, signed");
+    // The key's home is outside target/dist, which is what gets published.
+    let key = crate::repo::SigningKey::for_build(&target.join("dist-gnupg"))?;
+    println!("{}", crate::repo::describe(&key));
+    let base = crate::repo::BASE_URL;
+    crate::repo::apt(
+        &out.join("apt"),
+        &[&out.join(&deb)],
+        &key,
+        &format!("{base}/apt"),
+    )?;
+    crate::repo::verify_apt(&out.join("apt"))?;
+    crate::repo::yum(
+        &out.join("yum"),
+        &[&out.join(&rpm)],
+        &key,
+        &format!("{base}/yum"),
+    )?;
+    key.detach_sign(&out.join("SHA256SUMS"), &out.join("SHA256SUMS.asc"), true)?;
+    key.export(&out.join("prjquota-release-key.asc"), true)?;
+    println!(
+        "apt: {}, yum: {}; SHA256SUMS.asc and the public key prjquota-release-key.asc",
+        out.join("apt").display(),
+        out.join("yum").display()
+    );
 
     header("lint: lintian and rpmlint");
     crate::lint::run(
@@ -247,7 +281,15 @@ pub fn debug_path(build_id: &str) -> String {
 
 /// `prjquota_<version>-1_amd64.deb`.
 pub fn deb_name() -> String {
-    format!("prjquota_{}-1_amd64.deb", env!("CARGO_PKG_VERSION"))
+    deb_name_of(REVISION)
+}
+
+/// `prjquota_<version>-<revision>_amd64.deb`.
+pub fn deb_name_of(revision: &str) -> String {
+    format!(
+        "prjquota_{}-{revision}_amd64.deb",
+        env!("CARGO_PKG_VERSION")
+    )
 }
 
 /// Builds the .deb at `deb` from these binaries with dpkg-deb
@@ -259,9 +301,25 @@ pub fn build_deb(
     epoch: &str,
     compression: &str,
 ) -> Result<()> {
+    build_deb_release(root, bins, deb, epoch, compression, REVISION, b"")
+}
+
+/// [`build_deb`] with another Debian revision than the package's own, and
+/// `trailer` appended to every binary once staged: the newer package an
+/// upgrade test installs over it, its files told from the old by the
+/// trailer (as [`build_rpm_release`]).
+pub fn build_deb_release(
+    root: &Path,
+    bins: &Bins,
+    deb: &Path,
+    epoch: &str,
+    compression: &str,
+    revision: &str,
+    trailer: &[u8],
+) -> Result<()> {
     let dir = deb.parent().context("the .deb's directory")?;
     let deb_root = fresh_dir(&dir.join("deb-root"))?;
-    stage_deb(root, bins, &deb_root, epoch)?;
+    stage_deb(root, bins, &deb_root, epoch, revision, trailer)?;
     normalise(&deb_root, epoch)?;
     run(Command::new("dpkg-deb")
         .env("SOURCE_DATE_EPOCH", epoch)
@@ -382,6 +440,35 @@ impl Family {
 /// The package's documentation.
 const DOC_DIR: &str = "usr/share/doc/prjquota";
 
+/// The bill of materials, in the package's documentation and the
+/// tarball's root (`sbom.rs`).
+pub const SBOM: &str = "prjquota.cdx.json";
+
+/// The README and every page of the repository it links (by relative
+/// link, anchors dropped), as paths from the repository's root. LICENSE
+/// is not among them: the packages ship it as the licence (Debian's
+/// copyright, the RPM's %license).
+pub fn shipped_docs(root: &Path) -> Result<Vec<String>> {
+    let readme = std::fs::read_to_string(root.join("README.md")).context("read README.md")?;
+    let mut pages = vec!["README.md".to_string()];
+    for link in readme.split("](").skip(1) {
+        let Some((target, _)) = link.split_once(')') else {
+            continue;
+        };
+        let target = target.split('#').next().unwrap_or_default();
+        if target.is_empty() || target.contains("://") || target == "LICENSE" {
+            continue;
+        }
+        if !root.join(target).is_file() {
+            bail!("README.md links {target}, which is not a file of the repository");
+        }
+        if !pages.iter().any(|p| p == target) {
+            pages.push(target.to_string());
+        }
+    }
+    Ok(pages)
+}
+
 /// The settings file for `family`: deploy/package/default, naming the
 /// family's path in its comments.
 pub fn settings_text(default: &str, family: Family) -> String {
@@ -439,16 +526,22 @@ fn stage_files(root: &Path, bins: &Bins, d: &Path, epoch: &str, family: Family) 
             "usr/share/prjquota/prometheus/prometheus.yml",
         ),
         ("deploy/prjquota.toml", "usr/share/prjquota/prjquota.toml"),
-        ("docs/runbooks.md", "usr/share/doc/prjquota/runbooks.md"),
         // Not active: the operator copies it into nomad.service.d.
         (
             "deploy/systemd/nomad-requires-prjquota.conf",
             "usr/share/doc/prjquota/nomad-requires-prjquota.conf",
         ),
-        ("README.md", "usr/share/doc/prjquota/README.md"),
     ] {
         install_file(&root.join(from), &d.join(to), 0o644)?;
     }
+    // The README and every page it links, where its links find them.
+    for page in shipped_docs(root)? {
+        install_file(&root.join(&page), &d.join(DOC_DIR).join(&page), 0o644)?;
+    }
+    write(
+        &d.join(DOC_DIR).join(SBOM),
+        &crate::sbom::for_workspace(root, TRIPLE, &BINS, epoch)?,
+    )?;
     let default = std::fs::read_to_string(root.join("deploy/package/default"))?;
     write(&d.join(family.conffile()), &settings_text(&default, family))?;
     let licences = d.join(family.licence_dir());
@@ -678,8 +771,16 @@ fn script(root: &Path, name: &str) -> Result<String> {
 
 /// The .deb's tree: the files, then `DEBIAN/` (control, conffiles,
 /// md5sums, the maintainer scripts).
-fn stage_deb(root: &Path, bins: &Bins, d: &Path, epoch: &str) -> Result<()> {
+fn stage_deb(
+    root: &Path,
+    bins: &Bins,
+    d: &Path,
+    epoch: &str,
+    revision: &str,
+    trailer: &[u8],
+) -> Result<()> {
     stage_files(root, bins, d, epoch, Family::Deb)?;
+    append_trailer(d, trailer)?;
     let size_kib = du_kib(d)?;
     let version = env!("CARGO_PKG_VERSION");
     let description = wrap_description(DESCRIPTION);
@@ -687,7 +788,7 @@ fn stage_deb(root: &Path, bins: &Bins, d: &Path, epoch: &str) -> Result<()> {
         &d.join("DEBIAN/control"),
         &format!(
             "Package: prjquota\n\
-             Version: {version}-{REVISION}\n\
+             Version: {version}-{revision}\n\
              Architecture: amd64\n\
              Maintainer: {MAINTAINER}\n\
              Installed-Size: {size_kib}\n\
@@ -844,15 +945,7 @@ pub fn build_rpm_release(
     let top = fresh_dir(&dir.join("rpm-build"))?;
     let tree = top.join("tree");
     stage_files(root, bins, &tree, epoch, Family::Rpm)?;
-    if !trailer.is_empty() {
-        for bin in [EXPORTER_PATH, PLUGIN_PATH, DASHBOARDS_PATH].map(|p| tree.join(p)) {
-            let mut f = std::fs::OpenOptions::new()
-                .append(true)
-                .open(&bin)
-                .with_context(|| format!("open {}", bin.display()))?;
-            std::io::Write::write_all(&mut f, trailer)?;
-        }
-    }
+    append_trailer(&tree, trailer)?;
     normalise(&tree, epoch)?;
     let mut files = Vec::new();
     list_files(&tree, &tree, &mut files)?;
@@ -912,6 +1005,22 @@ pub fn build_rpm_release(
     let made = rpm_name_of(release);
     std::fs::rename(top.join("out").join(&made), rpm)
         .with_context(|| format!("rpmbuild made no {made}"))?;
+    Ok(())
+}
+
+/// Appends `trailer` to every staged binary under `d` (an ELF runs with
+/// trailing data): an upgrade test's newer package tells its files so.
+fn append_trailer(d: &Path, trailer: &[u8]) -> Result<()> {
+    if trailer.is_empty() {
+        return Ok(());
+    }
+    for bin in [EXPORTER_PATH, PLUGIN_PATH, DASHBOARDS_PATH].map(|p| d.join(p)) {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&bin)
+            .with_context(|| format!("open {}", bin.display()))?;
+        std::io::Write::write_all(&mut f, trailer)?;
+    }
     Ok(())
 }
 
@@ -1061,6 +1170,25 @@ mod tests {
             !direct("prjquota").contains(&"prjquota-dashboards".to_string()),
             "the plugin depends on the dashboards crate"
         );
+    }
+
+    /// Every page the README links reaches an operator with the package,
+    /// at the path the README's link names.
+    #[test]
+    fn the_packages_ship_every_page_the_readme_links() {
+        let pages = shipped_docs(&crate::paths::repo_root()).unwrap();
+        for page in [
+            "README.md",
+            "CHANGELOG.md",
+            "SECURITY.md",
+            "docs/install.md",
+            "docs/runbooks.md",
+            "bench/RESULTS.md",
+        ] {
+            assert!(pages.iter().any(|p| p == page), "{page} in {pages:?}");
+        }
+        assert!(!pages.iter().any(|p| p == "LICENSE"));
+        assert!(pages.len() >= 15, "{pages:?}");
     }
 
     #[test]

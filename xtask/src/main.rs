@@ -24,6 +24,8 @@ mod lint;
 mod notice;
 mod paths;
 mod process;
+mod repo;
+mod sbom;
 mod selection;
 mod stress;
 mod systemd;
