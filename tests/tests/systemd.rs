@@ -1,7 +1,9 @@
 //! The package as an operator runs it, on a node booted with systemd as
-//! init: `dpkg -i`, `systemctl enable --now`, creates exactly as Nomad runs
-//! them, the volumes directory moved by /etc/default/prjquota, an upgrade
-//! while creates and writes run and a volume owner attacks the guard,
+//! init: `apt-get install` from the signed apt repository `cargo xtask
+//! dist` makes (its key given to apt with `signed-by`), `systemctl enable --now`, creates exactly as Nomad runs
+//! them, the volumes directory moved by /etc/default/prjquota, a repository
+//! signed by another key refused, an `apt-get upgrade` from the newer
+//! repository while creates and writes run and a volume owner attacks the guard,
 //! `dpkg -r`, `dpkg -P`; then a node with volumes and a `nomad.service`
 //! that attacks the guard the moment it starts, rebooted, and rebooted
 //! again into each newer kernel. On a kernel without the BPF LSM, the
@@ -219,10 +221,15 @@ impl Manager {
         }
     }
 
-    /// The command that installs `package`, or upgrades to it.
+    /// The command that installs `package`, or upgrades to it: for dpkg, a
+    /// newer apt repository the node's sources are pointed at (as the
+    /// release updates the one they name), then `apt-get upgrade`.
     fn install(self, package: &Path) -> String {
         match self {
-            Manager::Dpkg => format!("dpkg -i {}", package.display()),
+            Manager::Dpkg => format!(
+                "{} && apt-get update && apt-get upgrade -y",
+                point_apt_at(package)
+            ),
             Manager::Rpm => format!("rpm -U --nodeps --force-debian {}", package.display()),
         }
     }
@@ -529,25 +536,49 @@ fn deb() -> PathBuf {
     Manager::Dpkg.package()
 }
 
-/// A newer package of the same build: `dpkg-deb -R`, Version `<v>-2`, the
-/// plugin and the exporter with bytes appended (an ELF runs with trailing
-/// data) so the new files are told from the old, md5sums made again,
-/// `dpkg-deb -b`.
-fn newer_deb() -> PathBuf {
-    let dir = "/var/tmp/prjquota-upgrade";
-    let out = PathBuf::from("/var/tmp/prjquota-newer.deb");
-    sh_ok(&format!(
-        "set -e; rm -rf {dir}; dpkg-deb -R {deb} {dir}; \
-         sed -i 's/^Version: \\(.*\\)-1$/Version: \\1-2/' {dir}/DEBIAN/control; \
-         grep -q '^Version: .*-2$' {dir}/DEBIAN/control; \
-         for f in usr/lib/prjquota/prjquota usr/bin/prjquota-exporter; do \
-           printf 'prjquota-upgrade-test' >> {dir}/$f; done; \
-         (cd {dir} && find usr -type f | sort | xargs md5sum > DEBIAN/md5sums); \
-         dpkg-deb --root-owner-group -Znone -b {dir} {out}",
-        deb = deb().display(),
-        out = out.display()
-    ));
-    out
+/// The quickstart's sources file.
+const APT_SOURCES: &str = "/etc/apt/sources.list.d/prjquota.sources";
+
+/// The shell command that points the node's sources at the apt
+/// repository `repo` (a directory of the guest), as a release that updates
+/// the repository they name.
+fn point_apt_at(repo: &Path) -> String {
+    format!(
+        "sed -i 's|^URIs: .*|URIs: file:{}|' {APT_SOURCES} && grep -q '^URIs: file:{}$' {APT_SOURCES}",
+        repo.display(),
+        repo.display()
+    )
+}
+
+/// The repository a release makes next: the package of `cargo xtask dist`
+/// and a newer one (revision 2, its binaries told apart by a trailer),
+/// signed with the same key (`xtask/src/test/packages.rs`).
+fn newer_apt_repo() -> PathBuf {
+    PathBuf::from(prjquota_vmtests::vm_env("PRJQUOTA_APT_NEWER"))
+}
+
+/// The same packages signed by a key the node was never given: apt must
+/// refuse the repository and install nothing of it.
+fn a_repository_signed_by_another_key_is_refused() {
+    let forged = PathBuf::from(prjquota_vmtests::vm_env("PRJQUOTA_APT_FORGED"));
+    let before = sh_ok("dpkg-query -W -f '${Version}' prjquota");
+    sh_ok(&point_apt_at(&forged));
+    let (updated, out) = sh("apt-get update");
+    assert!(
+        !updated || out.contains("NO_PUBKEY") || out.contains("not signed"),
+        "apt-get update took a repository signed by another key:\n{out}"
+    );
+    assert!(
+        out.contains("NO_PUBKEY") || out.contains("couldn't be verified"),
+        "apt-get update did not say the signature could not be verified:\n{out}"
+    );
+    let (_, upgraded) = sh("apt-get upgrade -y");
+    assert_eq!(
+        sh_ok("dpkg-query -W -f '${Version}' prjquota"),
+        before,
+        "apt upgraded from a repository signed by another key:\n{upgraded}"
+    );
+    eprintln!("a repository signed by another key, refused:\n{out}");
 }
 
 struct Made {
@@ -646,8 +677,8 @@ fn quickstart_step(b: &readme::Block) -> Quickstart {
     let has = |p: &str| commands.iter().any(|c| c.starts_with(p));
     match b.lang.as_str() {
         "sh" if has("mkfs") => Quickstart::Filesystem,
-        "sh" if has("dpkg -i ") => Quickstart::Install(Manager::Dpkg),
-        "sh" if has("rpm -i ") => Quickstart::Install(Manager::Rpm),
+        "sh" if has("apt-get install ") => Quickstart::Install(Manager::Dpkg),
+        "sh" if has("dnf install ") => Quickstart::Install(Manager::Rpm),
         "sh" if has("systemctl enable --now prjquota-exporter") => Quickstart::Start,
         "sh" if commands.iter().all(|c| c.contains("nomad")) => Quickstart::Nomad,
         "sh" if has("promtool") => Quickstart::Prometheus,
@@ -672,15 +703,34 @@ fn spare_disk() -> String {
     .to_string()
 }
 
+/// Where the release publishes the repositories (xtask/src/repo.rs), as
+/// the README names it.
+const PUBLISHED: &str = "https://prjquota.github.io/prjquota/";
+
 /// A quickstart command as this node runs it: the spare disk in place of
-/// the README's `/dev/sdb`, and Debian's rpm given what it needs to
-/// install an .rpm (see [`Manager::Rpm`]).
+/// the README's `/dev/sdb`; the repositories of this build (`cargo xtask
+/// dist`'s, in /prjquota-test) in place of the published ones, fetched
+/// by the README's own `curl` from `file:` URLs (the guest reaches no
+/// network); and, on the RPM-family node, Debian's rpm in dnf's place,
+/// the repository's signature checked first with gpgv as dnf's
+/// repo_gpgcheck does, then the package it lists installed (see
+/// [`Manager::Rpm`]).
 fn as_run_here(command: &str, disk: &str) -> String {
-    let c = command.replace("/dev/sdb", disk);
-    match c.strip_prefix("rpm -i ") {
-        Some(rest) => format!("rpm -i --nodeps --force-debian {rest}"),
-        None => c,
+    let c = command
+        .replace("/dev/sdb", disk)
+        .replace(PUBLISHED, "file:///prjquota-test/");
+    if c.starts_with("dnf install ") {
+        let yum = prjquota_vmtests::vm_env("PRJQUOTA_YUM");
+        const VERSION: &str = env!("CARGO_PKG_VERSION");
+        return format!(
+            "set -e; gpg --batch --yes --dearmor -o /tmp/prjquota-yum.gpg {yum}/RPM-GPG-KEY-prjquota; \
+             gpgv --keyring /tmp/prjquota-yum.gpg {yum}/repodata/repomd.xml.asc {yum}/repodata/repomd.xml; \
+             grep -q 'prjquota-{VERSION}-1.x86_64.rpm' {yum}/repodata/primary.xml.gz || \
+             zgrep -q 'prjquota-{VERSION}-1.x86_64.rpm' {yum}/repodata/primary.xml.gz; \
+             rpm -i --nodeps --force-debian {yum}/prjquota-{VERSION}-1.x86_64.rpm"
+        );
     }
+    c
 }
 
 /// Takes the quickstart's fstab line out again: the next boot of this
@@ -774,6 +824,11 @@ fn installed_and_running(t: Instant, m: Manager) -> (PathBuf, Vec<Made>) {
     // vng binds /dev/null over the guest's /etc/fstab: away with it, so
     // that the README's line lands in the root's own.
     sh_ok("! mountpoint -q /etc/fstab || umount /etc/fstab");
+    // The guest reaches no Debian mirror: the project's repository is the
+    // node's only apt source, or `apt-get update` fails on the others.
+    sh_ok(
+        "! test -e /etc/apt/sources.list || mv /etc/apt/sources.list /etc/apt/sources.list.offline",
+    );
     // The packages' checksums, as `cargo xtask dist` writes them.
     let packages = [Manager::Dpkg.package(), Manager::Rpm.package()];
     let dir = packages[0].parent().unwrap();
@@ -1092,8 +1147,9 @@ fn the_package_installs_runs_moves_upgrades_and_purges_under_systemd() {
 
     the_guard_mode_holds_through_a_restart(t, Manager::Dpkg);
 
-    let newer = newer_deb();
-    lap(t, "newer_package_built");
+    a_repository_signed_by_another_key_is_refused();
+    lap(t, "forged_repository_refused");
+    let newer = newer_apt_repo();
     made.extend(upgraded_under_load(
         t,
         Manager::Dpkg,

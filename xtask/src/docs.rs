@@ -481,11 +481,11 @@ mod tests {
         assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
     }
 
-    /// The systemd pass runs the quickstart's commands on the packages of
-    /// its build: a name that drifts fails there, minutes into a VM. Here
-    /// it fails at once.
+    /// The systemd pass runs the quickstart's commands on the repositories
+    /// of its build: a URL or a file name that drifts from what dist
+    /// publishes fails there, minutes into a VM. Here it fails at once.
     #[test]
-    fn the_quickstart_installs_the_packages_dist_builds() {
+    fn the_quickstart_fetches_what_dist_publishes() {
         let readme = std::fs::read_to_string(crate::paths::repo_root().join("README.md")).unwrap();
         let quickstart: String = readme
             .lines()
@@ -493,11 +493,30 @@ mod tests {
             .take_while(|l| !l.starts_with("## Upgrade"))
             .collect::<Vec<_>>()
             .join("\n");
-        for (command, package) in [
-            ("dpkg -i", crate::dist::deb_name()),
-            ("rpm -i", crate::dist::rpm_name()),
+        let base = crate::repo::BASE_URL;
+        for (to, url) in [
+            (
+                crate::repo::KEYRING_PATH.to_string(),
+                format!("{base}/apt/prjquota-archive-keyring.gpg"),
+            ),
+            (
+                "/etc/apt/sources.list.d/prjquota.sources".to_string(),
+                format!("{base}/apt/prjquota.sources"),
+            ),
         ] {
-            let line = format!("{command} {package}");
+            let line = format!("curl -fsSLo {to} {url}");
+            assert!(
+                quickstart.lines().any(|l| l == line),
+                "the README's quickstart has no line `{line}`"
+            );
+        }
+        for line in [
+            "apt-get install -y prjquota".to_string(),
+            format!(
+                "curl -fsSL --create-dirs -o /etc/yum.repos.d/prjquota.repo {base}/yum/prjquota.repo"
+            ),
+            "dnf install -y prjquota".to_string(),
+        ] {
             assert!(
                 quickstart.lines().any(|l| l == line),
                 "the README's quickstart has no line `{line}`"

@@ -36,7 +36,12 @@ const SUITE: &str = "bookworm";
 /// and the tests call (mkfs.xfs, losetup, mount), the kernel modules' tools.
 /// `rpm` installs the .rpm as an RPM-family node does: no RPM-family root
 /// can be fetched here (the machine reaches Debian's archive only).
-const PACKAGES: &str = "systemd,systemd-sysv,udev,kmod,xfsprogs,util-linux,procps,mount,rpm";
+///
+/// `curl` and `gpg` run the quickstart's fetch of the repository's files
+/// and its key's check (from `file:` URLs: the guest reaches no network);
+/// apt and gpgv, which check the repository, are in minbase.
+const PACKAGES: &str =
+    "systemd,systemd-sysv,udev,kmod,xfsprogs,util-linux,procps,mount,rpm,curl,gpg";
 
 /// Whether the systemd passes boot `k` (its row's role, `kernels.rs`).
 pub fn boots_kernel(k: Kernel) -> bool {
@@ -202,7 +207,8 @@ pub struct Boot {
 
 /// Boots each kernel of `pass` in turn with systemd as init on one copy of
 /// the Debian root, and runs that boot's tests of `test_bin` there
-/// with `env`; `files` are copied into `/prjquota-test/` of the guest first,
+/// with `env`; `files` (and directories) are copied into `/prjquota-test/`
+/// of the guest first,
 /// and each of `installs` (a host file, its absolute path in the guest)
 /// put in place as a package would have.
 /// The boots until the first that failed.
@@ -279,8 +285,12 @@ pub fn boots(
     std::fs::create_dir_all(&dir)?;
     std::fs::copy(test_bin, dir.join("systemd-test"))?;
     for f in files {
-        std::fs::copy(f, dir.join(f.file_name().context("a file's name")?))
-            .with_context(|| format!("copy {} into the root", f.display()))?;
+        let to = dir.join(f.file_name().context("a file's name")?);
+        if f.is_dir() {
+            crate::process::quiet(Command::new("cp").arg("-a").arg(f).arg(&to))?;
+        } else {
+            std::fs::copy(f, &to).with_context(|| format!("copy {} into the root", f.display()))?;
+        }
     }
     println!(
         "xtask: the root's copy for kernel {} took {:.0}s",

@@ -107,6 +107,74 @@ pub(super) fn dist_for_tests(
     })
 }
 
+/// Where the systemd pass's guest finds the files `boots` copies in.
+pub(super) const IN_GUEST: &str = "/prjquota-test";
+
+/// The repositories the systemd pass installs and upgrades from, as
+/// `cargo xtask dist` makes them (`crate::repo`), signed with a throwaway
+/// key and pointing at their directories in the guest: the test .deb's
+/// and .rpm's, a newer one of each (revision 2, its binaries told apart),
+/// and the newer apt repository signed by another key, which apt must
+/// refuse.
+pub(super) struct TestRepos {
+    pub(super) apt: PathBuf,
+    pub(super) apt_newer: PathBuf,
+    pub(super) apt_forged: PathBuf,
+    pub(super) yum: PathBuf,
+}
+
+pub(super) fn test_repos(d: &TestDist, newer_rpm: &Path) -> Result<TestRepos> {
+    let root = crate::paths::repo_root();
+    let epoch = crate::dist::source_date_epoch(&root)?;
+    let dir = d.deb.with_file_name("repos");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let newer_deb = dir.join("newer").join(crate::dist::deb_name_of("2"));
+    std::fs::create_dir_all(newer_deb.parent().unwrap())?;
+    crate::dist::build_deb_release(
+        &root,
+        &crate::dist::Bins::in_dir(&d.deb_bins),
+        &newer_deb,
+        &epoch,
+        "none",
+        "2",
+        b"prjquota-upgrade-test",
+    )?;
+    let key = crate::repo::SigningKey::for_build(&dir.join("gnupg"))?;
+    let other = crate::repo::SigningKey::for_build(&dir.join("gnupg-other"))?;
+    let repos = TestRepos {
+        apt: dir.join("apt"),
+        apt_newer: dir.join("apt-newer"),
+        apt_forged: dir.join("apt-forged"),
+        yum: dir.join("yum"),
+    };
+    let url = |p: &Path| {
+        format!(
+            "file:{IN_GUEST}/{}",
+            p.file_name().unwrap().to_string_lossy()
+        )
+    };
+    crate::repo::apt(&repos.apt, &[&d.deb], &key, &url(&repos.apt))?;
+    // The repository the release updates: the old package and the new.
+    crate::repo::apt(
+        &repos.apt_newer,
+        &[&d.deb, &newer_deb],
+        &key,
+        &url(&repos.apt_newer),
+    )?;
+    crate::repo::apt(
+        &repos.apt_forged,
+        &[&d.deb, &newer_deb],
+        &other,
+        &url(&repos.apt_forged),
+    )?;
+    for r in [&repos.apt, &repos.apt_newer] {
+        crate::repo::verify_apt(r)?;
+    }
+    crate::repo::yum(&repos.yum, &[&d.rpm, newer_rpm], &key, &url(&repos.yum))?;
+    Ok(repos)
+}
+
 /// The test .rpm rebuilt as release 2, with a trailer on both binaries so
 /// that an upgrade's new files are told from the old: the package an
 /// upgrade test installs over it. On the host, as rpmbuild is not in the

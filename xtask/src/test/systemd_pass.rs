@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use crate::process::header;
 
+use super::packages::TestRepos;
 use super::results::{failed_in_boot, Counts, Pass};
 
 /// What the systemd passes need from the build.
@@ -16,6 +17,8 @@ pub(super) struct SystemdJob {
     /// The .rpm again as release 2, its binaries told apart
     /// ([`newer_rpm`]): what an upgrade installs.
     pub(super) newer_rpm: PathBuf,
+    /// The signed repositories it installs and upgrades from.
+    pub(super) repos: TestRepos,
     pub(super) attr_act: PathBuf,
     /// The boots of each pass (`crate::systemd::passes`).
     pub(super) passes: Vec<Vec<crate::systemd::Planned>>,
@@ -59,7 +62,16 @@ pub(super) fn systemd_pass(planned: &[crate::systemd::Planned], job: &SystemdJob
         crate::systemd::boots(
             planned,
             &job.test_bin,
-            &[&job.deb, &job.rpm, &job.newer_rpm, &job.attr_act],
+            &[
+                &job.deb,
+                &job.rpm,
+                &job.newer_rpm,
+                &job.attr_act,
+                &job.repos.apt,
+                &job.repos.apt_newer,
+                &job.repos.apt_forged,
+                &job.repos.yum,
+            ],
             &[
                 (&prometheus, "/usr/bin/prometheus"),
                 (&promtool, "/usr/bin/promtool"),
@@ -68,6 +80,10 @@ pub(super) fn systemd_pass(planned: &[crate::systemd::Planned], job: &SystemdJob
                 ("PRJQUOTA_DEB", in_guest(&job.deb)),
                 ("PRJQUOTA_RPM", in_guest(&job.rpm)),
                 ("PRJQUOTA_NEWER_RPM", in_guest(&job.newer_rpm)),
+                ("PRJQUOTA_APT", in_guest(&job.repos.apt)),
+                ("PRJQUOTA_APT_NEWER", in_guest(&job.repos.apt_newer)),
+                ("PRJQUOTA_APT_FORGED", in_guest(&job.repos.apt_forged)),
+                ("PRJQUOTA_YUM", in_guest(&job.repos.yum)),
                 ("PRJQUOTA_BIN_DIR", "/prjquota-test".into()),
                 ("PRJQUOTA_PROMETHEUS3", "/usr/bin/prometheus".into()),
             ],

@@ -15,7 +15,7 @@ use crate::selection;
 use super::budget::VM_LANES;
 use super::kernel_pass::KernelJob;
 use super::opts::{Opts, ALLOC_DIRS, CHURN_VOLUMES, STORM_VOLUMES, VM_PACKAGE};
-use super::packages::{dist_for_tests, newer_rpm, TestDist, DIST_BINARIES};
+use super::packages::{dist_for_tests, newer_rpm, test_repos, TestDist, DIST_BINARIES};
 use super::passes::{lists_any, pass_filter, selects_any, systemd_kernels};
 use super::results::Pass;
 use super::systemd_pass::{systemd_pass, SystemdJob};
@@ -344,14 +344,19 @@ pub(super) fn vm_pass(opts: &Opts, passes: &mut Vec<Pass>) -> Result<()> {
         &opts.kernels[..]
     };
     let systemd = match &dist {
-        Some(d) if !systemd_kernels.is_empty() => Some(SystemdJob {
-            test_bin: rust_binary_path(binaries_json, &format!("{VM_PACKAGE}::systemd"))?,
-            deb: d.deb.clone(),
-            rpm: d.rpm.clone(),
-            newer_rpm: newer_rpm(d)?,
-            attr_act: bin_dir.join("attr-act"),
-            passes: crate::systemd::passes(&systemd_kernels),
-        }),
+        Some(d) if !systemd_kernels.is_empty() => {
+            let newer_rpm = newer_rpm(d)?;
+            let repos = test_repos(d, &newer_rpm)?;
+            Some(SystemdJob {
+                test_bin: rust_binary_path(binaries_json, &format!("{VM_PACKAGE}::systemd"))?,
+                deb: d.deb.clone(),
+                rpm: d.rpm.clone(),
+                newer_rpm,
+                repos,
+                attr_act: bin_dir.join("attr-act"),
+                passes: crate::systemd::passes(&systemd_kernels),
+            })
+        }
         None if !systemd_kernels.is_empty() => {
             bail!("the systemd pass needs the .deb (built above)")
         }
