@@ -21,8 +21,7 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
-pub const DASHBOARD: &str = "prjquota.json";
-pub const RULES: &str = "alerts.yaml";
+pub use crate::render::{DASHBOARD, RULES};
 pub const RULES_TEST: &str = "alerts_test.yaml";
 
 /// Reads a file of `dashboards/`, panicking with its path.

@@ -8,10 +8,13 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::artefacts::{DASHBOARD, RULES};
 use crate::config::{human, Config, FillingUp};
 use crate::exprs::{label_values, query_result, rule_exprs};
 use crate::promql::with_matchers;
+
+/// The files a render writes, in `dashboards/` as shipped.
+pub const DASHBOARD: &str = "prjquota.json";
+pub const RULES: &str = "alerts.yaml";
 
 pub const RULES_TEMPLATE: &str = include_str!("../templates/alerts.yaml");
 pub const DASHBOARD_TEMPLATE: &str = include_str!("../templates/prjquota.json");

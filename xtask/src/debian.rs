@@ -10,21 +10,6 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-/// The suites the private sources list names: each kernel row's that
-/// comes from the archive (`crate::kernels`), and sid, whose Prometheus 3
-/// `cargo xtask deps` unpacks.
-fn suites() -> Vec<&'static str> {
-    let mut out: Vec<&str> = crate::kernels::KERNELS
-        .iter()
-        .filter(|r| r.fetch == crate::kernels::Fetch::Archive)
-        .map(|r| r.suite)
-        .collect();
-    if !out.contains(&"sid") {
-        out.push("sid");
-    }
-    out
-}
-
 /// Time limits (seconds) of the steps that talk to the network.
 pub const UPDATE_SECS: u64 = 600;
 pub const DOWNLOAD_SECS: u64 = 900;
@@ -42,13 +27,18 @@ pub fn limited(secs: u64, program: &str) -> Command {
 pub struct PrivateApt {
     dir: PathBuf,
     updated: bool,
+    /// The suites its sources list names.
+    suites: Vec<&'static str>,
 }
 
 impl PrivateApt {
-    pub fn new() -> PrivateApt {
+    /// Debian's archive for `suites`, in a state of its own under
+    /// `target/apt`.
+    pub fn new(suites: Vec<&'static str>) -> PrivateApt {
         PrivateApt {
             dir: crate::paths::target_dir().join("apt"),
             updated: false,
+            suites,
         }
     }
 
@@ -75,7 +65,7 @@ impl PrivateApt {
         }
         std::fs::create_dir_all(self.dir.join("lists/partial"))?;
         std::fs::create_dir_all(self.dir.join("cache/archives/partial"))?;
-        let suites = suites();
+        let suites = &self.suites;
         let sources: String = suites
             .iter()
             .map(|s| format!("deb http://deb.debian.org/debian {s} main\n"))
@@ -163,25 +153,5 @@ mod tests {
             ["linux-image-7.2.13+deb14-amd64", "kmod", "busybox"]
         );
         assert!(parse_depends("Package: x\n").is_empty());
-    }
-
-    /// The private sources name the suites of the kernels fetched from
-    /// the archive (a new row's too), never the machine's own.
-    #[test]
-    fn the_sources_follow_the_kernel_rows() {
-        use crate::kernels::{Fetch, KERNELS};
-        let suites = suites();
-        for r in &KERNELS {
-            assert_eq!(
-                suites.contains(&r.suite),
-                r.fetch == Fetch::Archive,
-                "{}",
-                r.suite
-            );
-        }
-        assert!(suites.contains(&"sid"), "Prometheus 3 comes from sid");
-        let mut once = suites.clone();
-        once.dedup();
-        assert_eq!(once, suites);
     }
 }

@@ -278,7 +278,11 @@ pub fn main() -> Result<u8> {
 
     // The kernel matrix and Prometheus 3, from Debian's archive by name
     // through a private apt state (the machine's sources stay as they are).
-    let mut apt = crate::debian::PrivateApt::new();
+    let mut suites = crate::kernels::archive_suites();
+    if !suites.contains(&PROMETHEUS3_SUITE) {
+        suites.push(PROMETHEUS3_SUITE);
+    }
+    let mut apt = crate::debian::PrivateApt::new(suites);
     for k in Kernel::all() {
         let result = match k.row().fetch {
             Fetch::Installed => crate::kernels::image(k)
@@ -423,6 +427,9 @@ fn nextest_version() -> Option<String> {
         .map(str::to_string)
 }
 
+/// The suite whose Prometheus 3 `cargo xtask deps` unpacks.
+const PROMETHEUS3_SUITE: &str = "sid";
+
 /// Where `cargo xtask deps` unpacks sid's Prometheus 3.
 pub fn prometheus3_dir() -> PathBuf {
     crate::paths::target_dir().join("prometheus3")
@@ -438,7 +445,13 @@ fn prometheus3(apt: &mut crate::debian::PrivateApt) -> Result<String> {
     if !is_executable(&bin) {
         let dir = prometheus3_dir();
         let _ = std::fs::remove_dir_all(&dir);
-        apt.fetch_into(&["prometheus/sid".into(), "promtool/sid".into()], &dir)?;
+        apt.fetch_into(
+            &[
+                format!("prometheus/{PROMETHEUS3_SUITE}"),
+                format!("promtool/{PROMETHEUS3_SUITE}"),
+            ],
+            &dir,
+        )?;
     }
     let out = Command::new(&bin)
         .arg("--version")

@@ -163,6 +163,16 @@ impl Kernel {
     }
 }
 
+/// The suites `cargo xtask deps` fetches kernels from (the rows that
+/// come from the archive), for the private apt sources (`crate::debian`).
+pub fn archive_suites() -> Vec<&'static str> {
+    KERNELS
+        .iter()
+        .filter(|r| r.fetch == Fetch::Archive)
+        .map(|r| r.suite)
+        .collect()
+}
+
 /// The kernels' names as a usage text lists them (`5.10, 6.1, 6.12 or 7`),
 /// sorted by version.
 pub fn names_or() -> String {
@@ -463,5 +473,20 @@ mod tests {
             );
         }
         assert_eq!(Kernel::DEFAULT.row().pass, VmPass::Full);
+    }
+
+    /// The private sources name the suites of the kernels fetched from
+    /// the archive (a new row's too), never the machine's own.
+    #[test]
+    fn the_archive_suites_follow_the_rows() {
+        let suites = archive_suites();
+        for r in &KERNELS {
+            assert_eq!(
+                suites.contains(&r.suite),
+                r.fetch == Fetch::Archive,
+                "{}",
+                r.suite
+            );
+        }
     }
 }
