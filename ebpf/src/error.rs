@@ -39,7 +39,7 @@ pub enum LoadError {
         failures: Vec<ProgramFailure>,
     },
 
-    /// [`crate::Mode::Required`]: some programs attached, others did not.
+    /// [`crate::telemetry_mode::Mode::Required`]: some programs attached, others did not.
     #[error(
         "{component} is required but incomplete: {}",
         ProgramFailures(.failures)

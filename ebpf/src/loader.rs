@@ -7,7 +7,63 @@ use aya::programs::{FEntry, FExit, ProgramError};
 use aya::{Btf, BtfError, Ebpf, EbpfError, EbpfLoader};
 
 use crate::error::{chain, errno_name, errno_of};
-use crate::{FailureReason, LoadError, ProgramFailure, KERNEL_BTF};
+use crate::error::{FailureReason, LoadError, ProgramFailure};
+use crate::raw;
+
+/// Where aya reads the kernel's BTF.
+pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// Which build of the programs runs (the write telemetry's and the
+/// guard's): chosen at load time by
+/// what the kernel offers, never by its version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    /// `bpf_get_func_ret` and task-local storage (Linux 5.17 on): one
+    /// program per hook whatever the function's arity.
+    Helpers,
+    /// Each return value read from the fexit context (Linux 5.5 on), one
+    /// program per signature; O_DIRECT hands its start over in a hash map
+    /// alone.
+    Context,
+}
+
+impl Variant {
+    /// `helpers` or `context`, as logged and labelled.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Variant::Helpers => "helpers",
+            Variant::Context => "context",
+        }
+    }
+}
+
+/// Load-time knobs; [`LoadOptions::default`] suits a node with up to
+/// 16,384 volumes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Distinct volume indexes with counters (per-CPU map entries): the
+    /// exporter's `--ebpf.max-volumes`. A write into a volume beyond it is
+    /// counted as [`Unattributed::map_full`], never lost.
+    pub max_volumes: u32,
+    /// Root directories (usually one per volume).
+    pub max_roots: u32,
+    /// Fail unless every program attaches ([`crate::telemetry_mode::Mode::Required`]).
+    pub require_all: bool,
+    /// The program build to load; `None` (the default) picks by what the
+    /// kernel offers. Set to compare both on one kernel.
+    pub variant: Option<Variant>,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            max_volumes: raw::MAX_VOLUMES,
+            max_roots: raw::MAX_ROOTS,
+            require_all: false,
+            variant: None,
+        }
+    }
+}
 
 #[derive(Clone, Copy)]
 pub(crate) enum Kind {

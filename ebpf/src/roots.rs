@@ -6,9 +6,39 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use aya::Ebpf;
 
+use crate::error::TelemetryError;
 use crate::error::{map_err, remove_ok};
 use crate::raw::{RootKey, MAX_DEVS};
-use crate::{kernel_dev, RootsUpdate, TelemetryError};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+/// Volume roots are found by walking at most this many parent directories up
+/// from a written file; files deeper below their root count as
+/// [`Unattributed::walk_limit`], never for the wrong volume.
+pub const MAX_DEPTH: u32 = crate::raw::MAX_DEPTH;
+
+/// What [`WriteTelemetry::set_roots`] changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RootsUpdate {
+    pub added: usize,
+    /// Roots whose volume index changed.
+    pub changed: usize,
+    pub removed: usize,
+    /// Volume indexes whose counters were dropped (no root left).
+    pub pruned_counters: usize,
+    /// Entries whose `st_dev` has no kernel `dev_t` equivalent (never from a
+    /// real `stat`); skipped.
+    pub rejected: Vec<(u64, u64, u32)>,
+}
+
+pub use prjquota_core::guard_pins::kernel_dev;
+
+/// `(st_dev, st_ino)` of a directory, as [`WriteTelemetry::set_roots`]
+/// takes them.
+pub fn root_of(path: &Path) -> std::io::Result<(u64, u64)> {
+    let m = std::fs::metadata(path)?;
+    Ok((m.dev(), m.ino()))
+}
 
 /// The volume indexes of `wanted` that are not in `current` and below
 /// `slots`: those entering the roots, whose counters a program clears before

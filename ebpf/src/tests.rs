@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use super::*;
-use crate::raw::RootKey;
+use crate::raw::{RawCounters, RootKey};
 
 #[test]
 fn errno_buckets() {

@@ -10,39 +10,19 @@ use aya::maps::{Array, Map, MapData, PerCpuArray};
 use aya::{Btf, Ebpf, EbpfLoader};
 
 use crate::error::{map_err, named_map, named_map_mut};
+use crate::error::{FailureReason, LoadError, ProgramFailure, TelemetryError};
 use crate::loader::{
     attach_hook, kernel_btf, object_error, one_load_at_a_time, recursion_misses, unknown_helper,
     Hook, Kind, Part,
 };
+use crate::loader::{LoadOptions, Variant};
 use crate::raw::{self, RawCounters};
+use crate::roots::RootsUpdate;
 use crate::roots::{self, RootMaps};
-use crate::{
-    Counters, FailureReason, LoadError, LoadOptions, Mode, ProgramFailure, ProgramStats,
-    RootsUpdate, TelemetryError, VolumeCounters,
-};
-
-/// Which build of the write-telemetry programs runs: chosen at load time by
-/// what the kernel offers, never by its version.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Variant {
-    /// `bpf_get_func_ret` and task-local storage (Linux 5.17 on): one
-    /// program per hook whatever the function's arity.
-    Helpers,
-    /// Each return value read from the fexit context (Linux 5.5 on), one
-    /// program per signature; O_DIRECT hands its start over in a hash map
-    /// alone.
-    Context,
-}
+use crate::telemetry_mode::Mode;
+use crate::write_counters::{Counters, ProgramStats, VolumeCounters};
 
 impl Variant {
-    /// `helpers` or `context`, as logged and labelled.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Variant::Helpers => "helpers",
-            Variant::Context => "context",
-        }
-    }
-
     fn object(self) -> &'static [u8] {
         match self {
             Variant::Helpers => raw::object(),

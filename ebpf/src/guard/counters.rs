@@ -8,9 +8,10 @@ use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap};
 use super::maps::{MAP_COUNTERS, MAP_PROJECTS, MAP_STATS};
 use super::Guard;
 use crate::error::map_err;
+use crate::error::TelemetryError;
 use crate::loader::recursion_misses;
 use crate::raw::{GuardProject, GuardRawCounters as RawCounters};
-use crate::{kernel_dev, TelemetryError};
+use crate::roots::kernel_dev;
 
 pub(super) const GSTAT_EVENTS_LOST: u32 = 0;
 pub(super) const GSTAT_PRIVILEGED: u32 = 1;

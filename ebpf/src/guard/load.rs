@@ -14,8 +14,10 @@ use super::maps::{MAP_COUNTERS, MAP_EVENTS, MAP_PROJECTS, MAP_ROOTS};
 use super::pinning::{pin_name, Attached, LinkId, Pinned};
 use super::{pins, Guard, GuardMode, NotEnforcing};
 use crate::error::{chain, errno_of};
+use crate::error::{FailureReason, LoadError, ProgramFailure};
+use crate::loader::LoadOptions;
+use crate::loader::Variant;
 use crate::loader::{classify, has_function, kernel_btf, object_error, one_load_at_a_time};
-use crate::{FailureReason, LoadError, LoadOptions, ProgramFailure, Variant};
 use prjquota_core::guard_pins::{
     bpf_lsm_active, LsmHook, LSM_FILEATTR, LSM_IOCTL, LSM_IOCTL_COMPAT, LSM_VERSION,
     LSM_VERSION_COMPAT,

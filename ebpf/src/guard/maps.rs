@@ -10,11 +10,12 @@ use std::path::Path;
 use aya::maps::{HashMap as BpfHashMap, Map, MapData, PerCpuHashMap};
 
 use super::Guard;
+use crate::error::TelemetryError;
 use crate::error::{map_err, named_map, named_map_mut, remove_ok};
 use crate::raw::{
     GuardProject, GuardRawCounters as RawCounters, GuardRawRoot as RawRoot, GuardRootKey,
 };
-use crate::{kernel_dev, RootsUpdate, TelemetryError};
+use crate::roots::{kernel_dev, RootsUpdate};
 
 pub(super) const MAP_ROOTS: &str = "guard_roots";
 pub(super) const MAP_ROOT_DEVS: &str = "guard_root_devs";

@@ -124,8 +124,10 @@ pub use mode::{bpf_lsm_active, GuardMode, NotEnforcing, LSM_LIST};
 pub use pinning::Pinned;
 pub use prjquota_core::guard_pins::is_lsm_program;
 
+use crate::error::LoadError;
 use crate::loader::one_load_at_a_time;
-use crate::{LoadError, LoadOptions, Variant};
+use crate::loader::LoadOptions;
+use crate::loader::Variant;
 use load::Detect;
 
 /// Dentries the guard looks at: the changed inode's own, then its

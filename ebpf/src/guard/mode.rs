@@ -5,7 +5,7 @@ use std::fmt;
 use std::io;
 use std::str::FromStr;
 
-use crate::ProgramFailure;
+use crate::error::ProgramFailure;
 pub use prjquota_core::guard_pins::{bpf_lsm_active, LSM_LIST};
 
 /// What the guard does (the exporter's `--guard` flag: `auto`, `off`,
@@ -147,7 +147,7 @@ impl fmt::Display for NotEnforcing {
 mod tests {
     use super::*;
     use crate::guard::Guard;
-    use crate::LoadOptions;
+    use crate::loader::LoadOptions;
 
     #[test]
     fn auto_enforces_only_where_the_bpf_lsm_is_active() {

@@ -8,10 +8,12 @@ use super::events::*;
 use super::load::*;
 use super::maps::*;
 use super::*;
+use crate::error::LoadError;
 use crate::loader::kernel_btf;
+use crate::loader::LoadOptions;
+use crate::loader::Variant;
 use crate::raw::{GuardRawCounters as RawCounters, GuardRawRoot as RawRoot};
 use crate::tests::defines;
-use crate::{LoadError, LoadOptions, Variant};
 
 // Default map sizes (the same as the write telemetry's: [`LoadOptions`]).
 #[cfg(test)]
@@ -152,7 +154,7 @@ fn load_outcome_names_the_reason() {
                 let text = e.to_string();
                 eprintln!("{mode}: load refused ({}): {text}", e.reason());
                 assert_ne!(e.reason(), "other", "{text}");
-                if !std::path::Path::new(crate::KERNEL_BTF).exists() {
+                if !std::path::Path::new(crate::loader::KERNEL_BTF).exists() {
                     assert_eq!(e.reason(), "no_btf");
                     continue;
                 }

@@ -6,8 +6,9 @@
 use aya::maps::HashMap as BpfHashMap;
 
 use super::*;
+use crate::loader::KERNEL_BTF;
 use crate::raw::RootKey;
-use crate::{ErrnoBucket, Unattributed, KERNEL_BTF};
+use crate::write_counters::{ErrnoBucket, Unattributed};
 
 #[test]
 fn object_is_embedded_and_aligned() {
