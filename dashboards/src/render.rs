@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::config::{human, Config, FillingUp};
+use crate::config::{human, Config, Duration, FillingUp};
 use crate::{label_values, query_result, with_matchers, DASHBOARD, RULES};
 
 pub const RULES_TEMPLATE: &str = include_str!("../templates/alerts.yaml");
@@ -51,12 +51,24 @@ pub fn fill(template: &str, values: &BTreeMap<String, String>) -> Result<String,
     Ok(out)
 }
 
+/// A `for:` in words for the comments and descriptions that state it:
+/// `15 minutes`, or `none` for 0.
+fn for_text(d: Duration) -> String {
+    if d.seconds() == 0 {
+        "none".into()
+    } else {
+        human(d.seconds())
+    }
+}
+
 fn filling_up(values: &mut BTreeMap<String, String>, name: &str, f: &FillingUp) {
     let mut put = |k: &str, v: String| values.insert(format!("{name}.{k}"), v);
     put("critical_available", f.critical_available.to_string());
     put("warning_available", f.warning_available.to_string());
     put("critical_for", f.critical_for.to_string());
+    put("critical_for.text", for_text(f.critical_for));
     put("warning_for", f.warning_for.to_string());
+    put("warning_for.text", for_text(f.warning_for));
     put("prediction_window", f.prediction_window.to_string());
     put("prediction_horizon", f.prediction_horizon.promql_seconds());
     put(
@@ -79,7 +91,7 @@ pub fn rules_values(c: &Config) -> BTreeMap<String, String> {
     filling_up(&mut v, "inodes", &c.inodes);
     for (alert, d) in &c.for_ {
         v.insert(format!("for.{alert}"), d.to_string());
-        v.insert(format!("for.{alert}.text"), human(d.seconds()));
+        v.insert(format!("for.{alert}.text"), for_text(*d));
     }
     // The description counts the 5m of max_over_time before the `for`.
     let web = c.for_["PrjquotaExporterWebConfigReloadFailed"].seconds() + 5 * 60;

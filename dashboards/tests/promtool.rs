@@ -127,6 +127,89 @@ fn documented(rules: &serde_norway::Value, runbook: &str) {
     assert!(alerts >= 7, "only {alerts} alerts in {RULES}");
 }
 
+/// Every alerting rule says how long its condition must hold (`for:`, 0
+/// for an event), and the comment right above that line says why that long,
+/// starting `# for: <the duration in words>`: a rule without one fires on a
+/// single evaluation, which for a gauge is one bad scrape.
+#[test]
+fn every_alert_waits_a_for_whose_comment_says_why() {
+    for (case, c, _, rules) in cases() {
+        let text = render::rules(&c).unwrap();
+        for_lines_are_explained(case, &text);
+        for r in rule_list(&rules) {
+            if let Some(name) = r["alert"].as_str() {
+                assert!(
+                    r["for"].as_str().is_some(),
+                    "{case}: {name} has no `for:`: add it to dashboards/config.toml's [for] \
+                     and the template, with a comment saying why it is that long"
+                );
+            }
+        }
+    }
+}
+
+/// Each `- alert:` block of a rule file's text has one `for:` line, and the
+/// comment just above it begins `# for: `.
+fn for_lines_are_explained(case: &str, text: &str) {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut alert: Option<(&str, usize)> = None;
+    let mut fors = 0;
+    let mut close = |alert: Option<(&str, usize)>, fors: usize| {
+        if let Some((name, at)) = alert {
+            assert_eq!(
+                fors,
+                1,
+                "{case}: the rule {name} at line {} has {fors} `for:` lines",
+                at + 1
+            );
+        }
+    };
+    for (i, l) in lines.iter().enumerate() {
+        let body = l.trim_start();
+        if let Some(name) = body.strip_prefix("- alert: ") {
+            close(alert, fors);
+            alert = Some((name.trim(), i));
+            fors = 0;
+        } else if body.starts_with("- record: ") {
+            close(alert, fors);
+            alert = None;
+            fors = 0;
+        } else if body.starts_with("for: ") && alert.is_some() {
+            fors += 1;
+            let name = alert.map_or("", |a| a.0);
+            // The comment's first line is the one starting `# for:`,
+            // directly above or above the rest of the comment.
+            let comment: Vec<&str> = lines[..i]
+                .iter()
+                .rev()
+                .take_while(|p| p.trim_start().starts_with('#'))
+                .map(|p| p.trim_start())
+                .collect();
+            assert!(
+                comment.last().is_some_and(|first| first.starts_with("# for: ")),
+                "{case}: the `for:` of {name} (line {}) has no comment right above it \
+                 beginning `# for: <how long>` that says why it is that long",
+                i + 1
+            );
+        }
+    }
+    close(alert, fors);
+}
+
+#[test]
+fn a_for_without_its_comment_is_found() {
+    let ok = "  - alert: A\n    expr: x\n    # for: 5m: why.\n    for: 5m\n";
+    for_lines_are_explained("ok", ok);
+    for bad in [
+        "  - alert: A\n    expr: x\n    for: 5m\n",
+        "  - alert: A\n    expr: x\n    # something else\n    for: 5m\n",
+        "  - alert: A\n    expr: x\n    labels: {}\n",
+    ] {
+        let r = std::panic::catch_unwind(|| for_lines_are_explained("bad", bad));
+        assert!(r.is_err(), "not refused: {bad:?}");
+    }
+}
+
 #[test]
 fn every_alert_has_tests_that_fire_it_and_tests_where_it_must_not() {
     let rules = rules();
