@@ -157,6 +157,7 @@ pub const DEFAULT_FOR: &[(&str, u64, char)] = &[
     ("PrjquotaExporterQuotaEventsUnsubscribed", 10, 'm'),
     ("NomadHostVolumesRecordUnreadable", 5, 'm'),
     ("NomadHostVolumesOperationUnfinished", 10, 'm'),
+    ("PrjquotaExporterVolumesDirUnwatched", 10, 'm'),
     // Events: the condition is a count that rose, already over when it is
     // seen, which its increase() window keeps firing; a `for:` would only
     // delay the page (see each rule's comment).
