@@ -138,7 +138,10 @@ fn a_named_jobs_targets_are_exporters_however_long_down() {
         "rule_files:\n  - {}\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n",
         rules.display()
     );
-    t += &series("up{job=\"prjquota\",instance=\"node-1:14646\"}", "1x5 0x3000");
+    t += &series(
+        "up{job=\"prjquota\",instance=\"node-1:14646\"}",
+        "1x5 0x3000",
+    );
     t += &series(
         "prjquota_exporter_build_info{job=\"prjquota\",instance=\"node-1:14646\",version=\"0.1.0\",revision=\"abc\"}",
         "1x5 stale",
@@ -151,7 +154,8 @@ fn a_named_jobs_targets_are_exporters_however_long_down() {
     t += &series("up{job=\"node\",instance=\"node-3:9100\"}", "0x3005");
     t += &series("up{job=\"prjquota\",instance=\"node-4:14646\"}", "0x3005");
     t += "    alert_rule_test:\n";
-    t += "      - eval_time: 14m\n        alertname: PrjquotaExporterDown\n        exp_alerts: []\n";
+    t +=
+        "      - eval_time: 14m\n        alertname: PrjquotaExporterDown\n        exp_alerts: []\n";
     t += "      - eval_time: 15m\n        alertname: PrjquotaExporterDown\n        exp_alerts:\n";
     t += &down("node-4:14646");
     t += "      - eval_time: 2d\n        alertname: PrjquotaExporterDown\n        exp_alerts:\n";

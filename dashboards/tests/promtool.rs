@@ -154,7 +154,7 @@ fn for_lines_are_explained(case: &str, text: &str) {
     let lines: Vec<&str> = text.lines().collect();
     let mut alert: Option<(&str, usize)> = None;
     let mut fors = 0;
-    let mut close = |alert: Option<(&str, usize)>, fors: usize| {
+    let close = |alert: Option<(&str, usize)>, fors: usize| {
         if let Some((name, at)) = alert {
             assert_eq!(
                 fors,
@@ -186,7 +186,9 @@ fn for_lines_are_explained(case: &str, text: &str) {
                 .map(|p| p.trim_start())
                 .collect();
             assert!(
-                comment.last().is_some_and(|first| first.starts_with("# for: ")),
+                comment
+                    .last()
+                    .is_some_and(|first| first.starts_with("# for: ")),
                 "{case}: the `for:` of {name} (line {}) has no comment right above it \
                  beginning `# for: <how long>` that says why it is that long",
                 i + 1

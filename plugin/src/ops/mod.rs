@@ -305,6 +305,7 @@ mod tests {
             uid: None,
             gid: None,
             max_inodes,
+            excluded_from_alerts: false,
         }
     }
 
