@@ -401,7 +401,7 @@ pub fn settings_text(default: &str, family: Family) -> String {
 /// both binaries stripped (`cargo xtask dist` keeps their symbols in the
 /// debug archive), the unit (shipped, not enabled) and its generator, the
 /// node's settings (a conffile), the dashboard, the rules, the Prometheus
-/// configuration, and the licences: the project's and the crates' linked
+/// and Alertmanager configurations, and the licences: the project's and the crates' linked
 /// in (`notice.rs`).
 fn stage_files(
     root: &Path,
@@ -447,6 +447,11 @@ fn stage_files(
         (
             "deploy/prometheus/prometheus.yml",
             "usr/share/prjquota/prometheus/prometheus.yml",
+        ),
+        // Its inhibit_rules, for the operator's Alertmanager.
+        (
+            "deploy/alertmanager/alertmanager.yml",
+            "usr/share/prjquota/alertmanager/alertmanager.yml",
         ),
         ("deploy/prjquota.toml", "usr/share/prjquota/prjquota.toml"),
         ("docs/runbooks.md", "usr/share/doc/prjquota/runbooks.md"),
@@ -669,7 +674,7 @@ the plugin into Nomad's host_volume_plugin_dir (PLUGIN_DIR in /etc/default/prjqu
 /etc/sysconfig/prjquota in the .rpm) and \
 keeps it up to date there, the prjquota admin command, prjquota-exporter (Prometheus metrics \
 and the quota guard; systemd unit shipped but not enabled), the Grafana dashboard, the alert \
-rules and a Prometheus configuration under /usr/share/prjquota.";
+rules, a Prometheus configuration and Alertmanager inhibition rules under /usr/share/prjquota.";
 
 /// A maintainer script: /bin/sh, the shared functions, then `name`'s body.
 fn script(root: &Path, name: &str) -> Result<String> {
