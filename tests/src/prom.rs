@@ -857,6 +857,59 @@ pub fn promtool(args: &[&str]) -> (Option<i32>, String) {
     )
 }
 
+/// Alert rules whose every `for:` is 1s, in a directory of their own
+/// (removed on drop): a test then sees an alert fire within seconds of its
+/// condition, everything else as shipped.
+pub struct ShortRules {
+    _dir: crate::temp::TempDir,
+    pub file: PathBuf,
+}
+
+/// `text` (a rule file, `for:` on lines of their own as the rendered
+/// rules have it) with every `for:` set to 1s, checked by promtool.
+pub fn rules_with_short_for(text: &str) -> ShortRules {
+    let mut n = 0;
+    let rewritten: Vec<String> = text
+        .lines()
+        .map(|l| {
+            let body = l.trim_start();
+            if body.starts_with("for:") {
+                n += 1;
+                format!("{}for: 1s", &l[..l.len() - body.len()])
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    assert!(n >= 5, "only {n} `for:` lines in the rules");
+    let dir = crate::temp::TempDir::new(&std::env::temp_dir(), "prjquota", "short-rules");
+    let file = dir.join("alerts.yaml");
+    std::fs::write(&file, rewritten.join("\n") + "\n").expect("write the rules' copy");
+    let (code, out) = promtool(&["check", "rules", file.to_str().expect("UTF-8")]);
+    assert_eq!(code, Some(0), "the rewritten rules:\n{out}");
+    ShortRules { _dir: dir, file }
+}
+
+/// `data.alerts` of `/api/v1/alerts` firing, as their label sets.
+pub fn firing(alerts: &Value) -> Vec<BTreeMap<String, String>> {
+    alerts
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|a| a["state"] == "firing")
+        .map(|a| {
+            a["labels"]
+                .as_object()
+                .map(|m| {
+                    m.iter()
+                        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
 // ---------------------------------------------------------------------------
 // A Prometheus server
 

@@ -32,7 +32,7 @@
 //! never asserted.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use prjquota_vmtests::fixture::{fill, writable, Fixture, MIB, WRITER, XFS};
@@ -75,33 +75,12 @@ const EMPTY_PANEL_RETRY: Duration = Duration::from_secs(5);
 // ---------------------------------------------------------------------------
 // The artefacts under test
 
-/// `dashboards/alerts.yaml` with every `for:` set to 1s, written to a temp
-/// file (a line-wise rewrite: the file keeps `for:` on lines of its own).
-fn rules_with_short_for() -> PathBuf {
+/// `dashboards/alerts.yaml` with every `for:` set to 1s.
+fn rules_with_short_for() -> prom::ShortRules {
     let src = prjquota_dashboards::dir().join(prjquota_dashboards::RULES);
     let text =
         std::fs::read_to_string(&src).unwrap_or_else(|e| panic!("read {}: {e}", src.display()));
-    let mut n = 0;
-    let rewritten: Vec<String> = text
-        .lines()
-        .map(|l| {
-            let body = l.trim_start();
-            if body.starts_with("for:") {
-                n += 1;
-                format!("{}for: 1s", &l[..l.len() - body.len()])
-            } else {
-                l.to_string()
-            }
-        })
-        .collect();
-    assert!(n >= 5, "only {n} `for:` lines in {}", src.display());
-    let dir = std::env::temp_dir().join(format!("prjquota-dashboards-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let dst = dir.join("alerts.yaml");
-    std::fs::write(&dst, rewritten.join("\n") + "\n").expect("write rules copy");
-    let (code, out) = prom::promtool(&["check", "rules", dst.to_str().expect("UTF-8")]);
-    assert_eq!(code, Some(0), "the rewritten rules:\n{out}");
-    dst
+    prom::rules_with_short_for(&text)
 }
 
 /// (panel title, refId, expression, panel type) of every panel target.
@@ -187,7 +166,8 @@ fn a_volume_filling_past_its_limit_shows_on_every_panel_and_fires_its_alerts() {
     let args = node.exporter_args("200ms", &["--ebpf=auto", "--guard=auto"]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let exporter = prom::Exporter::start_with(&[&node.fixture.node.volumes_dir], &args);
-    let rules = rules_with_short_for();
+    let short = rules_with_short_for();
+    let rules = short.file.clone();
     // The scrape config of the test's Prometheus: the exporter labelled
     // with a cluster as relabelling or static labels would, and the Nomad
     // agent's telemetry as Nomad's guide scrapes it.
@@ -497,7 +477,6 @@ fn a_volume_filling_past_its_limit_shows_on_every_panel_and_fires_its_alerts() {
         "MEASURE dashboards_e2e_seconds {:.1}",
         started.elapsed().as_secs_f64()
     );
-    let _ = std::fs::remove_dir_all(rules.parent().unwrap());
 }
 
 // ---------------------------------------------------------------------------
@@ -532,7 +511,8 @@ fn the_first_write_error_of_a_fresh_volume_counts_in_prometheus_3_with_openmetri
         &[&f.node.volumes_dir],
         &["--web.openmetrics.created-samples"],
     );
-    let rules = rules_with_short_for();
+    let short = rules_with_short_for();
+    let rules = short.file.clone();
     let base = prom::config_yaml(&[(JOB, exporter.addr)], std::slice::from_ref(&rules));
     let ct = Prometheus::start_config_with(
         &prom3,
