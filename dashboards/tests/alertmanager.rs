@@ -328,7 +328,7 @@ fn one_full_volume_pages_once() {
         "aaaaaaaa-0000-4000-8000-000000000004",
     );
     let hard_bytes = [("resource", "bytes"), ("limit", "hard")];
-    let mut node2 = |name: &str, severity: &str, extra: &[(&str, &str)]| {
+    let node2 = |name: &str, severity: &str, extra: &[(&str, &str)]| {
         let mut a = volume_alert(name, severity, stuck, extra);
         a["labels"]["instance"] = json!("node-2:14646");
         a

@@ -761,21 +761,6 @@ fn the_panels_the_issue_asks_for_are_there() {
     }
 }
 
-/// Whether a panel target draws one series (or row) per volume, task group,
-/// allocation or alert: its legend names one, or it is a table whose
-/// rows are volumes or allocations, or it reads ALERTS whole.
-fn per_item(target: &Value, panel_type: &str) -> bool {
-    let legend = target["legendFormat"].as_str().unwrap_or("");
-    let expr = target["expr"].as_str().unwrap_or("");
-    ["volume_name", "volume_id", "alloc_id", "task_group"]
-        .iter()
-        .any(|l| legend.contains(&format!("{{{{{l}}}}}")))
-        || (panel_type == "table"
-            && (expr.contains("group_left (volume_name)")
-                || expr.contains("alloc_id")
-                || expr.contains("ALERTS{")))
-}
-
 /// A dashboard for a node of 10,000 volumes: every panel target that draws
 /// one series per volume (or task group, allocation, firing alert) draws
 /// the Top N variable's number at most, `topk($top, …)`; where the panel
@@ -798,7 +783,7 @@ fn every_per_volume_panel_draws_at_most_the_top_n() {
         for p in panels(&d) {
             let kind = p["type"].as_str().unwrap_or("");
             for t in p["targets"].as_array().into_iter().flatten() {
-                if !per_item(t, kind) {
+                if !prjquota_dashboards::draws_per_item(t, kind) {
                     continue;
                 }
                 n += 1;

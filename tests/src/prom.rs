@@ -1105,6 +1105,17 @@ impl Prometheus {
         self.api(&format!("/api/v1/query?query={}", url_encode(promql)))["result"].clone()
     }
 
+    /// A range query from `start` to `end` (Unix seconds) every `step`
+    /// seconds, as Grafana runs a time series panel's; returns
+    /// `data.result` (a matrix: `{"metric": {labels}, "values": [...]}`).
+    pub fn query_range(&self, promql: &str, start: f64, end: f64, step: f64) -> Value {
+        self.api(&format!(
+            "/api/v1/query_range?query={}&start={start:.3}&end={end:.3}&step={step}",
+            url_encode(promql)
+        ))["result"]
+            .clone()
+    }
+
     /// Repeats [`Prometheus::query`] (every 500 ms, up to `QUERY_TIMEOUT`)
     /// until `done` accepts the result, and returns it; panics with the last
     /// result otherwise.
@@ -1154,6 +1165,28 @@ impl Prometheus {
                 return Err(r);
             }
             std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// Loads `yaml` in place of the configuration (SIGHUP, as an operator
+    /// reloads), keeping the data; returns once Prometheus runs it (its
+    /// active targets are those `yaml` names: `targets`).
+    pub fn reload(&self, yaml: &str, targets: usize) {
+        std::fs::write(&self.config, yaml).expect("write prometheus.yml");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGHUP,
+        )
+        .expect("SIGHUP prometheus");
+        let start = Instant::now();
+        while self.targets().as_array().map_or(0, Vec::len) != targets {
+            assert!(
+                start.elapsed() < QUERY_TIMEOUT,
+                "prometheus did not reload within {}s:\n{}",
+                QUERY_TIMEOUT.as_secs(),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(250));
         }
     }
 
