@@ -310,6 +310,7 @@ fn a_volume_filling_past_its_limit_shows_on_every_panel_and_fires_its_alerts() {
         ("node_pool", "pool-dash".into()),
         ("namespace", "team-dash".into()),
         ("volume", full.id.clone()),
+        ("top", "20".into()),
         ("__rate_interval", "1m".into()),
         ("__interval", "15s".into()),
         ("__range", "1h".into()),
