@@ -158,6 +158,7 @@ pub const DEFAULT_FOR: &[(&str, u64, char)] = &[
     ("NomadHostVolumesRecordUnreadable", 5, 'm'),
     ("NomadHostVolumesOperationUnfinished", 10, 'm'),
     ("PrjquotaExporterVolumesDirUnwatched", 10, 'm'),
+    ("PrjquotaExporterAllocFilesUntagged", 1, 'h'),
     // Events: the condition is a count that rose, already over when it is
     // seen, which its increase() window keeps firing; a `for:` would only
     // delay the page (see each rule's comment).
@@ -171,6 +172,7 @@ pub const DEFAULT_FOR: &[(&str, u64, char)] = &[
     ("PrjquotaExporterEbpfMissedRuns", 0, 'm'),
     ("PrjquotaExporterEbpfWritesLost", 0, 'm'),
     ("PrjquotaExporterGuardMissedRuns", 0, 'm'),
+    ("PrjquotaExporterGuardOutsideAttempts", 0, 'm'),
     ("PrjquotaExporterGuardPinsNotOwn", 5, 'm'),
 ];
 

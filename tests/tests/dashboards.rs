@@ -126,6 +126,7 @@ fn reads_ebpf(expr: &str) -> bool {
 const NOT_STAGED: &[&str] = &[
     "nomad_host_volume_projid_change_attempts_total",
     "prjquota_exporter_guard_unattributed_attempts_total",
+    "prjquota_exporter_guard_outside_attempts_total",
 ];
 
 // ---------------------------------------------------------------------------
