@@ -39,7 +39,8 @@
 //! default_mode = "0750"
 //!
 //! # Parameters volume authors may set in a volume spec, out of
-//! # "mode", "uid", "gid" and "max_inodes". Default: all four.
+//! # "mode", "uid", "gid", "max_inodes" and "excluded_from_alerts".
+//! # Default: all five.
 //! allowed_parameters = ["mode", "max_inodes"]
 //!
 //! # How far the volumes' hard limits together may exceed the space the
@@ -588,7 +589,7 @@ mod tests {
         assert_eq!(d.default_mode, 0o700);
         assert_eq!(
             d.allowed_parameters.iter().collect::<Vec<_>>(),
-            ["gid", "max_inodes", "mode", "uid"]
+            ["excluded_from_alerts", "gid", "max_inodes", "mode", "uid"]
         );
         assert_eq!(d.source, None);
         assert_eq!(d.overcommit_ratio, 1.0);

@@ -10,9 +10,10 @@
 //! filesystems it runs on; [`volume_id`],
 //! [`volume_params`], [`units`] and [`quoted`] are what those two are made of;
 //! [`suggest`] answers both binaries' mistyped flags; [`run_dir`] holds the
-//! host-wide locks in `/run/prjquota`; [`entry_open`] opens an entry of a
-//! tree a tenant writes without acting on what it has not seen, and
-//! [`fault`] holds the pause the race tests stop it with.
+//! host-wide locks in `/run/prjquota` and [`served_dirs`] the markers of
+//! the volumes directories the plugin served there; [`entry_open`] opens an
+//! entry of a tree a tenant writes without acting on what it has not seen,
+//! and [`fault`] holds the pause the race tests stop it with.
 
 pub mod announce;
 pub mod config;
@@ -27,6 +28,7 @@ pub mod quota;
 pub mod quoted;
 pub mod record;
 pub mod run_dir;
+pub mod served_dirs;
 pub mod suggest;
 pub mod volume_params;
 // The kernel boundary: raw syscalls and C layouts that libc lacks. Every

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 pub type Parameters = BTreeMap<String, String>;
 
 /// Every parameter this plugin understands, in documentation order.
-pub const KNOWN: &[&str] = &["mode", "uid", "gid", "max_inodes"];
+pub const KNOWN: &[&str] = &["mode", "uid", "gid", "max_inodes", "excluded_from_alerts"];
 
 /// Largest `mode`: permission bits plus setuid, setgid and sticky.
 pub const MAX_MODE: u32 = 0o7777;
@@ -32,6 +32,13 @@ pub struct VolumeParams {
     /// Hard limit on the number of files and directories in the volume;
     /// `None` sets no inode limit.
     pub max_inodes: Option<u64>,
+    /// The volume is kept out of the alerts on its fullness (a volume full
+    /// on purpose: an archive, a seeded data set), as kubernetes-mixin's
+    /// `excluded_from_alerts` label: the exporter labels its
+    /// `nomad_host_volume_info` so. Absent from records that predate it
+    /// (false), and not written while false, so that they stay as they were.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub excluded_from_alerts: bool,
 }
 
 /// Parses an octal mode as Nomad's mkdir does (`strconv.ParseUint(v, 8, 32)`):
@@ -51,5 +58,31 @@ pub fn parse_mode(value: &str) -> Result<u32, String> {
             "larger than {MAX_MODE:04o} (permission bits plus setuid, setgid and sticky); \
              use e.g. \"0750\""
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record's parameters as a release before `excluded_from_alerts`
+    /// wrote them still read (as not excluded), and a volume not excluded
+    /// writes them as that release did.
+    #[test]
+    fn parameters_of_an_older_record_read_and_are_written_alike() {
+        let older = r#"{"mode":448,"uid":null,"gid":null,"max_inodes":null}"#;
+        let p: VolumeParams = serde_json::from_str(older).unwrap();
+        assert!(!p.excluded_from_alerts);
+        assert_eq!(serde_json::to_string(&p).unwrap(), older);
+        let excluded = VolumeParams {
+            excluded_from_alerts: true,
+            ..p
+        };
+        let text = serde_json::to_string(&excluded).unwrap();
+        assert!(text.ends_with(r#","excluded_from_alerts":true}"#), "{text}");
+        assert_eq!(
+            serde_json::from_str::<VolumeParams>(&text).unwrap(),
+            excluded
+        );
     }
 }

@@ -135,7 +135,9 @@ impl Default for Dashboard {
     }
 }
 
-/// The `for:` of the alerts outside [`FillingUp`], as shipped.
+/// The `for:` of the alerts outside [`FillingUp`], as shipped: every alert
+/// has one (a host test fails for a rule without), 0 where the condition is
+/// an event.
 pub const DEFAULT_FOR: &[(&str, u64, char)] = &[
     ("NomadHostVolumeWriteErrors", 15, 'm'),
     ("NomadHostVolumeStatsUnavailable", 15, 'm'),
@@ -151,6 +153,27 @@ pub const DEFAULT_FOR: &[(&str, u64, char)] = &[
     ("NomadHostVolumesOvercommitted", 15, 'm'),
     ("NomadHostVolumesFilesystemUnhealthy", 2, 'm'),
     ("NomadHostVolumesQuotaNotEnforced", 2, 'm'),
+    ("PrjquotaExporterCollectorFailed", 15, 'm'),
+    ("PrjquotaExporterQuotaEventsUnsubscribed", 10, 'm'),
+    ("NomadHostVolumesRecordUnreadable", 5, 'm'),
+    ("NomadHostVolumesOperationUnfinished", 10, 'm'),
+    ("PrjquotaExporterVolumesDirUnwatched", 10, 'm'),
+    ("PrjquotaExporterAllocFilesUntagged", 1, 'h'),
+    // Events: the condition is a count that rose, already over when it is
+    // seen, which its increase() window keeps firing; a `for:` would only
+    // delay the page (see each rule's comment).
+    ("NomadHostVolumeQuotaLimitHit", 0, 'm'),
+    ("NomadHostVolumeQuotaEscapeAttempt", 0, 'm'),
+    ("NomadAllocQuotaEscapeAttempt", 0, 'm'),
+    ("NomadHostVolumeRootDrifted", 0, 'm'),
+    ("PrjquotaExporterGuardPinsRestored", 0, 'm'),
+    ("PrjquotaExporterEbpfSelftestFailed", 0, 'm'),
+    ("PrjquotaExporterEbpfMapFull", 0, 'm'),
+    ("PrjquotaExporterEbpfMissedRuns", 0, 'm'),
+    ("PrjquotaExporterEbpfWritesLost", 0, 'm'),
+    ("PrjquotaExporterGuardMissedRuns", 0, 'm'),
+    ("PrjquotaExporterGuardOutsideAttempts", 0, 'm'),
+    ("PrjquotaExporterGuardPinsNotOwn", 5, 'm'),
 ];
 
 fn default_for() -> BTreeMap<String, Duration> {

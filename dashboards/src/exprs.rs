@@ -46,6 +46,22 @@ pub fn panel_exprs(dashboard: &Value) -> Vec<Expr> {
     out
 }
 
+/// Whether a panel's target draws one series (or table row) per volume,
+/// task group, allocation or firing alert, which the Top N variable must
+/// bound: its legend names one, or it is a table whose rows are volumes,
+/// allocations or alerts.
+pub fn draws_per_item(target: &Value, panel_type: &str) -> bool {
+    let legend = target["legendFormat"].as_str().unwrap_or("");
+    let expr = target["expr"].as_str().unwrap_or("");
+    ["volume_name", "volume_id", "alloc_id", "task_group"]
+        .iter()
+        .any(|l| legend.contains(&format!("{{{{{l}}}}}")))
+        || (panel_type == "table"
+            && (expr.contains("group_left (volume_name)")
+                || expr.contains("alloc_id")
+                || expr.contains("ALERTS{")))
+}
+
 /// The template variables (`templating.list`).
 pub fn variables(dashboard: &Value) -> Vec<&Value> {
     dashboard["templating"]["list"]

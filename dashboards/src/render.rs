@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::config::{human, Config, FillingUp};
+use crate::config::{human, Config, Duration, FillingUp};
 use crate::exprs::{label_values, query_result, rule_exprs};
 use crate::promql::with_matchers;
 
@@ -17,6 +17,11 @@ pub const DASHBOARD: &str = "prjquota.json";
 pub const RULES: &str = "alerts.yaml";
 
 pub const RULES_TEMPLATE: &str = include_str!("../templates/alerts.yaml");
+/// `PrjquotaExporterDown` where the selector names no scrape job: an
+/// exporter is known by its own series, and remembered.
+pub const EXPORTER_DOWN_SEEN: &str = include_str!("../templates/exporter_down_seen.yaml");
+/// `PrjquotaExporterDown` where the selector names the exporters' job.
+pub const EXPORTER_DOWN_JOB: &str = include_str!("../templates/exporter_down_job.yaml");
 pub const DASHBOARD_TEMPLATE: &str = include_str!("../templates/prjquota.json");
 
 /// The command that regenerates the shipped files.
@@ -56,12 +61,24 @@ pub fn fill(template: &str, values: &BTreeMap<String, String>) -> Result<String,
     Ok(out)
 }
 
+/// A `for:` in words for the comments and descriptions that state it:
+/// `15 minutes`, or `none` for 0.
+fn for_text(d: Duration) -> String {
+    if d.seconds() == 0 {
+        "none".into()
+    } else {
+        human(d.seconds())
+    }
+}
+
 fn filling_up(values: &mut BTreeMap<String, String>, name: &str, f: &FillingUp) {
     let mut put = |k: &str, v: String| values.insert(format!("{name}.{k}"), v);
     put("critical_available", f.critical_available.to_string());
     put("warning_available", f.warning_available.to_string());
     put("critical_for", f.critical_for.to_string());
+    put("critical_for.text", for_text(f.critical_for));
     put("warning_for", f.warning_for.to_string());
+    put("warning_for.text", for_text(f.warning_for));
     put("prediction_window", f.prediction_window.to_string());
     put("prediction_horizon", f.prediction_horizon.promql_seconds());
     put(
@@ -84,7 +101,7 @@ pub fn rules_values(c: &Config) -> BTreeMap<String, String> {
     filling_up(&mut v, "inodes", &c.inodes);
     for (alert, d) in &c.for_ {
         v.insert(format!("for.{alert}"), d.to_string());
-        v.insert(format!("for.{alert}.text"), human(d.seconds()));
+        v.insert(format!("for.{alert}.text"), for_text(*d));
     }
     // The description counts the 5m of max_over_time before the `for`.
     let web = c.for_["PrjquotaExporterWebConfigReloadFailed"].seconds() + 5 * 60;
@@ -110,10 +127,33 @@ pub fn dashboard_values(c: &Config) -> BTreeMap<String, String> {
     v
 }
 
+/// Whether the config's selector names the exporters' scrape job (a `job`
+/// matcher that selects, `=` or `=~`): then every target of it is an
+/// exporter, and `PrjquotaExporterDown` fires for one that never answered
+/// and for a job without targets, as the monitoring mixins' `absent(up{…})`.
+pub fn names_the_job(c: &Config) -> bool {
+    crate::parse_matchers(&c.selector)
+        .unwrap_or_default()
+        .iter()
+        .any(|(label, op, _)| label == "job" && (op == "=" || op == "=~"))
+}
+
+/// The `PrjquotaExporterDown` fragment for a config, filled.
+pub fn exporter_down(c: &Config, values: &BTreeMap<String, String>) -> Result<String, String> {
+    let fragment = if names_the_job(c) {
+        EXPORTER_DOWN_JOB
+    } else {
+        EXPORTER_DOWN_SEEN
+    };
+    fill(fragment, values)
+}
+
 /// `alerts.yaml` for a config.
 pub fn rules(c: &Config) -> Result<String, String> {
     c.check()?;
-    let plain = fill(RULES_TEMPLATE, &rules_values(c))?;
+    let mut values = rules_values(c);
+    values.insert("exporter_down".into(), exporter_down(c, &values)?);
+    let plain = fill(RULES_TEMPLATE, &values)?;
     let sel = (c.selector.as_str(), c.nomad.selector.as_str());
     let out = format!("{RULES_HEADER}{}", yaml_exprs_with(&plain, sel)?);
     // The text rewrite gives what rewriting each parsed expression gives.
@@ -285,21 +325,44 @@ mod tests {
     #[test]
     fn every_rules_value_is_used_by_the_template() {
         let c = Config::default();
+        let templates = [RULES_TEMPLATE, EXPORTER_DOWN_SEEN, EXPORTER_DOWN_JOB].concat();
         for k in rules_values(&c).keys() {
-            // The human forms are used only where a description states the
-            // duration.
-            if k.ends_with(".text") && k.starts_with("for.") {
-                continue;
-            }
             assert!(
-                RULES_TEMPLATE.contains(&format!("%({k})s")),
+                templates.contains(&format!("%({k})s")),
                 "the config's {k} controls nothing in templates/alerts.yaml"
             );
         }
+        assert!(RULES_TEMPLATE.contains("%(exporter_down)s"));
         for k in dashboard_values(&c).keys() {
             assert!(
                 DASHBOARD_TEMPLATE.contains(&format!("%({k})s")),
                 "the config's {k} controls nothing in templates/prjquota.json"
+            );
+        }
+    }
+
+    #[test]
+    fn only_a_selector_that_picks_a_job_makes_every_target_an_exporter() {
+        let with = |selector: &str| Config {
+            selector: selector.into(),
+            ..Config::default()
+        };
+        for (selector, names) in [
+            ("", false),
+            ("env=\"prod\"", false),
+            ("job!=\"node\"", false),
+            ("job!~\"node.*\"", false),
+            ("job=\"prjquota\"", true),
+            ("job=~\"prjquota.*\", env=\"prod\"", true),
+        ] {
+            let c = with(selector);
+            assert_eq!(names_the_job(&c), names, "{selector:?}");
+            let rules = rules(&c).unwrap();
+            assert_eq!(rules.contains("absent(up"), names, "{selector:?}");
+            assert_eq!(
+                rules.contains("record: prjquota_exporter:seen"),
+                !names,
+                "{selector:?}"
             );
         }
     }

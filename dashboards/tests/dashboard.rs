@@ -23,8 +23,9 @@ use prjquota_exporter::inventory::Inventory;
 use prjquota_exporter::{Config, Exporter};
 use serde_json::Value;
 
-/// Series Prometheus itself makes.
-const PROMETHEUS_MADE: &[&str] = &["up"];
+/// Series Prometheus itself makes: a target's `up`, and `ALERTS`, the
+/// rules' alerts pending or firing.
+const PROMETHEUS_MADE: &[&str] = &["up", "ALERTS"];
 
 /// Gauges Nomad's agents publish (`telemetry { publish_allocation_metrics
 /// = true }`, client/allocrunner/taskrunner's emitStats) that the
@@ -721,6 +722,12 @@ fn the_panels_the_issue_asks_for_are_there() {
         "prjquota_exporter_ebpf_program_attached",
         "nomad_alloc:disk_used_bytes",
         "nomad_alloc:disk_used_inodes",
+        // The guard's state and attempts, and the alerts firing.
+        "prjquota_exporter_guard_mode{",
+        "prjquota_exporter_guard_pinned{",
+        "prjquota_exporter_guard_pins_own{",
+        "nomad_host_volume_projid_change_attempts_total{",
+        "ALERTS{alertstate=\"firing\"",
     ] {
         assert!(has(needle), "no panel reads {needle}");
     }
@@ -751,5 +758,109 @@ fn the_panels_the_issue_asks_for_are_there() {
             renamed.as_object().unwrap().values().any(|v| v == col),
             "Fullest volumes has no {col} column"
         );
+    }
+}
+
+/// A dashboard for a node of 10,000 volumes: every panel target that draws
+/// one series per volume (or task group, allocation, firing alert) draws
+/// the Top N variable's number at most, `topk($top, …)`; where the panel
+/// draws a range, the N are chosen once, at its end (`@ end()`), so that
+/// each step does not pick N others (a range of topk at every step draws
+/// up to N × steps series). tests/tests/dashboards.rs counts them at
+/// 10,000 volumes.
+#[test]
+fn every_per_volume_panel_draws_at_most_the_top_n() {
+    for (case, _, d, _) in cases() {
+        let vars = variables(&d);
+        let top = vars
+            .iter()
+            .find(|v| v["name"] == "top")
+            .unwrap_or_else(|| panic!("{case}: no `top` variable (Top N)"));
+        assert_eq!(top["type"], "custom", "{case}");
+        assert_eq!(top["current"]["value"], "20", "{case}: 20 by default");
+        let mut problems = Vec::new();
+        let mut n = 0;
+        for p in panels(&d) {
+            let kind = p["type"].as_str().unwrap_or("");
+            for t in p["targets"].as_array().into_iter().flatten() {
+                if !prjquota_dashboards::draws_per_item(t, kind) {
+                    continue;
+                }
+                n += 1;
+                let expr = t["expr"].as_str().unwrap_or("");
+                let place = format!("panel {:?} target {}", p["title"], t["refId"]);
+                if !(expr.contains("topk($top,") || expr.contains("bottomk($top,")) {
+                    problems.push(format!(
+                        "{place}: draws one series per volume without topk($top, …)"
+                    ));
+                }
+                let instant = t["instant"].as_bool() == Some(true);
+                if !instant && !expr.contains("@ end()") {
+                    problems.push(format!(
+                        "{place}: a range query whose top N is not chosen once, at its end (@ end())"
+                    ));
+                }
+            }
+        }
+        assert!(n >= 15, "{case}: only {n} per-volume targets found");
+        assert!(problems.is_empty(), "{case}:\n{}", problems.join("\n"));
+    }
+}
+
+/// From a node to its volumes: the per-node panels link to this dashboard
+/// (whatever its uid: `${__dashboard.uid}`) with the node as the instance
+/// and every volume of it, keeping the time range, data source, cluster,
+/// job and Top N; the fullest volumes link to their own view.
+#[test]
+fn a_node_links_to_its_volumes() {
+    for (case, _, d, _) in cases() {
+        let links = |p: &Value| -> Vec<String> {
+            let mut out = Vec::new();
+            let fc = &p["fieldConfig"];
+            for l in fc["defaults"]["links"].as_array().into_iter().flatten() {
+                out.push(l["url"].as_str().unwrap_or("").to_string());
+            }
+            for o in fc["overrides"].as_array().into_iter().flatten() {
+                for prop in o["properties"].as_array().into_iter().flatten() {
+                    if prop["id"] == "links" {
+                        for l in prop["value"].as_array().into_iter().flatten() {
+                            out.push(l["url"].as_str().unwrap_or("").to_string());
+                        }
+                    }
+                }
+            }
+            out
+        };
+        let keeps = [
+            "/d/${__dashboard.uid}?",
+            "${__url_time_range}",
+            "${datasource:queryparam}",
+            "${cluster:queryparam}",
+            "${job:queryparam}",
+            "${top:queryparam}",
+        ];
+        for (title, sets) in [
+            ("Volumes per node", "var-instance=${__value.raw}"),
+            (
+                "Provisioned vs used per node",
+                "var-instance=${__field.labels.instance}",
+            ),
+            (
+                "Promised vs disk per node",
+                "var-instance=${__field.labels.instance}",
+            ),
+            ("Fullest volumes", "var-volume=${__value.raw}"),
+        ] {
+            let p = panels(&d)
+                .into_iter()
+                .find(|p| p["title"] == title && p["type"] != "row")
+                .unwrap_or_else(|| panic!("{case}: no panel {title:?}"));
+            let urls = links(p);
+            assert!(
+                urls.iter()
+                    .any(|u| u.contains(sets) && keeps.iter().all(|k| u.contains(k))),
+                "{case}: {title:?} has no link setting {sets} and keeping {keeps:?}: {urls:?}"
+            );
+        }
     }
 }

@@ -80,10 +80,100 @@ fn the_alert_tests_hold_under_a_job_selector_and_another_cluster_label() {
     std::fs::write(d.join(RULES), rules).unwrap();
     let tests = read(RULES_TEST).replace(&Config::default().runbook_url, &c.runbook_url);
     assert!(tests.contains(&c.runbook_url));
+    // The selector names the exporters' job, so PrjquotaExporterDown takes
+    // its other form (every target of the job is an exporter), which
+    // `a_named_jobs_targets_are_exporters_however_long_down` tests.
+    assert!(render::names_the_job(&c));
+    let tests = without_tests_of(&tests, "PrjquotaExporterDown", "prjquota_exporter:seen");
     std::fs::write(d.join(RULES_TEST), tests).unwrap();
     let out = promtool(&["test", "rules", &d.join(RULES_TEST).to_string_lossy()]);
     std::fs::remove_dir_all(&d).unwrap();
     assert!(out.contains("SUCCESS"), "{out}");
+}
+
+/// A promtool test file without the expectations about `alert` and the
+/// record `record` (which that form of the rules lacks).
+fn without_tests_of(text: &str, alert: &str, record: &str) -> String {
+    let mut v: serde_norway::Value = serde_norway::from_str(text).expect("the tests are YAML");
+    let mut dropped = 0;
+    for t in v["tests"].as_sequence_mut().expect("tests:") {
+        for (key, field, name) in [
+            ("alert_rule_test", "alertname", alert),
+            ("promql_expr_test", "expr", record),
+        ] {
+            if let Some(list) = t.get_mut(key).and_then(|a| a.as_sequence_mut()) {
+                let before = list.len();
+                list.retain(|a| !a[field].as_str().is_some_and(|f| f.contains(name)));
+                dropped += before - list.len();
+            }
+        }
+    }
+    assert!(dropped > 0, "no test of {alert} or {record} to leave out");
+    serde_norway::to_string(&v).expect("YAML")
+}
+
+/// With a selector that names the exporters' scrape job, as a mixin's
+/// `kubeletSelector`, every target of the job is an exporter:
+/// PrjquotaExporterDown fires for one that never answered (node-4), for one
+/// down two days and more (node-1: the shipped form remembers it too), and,
+/// with the job's name, when the job has no target at all; never for
+/// another job's target (node_exporter on node-3) nor a healthy one.
+#[test]
+fn a_named_jobs_targets_are_exporters_however_long_down() {
+    let c = Config {
+        selector: "job=\"prjquota\"".into(),
+        ..Config::default()
+    };
+    let d = scratch("job-selector");
+    let rules = d.join(RULES);
+    std::fs::write(&rules, render::rules(&c).unwrap()).unwrap();
+    let rb = format!("{}#prjquotaexporterdown", c.runbook_url);
+    let down = |instance: &str| {
+        format!(
+            "          - exp_labels:\n              severity: 'warning'\n              job: 'prjquota'\n              instance: '{instance}'\n            exp_annotations:\n              summary: 'prjquota-exporter is down.'\n              description: 'Prometheus has not been able to scrape prjquota-exporter on {instance} (job prjquota) for 15 minutes or more: host volume usage on those nodes is unknown and the volume alerts cannot fire.'\n              runbook_url: '{rb}'\n"
+        )
+    };
+    let series = |s: &str, v: &str| format!("      - series: '{s}'\n        values: '{v}'\n");
+    let mut t = format!(
+        "rule_files:\n  - {}\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n",
+        rules.display()
+    );
+    t += &series(
+        "up{job=\"prjquota\",instance=\"node-1:14646\"}",
+        "1x5 0x3000",
+    );
+    t += &series(
+        "prjquota_exporter_build_info{job=\"prjquota\",instance=\"node-1:14646\",version=\"0.1.0\",revision=\"abc\"}",
+        "1x5 stale",
+    );
+    t += &series("up{job=\"prjquota\",instance=\"node-2:14646\"}", "1x3005");
+    t += &series(
+        "prjquota_exporter_build_info{job=\"prjquota\",instance=\"node-2:14646\",version=\"0.1.0\",revision=\"abc\"}",
+        "1x3005",
+    );
+    t += &series("up{job=\"node\",instance=\"node-3:9100\"}", "0x3005");
+    t += &series("up{job=\"prjquota\",instance=\"node-4:14646\"}", "0x3005");
+    t += "    alert_rule_test:\n";
+    t +=
+        "      - eval_time: 14m\n        alertname: PrjquotaExporterDown\n        exp_alerts: []\n";
+    t += "      - eval_time: 15m\n        alertname: PrjquotaExporterDown\n        exp_alerts:\n";
+    t += &down("node-4:14646");
+    t += "      - eval_time: 2d\n        alertname: PrjquotaExporterDown\n        exp_alerts:\n";
+    t += &down("node-1:14646");
+    t += &down("node-4:14646");
+    // No target of the job at all: service discovery lost them.
+    t += "  - interval: 1m\n    input_series:\n";
+    t += &series("up{job=\"node\",instance=\"node-3:9100\"}", "1x40");
+    t += &format!(
+        "    alert_rule_test:\n      - eval_time: 14m\n        alertname: PrjquotaExporterDown\n        exp_alerts: []\n\
+         \x20     - eval_time: 15m\n        alertname: PrjquotaExporterDown\n        exp_alerts:\n\
+         \x20         - exp_labels:\n              severity: 'warning'\n              job: 'prjquota'\n\
+         \x20           exp_annotations:\n              summary: 'prjquota-exporter is down.'\n\
+         \x20             description: 'Prometheus has no target of the prjquota-exporter scrape job prjquota that the rules'' selector names (service discovery lost them, or the job was renamed or removed): host volume usage on those nodes is unknown and the volume alerts cannot fire.'\n\
+         \x20             runbook_url: '{rb}'\n"
+    );
+    run_test("job-selector-test", &t);
+    std::fs::remove_dir_all(&d).unwrap();
 }
 
 const VOL: &str = "aaaaaaaa-0000-4000-8000-0000000000";

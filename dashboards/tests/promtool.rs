@@ -67,12 +67,12 @@ fn documented(rules: &serde_norway::Value, runbook: &str) {
                 .as_str()
                 .expect("a rule is an alert or a record");
             // level:metric:operations, the level being what a series
-            // stands for: a volume, or an allocation.
+            // stands for: a volume, an allocation, or an exporter target.
             assert!(
-                ["nomad_host_volume:", "nomad_alloc:"]
+                ["nomad_host_volume:", "nomad_alloc:", "prjquota_exporter:"]
                     .iter()
                     .any(|level| record.starts_with(level)),
-                "recording rule {record}: name it level:metric:operation under nomad_host_volume: or nomad_alloc:"
+                "recording rule {record}: name it level:metric:operation under nomad_host_volume:, nomad_alloc: or prjquota_exporter:"
             );
             continue;
         };
@@ -127,6 +127,91 @@ fn documented(rules: &serde_norway::Value, runbook: &str) {
     assert!(alerts >= 7, "only {alerts} alerts in {RULES}");
 }
 
+/// Every alerting rule says how long its condition must hold (`for:`, 0
+/// for an event), and the comment right above that line says why that long,
+/// starting `# for: <the duration in words>`: a rule without one fires on a
+/// single evaluation, which for a gauge is one bad scrape.
+#[test]
+fn every_alert_waits_a_for_whose_comment_says_why() {
+    for (case, c, _, rules) in cases() {
+        let text = render::rules(&c).unwrap();
+        for_lines_are_explained(case, &text);
+        for r in rule_list(&rules) {
+            if let Some(name) = r["alert"].as_str() {
+                assert!(
+                    r["for"].as_str().is_some(),
+                    "{case}: {name} has no `for:`: add it to dashboards/config.toml's [for] \
+                     and the template, with a comment saying why it is that long"
+                );
+            }
+        }
+    }
+}
+
+/// Each `- alert:` block of a rule file's text has one `for:` line, and the
+/// comment just above it begins `# for: `.
+fn for_lines_are_explained(case: &str, text: &str) {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut alert: Option<(&str, usize)> = None;
+    let mut fors = 0;
+    let close = |alert: Option<(&str, usize)>, fors: usize| {
+        if let Some((name, at)) = alert {
+            assert_eq!(
+                fors,
+                1,
+                "{case}: the rule {name} at line {} has {fors} `for:` lines",
+                at + 1
+            );
+        }
+    };
+    for (i, l) in lines.iter().enumerate() {
+        let body = l.trim_start();
+        if let Some(name) = body.strip_prefix("- alert: ") {
+            close(alert, fors);
+            alert = Some((name.trim(), i));
+            fors = 0;
+        } else if body.starts_with("- record: ") {
+            close(alert, fors);
+            alert = None;
+            fors = 0;
+        } else if body.starts_with("for: ") && alert.is_some() {
+            fors += 1;
+            let name = alert.map_or("", |a| a.0);
+            // The comment's first line is the one starting `# for:`,
+            // directly above or above the rest of the comment.
+            let comment: Vec<&str> = lines[..i]
+                .iter()
+                .rev()
+                .take_while(|p| p.trim_start().starts_with('#'))
+                .map(|p| p.trim_start())
+                .collect();
+            assert!(
+                comment
+                    .last()
+                    .is_some_and(|first| first.starts_with("# for: ")),
+                "{case}: the `for:` of {name} (line {}) has no comment right above it \
+                 beginning `# for: <how long>` that says why it is that long",
+                i + 1
+            );
+        }
+    }
+    close(alert, fors);
+}
+
+#[test]
+fn a_for_without_its_comment_is_found() {
+    let ok = "  - alert: A\n    expr: x\n    # for: 5m: why.\n    for: 5m\n";
+    for_lines_are_explained("ok", ok);
+    for bad in [
+        "  - alert: A\n    expr: x\n    for: 5m\n",
+        "  - alert: A\n    expr: x\n    # something else\n    for: 5m\n",
+        "  - alert: A\n    expr: x\n    labels: {}\n",
+    ] {
+        let r = std::panic::catch_unwind(|| for_lines_are_explained("bad", bad));
+        assert!(r.is_err(), "not refused: {bad:?}");
+    }
+}
+
 #[test]
 fn every_alert_has_tests_that_fire_it_and_tests_where_it_must_not() {
     let rules = rules();
@@ -168,22 +253,45 @@ fn every_alert_has_tests_that_fire_it_and_tests_where_it_must_not() {
 }
 
 /// A Prometheus that scrapes only node_exporter (some targets down, one
-/// vanished, disks filling) fires no alert of the file, nor of the rules a
-/// config with a job selector gives: a unit test made here with one
-/// expectation per alert, run by promtool over two hours.
+/// vanished, disks filling) fires no alert of the file: a unit test made
+/// here with one expectation per alert, run by promtool over two hours.
+/// With the rules of a config whose selector names the exporters' scrape
+/// job, it fires exactly one: PrjquotaExporterDown, for that job having no
+/// target.
 #[test]
 fn a_prometheus_without_prjquota_targets_fires_nothing() {
-    fires_nothing_without_targets(&rules(), &dir().join(RULES));
+    let shipped = prjquota_dashboards::shipped_config();
+    assert!(!render::names_the_job(&shipped));
+    fires_nothing_without_targets(&rules(), &dir().join(RULES), None);
     let custom = prjquota_dashboards::custom_config();
+    assert!(render::names_the_job(&custom));
     let d = scratch("no-targets-custom");
     let file = d.join(RULES);
     std::fs::write(&file, render::rules(&custom).unwrap()).unwrap();
     let (_, custom_rules) = prjquota_dashboards::rendered(&custom);
-    fires_nothing_without_targets(&custom_rules, &file);
+    // The custom selector names two jobs by a regex: absent() has no job
+    // to name.
+    let no_target = format!(
+        "          - exp_labels:\n              severity: 'warning'\n\
+         \x20           exp_annotations:\n              summary: 'prjquota-exporter is down.'\n\
+         \x20             description: 'Prometheus has no target of the prjquota-exporter scrape job that the rules'' selector names (service discovery lost them, or the job was renamed or removed): host volume usage on those nodes is unknown and the volume alerts cannot fire.'\n\
+         \x20             runbook_url: '{}#prjquotaexporterdown'\n",
+        custom.runbook_url
+    );
+    fires_nothing_without_targets(
+        &custom_rules,
+        &file,
+        Some(("PrjquotaExporterDown", &no_target)),
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }
 
-fn fires_nothing_without_targets(rules: &serde_norway::Value, file: &std::path::Path) {
+/// `fires`: the one alert expected, and its `exp_alerts` entries.
+fn fires_nothing_without_targets(
+    rules: &serde_norway::Value,
+    file: &std::path::Path,
+    fires: Option<(&str, &str)>,
+) {
     let alerts: BTreeSet<&str> = rule_list(rules)
         .into_iter()
         .filter_map(|r| r["alert"].as_str())
@@ -216,9 +324,18 @@ fn fires_nothing_without_targets(rules: &serde_norway::Value, file: &std::path::
     test += "    alert_rule_test:\n";
     for eval in ["20m", "2h"] {
         for a in &alerts {
-            test += &format!(
-                "      - eval_time: {eval}\n        alertname: {a}\n        exp_alerts: []\n"
-            );
+            match fires {
+                Some((alert, expected)) if alert == *a => {
+                    test += &format!(
+                        "      - eval_time: {eval}\n        alertname: {a}\n        exp_alerts:\n{expected}"
+                    )
+                }
+                _ => {
+                    test += &format!(
+                        "      - eval_time: {eval}\n        alertname: {a}\n        exp_alerts: []\n"
+                    )
+                }
+            }
         }
     }
     let d = scratch("no-targets");

@@ -26,6 +26,9 @@ pub struct Volume {
     pub capacity_max_bytes: u64,
     pub provisioned_bytes: u64,
     pub max_inodes: Option<u64>,
+    /// The volume's `excluded_from_alerts` parameter: its info series says
+    /// so, and the alerts on its fullness skip it.
+    pub excluded_from_alerts: bool,
     /// When the plugin last wrote the record (a create, a restore, a resize):
     /// the newest record carries the node's current pool.
     pub updated_unix: u64,
@@ -51,6 +54,7 @@ impl Volume {
             capacity_max_bytes: r.capacity_max_bytes,
             provisioned_bytes: r.provisioned_bytes,
             max_inodes: r.params.max_inodes,
+            excluded_from_alerts: r.params.excluded_from_alerts,
             updated_unix: r.updated_unix,
             root: volumes_dir.join(r.volume_id.as_str()),
         }
@@ -261,6 +265,7 @@ pub mod tests {
             capacity_max_bytes: 2 << 30,
             provisioned_bytes: 2 << 30,
             max_inodes: None,
+            excluded_from_alerts: false,
             updated_unix: 0,
         }
     }

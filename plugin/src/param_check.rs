@@ -2,7 +2,7 @@
 //!
 //! Names and meanings follow Nomad's built-in `mkdir` plugin where they
 //! overlap (`mode`, `uid`, `gid`), so a spec can switch plugins without
-//! surprises; `max_inodes` is this plugin's own. The node operator decides,
+//! surprises; `max_inodes` and `excluded_from_alerts` are this plugin's own. The node operator decides,
 //! through `allowed_parameters` in the node config, which of them volume
 //! authors may set.
 
@@ -68,11 +68,14 @@ pub fn parse(params: &Parameters, policy: &Policy<'_>) -> Result<VolumeParams, I
     let uid = value(params, "uid", |v| parse_owner(v, "user"))?.flatten();
     let gid = value(params, "gid", |v| parse_owner(v, "group"))?.flatten();
     let max_inodes = value(params, "max_inodes", parse_max_inodes)?;
+    let excluded_from_alerts =
+        value(params, "excluded_from_alerts", parse_excluded_from_alerts)?.unwrap_or(false);
     Ok(VolumeParams {
         mode,
         uid,
         gid,
         max_inodes,
+        excluded_from_alerts,
     })
 }
 
@@ -128,6 +131,22 @@ fn parse_owner(value: &str, what: &str) -> Result<Option<u32>, String> {
     match value.parse::<u32>() {
         Ok(id) if id != u32::MAX => Ok(Some(id)),
         _ => Err(format!("out of range; {range}")),
+    }
+}
+
+/// `excluded_from_alerts`: exactly `true` or `false`, as Nomad's HCL
+/// writes a boolean it quotes; anything else is refused rather than read
+/// as one or the other (a typo must not silence a volume's alerts).
+fn parse_excluded_from_alerts(value: &str) -> Result<bool, String> {
+    match value {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(
+            "neither \"true\" nor \"false\": write excluded_from_alerts = \"true\" to keep \
+             the volume out of the alerts on its fullness (an archive, a data set full on \
+             purpose), or remove the parameter"
+                .to_owned(),
+        ),
     }
 }
 
@@ -192,7 +211,8 @@ mod tests {
                 mode: 0o750,
                 uid: None,
                 gid: None,
-                max_inodes: None
+                max_inodes: None,
+                excluded_from_alerts: false,
             }
         );
         assert_eq!(ok(&[]).mode, 0o700);
@@ -205,6 +225,7 @@ mod tests {
             ("uid", "1000"),
             ("gid", "0"),
             ("max_inodes", "100000"),
+            ("excluded_from_alerts", "true"),
         ]);
         assert_eq!(
             got,
@@ -212,7 +233,8 @@ mod tests {
                 mode: 0o750,
                 uid: Some(1000),
                 gid: Some(0),
-                max_inodes: Some(100_000)
+                max_inodes: Some(100_000),
+                excluded_from_alerts: true,
             }
         );
     }
@@ -302,13 +324,42 @@ mod tests {
         }
     }
 
+    /// Only the two words; what might be meant as either is refused, so a
+    /// typo never silences a volume's alerts, nor a volume author's "yes"
+    /// leaves them on unseen.
+    #[test]
+    fn excluded_from_alerts_is_true_or_false_and_nothing_else() {
+        assert!(ok(&[("excluded_from_alerts", "true")]).excluded_from_alerts);
+        assert!(!ok(&[("excluded_from_alerts", "false")]).excluded_from_alerts);
+        assert!(!ok(&[]).excluded_from_alerts);
+        for text in [
+            "", "TRUE", "True", "yes", "1", "on", " true", "true\n", "false ", "t", "\0",
+        ] {
+            let msg = invalid(&[("excluded_from_alerts", text)], "excluded_from_alerts");
+            assert!(msg.contains("excluded_from_alerts = \"true\""), "{msg}");
+        }
+        // The node's allowed_parameters decides whether volume authors may.
+        let cfg = Config {
+            allowed_parameters: ["mode".to_string()].into(),
+            ..Config::default()
+        };
+        let p: Parameters = [("excluded_from_alerts".to_string(), "true".to_string())].into();
+        assert!(matches!(
+            parse(&p, &Policy::from(&cfg)),
+            Err(InputError::ParameterNotAllowed { .. })
+        ));
+    }
+
     #[test]
     fn unknown_parameter_lists_the_accepted_ones() {
         for key in ["size", "Mode", "uid ", "owner", ""] {
             match err(&[(key, "1")]) {
                 e @ InputError::UnknownParameter { .. } => {
                     let msg = e.to_string();
-                    assert!(msg.contains("mode, uid, gid, max_inodes"), "{msg}");
+                    assert!(
+                        msg.contains("mode, uid, gid, max_inodes, excluded_from_alerts"),
+                        "{msg}"
+                    );
                     assert!(msg.contains(&format!("{key:?}")), "{msg}");
                 }
                 other => panic!("{key:?}: {other:?}"),

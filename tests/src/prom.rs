@@ -857,6 +857,59 @@ pub fn promtool(args: &[&str]) -> (Option<i32>, String) {
     )
 }
 
+/// Alert rules whose every `for:` is 1s, in a directory of their own
+/// (removed on drop): a test then sees an alert fire within seconds of its
+/// condition, everything else as shipped.
+pub struct ShortRules {
+    _dir: crate::temp::TempDir,
+    pub file: PathBuf,
+}
+
+/// `text` (a rule file, `for:` on lines of their own as the rendered
+/// rules have it) with every `for:` set to 1s, checked by promtool.
+pub fn rules_with_short_for(text: &str) -> ShortRules {
+    let mut n = 0;
+    let rewritten: Vec<String> = text
+        .lines()
+        .map(|l| {
+            let body = l.trim_start();
+            if body.starts_with("for:") {
+                n += 1;
+                format!("{}for: 1s", &l[..l.len() - body.len()])
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    assert!(n >= 5, "only {n} `for:` lines in the rules");
+    let dir = crate::temp::TempDir::new(&std::env::temp_dir(), "prjquota", "short-rules");
+    let file = dir.join("alerts.yaml");
+    std::fs::write(&file, rewritten.join("\n") + "\n").expect("write the rules' copy");
+    let (code, out) = promtool(&["check", "rules", file.to_str().expect("UTF-8")]);
+    assert_eq!(code, Some(0), "the rewritten rules:\n{out}");
+    ShortRules { _dir: dir, file }
+}
+
+/// `data.alerts` of `/api/v1/alerts` firing, as their label sets.
+pub fn firing(alerts: &Value) -> Vec<BTreeMap<String, String>> {
+    alerts
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|a| a["state"] == "firing")
+        .map(|a| {
+            a["labels"]
+                .as_object()
+                .map(|m| {
+                    m.iter()
+                        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
 // ---------------------------------------------------------------------------
 // A Prometheus server
 
@@ -1052,6 +1105,17 @@ impl Prometheus {
         self.api(&format!("/api/v1/query?query={}", url_encode(promql)))["result"].clone()
     }
 
+    /// A range query from `start` to `end` (Unix seconds) every `step`
+    /// seconds, as Grafana runs a time series panel's; returns
+    /// `data.result` (a matrix: `{"metric": {labels}, "values": [...]}`).
+    pub fn query_range(&self, promql: &str, start: f64, end: f64, step: f64) -> Value {
+        self.api(&format!(
+            "/api/v1/query_range?query={}&start={start:.3}&end={end:.3}&step={step}",
+            url_encode(promql)
+        ))["result"]
+            .clone()
+    }
+
     /// Repeats [`Prometheus::query`] (every 500 ms, up to `QUERY_TIMEOUT`)
     /// until `done` accepts the result, and returns it; panics with the last
     /// result otherwise.
@@ -1101,6 +1165,28 @@ impl Prometheus {
                 return Err(r);
             }
             std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// Loads `yaml` in place of the configuration (SIGHUP, as an operator
+    /// reloads), keeping the data; returns once Prometheus runs it (its
+    /// active targets are those `yaml` names: `targets`).
+    pub fn reload(&self, yaml: &str, targets: usize) {
+        std::fs::write(&self.config, yaml).expect("write prometheus.yml");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGHUP,
+        )
+        .expect("SIGHUP prometheus");
+        let start = Instant::now();
+        while self.targets().as_array().map_or(0, Vec::len) != targets {
+            assert!(
+                start.elapsed() < QUERY_TIMEOUT,
+                "prometheus did not reload within {}s:\n{}",
+                QUERY_TIMEOUT.as_secs(),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(250));
         }
     }
 

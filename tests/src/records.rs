@@ -35,6 +35,7 @@ pub fn record(id: &str, namespace: &str, project_id: u32, state: State) -> Recor
             uid: None,
             gid: None,
             max_inodes: None,
+            excluded_from_alerts: false,
         },
         parameters: BTreeMap::new(),
         created_unix: 1_700_000_000,

@@ -242,6 +242,43 @@ fn the_exporter_publishes_the_filesystem_the_promises_and_the_ratio(fs: &FsCase)
     ];
     assert_eq!(m.value("nomad_host_volumes_filesystem_healthy", &node), 1.0);
 
+    // NomadHostVolumesOvercommitted's bound, ratio x (free + the volumes'
+    // usage), from these series, is the admission rule's: the room the
+    // plugin counts, measured here apart. Then files outside the volumes
+    // take the room away: the alert's expression turns positive, by what
+    // the plugin now refuses to promise.
+    let ids = [a.id.clone(), b.id.clone()];
+    let bound = |m: &prjquota_vmtests::prom::Exposition| {
+        m.value("nomad_host_volumes_overcommit_ratio", &at)
+            * (m.value("nomad_host_volumes_filesystem_free_bytes", &at)
+                + m.value("nomad_host_volumes_used_bytes", &at))
+    };
+    let rule = 1.5 * room(&f, &small.mount, &ids) as f64;
+    assert!(
+        (bound(&m) - rule).abs() <= 1.5 * 64.0 * 1024.0,
+        "the alert's bound {} vs the admission rule's {rule}",
+        bound(&m)
+    );
+    let promised = (2 * twenty) as f64;
+    assert!(promised < bound(&m), "not overcommitted yet");
+    let outside = small.mount.join("outside.bin");
+    let beyond = (bound(&m) - promised) / 1.5;
+    assert_eq!(
+        fill(&outside, beyond as u64 + 8 * MIB, None).errno,
+        None,
+        "a file outside the volumes"
+    );
+    let m = exp.scrape();
+    let excess = promised - bound(&m);
+    assert!(
+        excess > 0.0,
+        "promised {promised}, bound {}: the alert's expression is {excess}",
+        bound(&m)
+    );
+    let more = Spec::new("more", MIB as i64);
+    assert_refused_for_capacity(&f, &more);
+    std::fs::remove_file(&outside).unwrap();
+
     // The node moves to another pool: Nomad's restore at the agent's start
     // rewrites the records, and the series follow the newest.
     let mut moved = f.node.clone();

@@ -507,6 +507,72 @@ fn a_deleted_volumes_series_vanish_at_the_next_scrape() {
 }
 
 // ---------------------------------------------------------------------------
+// 4b: a volume's opt-out of the alerts on its fullness
+
+/// A volume created with `excluded_from_alerts = "true"` is exported with
+/// the label the alerts skip it by (kubernetes-mixin's), one created
+/// without it has none; an update of the spec sets and clears it, which
+/// the next scrape shows, and leaves the volume's data and limit alone.
+fn a_volume_excluded_from_alerts_is_exported_with_the_label(mount: &Path) {
+    let fstype = fstype_of(mount);
+    let f = Fixture::new(mount, &format!("exp-excluded-{fstype}"));
+    let archive = Spec::new("archive", 8 * MIB as i64).param("excluded_from_alerts", "true");
+    let live = Spec::new("live", 8 * MIB as i64);
+    let (archive_path, _) = f.create(&archive);
+    f.create(&live);
+    assert_eq!(fill(&archive_path.join("kept"), MIB, None).errno, None);
+    let exp = Exporter::start_with(&[&f.node.volumes_dir], &["--guard=off", "--ebpf=off"]);
+    let excluded = |e: &Exposition, id: &str| {
+        let at = [("volume_id", id)];
+        let info: Vec<_> = e.find("nomad_host_volume_info", &at).collect();
+        assert_eq!(info.len(), 1, "{id}: {info:?}");
+        info[0].label("excluded_from_alerts").map(str::to_string)
+    };
+    let e = exp.scrape();
+    assert_eq!(excluded(&e, &archive.id).as_deref(), Some("true"));
+    assert_eq!(
+        excluded(&e, &live.id),
+        None,
+        "no label without the parameter"
+    );
+    let record = f.record(&archive.id).expect("a record");
+    assert_eq!(record["params"]["excluded_from_alerts"], true, "{record}");
+
+    // Updates: the live volume opts out, the archive opts back in.
+    let live_out = live.clone().param("excluded_from_alerts", "true");
+    let archive_in = archive.clone().param("excluded_from_alerts", "false");
+    f.create(&live_out);
+    f.create(&archive_in);
+    let e = exp.scrape();
+    assert_eq!(excluded(&e, &live.id).as_deref(), Some("true"));
+    assert_eq!(excluded(&e, &archive.id), None);
+    assert!(
+        archive_path.join("kept").is_file(),
+        "an update keeps the data"
+    );
+    assert_eq!(
+        f.quota(f.project_id(&archive.id)).limits.bytes_hard,
+        8 * MIB,
+        "and the limit"
+    );
+    // A value that is not a boolean is refused and changes nothing.
+    let typo = live.clone().param("excluded_from_alerts", "yes");
+    let msg = f.node.create(&typo).error();
+    assert!(msg.contains("excluded_from_alerts"), "{msg}");
+    assert_eq!(excluded(&exp.scrape(), &live.id).as_deref(), Some("true"));
+}
+
+#[test]
+fn xfs_a_volume_excluded_from_alerts_is_exported_with_the_label() {
+    a_volume_excluded_from_alerts_is_exported_with_the_label(&xfs_mount());
+}
+
+#[test]
+fn ext4_a_volume_excluded_from_alerts_is_exported_with_the_label() {
+    a_volume_excluded_from_alerts_is_exported_with_the_label(&ext4_mount());
+}
+
+// ---------------------------------------------------------------------------
 // 5: no quota, no directory: degraded, never failed
 
 /// Stores a Ready record for volume `id` with the plugin's own registry

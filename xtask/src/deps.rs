@@ -30,6 +30,10 @@ const APT_PACKAGES: &[(&str, &str)] = &[
     ("bpftool", "vmlinux.h and inspecting loaded programs"),
     ("prometheus", "promtool, to check the alert rules"),
     (
+        "prometheus-alertmanager",
+        "amtool, which checks deploy/alertmanager/alertmanager.yml, and the Alertmanager its inhibition is tested on (dashboards/tests/alertmanager.rs)",
+    ),
+    (
         "python3-prometheus-client",
         "an OpenMetrics parser that checks the exporter's OpenMetrics body (tests/src/prom.rs)",
     ),

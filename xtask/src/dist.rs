@@ -481,7 +481,7 @@ pub fn settings_text(default: &str, family: Family) -> String {
 /// both binaries stripped (`cargo xtask dist` keeps their symbols in the
 /// debug archive), the unit (shipped, not enabled) and its generator, the
 /// node's settings (a conffile), the dashboard, the rules, the Prometheus
-/// configuration, and the licences: the project's and the crates' linked
+/// and Alertmanager configurations, and the licences: the project's and the crates' linked
 /// in (`notice.rs`).
 fn stage_files(root: &Path, bins: &Bins, d: &Path, epoch: &str, family: Family) -> Result<()> {
     for (bin, to) in [
@@ -524,6 +524,11 @@ fn stage_files(root: &Path, bins: &Bins, d: &Path, epoch: &str, family: Family) 
         (
             "deploy/prometheus/prometheus.yml",
             "usr/share/prjquota/prometheus/prometheus.yml",
+        ),
+        // Its inhibit_rules, for the operator's Alertmanager.
+        (
+            "deploy/alertmanager/alertmanager.yml",
+            "usr/share/prjquota/alertmanager/alertmanager.yml",
         ),
         ("deploy/prjquota.toml", "usr/share/prjquota/prjquota.toml"),
         // Not active: the operator copies it into nomad.service.d.
@@ -759,8 +764,8 @@ the plugin into Nomad's host_volume_plugin_dir (PLUGIN_DIR in /etc/default/prjqu
 /etc/sysconfig/prjquota in the .rpm) and \
 keeps it up to date there, the prjquota admin command, prjquota-exporter (Prometheus metrics \
 and the quota guard; systemd unit shipped but not enabled), the Grafana dashboard, the alert \
-rules and a Prometheus configuration under /usr/share/prjquota, and prjquota-dashboards, \
-which renders the rules and the dashboard from an edited config.";
+rules, a Prometheus configuration and Alertmanager inhibition rules under /usr/share/prjquota, \
+and prjquota-dashboards, which renders the rules and the dashboard from an edited config.";
 
 /// A maintainer script: /bin/sh, the shared functions, then `name`'s body.
 fn script(root: &Path, name: &str) -> Result<String> {

@@ -1,7 +1,8 @@
-//! The filesystem collector: per volumes directory, the filesystem's size and
-//! free space (statfs of the directory itself, not of a volume, whose statfs
-//! answers with its project's limit), what its volumes are promised and have
-//! used, and the `overcommit_ratio` the plugin admits creates with.
+//! The filesystem collector: per volumes directory, the filesystem's size,
+//! free and available space (statfs of the directory itself, not of a
+//! volume, whose statfs answers with its project's limit), what its volumes
+//! are promised and have used, and the `overcommit_ratio` the plugin admits
+//! creates with: together, the inputs of the plugin's admission rule.
 //!
 //! The ratio comes from the plugin's own `prjquota.toml` in `--plugin-dir`,
 //! read with the plugin's parser whenever the file changed (one `lstat` per
@@ -312,6 +313,10 @@ impl Collector for Filesystem {
                 "nomad_host_volumes_filesystem_available_bytes",
                 "Bytes an unprivileged writer can still use on the filesystem holding the volumes directory (statfs f_bavail).",
             );
+            let mut free = g(
+                "nomad_host_volumes_filesystem_free_bytes",
+                "Bytes free on the filesystem holding the volumes directory, those reserved for root included (statfs f_bfree): with the volumes' usage, the room the plugin's admission rule counts (size less what is used outside volumes).",
+            );
             let mut provisioned = g(
                 "nomad_host_volumes_provisioned_bytes",
                 "Sum of the hard limits (provisioned bytes) of the directory's Ready volumes: what the filesystem was promised.",
@@ -349,11 +354,13 @@ impl Collector for Filesystem {
                     Some(Ok(FsStat {
                         frsize,
                         blocks,
+                        bfree,
                         bavail,
                         ..
                     })) => {
                         size.labelled(label(), blocks.saturating_mul(*frsize) as f64);
                         avail.labelled(label(), bavail.saturating_mul(*frsize) as f64);
+                        free.labelled(label(), bfree.saturating_mul(*frsize) as f64);
                         true
                     }
                     Some(Err(e)) => {
@@ -412,7 +419,16 @@ impl Collector for Filesystem {
                     ratio_f.labelled(label(), r);
                 }
             }
-            out.extend([size, avail, provisioned, used, healthy, enforced, ratio_f]);
+            out.extend([
+                size,
+                avail,
+                free,
+                provisioned,
+                used,
+                healthy,
+                enforced,
+                ratio_f,
+            ]);
             if errors.is_empty() {
                 Ok(())
             } else {
@@ -534,6 +550,7 @@ mod tests {
         for line in [
             "nomad_host_volumes_filesystem_size_bytes{volumes_dir=\"/srv/volumes\",node_id=\"node-1\",node_pool=\"default\"} 4096000\n",
             "nomad_host_volumes_filesystem_available_bytes{volumes_dir=\"/srv/volumes\",node_id=\"node-1\",node_pool=\"default\"} 2048000\n",
+            "nomad_host_volumes_filesystem_free_bytes{volumes_dir=\"/srv/volumes\",node_id=\"node-1\",node_pool=\"default\"} 2457600\n",
             "nomad_host_volumes_provisioned_bytes{volumes_dir=\"/srv/volumes\",node_id=\"node-1\",node_pool=\"default\"} 4294967296\n",
             "nomad_host_volumes_used_bytes{volumes_dir=\"/srv/volumes\",node_id=\"node-1\",node_pool=\"default\"} 4096\n",
             "nomad_host_volumes_overcommit_ratio{volumes_dir=\"/srv/volumes\",node_id=\"node-1\",node_pool=\"default\"} 2.5\n",

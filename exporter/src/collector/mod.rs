@@ -6,7 +6,7 @@
 //! 1. `registry` reads the prjquota registries into the [`Inventory`] (the
 //!    Ready volumes), shared by everything after it;
 //! 2. `quota`, `statfs`, `filesystem`, `quota_events`, `ebpf`, `guard`,
-//!    all at once, their output joined in that order: what several of them
+//!    `served_dirs` (and `allocs` with `--nomad.alloc-dir`), all at once, their output joined in that order: what several of them
 //!    read (each project's quota, each root's identity) is computed once
 //!    per scrape by the first that asks ([`Scrape::quota`],
 //!    [`Scrape::root_ids`]).
@@ -37,6 +37,7 @@ pub mod quota_events;
 pub mod registry;
 pub mod roots;
 mod selftest;
+pub mod served_dirs;
 pub mod statfs;
 
 use std::collections::HashMap;
@@ -340,6 +341,10 @@ impl Exporter {
         }
         collectors.push(Box::new(ebpf));
         collectors.push(Box::new(guard));
+        collectors.push(Box::new(served_dirs::ServedDirs::new(
+            &config.volumes_dirs,
+            config.mount_timeout,
+        )));
         if let (Some(setup), Some(guarded)) = (&config.allocs, guarded_allocs) {
             let pins = match (config.guard, config.volumes_dirs.first()) {
                 (GuardMode::Off, _) | (_, None) => None,

@@ -459,17 +459,20 @@ pub mod tests {
 
     #[test]
     fn rendering_names_types_help_labels_and_values() {
-        let recs = vec![
+        let mut recs = vec![
             record(B, "team-b", 1002, State::Ready),
             record(A, "default", 1001, State::Ready),
             record(C, "default", 1003, State::Creating),
         ];
+        // B was created with excluded_from_alerts = "true"; A without.
+        recs[0].params.excluded_from_alerts = true;
         let inv = Inventory::from_records(Path::new("/srv/volumes"), Some(1), &recs);
         let text = crate::exposition::encode_all(&families(&inv), &inv);
         let expect_lines = [
             "# HELP nomad_host_volume_info Information about a Nomad dynamic host volume made by prjquota on this node; always 1.",
             "# TYPE nomad_host_volume_info gauge",
             &format!("nomad_host_volume_info{{namespace=\"default\",node_pool=\"default\",volume_id=\"{A}\",volume_name=\"name-1001\",node_id=\"9f8e7d6c-0000-4000-8000-000000000001\",plugin_id=\"prjquota\",fstype=\"xfs\",project_id=\"1001\"}} 1"),
+            &format!("nomad_host_volume_info{{namespace=\"team-b\",node_pool=\"default\",volume_id=\"{B}\",volume_name=\"name-1002\",node_id=\"9f8e7d6c-0000-4000-8000-000000000001\",plugin_id=\"prjquota\",fstype=\"xfs\",project_id=\"1002\",excluded_from_alerts=\"true\"}} 1"),
             &format!("nomad_host_volume_provisioned_bytes{{namespace=\"team-b\",node_pool=\"default\",volume_id=\"{B}\"}} 10737418240"),
             &format!("nomad_host_volume_requested_min_bytes{{namespace=\"default\",node_pool=\"default\",volume_id=\"{A}\"}} 1073741824"),
             "# TYPE nomad_host_volume_requested_max_bytes gauge",

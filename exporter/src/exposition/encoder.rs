@@ -176,7 +176,13 @@ impl<'a> Encoder<'a> {
                 }
                 out.extend_from_slice(b",project_id=\"");
                 decimal(out, u64::from(v.project_id));
-                out.extend_from_slice(b"\"}");
+                out.push(b'"');
+                // Only where set: the label of kubernetes-mixin's opt-out,
+                // which the alerts match on `="true"`.
+                if v.excluded_from_alerts {
+                    out.extend_from_slice(b",excluded_from_alerts=\"true\"");
+                }
+                out.push(b'}');
             }
             Labels::Shared(shared) => {
                 let SharedLabel { name, value, extra } = &**shared;

@@ -191,6 +191,9 @@ mod reference {
                 push("plugin_id", &v.plugin_id);
                 push("fstype", &v.fstype);
                 push("project_id", &v.project_id.to_string());
+                if v.excluded_from_alerts {
+                    push("excluded_from_alerts", "true");
+                }
             }
             Labels::Owned(pairs) => {
                 for (k, val) in pairs.iter() {

@@ -96,6 +96,7 @@ pub fn create(req: &CreateRequest, plugin_id: &str) -> Result<Created> {
     }
     let vfs = VolumesFs::open(&req.volumes_dir, true)?;
     vfs.require_enforced_quota()?;
+    note_served(&vfs, req);
     let fit = sized.and_then(|_| {
         capacity::fit_to_blocks(
             req.capacity_min,
@@ -244,6 +245,25 @@ fn settled(
     })
 }
 
+/// Leaves the marker that this volumes directory is Nomad's, for the
+/// exporter to check it watches it (`prjquota_core::served_dirs`): one
+/// `stat` when it is there already. The operation does not depend on it: a
+/// failure is logged.
+fn note_served(vfs: &VolumesFs, req: &CreateRequest) {
+    use prjquota_core::served_dirs;
+    let dir = std::path::Path::new(served_dirs::DIR);
+    if let Err(e) = served_dirs::note(dir, &vfs.path, &req.node_id) {
+        log(
+            &req.volume_id,
+            format_args!(
+                "cannot record in {} that this node's volumes directory is {} ({e}): prjquota-exporter cannot tell whether it watches it",
+                served_dirs::DIR,
+                vfs.path.display()
+            ),
+        );
+    }
+}
+
 /// Tells a running prjquota-exporter the volume exists, and waits until it
 /// watches it: its first write is counted and its project ID guarded
 /// before Nomad hears of it. The volume itself is made: a failure here is
@@ -285,6 +305,7 @@ mod tests {
             uid: None,
             gid: None,
             max_inodes,
+            excluded_from_alerts: false,
         }
     }
 
