@@ -1,7 +1,7 @@
 //! Admission and project-ID choice for a create or grow, at a cost that
 //! does not grow with the number of volumes.
 //!
-//! The rule itself is [`capacity::Holdings::admit`]: the volumes together
+//! The rule itself is [`capacity::Admit::admit`]: the volumes together
 //! are never promised more than `overcommit_ratio × (filesystem size − bytes
 //! used outside volumes)`. Its inputs are kept or bounded so that the usual
 //! create reads O(1) of them:
@@ -19,7 +19,7 @@ use std::collections::BTreeSet;
 
 use anyhow::{anyhow, bail, Result};
 
-use crate::capacity::{self, Holdings};
+use crate::capacity::{self, Admit, Holdings};
 use crate::contract::VolumeId;
 use crate::diag::log;
 use crate::fs::VolumesFs;
