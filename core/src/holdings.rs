@@ -21,6 +21,26 @@ pub struct Holdings {
 }
 
 impl Holdings {
+    /// The rule's inputs from a statfs of the volumes directory (`f_frsize`,
+    /// `f_blocks`, `f_bfree`: the volumes directory is in no project, so its
+    /// statfs is the filesystem's) and the bytes the volumes' projects use.
+    pub fn from_statfs(
+        frsize: u64,
+        blocks: u64,
+        bfree: u64,
+        volumes_used: u64,
+        promised: u64,
+        ratio: f64,
+    ) -> Holdings {
+        let used = blocks.saturating_sub(bfree).saturating_mul(frsize);
+        Holdings {
+            fs_bytes: blocks.saturating_mul(frsize),
+            used_outside: used.saturating_sub(volumes_used),
+            promised,
+            ratio,
+        }
+    }
+
     /// The most the volumes together may be promised:
     /// `ratio × (fs_bytes − used_outside)`, rounded down.
     pub fn promisable(&self) -> u64 {
@@ -80,6 +100,20 @@ mod tests {
         assert_eq!(
             holdings(100 * GIB, 10 * GIB, 80 * GIB, 1.0).unprovisioned(),
             10 * GIB
+        );
+    }
+
+    #[test]
+    fn statfs_figures_are_counted_in_bytes_and_volumes_use_is_not_outside() {
+        let h = Holdings::from_statfs(4096, 1000, 600, 4096 * 100, 4096 * 50, 1.0);
+        assert_eq!(h.fs_bytes, 4096 * 1000);
+        assert_eq!(h.used_outside, 4096 * 300);
+        assert_eq!(h.unprovisioned(), 4096 * (700 - 50));
+        // Volumes counted as using more than the filesystem does (a statfs
+        // and a quota read apart in time): nothing outside, never negative.
+        assert_eq!(
+            Holdings::from_statfs(4096, 1000, 990, 1 << 30, 0, 1.0).used_outside,
+            0
         );
     }
 

@@ -219,13 +219,16 @@ pub fn measure_holdings(
     ratio: f64,
 ) -> Result<Holdings> {
     let usage = volumes_usage(vfs, ids)?;
-    let (fs_bytes, used) = fs_size_and_use(vfs)?;
-    Ok(capacity::Holdings {
-        fs_bytes,
-        used_outside: used.saturating_sub(usage),
+    let sfs =
+        sys::fstatfs(vfs.fd()).map_err(|e| anyhow!("cannot statfs {}: {e}", vfs.path.display()))?;
+    Ok(capacity::Holdings::from_statfs(
+        sfs.f_frsize as u64,
+        sfs.f_blocks as u64,
+        sfs.f_bfree as u64,
+        usage,
         promised,
         ratio,
-    })
+    ))
 }
 
 /// The sum of every record's size, and their project IDs.
