@@ -127,6 +127,7 @@ pub struct Agent {
 impl Agent {
     /// An agent of node `node_id` on a free port of 127.0.0.1.
     pub fn start(node_id: &str) -> Agent {
+        crate::prom::ensure_loopback();
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the Nomad agent's port");
         let addr = listener.local_addr().expect("its address");
         let stop = Arc::new(AtomicBool::new(false));
