@@ -449,6 +449,11 @@ fn stage_files(
             "usr/share/prjquota/prometheus/prometheus.yml",
         ),
         ("deploy/prjquota.toml", "usr/share/prjquota/prjquota.toml"),
+        // What the exporter's Nomad client needs of Nomad's ACLs.
+        (
+            "deploy/nomad/prjquota-exporter.policy.hcl",
+            "usr/share/prjquota/nomad/prjquota-exporter.policy.hcl",
+        ),
         ("docs/runbooks.md", "usr/share/doc/prjquota/runbooks.md"),
         // Not active: the operator copies it into nomad.service.d.
         (
@@ -669,7 +674,8 @@ the plugin into Nomad's host_volume_plugin_dir (PLUGIN_DIR in /etc/default/prjqu
 /etc/sysconfig/prjquota in the .rpm) and \
 keeps it up to date there, the prjquota admin command, prjquota-exporter (Prometheus metrics \
 and the quota guard; systemd unit shipped but not enabled), the Grafana dashboard, the alert \
-rules and a Prometheus configuration under /usr/share/prjquota.";
+rules, a Prometheus configuration and the Nomad ACL policy of the exporter under \
+/usr/share/prjquota.";
 
 /// A maintainer script: /bin/sh, the shared functions, then `name`'s body.
 fn script(root: &Path, name: &str) -> Result<String> {
