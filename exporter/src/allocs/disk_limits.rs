@@ -114,7 +114,10 @@ pub struct DiskLimits {
     wanted: Mutex<Arc<Vec<Arc<str>>>>,
     /// Woken when an allocation without a size appears.
     wake: tokio::sync::Notify,
+    /// The scan thread's own state: taken out while it makes its system
+    /// calls, so that no reader ever waits for a stuck filesystem.
     applied: Mutex<State>,
+    census: Mutex<Census>,
 }
 
 #[derive(Debug, Default)]
@@ -122,7 +125,6 @@ struct State {
     allocs: BTreeMap<String, Applied>,
     /// Projects without an allocation swept of their limits once.
     swept: bool,
-    census: Census,
     /// The allocations logged as over their size, so each is logged once.
     logged_over: BTreeSet<String>,
 }
@@ -135,6 +137,7 @@ impl DiskLimits {
             wanted: Mutex::default(),
             wake: tokio::sync::Notify::new(),
             applied: Mutex::default(),
+            census: Mutex::default(),
         })
     }
 
@@ -174,7 +177,7 @@ impl DiskLimits {
     }
 
     pub fn census(&self) -> Census {
-        self.state().census
+        *self.census.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The allocations whose size Nomad is to be asked for.
@@ -232,7 +235,8 @@ impl DiskLimits {
         let dir = accounting.dir();
         let fd = dir.as_fd();
         let now = Instant::now();
-        let mut st = self.state();
+        // Only the scan thread applies: the state is its own while taken.
+        let mut st = std::mem::take(&mut *self.state());
         let mut failed = Vec::new();
         if !st.swept {
             match self.sweep(fd, accounting) {
@@ -240,29 +244,30 @@ impl DiskLimits {
                 Err(e) => failed.push((accounting.path().display().to_string(), e)),
             }
         }
-        let accounted: Vec<(String, u32)> = accounting
-            .accounted()
-            .map(|(id, p)| (id.to_string(), p.project_id))
-            .collect();
         let mut census = Census::default();
-        for (id, pid) in &accounted {
+        // Of the allocations applied before, those still accounted: fewer
+        // than applied means some were collected.
+        let mut still = 0;
+        for (id, p) in accounting.accounted() {
+            let pid = p.project_id;
             let want = match self.mode {
                 Mode::Off => Some(0),
                 Mode::Enforce => self.reserved_of(id),
             };
+            let known = st.allocs.get(id).copied();
+            still += usize::from(known.is_some());
             let Some(reserved) = want else {
                 census.pending += 1;
                 continue;
             };
-            let known = st.allocs.get(id).copied();
             if let Some(a) = known {
                 let due = a.over && now.duration_since(a.at) >= RECHECK;
-                if a.project_id == *pid && a.reserved == reserved && !due {
+                if a.project_id == pid && a.reserved == reserved && !due {
                     count(&mut census, self.mode, &a);
                     continue;
                 }
             }
-            match self.limit_one(fd, id, *pid, reserved, now) {
+            match self.limit_one(fd, id, pid, reserved, now) {
                 Ok(a) => {
                     if a.over && !st.logged_over.contains(id) {
                         crate::warn!(
@@ -272,24 +277,42 @@ impl DiskLimits {
                             reserved_bytes = reserved,
                             limit_bytes = a.hard,
                         );
-                        st.logged_over.insert(id.clone());
+                        st.logged_over.insert(id.to_string());
                     }
                     count(&mut census, self.mode, &a);
-                    st.allocs.insert(id.clone(), a);
+                    still += usize::from(known.is_none());
+                    st.allocs.insert(id.to_string(), a);
                 }
                 Err(e) => {
                     census.failed += 1;
-                    failed.push((id.clone(), e));
+                    failed.push((id.to_string(), e));
                 }
             }
         }
-        // Collected allocations: their projects' limits go with them.
+        if st.allocs.len() > still {
+            failed.extend(self.forget_collected(fd, &mut st, accounting));
+        }
+        *self.census.lock().unwrap_or_else(|e| e.into_inner()) = census;
+        *self.state() = st;
+        failed
+    }
+
+    /// Lifts the limits of the applied allocations that are no longer
+    /// accounted (collected): their projects' limits go with them.
+    fn forget_collected(
+        &self,
+        fd: BorrowedFd<'_>,
+        st: &mut State,
+        accounting: &Accounting,
+    ) -> Vec<(String, anyhow::Error)> {
+        let accounted: BTreeSet<&str> = accounting.accounted().map(|(id, _)| id).collect();
         let gone: Vec<(String, Applied)> = st
             .allocs
             .iter()
-            .filter(|(id, _)| !accounted.iter().any(|(a, _)| a == *id))
+            .filter(|(id, _)| !accounted.contains(id.as_str()))
             .map(|(id, a)| (id.clone(), *a))
             .collect();
+        let mut failed = Vec::new();
         for (id, a) in gone {
             if a.hard != 0 {
                 if let Err(e) = quota::set_limits(fd, a.project_id, &Limits::NONE) {
@@ -306,7 +329,6 @@ impl DiskLimits {
             st.allocs.remove(&id);
             st.logged_over.remove(&id);
         }
-        st.census = census;
         failed
     }
 
