@@ -117,28 +117,34 @@ impl Measure {
                 unhealthy: Some(format!("probe: {b}")),
                 enforced: None,
             });
-        let ratio = match &self.plugin_dir {
-            Some(d) if d.is_dir() => {
-                let d = d.clone();
-                let r = self
-                    .inflight
-                    .run("plugin directory", self.timeout, move || {
-                        prjquota_core::config::load(&d).map(|c| c.overcommit_ratio)
-                    })
-                    .await;
-                match r {
-                    Ok(Ok(r)) => Some(r),
-                    // Every create is refused with the same error.
-                    Ok(Err(_)) => Some(0.0),
-                    Err(b) => return Err(format!("reading the plugin's prjquota.toml: {b}")),
-                }
-            }
-            _ => {
+        // Off the runtime's thread, the plugin directory's stat too: its
+        // storage may stop answering.
+        let Some(dir) = self.plugin_dir.clone() else {
+            return Err(
+                "no plugin directory (--plugin-dir): the overcommit_ratio creates are \
+                        admitted with is unknown"
+                    .into(),
+            );
+        };
+        let read = self
+            .inflight
+            .run("plugin directory", self.timeout, move || {
+                dir.is_dir()
+                    .then(|| prjquota_core::config::load(&dir).map(|c| c.overcommit_ratio))
+            })
+            .await;
+        let ratio = match read {
+            Ok(Some(Ok(r))) => Some(r),
+            // Every create is refused with the same error.
+            Ok(Some(Err(_))) => Some(0.0),
+            Ok(None) => {
                 return Err(
-                    "the plugin directory (--plugin-dir) does not exist: the overcommit_ratio creates are admitted with is unknown"
+                    "the plugin directory (--plugin-dir) does not exist: the overcommit_ratio \
+                     creates are admitted with is unknown"
                         .into(),
                 )
             }
+            Err(b) => return Err(format!("reading the plugin's prjquota.toml: {b}")),
         };
         let reading = self.quota.read(&inv).await;
         let usage: Option<u64> = reading
