@@ -20,6 +20,12 @@
 //! never answers costs a create at most [`WAIT`]. No exporter (nobody
 //! listening) is not an error: there is nothing to tell.
 //!
+//! The same socket answers `prjquota reconcile --nomad`: `nomad-volumes
+//! <volumes dir>\n` asks the exporter, which holds the Nomad client and
+//! its token, which of the directory's volumes Nomad knows, answered with
+//! one JSON line ([`NomadVolumes`]) or `error <why>`. The plugin Nomad
+//! runs for every volume stays free of an HTTP and TLS stack.
+//!
 //! What this buys is write telemetry from the first byte. The guard does not
 //! depend on it: the plugin puts a new root into the pinned guard itself
 //! ([`crate::guard_pins`]).
@@ -29,6 +35,8 @@ use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
 
 use crate::sys;
 
@@ -67,21 +75,58 @@ pub enum Announced {
 /// The request line for `volumes_dir`; `None` for a path that cannot be
 /// sent on one line.
 pub fn request(volumes_dir: &Path) -> Option<String> {
-    let dir = volumes_dir.to_str()?;
-    (!dir.contains('\n') && dir.len() + 6 < MAX_LINE).then(|| format!("sync {dir}\n"))
+    request_line(SYNC, volumes_dir)
 }
 
-/// Parses a request line into the volumes directory it names.
-pub fn parse_request(line: &str) -> Result<&Path, String> {
-    let dir = line
-        .strip_suffix('\n')
-        .unwrap_or(line)
-        .strip_prefix("sync ")
-        .ok_or_else(|| format!("unknown request {line:?}: want `sync <volumes dir>`"))?;
+/// `sync <volumes dir>`: register the directory's roots (a create).
+const SYNC: &str = "sync";
+/// `nomad-volumes <volumes dir>`: which of the directory's volumes Nomad
+/// knows (`prjquota reconcile --nomad`), answered with one JSON line
+/// ([`NomadVolumes`]).
+const NOMAD_VOLUMES: &str = "nomad-volumes";
+
+fn request_line(verb: &str, volumes_dir: &Path) -> Option<String> {
+    let dir = volumes_dir.to_str()?;
+    (!dir.contains('\n') && dir.len() + verb.len() + 2 < MAX_LINE)
+        .then(|| format!("{verb} {dir}\n"))
+}
+
+/// What a client asks the exporter.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Request<'a> {
+    /// Register the roots of this volumes directory.
+    Sync(&'a Path),
+    /// Say which volumes of this volumes directory Nomad knows.
+    NomadVolumes(&'a Path),
+}
+
+impl Request<'_> {
+    /// The volumes directory asked about.
+    pub fn volumes_dir(&self) -> &Path {
+        match self {
+            Request::Sync(d) | Request::NomadVolumes(d) => d,
+        }
+    }
+}
+
+/// Parses a request line.
+pub fn parse_request(line: &str) -> Result<Request<'_>, String> {
+    let line = line.strip_suffix('\n').unwrap_or(line);
+    let (verb, dir) = line.split_once(' ').ok_or_else(|| {
+        format!(
+            "unknown request {line:?}: want `sync <volumes dir>` or `nomad-volumes <volumes dir>`"
+        )
+    })?;
     if !dir.starts_with('/') {
         return Err(format!("{dir:?} is not an absolute path"));
     }
-    Ok(Path::new(dir))
+    match verb {
+        SYNC => Ok(Request::Sync(Path::new(dir))),
+        NOMAD_VOLUMES => Ok(Request::NomadVolumes(Path::new(dir))),
+        _ => Err(format!(
+            "unknown request {line:?}: want `sync <volumes dir>` or `nomad-volumes <volumes dir>`"
+        )),
+    }
 }
 
 /// Asks the exporter of `volumes_dir` to register its roots, waiting at
@@ -99,6 +144,22 @@ pub fn announce(volumes_dir: &Path, wait: Duration) -> io::Result<Announced> {
 pub fn announce_to(name: &[u8], volumes_dir: &Path, wait: Duration) -> io::Result<Announced> {
     let line = request(volumes_dir)
         .ok_or_else(|| io::Error::other("the volumes directory is not a one-line UTF-8 path"))?;
+    match exchange(name, &line, wait, MAX_LINE)? {
+        None => Ok(Announced::NoExporter),
+        Some(reply) => match reply.as_str() {
+            "ok" => Ok(Announced::Registered),
+            other => Err(io::Error::other(format!(
+                "prjquota-exporter answered {:?}",
+                other.strip_prefix("error ").unwrap_or(other)
+            ))),
+        },
+    }
+}
+
+/// Sends `line` to the exporter listening as `name` and returns its
+/// answer line (without the newline), at most `max` bytes; `None` when no
+/// exporter listens. One deadline for it all.
+fn exchange(name: &[u8], line: &str, wait: Duration, max: usize) -> io::Result<Option<String>> {
     let deadline = Instant::now() + wait;
     let sock = loop {
         match sys::connect_abstract_nonblocking(name) {
@@ -109,7 +170,7 @@ pub fn announce_to(name: &[u8], volumes_dir: &Path, wait: Duration) -> io::Resul
                     io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
                 ) =>
             {
-                return Ok(Announced::NoExporter)
+                return Ok(None)
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {
@@ -136,14 +197,74 @@ pub fn announce_to(name: &[u8], volumes_dir: &Path, wait: Duration) -> io::Resul
     stream.set_read_timeout(Some(left))?;
     (&stream).write_all(line.as_bytes())?;
     let mut reply = String::new();
-    BufReader::new(stream.take(MAX_LINE as u64)).read_line(&mut reply)?;
-    match reply.strip_suffix('\n').unwrap_or(&reply) {
-        "ok" => Ok(Announced::Registered),
-        other => Err(io::Error::other(format!(
-            "prjquota-exporter answered {:?}",
-            other.strip_prefix("error ").unwrap_or(other)
-        ))),
+    BufReader::new(stream.take(max as u64)).read_line(&mut reply)?;
+    if !reply.ends_with('\n') {
+        return Err(io::Error::other(format!(
+            "prjquota-exporter's answer was cut short after {} bytes",
+            reply.len()
+        )));
     }
+    reply.pop();
+    Ok(Some(reply))
+}
+
+/// One volume as Nomad's list and its own endpoint found it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NomadVolume {
+    pub volume_id: String,
+    pub namespace: String,
+    pub verdict: Verdict,
+    /// What Nomad answered, for the operator.
+    pub detail: String,
+}
+
+/// What Nomad says of a volume this node holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    /// Nomad lists it on this node.
+    Listed,
+    /// Nomad knows it, on another node.
+    Elsewhere,
+    /// Nomad's list does not have it, its own endpoint answers 404 and
+    /// no namespace or node has its ID: Nomad does not know it.
+    Unknown,
+}
+
+/// The exporter's answer to `nomad-volumes`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NomadVolumes {
+    /// The Nomad agent asked.
+    pub nomad_addr: String,
+    /// The Ready volumes of the directory, as the exporter read them.
+    pub volumes: Vec<NomadVolume>,
+}
+
+/// The longest `nomad-volumes` answer: ten thousand volumes are about
+/// 2 MiB of JSON.
+pub const MAX_NOMAD_ANSWER: usize = 64 << 20;
+
+/// Asks the exporter of `volumes_dir` which of its volumes Nomad knows,
+/// waiting at most `wait`; `Ok(None)` when no exporter listens, `Err` with
+/// the exporter's reason when it cannot tell (no Nomad client configured,
+/// Nomad unreachable or refusing).
+pub fn nomad_volumes(volumes_dir: &Path, wait: Duration) -> io::Result<Option<NomadVolumes>> {
+    let name = socket_name(volumes_dir).ok_or_else(|| {
+        io::Error::other("the volumes directory's path is too long for a socket name")
+    })?;
+    let line = request_line(NOMAD_VOLUMES, volumes_dir)
+        .ok_or_else(|| io::Error::other("the volumes directory is not a one-line UTF-8 path"))?;
+    let Some(reply) = exchange(&name, &line, wait, MAX_NOMAD_ANSWER)? else {
+        return Ok(None);
+    };
+    if let Some(why) = reply.strip_prefix("error ") {
+        return Err(io::Error::other(why.to_string()));
+    }
+    serde_json::from_str(&reply).map(Some).map_err(|e| {
+        io::Error::other(format!(
+            "prjquota-exporter's answer is not what was asked: {e}"
+        ))
+    })
 }
 
 /// How often a connect to a listener whose backlog is full is tried again.
@@ -199,11 +320,18 @@ mod tests {
         assert_eq!(line, "sync /opt/nomad/data/host_volumes\n");
         assert_eq!(
             parse_request(&line).unwrap(),
-            Path::new("/opt/nomad/data/host_volumes")
+            Request::Sync(Path::new("/opt/nomad/data/host_volumes"))
+        );
+        let line = request_line(NOMAD_VOLUMES, Path::new("/v")).unwrap();
+        assert_eq!(line, "nomad-volumes /v\n");
+        assert_eq!(
+            parse_request(&line).unwrap(),
+            Request::NomadVolumes(Path::new("/v"))
         );
         assert!(request(Path::new("/a\nb")).is_none());
         assert!(parse_request("sync relative\n").is_err());
         assert!(parse_request("delete /x\n").is_err());
+        assert!(parse_request("sync\n").is_err());
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! [`sys`] is this crate's only module allowed `unsafe` code (the workspace
 //! denies it everywhere but there and `prjquota-ebpf`'s `raw`); [`quota`], [`mountinfo`], [`announce`] and [`guard_pins`]
 //! are the safe layers above it. [`record`] is the registry record and its one reader,
-//! [`config`] the node configuration and its one reader, [`project_ids`]
+//! [`config`] the node configuration and its one reader, [`holdings`]
+//! the admission rule's arithmetic, [`project_ids`]
 //! the rule both follow to choose a free project ID, [`fs_type`] the
 //! filesystems it runs on; [`volume_id`],
 //! [`volume_params`], [`units`] and [`quoted`] are what those two are made of;
@@ -22,6 +23,7 @@ pub mod fault;
 pub mod fs_type;
 pub mod guard_pins;
 pub mod lock_file;
+pub mod holdings;
 pub mod mountinfo;
 pub mod project_ids;
 pub mod quota;

@@ -36,6 +36,8 @@ pub struct Config {
     pub space: FillingUp,
     /// `NomadHostVolumeInodesFillingUp`.
     pub inodes: FillingUp,
+    /// `NomadAllocEphemeralDiskFillingUp`.
+    pub alloc_disk: AllocDisk,
     /// The `for:` of every other alert that has one, by alert name.
     #[serde(rename = "for", deserialize_with = "for_map")]
     pub for_: BTreeMap<String, Duration>,
@@ -102,6 +104,27 @@ impl Default for FillingUp {
             warning_for: Duration::new(1, 'h'),
             prediction_window: Duration::new(6, 'h'),
             prediction_horizon: Duration::new(4, 'd'),
+        }
+    }
+}
+
+/// `NomadAllocEphemeralDiskFillingUp`: an allocation whose usage has been
+/// above `warning_used` of its ephemeral disk limit for `warning_for`
+/// (`prjquota-exporter --nomad.enforce-ephemeral-disk`): the warning
+/// before its writes are refused.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AllocDisk {
+    /// Ratio (0..1) of the limit used above which it fires.
+    pub warning_used: f64,
+    pub warning_for: Duration,
+}
+
+impl Default for AllocDisk {
+    fn default() -> Self {
+        AllocDisk {
+            warning_used: 0.9,
+            warning_for: Duration::new(5, 'm'),
         }
     }
 }
@@ -174,6 +197,9 @@ pub const DEFAULT_FOR: &[(&str, u64, char)] = &[
     ("PrjquotaExporterGuardMissedRuns", 0, 'm'),
     ("PrjquotaExporterGuardOutsideAttempts", 0, 'm'),
     ("PrjquotaExporterGuardPinsNotOwn", 5, 'm'),
+    ("NomadAllocEphemeralDiskOverSize", 5, 'm'),
+    ("PrjquotaExporterAllocDiskUnlimited", 30, 'm'),
+    ("PrjquotaExporterNomadDown", 10, 'm'),
 ];
 
 fn default_for() -> BTreeMap<String, Duration> {
@@ -208,6 +234,7 @@ impl Default for Config {
             runbook_url: release_runbooks(),
             space: FillingUp::default(),
             inodes: FillingUp::default(),
+            alloc_disk: AllocDisk::default(),
             for_: default_for(),
             nomad: Nomad::default(),
             dashboard: Dashboard::default(),
@@ -381,6 +408,12 @@ impl Config {
                     return Err(format!("[{name}] {field} = \"{d}\": must be longer than 0"));
                 }
             }
+        }
+        let u = self.alloc_disk.warning_used;
+        if !(u > 0.0 && u < 1.0) {
+            return Err(format!(
+                "[alloc_disk] warning_used = {u}: a ratio of the limit used, 0 < warning_used < 1 (0.9 is 90 %)"
+            ));
         }
         let n = &self.nomad;
         crate::promql::parse_matchers(&n.selector).map_err(|e| {

@@ -99,6 +99,13 @@ pub fn rules_values(c: &Config) -> BTreeMap<String, String> {
     );
     filling_up(&mut v, "space", &c.space);
     filling_up(&mut v, "inodes", &c.inodes);
+    let a = &c.alloc_disk;
+    v.insert("alloc_disk.warning_used".into(), a.warning_used.to_string());
+    v.insert("alloc_disk.warning_for".into(), a.warning_for.to_string());
+    v.insert(
+        "alloc_disk.warning_for.text".into(),
+        human(a.warning_for.seconds()),
+    );
     for (alert, d) in &c.for_ {
         v.insert(format!("for.{alert}"), d.to_string());
         v.insert(format!("for.{alert}.text"), for_text(*d));

@@ -63,6 +63,8 @@ fn exporter_catalogue() -> BTreeMap<String, Kind> {
         families.extend(prjquota_exporter::collector::guard::catalogue());
         // Only with --nomad.alloc-dir.
         families.extend(prjquota_exporter::collector::allocs::catalogue());
+        // Only with a Nomad client (--nomad.*).
+        families.extend(prjquota_exporter::collector::nomad::catalogue());
         // Added by the HTTP layer to every scrape.
         families.extend(prjquota_exporter::process::families());
         families.extend(prjquota_exporter::http::catalogue());

@@ -4,6 +4,10 @@
 //! write is counted and its project ID guarded. Without this the exporter
 //! would learn of the volume at its next scrape.
 //!
+//! The same socket answers `prjquota reconcile --nomad`'s question, which
+//! of the directory's volumes Nomad knows ([`crate::nomad::volumes`]),
+//! when the exporter has a Nomad client.
+//!
 //! One listener per volumes directory, on the abstract socket the plugin
 //! derives from that directory. Only root may ask (`SO_PEERCRED`): the
 //! name is not a file and carries no permissions. Announcements that arrive
@@ -15,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use prjquota_core::announce::{canonical, parse_request, socket_name, MAX_LINE};
+use prjquota_core::announce::{canonical, parse_request, socket_name, Request, MAX_LINE};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot, Semaphore};
@@ -175,7 +179,7 @@ async fn accept_loop(
         let (dir, exporter, tx) = (dir.clone(), exporter.clone(), tx.clone());
         tokio::spawn(async move {
             let _permit = permit;
-            if let Err(why) = serve(stream, &dir, &tx).await {
+            if let Err(why) = serve(stream, &dir, &exporter, &tx).await {
                 exporter.announcements.refused();
                 crate::warn!(
                     "refused a plugin announcement",
@@ -191,6 +195,7 @@ async fn accept_loop(
 async fn serve(
     mut stream: UnixStream,
     dir: &Path,
+    exporter: &Exporter,
     tx: &mpsc::UnboundedSender<Waiter>,
 ) -> Result<(), String> {
     let cred = stream
@@ -211,32 +216,69 @@ async fn serve(
         BufReader::new(read.take(MAX_LINE as u64)).read_line(&mut line),
     )
     .await;
-    let answer = match got {
+    let asked = match got {
         Err(_) => Err("no request within 5s".to_string()),
         Ok(Err(e)) => Err(format!("reading the request: {e}")),
         Ok(Ok(_)) => match parse_request(&line) {
-            Ok(asked) if canonical(asked) == canonical(dir) => Ok(()),
+            Ok(asked) if canonical(asked.volumes_dir()) == canonical(dir) => Ok(asked),
             Ok(asked) => Err(format!(
                 "asked about {}, but this socket is for {}",
-                asked.display(),
+                asked.volumes_dir().display(),
                 dir.display()
             )),
             Err(e) => Err(e),
         },
     };
-    if let Err(why) = answer {
-        let _ = write.write_all(format!("error {why}\n").as_bytes()).await;
-        return Err(why);
-    }
-    let (done, wait) = oneshot::channel();
-    tx.send(done)
-        .map_err(|_| "the registration task has stopped".to_string())?;
-    let reply = match wait.await {
-        Ok(Ok(())) => "ok\n".to_string(),
-        Ok(Err(e)) => format!("error {}\n", e.replace('\n', " ")),
-        Err(_) => "error the registration task has stopped\n".to_string(),
+    let asked = match asked {
+        Ok(a) => a,
+        Err(why) => {
+            let _ = write.write_all(format!("error {why}\n").as_bytes()).await;
+            return Err(why);
+        }
+    };
+    let reply = match asked {
+        Request::Sync(_) => {
+            let (done, wait) = oneshot::channel();
+            tx.send(done)
+                .map_err(|_| "the registration task has stopped".to_string())?;
+            match wait.await {
+                Ok(Ok(())) => "ok\n".to_string(),
+                Ok(Err(e)) => format!("error {}\n", e.replace('\n', " ")),
+                Err(_) => "error the registration task has stopped\n".to_string(),
+            }
+        }
+        Request::NomadVolumes(_) => match nomad_volumes(exporter, dir).await {
+            Ok(json) => json + "\n",
+            Err(e) => format!("error {}\n", e.replace('\n', " ")),
+        },
     };
     // The plugin may have given up waiting: nothing to do about it.
     let _ = write.write_all(reply.as_bytes()).await;
     Ok(())
+}
+
+/// Which of the Ready volumes of `dir` Nomad knows, as one JSON line.
+async fn nomad_volumes(exporter: &Exporter, dir: &Path) -> Result<String, String> {
+    let Some(nomad) = exporter.nomad() else {
+        return Err(
+            "this prjquota-exporter has no Nomad client: start it with --nomad.addr (or \
+             NOMAD_ADDR) and a token that may read host volumes (docs/nomad.md)"
+                .into(),
+        );
+    };
+    let (inv, loaded) = exporter.inventory().await;
+    loaded.map_err(|e| format!("{e:#}"))?;
+    let Some(d) = inv
+        .dirs
+        .iter()
+        .position(|d| canonical(&d.path) == canonical(dir))
+    else {
+        return Err(format!(
+            "{} is not a volumes directory of this exporter",
+            dir.display()
+        ));
+    };
+    let volumes: Vec<_> = inv.volumes.iter().filter(|v| v.dir == d).cloned().collect();
+    let answer = nomad.volumes(&volumes).await?;
+    serde_json::to_string(&answer).map_err(|e| e.to_string())
 }

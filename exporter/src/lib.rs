@@ -5,7 +5,8 @@
 //! [`http`] serves what they produce, [`exposition`] is the compact metric
 //! model and its two text formats (text 0.0.4 and OpenMetrics, and which
 //! one a scraper asked for), [`inventory`] the volumes a scrape reports, [`allocs`] the projects of
-//! Nomad's allocation directories (`--nomad.alloc-dir`). The binary (`main.rs`) only parses flags and wires these up, so
+//! Nomad's allocation directories (`--nomad.alloc-dir`), [`nomad`] Nomad's
+//! HTTP API (off unless configured). The binary (`main.rs`) only parses flags and wires these up, so
 //! tests can run an exporter against any volumes directory in-process.
 //!
 //! No `unsafe` here: the project's syscalls live in `prjquota-core`'s `sys`
@@ -26,6 +27,7 @@ pub mod genetlink;
 pub mod http;
 pub mod inventory;
 pub mod listen;
+pub mod nomad;
 pub mod plugin_config;
 pub mod process;
 pub mod web_config;

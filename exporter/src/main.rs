@@ -197,6 +197,96 @@ struct Flags {
     #[arg(long = "nomad.chroot-source", value_name = "DIR", default_values = prjquota_exporter::collector::allocs::CHROOT_SOURCES)]
     nomad_chroot_sources: Vec<PathBuf>,
 
+    /// Nomad's HTTP API, for --nomad.publish-unprovisioned,
+    /// --nomad.enforce-ephemeral-disk and `prjquota reconcile --nomad`:
+    /// http://HOST:PORT, https://HOST:PORT or unix:///PATH (as NOMAD_ADDR,
+    /// which it overrides; Nomad's http://127.0.0.1:4646 when neither is
+    /// given). The client is off unless this, NOMAD_ADDR or one of those
+    /// flags is given.
+    #[arg(long = "nomad.addr", value_name = "URL", help_heading = "Nomad API")]
+    nomad_addr: Option<String>,
+    /// A file holding the Nomad ACL token's secret ID (root's, mode 600),
+    /// rather than NOMAD_TOKEN: a token on a command line is every user's
+    /// to read. Its policy: /usr/share/prjquota/nomad/prjquota-exporter.policy.hcl.
+    #[arg(
+        long = "nomad.token-file",
+        value_name = "FILE",
+        help_heading = "Nomad API"
+    )]
+    nomad_token_file: Option<PathBuf>,
+    /// The CA of Nomad's TLS certificates (as NOMAD_CACERT); the system's
+    /// bundle when not given.
+    #[arg(
+        long = "nomad.ca-cert",
+        value_name = "FILE",
+        help_heading = "Nomad API"
+    )]
+    nomad_ca_cert: Option<PathBuf>,
+    /// A client certificate, for a Nomad with verify_https_client (as
+    /// NOMAD_CLIENT_CERT); with --nomad.client-key.
+    #[arg(
+        long = "nomad.client-cert",
+        value_name = "FILE",
+        help_heading = "Nomad API"
+    )]
+    nomad_client_cert: Option<PathBuf>,
+    /// The client certificate's key (as NOMAD_CLIENT_KEY).
+    #[arg(
+        long = "nomad.client-key",
+        value_name = "FILE",
+        help_heading = "Nomad API"
+    )]
+    nomad_client_key: Option<PathBuf>,
+    /// The name Nomad's certificate is checked for (as
+    /// NOMAD_TLS_SERVER_NAME; e.g. client.global.nomad), else the host of
+    /// the address.
+    #[arg(
+        long = "nomad.tls-server-name",
+        value_name = "NAME",
+        help_heading = "Nomad API"
+    )]
+    nomad_tls_server_name: Option<String>,
+    /// The region of every request (as NOMAD_REGION).
+    #[arg(
+        long = "nomad.region",
+        value_name = "REGION",
+        help_heading = "Nomad API"
+    )]
+    nomad_region: Option<String>,
+    /// The namespace of requests that name none (as NOMAD_NAMESPACE).
+    #[arg(
+        long = "nomad.namespace",
+        value_name = "NAMESPACE",
+        help_heading = "Nomad API"
+    )]
+    nomad_namespace: Option<String>,
+    /// The longest one request to Nomad may take. A Prometheus duration,
+    /// at most 1h.
+    #[arg(long = "nomad.timeout", value_name = "DURATION", default_value = "10s", value_parser = parse_duration, help_heading = "Nomad API")]
+    nomad_timeout: Duration,
+    /// How often the unprovisioned bytes are measured and allocations'
+    /// sizes asked for; after a failure the pause doubles, up to 5m. A
+    /// Prometheus duration, at most 1h.
+    #[arg(long = "nomad.interval", value_name = "DURATION", default_value = "10s", value_parser = parse_duration, help_heading = "Nomad API")]
+    nomad_interval: Duration,
+    /// Publish what the plugin would still admit in the (first) volumes
+    /// directory as this node's metadata unique.prjquota.unprovisioned_bytes
+    /// (Nomad 1.5+, ACL node:write), for a volume spec's constraint
+    /// (docs/nomad.md): at once after a create, grow or delete, otherwise
+    /// when it moved by --nomad.unprovisioned-hysteresis.
+    #[arg(long = "nomad.publish-unprovisioned", help_heading = "Nomad API")]
+    nomad_publish_unprovisioned: bool,
+    /// How far the unprovisioned bytes move (files outside volumes come and
+    /// go) before they are published again, e.g. 256MiB.
+    #[arg(long = "nomad.unprovisioned-hysteresis", value_name = "SIZE", default_value = "256MiB", value_parser = parse_size, help_heading = "Nomad API")]
+    nomad_unprovisioned_hysteresis: u64,
+    /// Give each accounted allocation's project a hard limit of its
+    /// ephemeral_disk.size, as Nomad reserved it (ACL read-job); needs
+    /// --nomad.alloc-dir. Off: no allocation is limited, and limits an
+    /// earlier start set are lifted (docs/allocations.md).
+    #[arg(long = "nomad.enforce-ephemeral-disk", help_heading = "Nomad API")]
+    nomad_enforce_ephemeral_disk: bool,
+
     /// How many volumes the eBPF counters maps hold (write telemetry and
     /// guard alike; per-CPU entries, about 64 bytes per volume per CPU).
     /// A deleted volume's slot is given to a new one after ten minutes, so
@@ -392,6 +482,11 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// A size such as 256MiB or 1GB.
+fn parse_size(s: &str) -> Result<u64, String> {
+    prjquota_core::units::parse_size(s)
+}
+
 /// `:PORT` means every IPv4 address, as in node_exporter.
 fn telemetry_path(s: &str) -> Result<String, String> {
     if !s.starts_with('/') || s == "/" || s == "/healthz" {
@@ -509,6 +604,20 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         &flags.plugin_dir,
         flags.mount_timeout,
     )?;
+    if flags.nomad_enforce_ephemeral_disk && flags.nomad_alloc_dir.is_none() {
+        anyhow::bail!(
+            "--nomad.enforce-ephemeral-disk limits accounted allocations: give \
+             --nomad.alloc-dir too (NOMAD_ALLOC_DIR in /etc/default/prjquota, docs/allocations.md)"
+        );
+    }
+    let disk_limits = prjquota_exporter::allocs::disk_limits::DiskLimits::new(
+        if flags.nomad_enforce_ephemeral_disk {
+            prjquota_exporter::allocs::disk_limits::Mode::Enforce
+        } else {
+            prjquota_exporter::allocs::disk_limits::Mode::Off
+        },
+    );
+    let nomad = nomad_client(&flags, &disk_limits)?;
     let config = Config {
         volumes_dirs: flags.volumes_dirs,
         mount_timeout: flags.mount_timeout,
@@ -527,9 +636,11 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
                 plugin_dir: Some(flags.plugin_dir.clone()),
                 scan_interval: flags.nomad_alloc_scan_interval,
                 chroot_sources: flags.nomad_chroot_sources.clone(),
+                disk_limits: disk_limits.clone(),
             }
         }),
         plugin_dir: Some(flags.plugin_dir),
+        nomad: nomad.clone(),
     };
     // Before binding or loading anything: a bad web config is the
     // operator's to fix, and says so at once.
@@ -573,6 +684,9 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
                  by an earlier exporter, if any, still enforces)"
             )
         })?;
+    }
+    if let Some(n) = &nomad {
+        n.start();
     }
     // New volumes are registered when the plugin announces them, not at the
     // next scrape (answered once the warm-up below is done).
@@ -631,6 +745,71 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     prjquota_exporter::http::serve_on(listeners, exporter, options, shutdown_signal()).await?;
     info!("stopped");
     Ok(())
+}
+
+/// The Nomad client the flags and the environment ask for, `None` when
+/// they ask for none; an error naming the setting when one is wrong.
+fn nomad_client(
+    flags: &Flags,
+    disk_limits: &Arc<prjquota_exporter::allocs::disk_limits::DiskLimits>,
+) -> anyhow::Result<Option<Arc<prjquota_exporter::nomad::Nomad>>> {
+    use prjquota_exporter::nomad::{settings, Nomad, Settings, Setup};
+    let env = |k: &str| std::env::var(k).ok();
+    let wanted = flags.nomad_addr.is_some()
+        || env("NOMAD_ADDR").is_some_and(|a| !a.is_empty())
+        || flags.nomad_publish_unprovisioned
+        || flags.nomad_enforce_ephemeral_disk;
+    if !wanted {
+        return Ok(None);
+    }
+    let settings = Settings::resolve(
+        &settings::Flags {
+            addr: flags.nomad_addr.clone(),
+            token_file: flags.nomad_token_file.clone(),
+            ca_cert: flags.nomad_ca_cert.clone(),
+            client_cert: flags.nomad_client_cert.clone(),
+            client_key: flags.nomad_client_key.clone(),
+            tls_server_name: flags.nomad_tls_server_name.clone(),
+            region: flags.nomad_region.clone(),
+            namespace: flags.nomad_namespace.clone(),
+            timeout: flags.nomad_timeout,
+        },
+        env,
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    for why in &settings.ignored {
+        prjquota_exporter::warn!("a Nomad setting is not used", why = why);
+    }
+    info!(
+        "talking to Nomad's API",
+        nomad_addr = settings.addr,
+        token = settings
+            .token_source
+            .as_deref()
+            .unwrap_or("none (ACLs off)"),
+        publish_unprovisioned = flags.nomad_publish_unprovisioned,
+        enforce_ephemeral_disk = flags.nomad_enforce_ephemeral_disk,
+    );
+    let setup = Setup {
+        settings,
+        interval: flags.nomad_interval,
+        publish_unprovisioned: flags
+            .nomad_publish_unprovisioned
+            .then_some(flags.nomad_unprovisioned_hysteresis),
+        volumes_dir: flags
+            .volumes_dirs
+            .first()
+            .cloned()
+            .unwrap_or_else(|| PathBuf::from("/opt/nomad/data/host_volumes")),
+        plugin_dir: Some(flags.plugin_dir.clone()),
+        mount_timeout: flags.mount_timeout,
+        disk_limits: flags
+            .nomad_enforce_ephemeral_disk
+            .then(|| disk_limits.clone()),
+    };
+    Nomad::new(setup)
+        .map(Some)
+        .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 /// Tells systemd (`Type=notify`) that start-up is done: `READY=1` on the

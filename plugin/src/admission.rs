@@ -1,7 +1,7 @@
 //! Admission and project-ID choice for a create or grow, at a cost that
 //! does not grow with the number of volumes.
 //!
-//! The rule itself is [`capacity::Holdings::admit`]: the volumes together
+//! The rule itself is [`capacity::Admit::admit`]: the volumes together
 //! are never promised more than `overcommit_ratio × (filesystem size − bytes
 //! used outside volumes)`. Its inputs are kept or bounded so that the usual
 //! create reads O(1) of them:
@@ -19,7 +19,7 @@ use std::collections::BTreeSet;
 
 use anyhow::{anyhow, bail, Result};
 
-use crate::capacity::{self, Holdings};
+use crate::capacity::{self, Admit, Holdings};
 use crate::contract::VolumeId;
 use crate::diag::log;
 use crate::fs::VolumesFs;
@@ -219,13 +219,16 @@ pub fn measure_holdings(
     ratio: f64,
 ) -> Result<Holdings> {
     let usage = volumes_usage(vfs, ids)?;
-    let (fs_bytes, used) = fs_size_and_use(vfs)?;
-    Ok(capacity::Holdings {
-        fs_bytes,
-        used_outside: used.saturating_sub(usage),
+    let sfs =
+        sys::fstatfs(vfs.fd()).map_err(|e| anyhow!("cannot statfs {}: {e}", vfs.path.display()))?;
+    Ok(capacity::Holdings::from_statfs(
+        sfs.f_frsize as u64,
+        sfs.f_blocks as u64,
+        sfs.f_bfree as u64,
+        usage,
         promised,
         ratio,
-    })
+    ))
 }
 
 /// The sum of every record's size, and their project IDs.

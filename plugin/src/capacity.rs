@@ -91,46 +91,28 @@ pub fn check_fits(
     }
 }
 
-/// What a filesystem can still be promised: the inputs of the admission
-/// rule, measured under the allocation lock.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Holdings {
-    /// Size of the filesystem (statfs blocks × fragment size).
-    pub fs_bytes: u64,
-    /// Bytes in use on it that no volume of this volumes directory holds:
-    /// statfs's used bytes minus the volumes' quota usage.
-    pub used_outside: u64,
-    /// Sum of the hard limits of every recorded volume but the one asking.
-    pub promised: u64,
-    /// `overcommit_ratio` in force.
-    pub ratio: f64,
+/// What a filesystem can still be promised: the admission rule's inputs,
+/// measured under the allocation lock. The arithmetic is the exporter's
+/// too (it publishes what is left), so it lives in `prjquota_core`.
+pub use prjquota_core::holdings::Holdings;
+
+/// Admission of a create or grow by [`Holdings`].
+pub trait Admit {
+    /// Admits a volume of `requested` bytes, or says why not and what to do.
+    fn admit(&self, volume_id: &str, requested: u64) -> Result<(), AdmissionError>;
 }
 
-impl Holdings {
-    /// The most the volumes together may be promised:
-    /// `ratio × (fs_bytes − used_outside)`, rounded down.
-    pub fn promisable(&self) -> u64 {
-        let room = self.fs_bytes.saturating_sub(self.used_outside) as f64;
-        let p = (room * self.ratio).floor();
-        if p >= u64::MAX as f64 {
-            u64::MAX
-        } else {
-            p as u64
+impl Admit for Holdings {
+    fn admit(&self, volume_id: &str, requested: u64) -> Result<(), AdmissionError> {
+        if self.admits(requested) {
+            return Ok(());
         }
-    }
-
-    /// Admits a volume of `requested` bytes, or says why not and what to do.
-    pub fn admit(&self, volume_id: &str, requested: u64) -> Result<(), AdmissionError> {
-        let limit = self.promisable();
-        match self.promised.checked_add(requested) {
-            Some(total) if total <= limit => Ok(()),
-            _ => Err(AdmissionError {
-                volume_id: volume_id.to_owned(),
-                requested,
-                holdings: *self,
-                limit,
-            }),
-        }
+        Err(AdmissionError {
+            volume_id: volume_id.to_owned(),
+            requested,
+            holdings: *self,
+            limit: self.promisable(),
+        })
     }
 }
 

@@ -87,9 +87,14 @@ pub enum Command {
     Reconcile {
         #[command(flatten)]
         node: NodeArgs,
-        /// Repair what loses no data (re-apply limits and tags, clear stale files)
+        /// Repair what loses no data (re-apply limits and tags, clear stale files); with --nomad,
+        /// also delete the volumes Nomad does not know, as `nomad volume delete` would
         #[arg(long)]
         fix: bool,
+        /// Also compare with Nomad's list of host volumes, asked through this node's
+        /// prjquota-exporter (its --nomad.addr and token)
+        #[arg(long)]
+        nomad: bool,
         /// Print JSON
         #[arg(long)]
         json: bool,

@@ -113,9 +113,15 @@ fn operator(command: Command, argv0: Option<&OsString>) -> ExitCode {
                 Err(e) => refused("grow", &e, 1),
             }
         }
-        Command::Reconcile { node, fix, json } => {
+        Command::Reconcile {
+            node,
+            fix,
+            nomad,
+            json,
+        } => {
             let flags = admin::Flags {
                 fix,
+                nomad,
                 ..node.flags()
             };
             match admin::reconcile::run(&flags) {

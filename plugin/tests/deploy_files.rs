@@ -36,6 +36,23 @@ fn the_example_volume_spec_uses_the_plugin_and_its_parameters() {
     assert!(client["client"]["host_volume_plugin_dir"].is_string());
 }
 
+/// The exporter's ACL policy grants what its Nomad client calls
+/// (docs/nomad.md#acl-policy) and nothing more: node metadata, allocations
+/// and host volumes read, in every namespace.
+#[test]
+fn the_exporters_acl_policy_grants_exactly_what_it_uses() {
+    let v = hcl("nomad/prjquota-exporter.policy.hcl");
+    let top: Vec<&String> = v.as_object().unwrap().keys().collect();
+    assert_eq!(top, ["namespace", "node"], "{v}");
+    assert_eq!(v["node"], serde_json::json!({"policy": "write"}));
+    let ns = v["namespace"].as_object().unwrap();
+    assert_eq!(ns.keys().collect::<Vec<_>>(), ["*"]);
+    assert_eq!(
+        ns["*"],
+        serde_json::json!({"capabilities": ["read-job", "host-volume-read"]})
+    );
+}
+
 #[test]
 fn the_example_node_config_parses() {
     let path = deploy("prjquota.toml");

@@ -13,6 +13,7 @@ pub mod fixture;
 pub mod http;
 pub mod nomad;
 pub mod nomad_alloc;
+pub mod nomad_api;
 pub mod nomad_telemetry;
 pub mod operator;
 pub mod pinned;

@@ -17,7 +17,11 @@
 //!   node's alloc dir, Prometheus also scrapes a Nomad agent's telemetry
 //!   (a stand-in serving what Nomad publishes for the running one), and the
 //!   recording rules join the running allocation to its Nomad job, task
-//!   group and namespace while the stopped one keeps its usage unjoined.
+//!   group and namespace while the stopped one keeps its usage unjoined;
+//!   with `--nomad.enforce-ephemeral-disk` and a stand-in Nomad API
+//!   answering their sizes, both are limited, the limits join as the usage
+//!   does, and `NomadAllocEphemeralDiskOverSize` fires for the stopped one,
+//!   which was over its size when limited, and for no other.
 //!
 //! The copy of the rules has every `for:` shortened to 1s, so the alerts
 //! fire within seconds of the condition; everything else is as shipped.
@@ -38,6 +42,7 @@ use std::time::{Duration, Instant};
 use prjquota_vmtests::fixture::{fill, writable, Fixture, MIB, WRITER, XFS};
 use prjquota_vmtests::nomad::Spec;
 use prjquota_vmtests::nomad_alloc::{write_file, AllocNode};
+use prjquota_vmtests::nomad_api;
 use prjquota_vmtests::nomad_telemetry::{self, Agent};
 use prjquota_vmtests::prom::{self, vector, Prometheus};
 use prjquota_vmtests::xfs_mount;
@@ -146,8 +151,14 @@ fn a_volume_filling_past_its_limit_shows_on_every_panel_and_fires_its_alerts() {
     let mut stopped = node.root.build_alloc();
     write_file(
         &stopped.build_task("batch").join("local/out.bin"),
-        MIB as usize,
+        3 * MIB as usize,
     );
+    // Nomad's API tells their ephemeral_disk.size: the running one's well
+    // above what it holds, the stopped one's (1 MiB) below.
+    let api = nomad_api::Agent::start("vm-node");
+    api.add_allocation(&running.id, "team-dash", 300);
+    api.add_allocation(&stopped.id, "team-dash", 1);
+    let api_url = api.url();
     let agent = Agent::serve(nomad_telemetry::exposition(
         "vm-node",
         &[nomad_telemetry::Task {
@@ -172,7 +183,16 @@ fn a_volume_filling_past_its_limit_shows_on_every_panel_and_fires_its_alerts() {
     // The node's plugin dir, as a real node's exporter is given it: the
     // "Promised vs disk" panel reads the overcommit_ratio in force there;
     // and its alloc dir, eBPF and the guard as they default.
-    let args = node.exporter_args("200ms", &["--ebpf=auto", "--guard=auto"]);
+    let args = node.exporter_args(
+        "200ms",
+        &[
+            "--ebpf=auto",
+            "--guard=auto",
+            "--nomad.addr",
+            &api_url,
+            "--nomad.enforce-ephemeral-disk",
+        ],
+    );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let exporter = prom::Exporter::start_with(&[&node.fixture.node.volumes_dir], &args);
     let short = rules_with_short_for();
@@ -205,6 +225,15 @@ fn a_volume_filling_past_its_limit_shows_on_every_panel_and_fires_its_alerts() {
     );
     prom.query_until(
         &format!("nomad_alloc:disk_used_bytes{{alloc_id=\"{}\"}}", stopped.id),
+        has_data,
+    );
+    // Both limited: the running one at its size, joined to its Nomad job.
+    prom.query_until(
+        &format!(
+            "nomad_alloc:disk_limit_bytes{{alloc_id=\"{}\", nomad_job=\"{ALLOC_JOB}\"}} == {}",
+            running.id,
+            300 * MIB
+        ),
         has_data,
     );
 
@@ -298,6 +327,45 @@ fn a_volume_filling_past_its_limit_shows_on_every_panel_and_fires_its_alerts() {
         if name == "NomadHostVolumeQuotaLimitHit" {
             assert_eq!(l["resource"], "bytes", "{a:#}");
             assert_eq!(l["limit"], "hard", "{a:#}");
+        }
+    }
+
+    // The stopped allocation was over its size when limited: its alert
+    // fires, and names no other allocation.
+    let wait = Instant::now();
+    let over = "NomadAllocEphemeralDiskOverSize";
+    let alert = loop {
+        let alerts = prom.alerts();
+        let found = alerts.as_array().into_iter().flatten().find(|a| {
+            a["state"] == "firing"
+                && a["labels"]["alertname"] == over
+                && a["labels"]["alloc_id"] == stopped.id.as_str()
+        });
+        if let Some(a) = found {
+            break a.clone();
+        }
+        assert!(
+            wait.elapsed() < ALERT_TIMEOUT,
+            "{over} not firing for {} after {}s; alerts: {alerts:#}\nexporter log:\n{}",
+            stopped.id,
+            ALERT_TIMEOUT.as_secs(),
+            exporter.log()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    eprintln!(
+        "MEASURE dashboards_alloc_alert_firing_seconds {:.1}",
+        wait.elapsed().as_secs_f64()
+    );
+    assert!(
+        alert["annotations"]["runbook_url"]
+            .as_str()
+            .is_some_and(|u| u.ends_with(&format!("#{}", over.to_lowercase()))),
+        "{alert:#}"
+    );
+    for a in prom.alerts().as_array().unwrap() {
+        if a["labels"]["alertname"] == over {
+            assert_eq!(a["labels"]["alloc_id"], stopped.id.as_str(), "{a:#}");
         }
     }
 

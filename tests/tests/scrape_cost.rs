@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use prjquota_vmtests::fixture::{SmallFs, MIB};
 use prjquota_vmtests::nomad::uuid;
 use prjquota_vmtests::nomad_alloc::{walk_on_mount, write_file, AllocNode};
+use prjquota_vmtests::nomad_api::Agent;
 use prjquota_vmtests::prom::{Exporter, Exposition};
 use prjquota_vmtests::records::add_quick_volumes;
 use prjquota_vmtests::{median, scratch_dir, xfs_mount, OneCpu};
@@ -175,143 +176,197 @@ fn scale(counts: &[usize]) {
         // The eBPF maps hold 16,384 volumes unless told more: an operator
         // with 100,000 raises --ebpf.max-volumes, and so does this run.
         let max_volumes = (n as u64 + 1024).max(16_384).to_string();
-        // The exporter, its client and the floor on one vCPU: see `OneCpu`.
-        // The CPU ratio is then what each side cost the emulator.
-        let one_cpu = OneCpu::pin();
-        let exp = Exporter::start_with(&[&volumes_dir], &["--ebpf.max-volumes", &max_volumes]);
-        // Cold: from the first scrape until one has every volume. A first
-        // read of a large registry parses every record and can outlast the
-        // mount timeout; the exporter then serves what it had and finishes
-        // the read in the background.
-        let deadline = Instant::now() + Duration::from_secs(900);
-        let cold = loop {
-            let (text, took) = exp.scrape_text();
-            let counts = Counts::of(&text);
-            if counts.volumes == Some(n as f64) || Instant::now() > deadline {
-                assert_eq!(counts.volumes, Some(n as f64), "at {n} volumes");
-                assert_eq!((counts.capacity, counts.used), (n, n), "at {n} volumes");
-                assert!(
-                    counts.failed_collectors.is_empty(),
-                    "at {n} volumes, failed: {:?}",
-                    counts.failed_collectors
-                );
-                break took;
-            }
-            std::thread::sleep(Duration::from_millis(500));
-        };
-        // The registry skips unchanged directories only when its last scan
-        // began a second after their last change.
-        std::thread::sleep(Duration::from_millis(1100));
-        let (mut warm, mut gzipped, mut floor) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut gzip_cpu, mut floor_cpu) = (Vec::new(), Vec::new());
-        let (mut text_len, mut series, mut gzip_bytes) = (0, 0, 0);
-        // Side by side: each round a plain scrape, a gzip one (as Prometheus
-        // asks, on an open connection) and a floor pass, so drift in the host or the emulator
-        // weighs on all three alike. The first round is a warm-up, not
-        // recorded: the first scale test of a boot measured 2x slower in it.
-        for round in 0..=SAMPLES {
-            let (t, d) = exp.scrape_text();
-            text_len = t.len();
-            series = t.lines().filter(|l| !l.starts_with('#')).count();
-            // The exporter's CPU from its gzip scrape to the end of the
-            // floor pass: what the scrape costs in all, whichever of the
-            // exporter's threads ran it, and whatever it finished after the
-            // reply was sent.
-            let cpu = exp.cpu_time();
-            // Opened anew each round: reading the plain scrape's 20 MB in
-            // this debug build can outlast the exporter's 10 s idle timeout.
-            // The gzip scrape's time starts once the connection is open.
-            let mut conn = exp.keep_alive();
-            let (tz, bytes, dz) = exp.scrape_gzip(&mut conn);
-            assert_eq!(
-                tz.lines().filter(|l| !l.starts_with('#')).count(),
-                series,
-                "the gzip scrape has the plain one's series"
+        // The plugin directory for both runs: the client's measure reads
+        // its overcommit_ratio, as the filesystem collector then does.
+        let plugin = plugin_dir.display().to_string();
+        measure_exporter(
+            n,
+            &roots,
+            &volumes_dir,
+            ids,
+            &["--ebpf.max-volumes", &max_volumes, "--plugin-dir", &plugin],
+            "",
+        );
+        // The same with the Nomad client on, publishing the node's
+        // unprovisioned bytes to a stand-in agent every second: its task
+        // measures the volumes directory with readers of its own and must
+        // not show in a scrape. Up to 10,000 volumes (each size is another
+        // cold start).
+        if n <= 10_000 {
+            let agent = Agent::start(&node_id);
+            let url = agent.url();
+            measure_exporter(
+                n,
+                &roots,
+                &volumes_dir,
+                ids,
+                &[
+                    "--ebpf.max-volumes",
+                    &max_volumes,
+                    "--plugin-dir",
+                    &plugin,
+                    "--nomad.addr",
+                    &url,
+                    "--nomad.publish-unprovisioned",
+                    "--nomad.interval",
+                    "1s",
+                ],
+                ",nomad=\"on\"",
             );
-            gzip_bytes = bytes;
-            let (f, fc) = floor_pass(&roots, &volumes_dir, ids);
-            let cpu = exp
-                .cpu_time()
-                .checked_sub(cpu)
-                .expect("the exporter's CPU time went down between two readings");
-            if round > 0 {
-                warm.push(d);
-                gzipped.push(dz);
-                floor.push(f);
-                gzip_cpu.push(cpu);
-                floor_cpu.push(fc);
-            }
-        }
-        // The exporter's own account of where a scrape's time goes.
-        // The exporter's self metrics only: parsed alone, as the cold check.
-        let own: String = exp
-            .scrape_text()
-            .0
-            .lines()
-            .filter(|l| l.starts_with("prjquota_exporter_scrape_collector_duration_seconds"))
-            .map(|l| format!("{l}\n"))
-            .collect();
-        let last = Exposition::parse(&own);
-        let mut collectors = 0.0;
-        for s in last.find("prjquota_exporter_scrape_collector_duration_seconds", &[]) {
-            collectors += s.value;
-            eprintln!(
-                "MEASURE exporter_collector_seconds{{volumes={n},collector={:?}}} {:.4}",
-                s.label("collector").unwrap_or(""),
-                s.value
+            assert!(
+                !agent.requests_to("/v1/client/metadata").is_empty(),
+                "the client published nothing while measured"
             );
         }
-        let (hwm, rss) = exp.memory_kib();
-        drop(exp);
-        drop(one_cpu);
-
-        let floor = median(floor);
-        let warm = median(warm);
-        let gzipped = median(gzipped);
-        let (gzip_cpu, floor_cpu) = (median(gzip_cpu), median(floor_cpu));
-        eprintln!(
-            "MEASURE exporter_scrape_cold_seconds{{volumes={n}}} {:.4}",
-            cold.as_secs_f64()
-        );
-        eprintln!(
-            "MEASURE exporter_scrape_seconds{{volumes={n}}} {:.4}",
-            warm.as_secs_f64()
-        );
-        eprintln!(
-            "MEASURE exporter_scrape_gzip_seconds{{volumes={n}}} {:.4}",
-            gzipped.as_secs_f64()
-        );
-        eprintln!("MEASURE exporter_collectors_seconds{{volumes={n}}} {collectors:.4}");
-        eprintln!(
-            "MEASURE floor_statfs_quota_seconds{{volumes={n}}} {:.4}",
-            floor.as_secs_f64()
-        );
-        eprintln!(
-            "MEASURE exporter_scrape_floor_ratio{{volumes={n}}} {:.2}",
-            warm.as_secs_f64() / floor.as_secs_f64()
-        );
-        eprintln!(
-            "MEASURE exporter_scrape_gzip_floor_ratio{{volumes={n}}} {:.2}",
-            gzipped.as_secs_f64() / floor.as_secs_f64()
-        );
-        eprintln!(
-            "MEASURE exporter_scrape_gzip_cpu_seconds{{volumes={n}}} {:.4}",
-            gzip_cpu.as_secs_f64()
-        );
-        eprintln!(
-            "MEASURE floor_cpu_seconds{{volumes={n}}} {:.4}",
-            floor_cpu.as_secs_f64()
-        );
-        eprintln!(
-            "MEASURE exporter_scrape_gzip_cpu_floor_ratio{{volumes={n}}} {:.2}",
-            gzip_cpu.as_secs_f64() / floor_cpu.as_secs_f64()
-        );
-        eprintln!("MEASURE exporter_vmhwm_kib{{volumes={n}}} {hwm}");
-        eprintln!("MEASURE exporter_vmrss_kib{{volumes={n}}} {rss}");
-        eprintln!("MEASURE exposition_bytes{{volumes={n}}} {text_len}");
-        eprintln!("MEASURE exposition_gzip_bytes{{volumes={n}}} {gzip_bytes}");
-        eprintln!("MEASURE exposition_series{{volumes={n}}} {series}");
     }
+}
+
+/// Starts an exporter of `volumes_dir` with `args` and measures it side by
+/// side with the floor; its MEASURE lines carry `label` after the volumes.
+fn measure_exporter(
+    n: usize,
+    roots: &[CString],
+    volumes_dir: &Path,
+    ids: (u32, u32),
+    args: &[&str],
+    label: &str,
+) {
+    // The exporter, its client and the floor on one vCPU: see `OneCpu`.
+    // The CPU ratio is then what each side cost the emulator.
+    let one_cpu = OneCpu::pin();
+    let exp = Exporter::start_with(&[volumes_dir], args);
+    // Cold: from the first scrape until one has every volume. A first
+    // read of a large registry parses every record and can outlast the
+    // mount timeout; the exporter then serves what it had and finishes
+    // the read in the background.
+    let deadline = Instant::now() + Duration::from_secs(900);
+    let cold = loop {
+        let (text, took) = exp.scrape_text();
+        let counts = Counts::of(&text);
+        if counts.volumes == Some(n as f64) || Instant::now() > deadline {
+            assert_eq!(counts.volumes, Some(n as f64), "at {n} volumes");
+            assert_eq!((counts.capacity, counts.used), (n, n), "at {n} volumes");
+            assert!(
+                counts.failed_collectors.is_empty(),
+                "at {n} volumes, failed: {:?}",
+                counts.failed_collectors
+            );
+            break took;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    // The registry skips unchanged directories only when its last scan
+    // began a second after their last change.
+    std::thread::sleep(Duration::from_millis(1100));
+    let (mut warm, mut gzipped, mut floor) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut gzip_cpu, mut floor_cpu) = (Vec::new(), Vec::new());
+    let (mut text_len, mut series, mut gzip_bytes) = (0, 0, 0);
+    // Side by side: each round a plain scrape, a gzip one (as Prometheus
+    // asks, on an open connection) and a floor pass, so drift in the host or the emulator
+    // weighs on all three alike. The first round is a warm-up, not
+    // recorded: the first scale test of a boot measured 2x slower in it.
+    for round in 0..=SAMPLES {
+        let (t, d) = exp.scrape_text();
+        text_len = t.len();
+        series = t.lines().filter(|l| !l.starts_with('#')).count();
+        // The exporter's CPU from its gzip scrape to the end of the
+        // floor pass: what the scrape costs in all, whichever of the
+        // exporter's threads ran it, and whatever it finished after the
+        // reply was sent.
+        let cpu = exp.cpu_time();
+        // Opened anew each round: reading the plain scrape's 20 MB in
+        // this debug build can outlast the exporter's 10 s idle timeout.
+        // The gzip scrape's time starts once the connection is open.
+        let mut conn = exp.keep_alive();
+        let (tz, bytes, dz) = exp.scrape_gzip(&mut conn);
+        assert_eq!(
+            tz.lines().filter(|l| !l.starts_with('#')).count(),
+            series,
+            "the gzip scrape has the plain one's series"
+        );
+        gzip_bytes = bytes;
+        let (f, fc) = floor_pass(roots, volumes_dir, ids);
+        let cpu = exp
+            .cpu_time()
+            .checked_sub(cpu)
+            .expect("the exporter's CPU time went down between two readings");
+        if round > 0 {
+            warm.push(d);
+            gzipped.push(dz);
+            floor.push(f);
+            gzip_cpu.push(cpu);
+            floor_cpu.push(fc);
+        }
+    }
+    // The exporter's own account of where a scrape's time goes.
+    // The exporter's self metrics only: parsed alone, as the cold check.
+    let own: String = exp
+        .scrape_text()
+        .0
+        .lines()
+        .filter(|l| l.starts_with("prjquota_exporter_scrape_collector_duration_seconds"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let last = Exposition::parse(&own);
+    let mut collectors = 0.0;
+    for s in last.find("prjquota_exporter_scrape_collector_duration_seconds", &[]) {
+        collectors += s.value;
+        eprintln!(
+            "MEASURE exporter_collector_seconds{{volumes={n}{label},collector={:?}}} {:.4}",
+            s.label("collector").unwrap_or(""),
+            s.value
+        );
+    }
+    let (hwm, rss) = exp.memory_kib();
+    drop(exp);
+    drop(one_cpu);
+
+    let floor = median(floor);
+    let warm = median(warm);
+    let gzipped = median(gzipped);
+    let (gzip_cpu, floor_cpu) = (median(gzip_cpu), median(floor_cpu));
+    eprintln!(
+        "MEASURE exporter_scrape_cold_seconds{{volumes={n}{label}}} {:.4}",
+        cold.as_secs_f64()
+    );
+    eprintln!(
+        "MEASURE exporter_scrape_seconds{{volumes={n}{label}}} {:.4}",
+        warm.as_secs_f64()
+    );
+    eprintln!(
+        "MEASURE exporter_scrape_gzip_seconds{{volumes={n}{label}}} {:.4}",
+        gzipped.as_secs_f64()
+    );
+    eprintln!("MEASURE exporter_collectors_seconds{{volumes={n}{label}}} {collectors:.4}");
+    eprintln!(
+        "MEASURE floor_statfs_quota_seconds{{volumes={n}{label}}} {:.4}",
+        floor.as_secs_f64()
+    );
+    eprintln!(
+        "MEASURE exporter_scrape_floor_ratio{{volumes={n}{label}}} {:.2}",
+        warm.as_secs_f64() / floor.as_secs_f64()
+    );
+    eprintln!(
+        "MEASURE exporter_scrape_gzip_floor_ratio{{volumes={n}{label}}} {:.2}",
+        gzipped.as_secs_f64() / floor.as_secs_f64()
+    );
+    eprintln!(
+        "MEASURE exporter_scrape_gzip_cpu_seconds{{volumes={n}{label}}} {:.4}",
+        gzip_cpu.as_secs_f64()
+    );
+    eprintln!(
+        "MEASURE floor_cpu_seconds{{volumes={n}{label}}} {:.4}",
+        floor_cpu.as_secs_f64()
+    );
+    eprintln!(
+        "MEASURE exporter_scrape_gzip_cpu_floor_ratio{{volumes={n}{label}}} {:.2}",
+        gzip_cpu.as_secs_f64() / floor_cpu.as_secs_f64()
+    );
+    eprintln!("MEASURE exporter_vmhwm_kib{{volumes={n}{label}}} {hwm}");
+    eprintln!("MEASURE exporter_vmrss_kib{{volumes={n}{label}}} {rss}");
+    eprintln!("MEASURE exposition_bytes{{volumes={n}{label}}} {text_len}");
+    eprintln!("MEASURE exposition_gzip_bytes{{volumes={n}{label}}} {gzip_bytes}");
+    eprintln!("MEASURE exposition_series{{volumes={n}{label}}} {series}");
 }
 
 /// A measurement, not a behaviour: `cargo xtask bench` runs it.
@@ -412,6 +467,102 @@ fn alloc_scale(allocs: usize, files: usize) {
     assert_eq!(walks(&exp), allocs as f64, "one walk per allocation");
 
     let ids = (*node.ids.start(), *node.ids.end());
+    let (gzip, collector, floor) = alloc_rounds(&exp, &node, ids, allocs);
+    // The walk: three rounds, each minutes of emulated time at a million files.
+    let mut walked = Vec::new();
+    let mut bytes = 0;
+    for _ in 0..3 {
+        let t = Instant::now();
+        bytes = dirs.iter().map(|a| du_x(&a.path)).sum::<u64>();
+        walked.push(t.elapsed());
+    }
+    let walk = median(walked);
+    m("alloc_walk_seconds", walk.as_secs_f64());
+    let published: f64 = Exposition::parse(&exp.scrape_text().0)
+        .find("nomad_alloc_disk_used_bytes", &[])
+        .map(|s| s.value)
+        .sum();
+    assert_eq!(
+        published, bytes as f64,
+        "the exporter publishes what a walk of the trees counts"
+    );
+    drop(exp);
+
+    let exp = Exporter::start_with(&[&node.fixture.node.volumes_dir], &args);
+    let restart = wait_accounted(&exp, "the restart");
+    m("alloc_restart_accounted_seconds", restart.as_secs_f64());
+    assert_eq!(walks(&exp), 0.0, "a restart walks no allocation");
+    drop(exp);
+
+    // The same scrapes with the Nomad client on, enforcing each
+    // allocation's ephemeral_disk.size (a stand-in agent tells 1 GiB for
+    // each, more than any holds): the limits appear in the same quota pass
+    // and must not show in the collector's time.
+    let agent = Agent::start("node-1");
+    for a in &dirs {
+        agent.add_allocation(&a.id, "default", 1024);
+    }
+    let url = agent.url();
+    let mut on_args = args.clone();
+    on_args.extend([
+        "--nomad.addr",
+        &url,
+        "--nomad.enforce-ephemeral-disk",
+        "--nomad.interval",
+        "1s",
+    ]);
+    let exp = Exporter::start_with(&[&node.fixture.node.volumes_dir], &on_args);
+    wait_accounted(&exp, "the start with the Nomad client");
+    let deadline = Instant::now() + Duration::from_secs(3600);
+    while Exposition::parse(&exp.scrape_text().0).get(
+        "prjquota_exporter_alloc_disk_limits",
+        &[("state", "limited")],
+    ) != Some(allocs as f64)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "not every allocation limited within an hour:\n{}",
+            exp.log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let (gzip_on, collector_on, floor_on) = alloc_rounds(&exp, &node, ids, allocs);
+    drop(exp);
+    let m_on = |name: &str, v: f64| {
+        eprintln!("MEASURE {name}{{allocs={allocs},files={files},nomad=\"on\"}} {v:.4}")
+    };
+    m_on("alloc_scrape_gzip_seconds", gzip_on.as_secs_f64());
+    m_on("alloc_collector_seconds", collector_on.as_secs_f64());
+    m_on("alloc_quota_pass_seconds", floor_on.as_secs_f64());
+    m_on(
+        "alloc_collector_quota_pass_ratio",
+        collector_on.as_secs_f64() / floor_on.as_secs_f64(),
+    );
+
+    m("alloc_scrape_gzip_seconds", gzip.as_secs_f64());
+    m("alloc_collector_seconds", collector.as_secs_f64());
+    m("alloc_quota_pass_seconds", floor.as_secs_f64());
+    m(
+        "alloc_collector_quota_pass_ratio",
+        collector.as_secs_f64() / floor.as_secs_f64(),
+    );
+    m(
+        "alloc_walk_scrape_ratio",
+        walk.as_secs_f64() / gzip.as_secs_f64(),
+    );
+    drop(dirs);
+    drop(node);
+}
+
+/// Gzip scrapes of `exp` side by side with the floor, one quota pass over
+/// the allocations' IDs: the medians of the scrape, of the `allocs`
+/// collector's own time, and of the floor.
+fn alloc_rounds(
+    exp: &Exporter,
+    node: &AllocNode,
+    ids: (u32, u32),
+    allocs: usize,
+) -> (Duration, Duration, Duration) {
     let (mut gzipped, mut collector, mut floor) = (Vec::new(), Vec::new(), Vec::new());
     let mut series = 0;
     for round in 0..=SAMPLES {
@@ -440,47 +591,7 @@ fn alloc_scale(allocs: usize, files: usize) {
         }
     }
     assert_eq!(series, allocs, "one usage series per allocation");
-    // The walk: three rounds, each minutes of emulated time at a million files.
-    let mut walked = Vec::new();
-    let mut bytes = 0;
-    for _ in 0..3 {
-        let t = Instant::now();
-        bytes = dirs.iter().map(|a| du_x(&a.path)).sum::<u64>();
-        walked.push(t.elapsed());
-    }
-    let walk = median(walked);
-    m("alloc_walk_seconds", walk.as_secs_f64());
-    let published: f64 = Exposition::parse(&exp.scrape_text().0)
-        .find("nomad_alloc_disk_used_bytes", &[])
-        .map(|s| s.value)
-        .sum();
-    assert_eq!(
-        published, bytes as f64,
-        "the exporter publishes what a walk of the trees counts"
-    );
-    drop(exp);
-
-    let exp = Exporter::start_with(&[&node.fixture.node.volumes_dir], &args);
-    let restart = wait_accounted(&exp, "the restart");
-    m("alloc_restart_accounted_seconds", restart.as_secs_f64());
-    assert_eq!(walks(&exp), 0.0, "a restart walks no allocation");
-    drop(exp);
-
-    let (gzip, floor) = (median(gzipped), median(floor));
-    let collector = median(collector);
-    m("alloc_scrape_gzip_seconds", gzip.as_secs_f64());
-    m("alloc_collector_seconds", collector.as_secs_f64());
-    m("alloc_quota_pass_seconds", floor.as_secs_f64());
-    m(
-        "alloc_collector_quota_pass_ratio",
-        collector.as_secs_f64() / floor.as_secs_f64(),
-    );
-    m(
-        "alloc_walk_scrape_ratio",
-        walk.as_secs_f64() / gzip.as_secs_f64(),
-    );
-    drop(dirs);
-    drop(node);
+    (median(gzipped), median(collector), median(floor))
 }
 
 /// Disk usage of a tree as `du -x` counts it: the blocks of the tree's

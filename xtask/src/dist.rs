@@ -531,6 +531,11 @@ fn stage_files(root: &Path, bins: &Bins, d: &Path, epoch: &str, family: Family) 
             "usr/share/prjquota/alertmanager/alertmanager.yml",
         ),
         ("deploy/prjquota.toml", "usr/share/prjquota/prjquota.toml"),
+        // What the exporter's Nomad client needs of Nomad's ACLs.
+        (
+            "deploy/nomad/prjquota-exporter.policy.hcl",
+            "usr/share/prjquota/nomad/prjquota-exporter.policy.hcl",
+        ),
         // Not active: the operator copies it into nomad.service.d.
         (
             "deploy/systemd/nomad-requires-prjquota.conf",
@@ -764,8 +769,9 @@ the plugin into Nomad's host_volume_plugin_dir (PLUGIN_DIR in /etc/default/prjqu
 /etc/sysconfig/prjquota in the .rpm) and \
 keeps it up to date there, the prjquota admin command, prjquota-exporter (Prometheus metrics \
 and the quota guard; systemd unit shipped but not enabled), the Grafana dashboard, the alert \
-rules, a Prometheus configuration and Alertmanager inhibition rules under /usr/share/prjquota, \
-and prjquota-dashboards, which renders the rules and the dashboard from an edited config.";
+rules, a Prometheus configuration, Alertmanager inhibition rules and the Nomad ACL policy of \
+the exporter under /usr/share/prjquota, and prjquota-dashboards, which renders the rules and \
+the dashboard from an edited config.";
 
 /// A maintainer script: /bin/sh, the shared functions, then `name`'s body.
 fn script(root: &Path, name: &str) -> Result<String> {

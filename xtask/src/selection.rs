@@ -167,6 +167,7 @@ pub const BINARIES: &[(&str, Runs)] = &[
     ("guard", Runs::Everywhere),
     ("guard_pins", Runs::FullAndCompat),
     ("hostile", Runs::Full),
+    ("nomad_api", Runs::Full),
     ("old_kernel", Runs::OldOnly),
     ("package", Runs::Full),
     ("plugin", Runs::Everywhere),

@@ -27,11 +27,16 @@
 //! ([`prjquota_core::project_ids`]). The range is `prjquota.toml`'s
 //! `alloc_project_id_min`..`alloc_project_id_max`, clear of the volumes'.
 //!
+//! Limited ([`disk_limits`], `--nomad.enforce-ephemeral-disk`): each
+//! walked allocation's project gets its `ephemeral_disk.size` as its hard
+//! limit.
+//!
 //! Guarded ([`guarded`]): from its claim, before its directory takes the
 //! ID, an allocation's directory is a root of the quota-escape guard, as a
 //! volume's is.
 
 pub mod accounting;
+pub mod disk_limits;
 pub mod guarded;
 pub mod tag_walk;
 

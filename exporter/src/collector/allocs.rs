@@ -24,6 +24,7 @@ use prjquota_core::guard_pins::{kernel_dev, PinnedGuard, RootKey};
 use prjquota_core::{config, quota, run_dir, sys};
 
 use super::{BoxFuture, Collector, Scrape};
+use crate::allocs::disk_limits::DiskLimits;
 use crate::allocs::tag_walk::Walked;
 use crate::allocs::{Accounting, Census, GuardLink, GuardOwner, GuardedAlloc, GuardedRoots};
 use crate::blocking::InFlight;
@@ -39,6 +40,9 @@ pub struct AllocsSetup {
     pub scan_interval: Duration,
     /// The client's `chroot_env` sources ([`CHROOT_SOURCES`] by default).
     pub chroot_sources: Vec<PathBuf>,
+    /// Each allocation's `ephemeral_disk.size` as its limit, or the lifting
+    /// of limits an earlier start set (`crate::allocs::disk_limits`).
+    pub disk_limits: Arc<DiskLimits>,
 }
 
 /// Where Nomad's exec and java drivers take a chroot's files from when the
@@ -228,6 +232,7 @@ fn scan_loop(
             guarded.publish(accounted, claimed);
             let result = result.map(|mut failed| {
                 failed.extend(o.accounting.step_walks());
+                failed.extend(setup.disk_limits.apply(&o.accounting));
                 failed
             });
             let mut s = lock(&shared);
@@ -498,6 +503,10 @@ fn usage_families(accounted: &[GuardedAlloc], found: &[quota::ProjectQuota]) -> 
         "Inodes the kernel charges to the allocation directory's project quota.",
     )
     .with_capacity(accounted.len());
+    let mut limit = Family::gauge(
+        "nomad_alloc_disk_limit_bytes",
+        "The hard limit of the allocation directory's project quota: its ephemeral_disk.size with --nomad.enforce-ephemeral-disk (above its usage when it was over that size when limited); absent when it has none.",
+    );
     for a in accounted {
         let q = found
             .binary_search_by_key(&a.project_id, |q| q.id)
@@ -505,8 +514,11 @@ fn usage_families(accounted: &[GuardedAlloc], found: &[quota::ProjectQuota]) -> 
             .unwrap_or_default();
         bytes.labelled_shared("alloc_id", &a.alloc_id, &[], q.used_bytes as f64);
         inodes.labelled_shared("alloc_id", &a.alloc_id, &[], q.used_inodes as f64);
+        if q.limits.bytes_hard != 0 {
+            limit.labelled_shared("alloc_id", &a.alloc_id, &[], q.limits.bytes_hard as f64);
+        }
     }
-    vec![bytes, inodes]
+    vec![bytes, inodes, limit]
 }
 
 fn self_families(census: Census, walked: Walked, walks: u64, failures: u64) -> Vec<Family> {

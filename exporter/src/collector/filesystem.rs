@@ -145,6 +145,33 @@ pub fn probe(dir: &Path) -> Health {
     }
 }
 
+/// What the plugin's admission would still accept in a volumes directory
+/// (`prjquota_core::holdings`): nothing when the filesystem cannot take a
+/// volume (unhealthy, or project quotas not enforced: every create is
+/// refused there), `None` when an input is unknown (a volume's usage, the
+/// ratio), never a guess. The filesystem collector publishes it, and the
+/// Nomad client puts it in the node's metadata.
+pub fn unprovisioned(
+    stat: &FsStat,
+    health: &Health,
+    volumes_used: Option<u64>,
+    promised: u64,
+    ratio: Option<f64>,
+) -> Option<u64> {
+    if health.unhealthy.is_some() || health.enforced != Some(true) {
+        return Some(0);
+    }
+    let h = prjquota_core::holdings::Holdings::from_statfs(
+        stat.frsize,
+        stat.blocks,
+        stat.bfree,
+        volumes_used?,
+        promised,
+        ratio?,
+    );
+    Some(h.unprovisioned())
+}
+
 /// What a file is taken to be unchanged by: the same inode and ctime (which
 /// every write moves, and every `chmod` or `chown` that can make the file
 /// untrusted). `None` stands for "no file".
@@ -333,6 +360,10 @@ impl Collector for Filesystem {
                 "nomad_host_volumes_quota_enforced",
                 "1 when project quotas are enforced on the filesystem holding the volumes directory, 0 when they are off or only accounted; absent when the state could not be read.",
             );
+            let mut unprovisioned_f = g(
+                "nomad_host_volumes_unprovisioned_bytes",
+                "What the plugin would still admit: overcommit_ratio × (filesystem size − bytes used outside its volumes) − the volumes' provisioned bytes, 0 when the filesystem cannot take a volume (unhealthy, quotas not enforced); the largest capacity_max a create can ask for here. Absent when an input is unknown.",
+            );
             let mut ratio_f = g(
                 "nomad_host_volumes_overcommit_ratio",
                 "overcommit_ratio in the plugin's prjquota.toml (--plugin-dir): volumes may be promised this times the filesystem's room; absent when unknown.",
@@ -403,17 +434,20 @@ impl Collector for Filesystem {
                     enforced.labelled(label(), u8::from(e) as f64);
                 }
                 let mine = || (0..inv.volumes.len()).filter(|&i| inv.volumes[i].dir == d);
-                provisioned.labelled(
-                    label(),
-                    mine()
-                        .map(|i| inv.volumes[i].provisioned_bytes)
-                        .fold(0u64, u64::saturating_add) as f64,
-                );
+                let promised = mine()
+                    .map(|i| inv.volumes[i].provisioned_bytes)
+                    .fold(0u64, u64::saturating_add);
+                provisioned.labelled(label(), promised as f64);
                 let usage: Option<u64> = mine()
                     .map(|i| reading.per_volume.get(i).copied().flatten())
                     .try_fold(0u64, |sum, q| q.map(|q| sum.saturating_add(q.used_bytes)));
                 if let Some(u) = usage {
                     used.labelled(label(), u as f64);
+                }
+                if let Some(Ok(st)) = &stats[d] {
+                    if let Some(left) = unprovisioned(st, &health, usage, promised, ratio) {
+                        unprovisioned_f.labelled(label(), left as f64);
+                    }
                 }
                 if let Some(r) = ratio {
                     ratio_f.labelled(label(), r);
@@ -425,6 +459,7 @@ impl Collector for Filesystem {
                 free,
                 provisioned,
                 used,
+                unprovisioned_f,
                 healthy,
                 enforced,
                 ratio_f,
@@ -643,6 +678,52 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// What admission would accept: the rule's arithmetic on the statfs,
+    /// nothing on a filesystem that refuses every create, and no figure
+    /// at all when an input is unknown.
+    #[test]
+    fn unprovisioned_is_the_admission_rule_or_nothing() {
+        let st = FsStat {
+            frsize: 4096,
+            blocks: 1_000_000,
+            bfree: 400_000,
+            ..FsStat::default()
+        };
+        let good = Health {
+            unhealthy: None,
+            enforced: Some(true),
+        };
+        let b = |blocks: u64| blocks * 4096;
+        // 600k blocks used, 100k of them by volumes: 500k left to promise,
+        // 200k promised already.
+        assert_eq!(
+            unprovisioned(&st, &good, Some(b(100_000)), b(200_000), Some(1.0)),
+            Some(b(300_000))
+        );
+        assert_eq!(
+            unprovisioned(&st, &good, Some(b(100_000)), b(200_000), Some(2.0)),
+            Some(b(800_000))
+        );
+        assert_eq!(
+            unprovisioned(&st, &good, Some(b(100_000)), b(900_000), Some(1.0)),
+            Some(0)
+        );
+        for bad in [
+            Health {
+                unhealthy: Some("read-only".into()),
+                enforced: None,
+            },
+            Health {
+                unhealthy: None,
+                enforced: Some(false),
+            },
+        ] {
+            assert_eq!(unprovisioned(&st, &bad, Some(0), 0, Some(1.0)), Some(0));
+        }
+        assert_eq!(unprovisioned(&st, &good, None, 0, Some(1.0)), None);
+        assert_eq!(unprovisioned(&st, &good, Some(0), 0, None), None);
+    }
+
     #[tokio::test]
     async fn health_and_enforcement_follow_the_probe_per_directory() {
         let state = Arc::new(Mutex::new(Health {
@@ -663,6 +744,8 @@ mod tests {
             line(&t, "nomad_host_volumes_filesystem_healthy").as_deref(),
             Some("1")
         );
+        // Without a plugin directory the ratio is unknown: no figure.
+        assert_eq!(line(&t, "nomad_host_volumes_unprovisioned_bytes"), None);
         assert_eq!(
             line(&t, "nomad_host_volumes_quota_enforced").as_deref(),
             Some("1")
@@ -678,6 +761,11 @@ mod tests {
         );
         assert_eq!(
             line(&t, "nomad_host_volumes_quota_enforced").as_deref(),
+            Some("0")
+        );
+        // A filesystem that refuses every create has nothing to offer.
+        assert_eq!(
+            line(&t, "nomad_host_volumes_unprovisioned_bytes").as_deref(),
             Some("0")
         );
         // A state that cannot be read is absent, not a made-up 0 or 1.

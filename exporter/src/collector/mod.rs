@@ -32,6 +32,7 @@ mod guard_owner;
 mod guard_ranges;
 pub mod guard_sync;
 mod kernel_maps;
+pub mod nomad;
 pub mod quota;
 pub mod quota_events;
 pub mod registry;
@@ -213,6 +214,8 @@ pub struct Config {
     pub plugin_dir: Option<PathBuf>,
     /// Per-allocation disk usage (`--nomad.alloc-dir`); off when `None`.
     pub allocs: Option<allocs::AllocsSetup>,
+    /// Nomad's API (`--nomad.*`); off when `None`.
+    pub nomad: Option<Arc<crate::nomad::Nomad>>,
 }
 
 impl Default for Config {
@@ -231,6 +234,7 @@ impl Default for Config {
             max_volumes: prjquota_ebpf::LoadOptions::default().max_volumes,
             plugin_dir: None,
             allocs: None,
+            nomad: None,
         }
     }
 }
@@ -274,6 +278,9 @@ pub struct Exporter {
     pub announcements: Arc<announcements::Stats>,
     /// Of [`SWITCHABLE`], those switched off.
     disabled: Vec<&'static str>,
+    /// Nomad's API, when configured: `prjquota reconcile --nomad` asks it
+    /// through the announcement socket.
+    nomad: Option<Arc<crate::nomad::Nomad>>,
 }
 
 pub const BUILD_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -360,6 +367,9 @@ impl Exporter {
                 pins,
             )));
         }
+        if let Some(n) = &config.nomad {
+            collectors.push(Box::new(nomad::NomadCollector(n.clone())));
+        }
         Exporter::with_collectors(config, collectors)
     }
 
@@ -420,7 +430,21 @@ impl Exporter {
                 .into_iter()
                 .filter(|n| config.disabled_collectors.contains(n))
                 .collect(),
+            nomad: config.nomad.clone(),
         }
+    }
+
+    /// Nomad's API, when configured.
+    pub fn nomad(&self) -> Option<&Arc<crate::nomad::Nomad>> {
+        self.nomad.as_ref()
+    }
+
+    /// The registries' Ready volumes now, read outside a scrape (under the
+    /// lock a scrape holds, so that the two reads never meet in a stuck
+    /// mount's bookkeeping): what `prjquota reconcile --nomad` asks about.
+    pub async fn inventory(&self) -> (Arc<Inventory>, anyhow::Result<()>) {
+        let _sync = self.roots_sync.lock().await;
+        self.registry.load().await
     }
 
     /// Waits until [`Exporter::warm_up`] has finished.

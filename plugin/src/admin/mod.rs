@@ -27,6 +27,8 @@ pub struct Flags {
     pub json: bool,
     pub bytes: bool,
     pub fix: bool,
+    /// `reconcile --nomad`: compare with Nomad's list too.
+    pub nomad: bool,
 }
 
 impl Flags {

@@ -1,5 +1,6 @@
-//! `prjquota reconcile [--fix]`: do the records, the directories and the
-//! kernel's quota state agree?
+//! `prjquota reconcile [--nomad] [--fix]`: do the records, the
+//! directories and the kernel's quota state agree, and (`--nomad`) does
+//! Nomad know every volume?
 //!
 //! Every disagreement is reported. `--fix` repairs only what loses nothing:
 //! limits and project tags are re-applied, limits of an unused orphan
@@ -7,6 +8,17 @@
 //! lock files are removed. Directories are never deleted: an orphaned
 //! directory is reported for the operator to look at. Running it twice
 //! reports clean the second time.
+//!
+//! With `--nomad`, the volumes Nomad does not know (`nomad volume delete
+//! -force`, a node that left the cluster) are reported too, and `--fix`
+//! deletes them as Nomad's own delete would: through the plugin's delete
+//! path, so only `<volumes dir>/<volume ID>`, its record and its quota go.
+//! Nomad is asked through the node's prjquota-exporter, which holds the
+//! Nomad client and its token (`prjquota_core::announce::nomad_volumes`):
+//! the plugin Nomad runs for every volume stays free of an HTTP and TLS
+//! stack. Only a volume Nomad's list lacks, whose own endpoint answers 404
+//! and that no namespace or node has is called unknown, and only one
+//! written more than [`NOMAD_GRACE`] ago is deleted.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::AsFd;
@@ -15,11 +27,11 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::Flags;
-use crate::contract::VolumeId;
+use crate::contract::{DeleteRequest, VolumeId};
 use crate::fs::VolumesFs;
 use crate::ops::{self, load_config, Undo};
 use crate::quota_control::Control;
-use crate::registry::{Durable, Entry, Record, Registry, State, DIR_NAME};
+use crate::registry::{self, Durable, Entry, Record, Registry, State, DIR_NAME};
 use prjquota_core::sys;
 
 /// One disagreement, and what `--fix` did about it.
@@ -197,6 +209,10 @@ pub fn run(flags: &Flags) -> Result<Vec<Finding>> {
         }
     }
 
+    if flags.nomad {
+        out.extend(compare_with_nomad(&reg, flags)?);
+    }
+
     for name in reg.temp_files()? {
         let f = finding(
             "stale-temp-file",
@@ -223,6 +239,108 @@ pub fn run(flags: &Flags) -> Result<Vec<Finding>> {
             }
             Ok(())
         }));
+    }
+    Ok(out)
+}
+
+/// How long after its record was last written a volume Nomad does not
+/// know is taken for one Nomad forgot: Nomad's server records a new
+/// volume only once the plugin's create returned (the client's call may
+/// take a minute, and the server waits up to two for its turn), so a
+/// younger one may be a create Nomad has not recorded yet.
+pub const NOMAD_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// How long the exporter may take to ask Nomad.
+const NOMAD_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// The volumes Nomad does not know, or why Nomad could not be asked.
+fn compare_with_nomad(reg: &Registry, flags: &Flags) -> Result<Vec<Finding>> {
+    use prjquota_core::announce::{nomad_volumes, Verdict};
+    let dir = flags.volumes_dir();
+    let not_asked = |why: String| {
+        vec![finding(
+            "nomad-not-asked",
+            "Nomad",
+            format!("cannot compare with Nomad's list: {why}"),
+        )]
+    };
+    let answer = match nomad_volumes(&dir, NOMAD_WAIT) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            return Ok(not_asked(
+                "no prjquota-exporter listens for this volumes directory; start it with \
+                 --nomad.addr and a token that may read host volumes (docs/nomad.md)"
+                    .into(),
+            ))
+        }
+        Err(e) => return Ok(not_asked(e.to_string())),
+    };
+    let now = registry::now_unix();
+    let mut out = Vec::new();
+    for v in answer.volumes {
+        if v.verdict == Verdict::Listed {
+            continue;
+        }
+        let Ok(id) = VolumeId::parse(&v.volume_id) else {
+            continue;
+        };
+        // Gone meanwhile, or not Ready (reported above): not Nomad's to say.
+        let Some(rec) = reg.load(&id)?.filter(|r| r.state == State::Ready) else {
+            continue;
+        };
+        let subject = format!("volume {id} ({}/{})", rec.namespace, rec.volume_name);
+        if v.verdict == Verdict::Elsewhere {
+            out.push(finding(
+                "elsewhere-in-nomad",
+                subject,
+                format!(
+                    "{} (asked {}): look at it with `nomad volume status -type host {id}` before \
+                     anything else",
+                    v.detail, answer.nomad_addr
+                ),
+            ));
+            continue;
+        }
+        let age = now.saturating_sub(rec.created_unix.max(rec.updated_unix));
+        let mut f = finding(
+            "unknown-to-nomad",
+            subject,
+            format!(
+                "Nomad ({}) does not know it: {}; its directory {}, record and project {} are \
+                 still here",
+                answer.nomad_addr,
+                v.detail,
+                rec.path.display(),
+                rec.project_id
+            ),
+        );
+        if age < NOMAD_GRACE.as_secs() {
+            f.detail.push_str(&format!(
+                "; its record was written {age}s ago, which may be a create Nomad has not \
+                 recorded yet: run reconcile again in {} minutes",
+                NOMAD_GRACE.as_secs() / 60
+            ));
+            out.push(f);
+            continue;
+        }
+        out.push(repairable(
+            f,
+            "delete it as `nomad volume delete` would: its directory (with its data), record and project quota",
+            flags.fix,
+            || {
+                ops::delete(&DeleteRequest {
+                    volumes_dir: dir.clone(),
+                    plugin_dir: flags.plugin_dir.clone(),
+                    node_pool: rec.node_pool.clone(),
+                    created_path: Some(rec.path.clone()),
+                    namespace: rec.namespace.clone(),
+                    volume_name: rec.volume_name.clone(),
+                    volume_id: rec.volume_id.clone(),
+                    node_id: rec.node_id.clone(),
+                    parameters: rec.parameters.clone(),
+                })
+            },
+        ));
     }
     Ok(out)
 }
