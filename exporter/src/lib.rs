@@ -22,6 +22,7 @@ pub mod blocking;
 pub mod collector;
 pub mod deflate;
 pub mod exposition;
+pub mod guard;
 pub mod genetlink;
 pub mod http;
 pub mod inventory;
