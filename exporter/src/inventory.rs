@@ -5,7 +5,7 @@ use foldhash::{HashMap, HashSet, HashSetExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use prjquota_core::guard_pins::kernel_dev;
+use prjquota_core::guard_contract::kernel_dev;
 use prjquota_core::record::Record;
 
 /// What the exporter keeps of a registry record: the labels and numbers it

@@ -2,7 +2,7 @@
 //! guard `prjquota_ebpf::guard` loads in force between scrapes. The
 //! guard's metrics are a collector (`crate::collector::guard`), which
 //! starts it; the BPF side is `prjquota_ebpf::guard`, its contract with
-//! the plugin `prjquota_core::guard_pins`.
+//! the plugin `prjquota_core::guard_contract`.
 //!
 //! - [`owner`]: one exporter owns each volumes directory's pinned guard
 //!   (its owner lock), and puts back pins changed behind its back;
