@@ -52,12 +52,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::background::{self, Background};
-use crate::guard::owner::{self, Keeper};
-use crate::guard::ranges::GuardRanges;
-use crate::guard::sync::Syncer;
 use super::{BoxFuture, Collector, Scrape};
 use crate::allocs::{GuardOwner, GuardedAlloc, GuardedRoots};
 use crate::exposition::{Extra, Family};
+use crate::guard::owner::{self, Keeper};
+use crate::guard::ranges::GuardRanges;
+use crate::guard::sync::Syncer;
 use anyhow::anyhow;
 use prjquota_ebpf::guard::{
     bpf_lsm_active, pins, Guard, GuardCounters, GuardEvent, GuardMode, Outcome, Outcomes,

@@ -307,7 +307,9 @@ pub fn run(flags: &Flags) -> Vec<Item> {
 /// Whether the BPF LSM runs (`None`: the list cannot be read), as the
 /// exporter reads it.
 fn bpf_lsm_active() -> Option<bool> {
-    guard_contract::bpf_lsm_active().ok().map(|(active, _)| active)
+    guard_contract::bpf_lsm_active()
+        .ok()
+        .map(|(active, _)| active)
 }
 
 /// The quota-escape guard of `volumes_dir`, from its pins under
