@@ -151,6 +151,7 @@ pub enum Runs {
 /// another kernel's selection unseen.
 pub const BINARIES: &[(&str, Runs)] = &[
     ("admin", Runs::Full),
+    ("alerts", Runs::Full),
     ("allocs", Runs::Everywhere),
     ("capacity", Runs::Everywhere),
     ("crash", Runs::Full),
