@@ -686,7 +686,7 @@ mod tests {
     /// A volumes directory whose records directory changed more than a
     /// second ago.
     fn settled_registry() -> Scratch {
-        let dir = Scratch(crate::collector::registry::tests::temp_dir("guard-sync"));
+        let dir = Scratch(crate::inventory::tests::temp_dir("guard-sync"));
         let records = records_dir(dir.path());
         fs::create_dir_all(&records).unwrap();
         let old = SystemTime::now() - Duration::from_secs(5);
