@@ -28,7 +28,7 @@
 //!
 //! What this buys is write telemetry from the first byte. The guard does not
 //! depend on it: the plugin puts a new root into the pinned guard itself
-//! ([`crate::guard_pins`]).
+//! ([`crate::guard_contract`]).
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::AsFd;

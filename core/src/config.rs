@@ -123,7 +123,7 @@ impl Default for Config {
             default_mode: 0o700,
             allowed_parameters: volume_params::KNOWN.iter().map(|s| s.to_string()).collect(),
             overcommit_ratio: 1.0,
-            guard_pin_root: PathBuf::from(crate::guard_pins::PIN_ROOT),
+            guard_pin_root: PathBuf::from(crate::guard_contract::PIN_ROOT),
             source: None,
         }
     }
@@ -522,7 +522,7 @@ pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
                 format!(
                     "guard_pin_root must be an absolute path of a directory on a bpf                      filesystem, not {}; remove it for the default {}",
                     shown(v.get_ref()),
-                    crate::guard_pins::PIN_ROOT
+                    crate::guard_contract::PIN_ROOT
                 ),
             ));
         }

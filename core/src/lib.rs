@@ -3,7 +3,7 @@
 //! plugin's admin, ops and request-handling code.
 //!
 //! [`sys`] is this crate's only module allowed `unsafe` code (the workspace
-//! denies it everywhere but there and `prjquota-ebpf`'s `raw`); [`quota`], [`mountinfo`], [`announce`] and [`guard_pins`]
+//! denies it everywhere but there and `prjquota-ebpf`'s `raw`); [`quota`], [`mountinfo`], [`announce`] and [`guard_contract`]
 //! are the safe layers above it. [`record`] is the registry record and its one reader,
 //! [`config`] the node configuration and its one reader, [`holdings`]
 //! the admission rule's arithmetic, [`project_ids`]
@@ -21,7 +21,7 @@ pub mod config;
 pub mod entry_open;
 pub mod fault;
 pub mod fs_type;
-pub mod guard_pins;
+pub mod guard_contract;
 pub mod holdings;
 pub mod lock_file;
 pub mod mountinfo;

@@ -31,7 +31,7 @@ pub struct RootsUpdate {
     pub rejected: Vec<(u64, u64, u32)>,
 }
 
-pub use prjquota_core::guard_pins::kernel_dev;
+pub use prjquota_core::guard_contract::kernel_dev;
 
 /// `(st_dev, st_ino)` of a directory, as [`WriteTelemetry::set_roots`]
 /// takes them.

@@ -5,7 +5,7 @@ use foldhash::{HashMap, HashSet, HashSetExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use prjquota_core::guard_pins::kernel_dev;
+use prjquota_core::guard_contract::kernel_dev;
 use prjquota_core::record::Record;
 
 /// What the exporter keeps of a registry record: the labels and numbers it
@@ -232,6 +232,20 @@ impl Inventory {
 #[cfg(test)]
 pub mod tests {
     use super::*;
+
+    /// A fresh directory of this test process under the system's temp dir.
+    pub fn temp_dir(tag: &str) -> PathBuf {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let d = std::env::temp_dir().join(format!(
+            "prjq-exporter-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
 
     /// Volumes 1..=n whose roots are real directories under `base` (made
     /// afresh).

@@ -24,6 +24,7 @@ pub mod collector;
 pub mod deflate;
 pub mod exposition;
 pub mod genetlink;
+pub mod guard;
 pub mod http;
 pub mod inventory;
 pub mod listen;

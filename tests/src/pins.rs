@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use prjquota_core::guard_pins::{escape_path, PinnedGuard, PIN_ROOT};
+use prjquota_core::guard_contract::{escape_path, PinnedGuard, PIN_ROOT};
 
 /// A pin directory for one volumes directory, removed on drop.
 pub struct HandPins {

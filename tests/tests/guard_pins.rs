@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use prjquota_core::guard_pins::RootKey;
+use prjquota_core::guard_contract::RootKey;
 use prjquota_vmtests::attack::{chproj_as, open, Who, OWNER};
 use prjquota_vmtests::fixture::{fill, writable, Fixture, FsCase, MIB, XFS};
 use prjquota_vmtests::nomad::{run_plugin_with, Spec, TEST_DEADLINE};
@@ -168,7 +168,7 @@ fn guard_off_trusts_no_pin_root_others_may_write() {
         std::fs::write(victim.join(n), b"keep").unwrap();
     }
     let pin_dir = root.join("@guard-1-1");
-    let link = prjquota_core::guard_pins::link_of(&root, &f.node.volumes_dir);
+    let link = prjquota_core::guard_contract::link_of(&root, &f.node.volumes_dir);
     let as_nobody = |args: &[&std::ffi::OsStr]| {
         let st = Command::new("setpriv")
             .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
@@ -258,7 +258,7 @@ fn the_plugin_finds_the_guard_where_prjquota_toml_says() {
         &["--guard=enforce", "--ebpf=off", "--plugin-dir", plugins],
     );
     assert!(
-        std::fs::symlink_metadata(prjquota_core::guard_pins::link_of(
+        std::fs::symlink_metadata(prjquota_core::guard_contract::link_of(
             Path::new(root),
             &f.node.volumes_dir
         ))
@@ -440,7 +440,7 @@ fn a_new_project_is_guarded_from_its_claim(fs: &FsCase) {
     assert!(!out.status.success(), "the fault point was not reached");
     let pid = prjquota_vmtests::records::reserved_project(&f.node.volumes_dir, &spec.id)
         .expect("the stopped create reserved an ID");
-    let dev = prjquota_core::guard_pins::kernel_dev(
+    let dev = prjquota_core::guard_contract::kernel_dev(
         std::fs::metadata(&f.node.volumes_dir).unwrap().dev(),
     )
     .unwrap();

@@ -18,7 +18,7 @@ use crate::error::{FailureReason, LoadError, ProgramFailure};
 use crate::loader::LoadOptions;
 use crate::loader::Variant;
 use crate::loader::{classify, has_function, kernel_btf, object_error, one_load_at_a_time};
-use prjquota_core::guard_pins::{
+use prjquota_core::guard_contract::{
     bpf_lsm_active, LsmHook, LSM_FILEATTR, LSM_IOCTL, LSM_IOCTL_COMPAT, LSM_VERSION,
     LSM_VERSION_COMPAT,
 };

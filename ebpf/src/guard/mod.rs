@@ -80,7 +80,7 @@
 //! guard-wide statistics), `events` (the ring buffer), `pinning` (this
 //! guard's maps and links in its pin directory) and [`pins`] (the pin
 //! directories in bpffs). The names the exporter and the plugin both rely
-//! on (pins, link pins, the LSM programs) are `prjquota_core::guard_pins`'s.
+//! on (pins, link pins, the LSM programs) are `prjquota_core::guard_contract`'s.
 //!
 //! # Use
 //!
@@ -122,7 +122,7 @@ pub use events::{EventSource, GuardEvent, Outcome, Place, MAX_EVENTS_PER_DRAIN};
 pub use maps::{root_identity, root_identity_of, Snapshot};
 pub use mode::{bpf_lsm_active, GuardMode, NotEnforcing, LSM_LIST};
 pub use pinning::Pinned;
-pub use prjquota_core::guard_pins::is_lsm_program;
+pub use prjquota_core::guard_contract::is_lsm_program;
 
 use crate::error::LoadError;
 use crate::loader::one_load_at_a_time;

@@ -6,7 +6,7 @@ use std::io;
 use std::str::FromStr;
 
 use crate::error::ProgramFailure;
-pub use prjquota_core::guard_pins::{bpf_lsm_active, LSM_LIST};
+pub use prjquota_core::guard_contract::{bpf_lsm_active, LSM_LIST};
 
 /// What the guard does (the exporter's `--guard` flag: `auto`, `off`,
 /// `detect`, `enforce`).

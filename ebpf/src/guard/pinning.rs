@@ -15,7 +15,7 @@ use aya::programs::{FExit, Lsm};
 use super::maps::MAP_EVENTS;
 use super::{pins, Guard};
 use crate::error::chain;
-use prjquota_core::guard_pins::link_pin;
+use prjquota_core::guard_contract::link_pin;
 
 /// How the guard came to be pinned ([`Guard::load_pinned`]).
 #[derive(Debug)]

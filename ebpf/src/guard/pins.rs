@@ -3,7 +3,7 @@
 //!
 //! The layout and every name in it are the contract with the plugin,
 //! which writes new volumes' roots into the pinned maps itself:
-//! `prjquota_core::guard_pins` (and `docs/security.md`).
+//! `prjquota_core::guard_contract` (and `docs/security.md`).
 //!
 //! One exporter owns a volumes directory's guard while it runs (its
 //! [`OwnerLock`]): another exporter on the same directory leaves those pins
@@ -35,7 +35,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use prjquota_core::guard_pins::{
+use prjquota_core::guard_contract::{
     self, linked_program, owner_lock_of, BPF_FS_MAGIC, DIR_PREFIX, LINK_PREFIX, MAP_COUNTERS,
     MAP_DEVS, MAP_EVENTS, MAP_PROJECTS, MAP_ROOTS, MAP_STATS, TMP_PREFIX,
 };
@@ -43,7 +43,7 @@ use prjquota_core::guard_pins::{
 use super::maps;
 
 /// The contract's names this module's callers use.
-pub use prjquota_core::guard_pins::{link_of, PIN_ROOT};
+pub use prjquota_core::guard_contract::{link_of, PIN_ROOT};
 
 /// The maps' pin names in a pin directory, by the guard object's map name.
 pub const MAP_PINS: [(&str, &str); 6] = [
@@ -165,10 +165,10 @@ fn mount_reaches_the_host(dir: &Path) -> bool {
         .is_ok_and(|m| prjquota_core::mountinfo::propagates(&m, dir))
 }
 
-/// [`guard_pins::untrusted_dirs`] of `dir`, as the error
+/// [`guard_contract::untrusted_dirs`] of `dir`, as the error
 /// that keeps the guard's pins out of `root`.
 fn refuse_untrusted(root: &Path, dir: &Path) -> io::Result<()> {
-    match guard_pins::untrusted_dirs(dir) {
+    match guard_contract::untrusted_dirs(dir) {
         Ok(None) => Ok(()),
         Ok(Some(why)) => Err(io::Error::other(format!(
             "refusing to pin the guard in {}: {why}",
@@ -179,7 +179,7 @@ fn refuse_untrusted(root: &Path, dir: &Path) -> io::Result<()> {
 }
 
 fn fs_type(path: &Path) -> io::Result<i64> {
-    guard_pins::fs_type(path).map_err(|e| ctx(path, "cannot statfs", e))
+    guard_contract::fs_type(path).map_err(|e| ctx(path, "cannot statfs", e))
 }
 
 /// Makes a new, empty pin directory under `root`.
@@ -545,7 +545,7 @@ impl Current {
     /// Whether one of its link pins attaches a BPF LSM program: a guard
     /// that refuses changes, not one that only counts them.
     pub fn enforces(&self) -> bool {
-        self.links.iter().any(|p| guard_pins::is_lsm_program(p))
+        self.links.iter().any(|p| guard_contract::is_lsm_program(p))
     }
 
     /// The pid of the exporter that made the directory (`@guard-<pid>-…`).

@@ -381,7 +381,7 @@ fn the_lsm_programs_are_guard_c_s() {
             .unwrap_or_else(|| panic!("a BPF_PROG after SEC(\"{section}\"): {next}"));
         in_c.push((prog.to_string(), section.to_string()));
     }
-    let mut listed: Vec<(String, String)> = prjquota_core::guard_pins::LSM_HOOKS
+    let mut listed: Vec<(String, String)> = prjquota_core::guard_contract::LSM_HOOKS
         .iter()
         .flat_map(|h| h.variants.iter())
         .map(|&(p, s)| (p.to_string(), s.to_string()))

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use prjquota_core::guard_pins::{kernel_dev, PinnedGuard, RootKey};
+use prjquota_core::guard_contract::{kernel_dev, PinnedGuard, RootKey};
 use prjquota_core::{config, quota, run_dir, sys};
 
 use super::{BoxFuture, Collector, Scrape};

@@ -35,14 +35,14 @@
 //! (`--guard.pin-root`, `prjquota_ebpf::guard::pins`), so the kernel keeps
 //! enforcing through a restart, a crash or an upgrade, and a new exporter
 //! replaces it without a gap, but never while its owner runs
-//! (`guard_owner`). `--guard=off` removes the pins of its volumes
+//! (`crate::guard::owner`). `--guard=off` removes the pins of its volumes
 //! directories whose owner is gone. A guard that cannot be pinned runs attached to this process
 //! only: `prjquota_exporter_guard_pinned 0`, logged; with `--guard=enforce`
 //! the exporter refuses to start instead (the pins of the exporter before
 //! it, if any, keep enforcing).
 //!
 //! Volumes enter the maps from the plugin (create) and from the sync timer
-//! (`guard_sync`, `--guard.sync-interval`), never from scrapes: a scrape
+//! (`crate::guard::sync`, `--guard.sync-interval`), never from scrapes: a scrape
 //! only reads the counters and the events.
 
 use foldhash::HashMap;
@@ -52,12 +52,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::background::{self, Background};
-use super::guard_owner::{self, Keeper};
-use super::guard_ranges::GuardRanges;
-use super::guard_sync::Syncer;
 use super::{BoxFuture, Collector, Scrape};
 use crate::allocs::{GuardOwner, GuardedAlloc, GuardedRoots};
 use crate::exposition::{Extra, Family};
+use crate::guard::owner::{self, Keeper};
+use crate::guard::ranges::GuardRanges;
+use crate::guard::sync::Syncer;
 use anyhow::anyhow;
 use prjquota_ebpf::guard::{
     bpf_lsm_active, pins, Guard, GuardCounters, GuardEvent, GuardMode, Outcome, Outcomes,
@@ -80,8 +80,8 @@ const DENIED: Extra = &[("result", "denied")];
 /// Where the guard stands: off is `--guard=off` (`error` None) or a load
 /// that failed.
 /// An off guard's detail: the volumes directories another exporter's
-/// guard covers, and why (`guard_owner`).
-type Status = background::Status<Loaded, guard_owner::Skipped>;
+/// guard covers, and why (`crate::guard::owner`).
+type Status = background::Status<Loaded, owner::Skipped>;
 
 /// A guard loaded.
 struct Loaded {
@@ -141,7 +141,7 @@ pub struct GuardSetup {
 }
 
 pub struct GuardCollector {
-    status: Background<Loaded, guard_owner::Skipped>,
+    status: Background<Loaded, owner::Skipped>,
 }
 
 impl GuardCollector {
@@ -212,7 +212,7 @@ fn unpin(setup: &GuardSetup) -> Status {
     // A guard whose exporter runs is that exporter's to remove: stop it
     // first. The locks are held until the pins are gone.
     let (dirs, _locks) = if setup.pin_root.exists() {
-        let c = guard_owner::claim(&setup.pin_root, &setup.volumes_dirs, GuardMode::Off, true);
+        let c = owner::claim(&setup.pin_root, &setup.volumes_dirs, GuardMode::Off, true);
         (c.dirs, c.locks)
     } else {
         (setup.volumes_dirs.clone(), Vec::new())
@@ -351,7 +351,7 @@ fn cannot_enforce(reason: &str) -> bool {
 /// volumes directory's): this exporter's when it owns that directory's,
 /// nobody's when a stronger guard is left pinned there, another
 /// exporter's when it holds that directory's owner lock.
-fn allocs_owner(volumes_dirs: &[PathBuf], claimed: &guard_owner::Claimed) -> GuardOwner {
+fn allocs_owner(volumes_dirs: &[PathBuf], claimed: &owner::Claimed) -> GuardOwner {
     let Some(first) = volumes_dirs.first() else {
         return GuardOwner::None;
     };
@@ -359,7 +359,7 @@ fn allocs_owner(volumes_dirs: &[PathBuf], claimed: &guard_owner::Claimed) -> Gua
         return GuardOwner::Mine;
     }
     match claimed.skipped.iter().find(|(d, _)| d == first) {
-        Some((_, reason)) if *reason == guard_owner::OWNED_ELSEWHERE => GuardOwner::Elsewhere(
+        Some((_, reason)) if *reason == owner::OWNED_ELSEWHERE => GuardOwner::Elsewhere(
             format!(
                 "another prjquota-exporter owns the quota-escape guard of {}, and allocations are accounted by the guard's owner; stop this one's --nomad.alloc-dir, or the other exporter",
                 first.display()
@@ -374,7 +374,7 @@ fn load(setup: &GuardSetup, opts: &LoadOptions) -> Status {
     let lsm = bpf_lsm_active();
     let lsm_active = lsm.as_ref().ok().map(|(active, _)| *active);
     let (mode, auto_why) = requested.resolve(lsm);
-    let claimed = guard_owner::claim(
+    let claimed = owner::claim(
         &setup.pin_root,
         &setup.volumes_dirs,
         mode,
@@ -847,7 +847,7 @@ impl Collector for GuardCollector {
                     Ok(())
                 }
                 Status::Off { reason, detail, .. } => {
-                    out.extend(guard_owner::not_own_family(detail));
+                    out.extend(owner::not_own_family(detail));
                     out.extend(mode_families(GuardMode::Off));
                     // No samples (nothing is counted), but the family is
                     // known: the dashboards' lint reads the catalogue.

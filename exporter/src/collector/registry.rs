@@ -417,6 +417,7 @@ pub fn families(inv: &Inventory) -> Vec<Family> {
 #[cfg(test)]
 pub mod tests {
     use super::*;
+    use crate::inventory::tests::temp_dir;
 
     /// The tests' shared record, with the values these tests' expected
     /// lines name.
@@ -438,19 +439,6 @@ pub mod tests {
         let tmp = dir.join(record::temp_file_name(&rec.volume_id));
         fs::write(&tmp, serde_json::to_vec_pretty(rec).unwrap()).unwrap();
         fs::rename(&tmp, dir.join(record::record_file_name(&rec.volume_id))).unwrap();
-    }
-
-    pub fn temp_dir(tag: &str) -> PathBuf {
-        use std::sync::atomic::{AtomicU32, Ordering};
-        static N: AtomicU32 = AtomicU32::new(0);
-        let d = std::env::temp_dir().join(format!(
-            "prjq-exporter-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(&d).unwrap();
-        d
     }
 
     const A: &str = "11111111-1111-4111-8111-111111111111";

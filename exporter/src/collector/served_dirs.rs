@@ -124,7 +124,7 @@ mod tests {
     use crate::inventory::Inventory;
 
     fn scratch(tag: &str) -> PathBuf {
-        crate::collector::registry::tests::temp_dir(tag)
+        crate::inventory::tests::temp_dir(tag)
     }
 
     async fn text(c: &ServedDirs) -> (String, anyhow::Result<()>) {

@@ -20,7 +20,7 @@ use crate::quota_control::{Control, NotPermitted};
 use crate::registry::{self, Entry, Registry};
 use prjquota_core::config::Config;
 use prjquota_core::fs_type::FsType;
-use prjquota_core::guard_pins;
+use prjquota_core::guard_contract;
 use prjquota_core::sys;
 use prjquota_core::units::human;
 
@@ -307,7 +307,9 @@ pub fn run(flags: &Flags) -> Vec<Item> {
 /// Whether the BPF LSM runs (`None`: the list cannot be read), as the
 /// exporter reads it.
 fn bpf_lsm_active() -> Option<bool> {
-    guard_pins::bpf_lsm_active().ok().map(|(active, _)| active)
+    guard_contract::bpf_lsm_active()
+        .ok()
+        .map(|(active, _)| active)
 }
 
 /// The quota-escape guard of `volumes_dir`, from its pins under
@@ -322,14 +324,14 @@ fn guard(pin_root: &Path, volumes_dir: &Path, lsm: Option<bool>) -> Item {
     };
     let lsm_fix = format!(
         "add `bpf` to the kernel's `lsm=` boot parameter (keep the others listed in {}) and reboot",
-        guard_pins::LSM_LIST
+        guard_contract::LSM_LIST
     );
-    let pin = guard_pins::link_of(pin_root, volumes_dir);
+    let pin = guard_contract::link_of(pin_root, volumes_dir);
     let links = match std::fs::read_dir(&pin) {
         Ok(entries) => entries
             .flatten()
             .filter_map(|e| e.file_name().into_string().ok())
-            .filter(|n| guard_pins::linked_program(n).is_some())
+            .filter(|n| guard_contract::linked_program(n).is_some())
             .collect::<Vec<_>>(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return warn(
@@ -356,8 +358,8 @@ fn guard(pin_root: &Path, volumes_dir: &Path, lsm: Option<bool>) -> Item {
     // detecting programs' links means it counts.
     let enforcing = links
         .iter()
-        .filter_map(|l| guard_pins::linked_program(l))
-        .any(guard_pins::is_lsm_program);
+        .filter_map(|l| guard_contract::linked_program(l))
+        .any(guard_contract::is_lsm_program);
     if enforcing {
         return pass(
             CHECK,
@@ -609,7 +611,7 @@ mod tests {
         let vols = tmp.join("vols");
         std::fs::create_dir_all(&vols).unwrap();
         let pin_root = tmp.join("pins");
-        let pin = guard_pins::link_of(&pin_root, &vols);
+        let pin = guard_contract::link_of(&pin_root, &vols);
 
         let none = guard(&pin_root, &vols, Some(true));
         assert!(none.ok && none.warning, "{none:?}");

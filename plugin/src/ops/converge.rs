@@ -5,7 +5,7 @@ use std::io;
 use std::os::fd::AsFd;
 
 use anyhow::{bail, Context, Result};
-use prjquota_core::guard_pins::{PinnedGuard, RootKey};
+use prjquota_core::guard_contract::{PinnedGuard, RootKey};
 
 use super::volume_dir::{apply_root_attrs, cname, open_volume_dir};
 use crate::contract::VolumeId;

@@ -6,7 +6,7 @@ use std::io;
 use std::os::fd::AsFd;
 
 use anyhow::{bail, Context, Result};
-use prjquota_core::guard_pins::{kernel_dev, PinnedGuard};
+use prjquota_core::guard_contract::{kernel_dev, PinnedGuard};
 
 use super::converge::{converge, limits_for, Undo};
 use super::desired::{Created, Desired};

@@ -4,7 +4,7 @@ use std::io;
 use std::os::fd::AsFd;
 
 use anyhow::{Context, Result};
-use prjquota_core::guard_pins::{kernel_dev, RootKey};
+use prjquota_core::guard_contract::{kernel_dev, RootKey};
 
 use super::pins::open_guard;
 use super::reservations::release_other_reservations;

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Result};
-use prjquota_core::guard_pins::PinnedGuard;
+use prjquota_core::guard_contract::PinnedGuard;
 
 use crate::fs::VolumesFs;
 
@@ -24,5 +24,5 @@ pub(crate) fn pin_root_for_delete(plugin_dir: Option<&Path>) -> PathBuf {
     plugin_dir
         .and_then(|d| prjquota_core::config::load(d).ok())
         .map(|c| c.guard_pin_root)
-        .unwrap_or_else(|| PathBuf::from(prjquota_core::guard_pins::PIN_ROOT))
+        .unwrap_or_else(|| PathBuf::from(prjquota_core::guard_contract::PIN_ROOT))
 }

@@ -188,7 +188,7 @@ pub struct Syncer {
     verify_every: Duration,
     last_full: Mutex<Option<LastFull>>,
     /// The project-ID ranges put into the guard at every round.
-    ranges: Option<super::guard_ranges::GuardRanges>,
+    ranges: Option<super::ranges::GuardRanges>,
 }
 
 impl Syncer {
@@ -207,7 +207,7 @@ impl Syncer {
     }
 
     /// Each round also puts `ranges` into the guard (when its file changed).
-    pub fn keeping_ranges(mut self, ranges: super::guard_ranges::GuardRanges) -> Syncer {
+    pub fn keeping_ranges(mut self, ranges: super::ranges::GuardRanges) -> Syncer {
         self.ranges = Some(ranges);
         self
     }
@@ -686,7 +686,7 @@ mod tests {
     /// A volumes directory whose records directory changed more than a
     /// second ago.
     fn settled_registry() -> Scratch {
-        let dir = Scratch(crate::collector::registry::tests::temp_dir("guard-sync"));
+        let dir = Scratch(crate::inventory::tests::temp_dir("guard-sync"));
         let records = records_dir(dir.path());
         fs::create_dir_all(&records).unwrap();
         let old = SystemTime::now() - Duration::from_secs(5);
