@@ -49,6 +49,13 @@ pub(super) const DETECT_FILEATTR: Detect = Detect {
         funcs: &["vfs_fileattr_set"],
     }],
 };
+/// The count of a judged ioctl, at the exit of the native system call (a
+/// 32-bit caller's goes uncounted), shared by both ioctl detections.
+const SYS_IOCTL_EXIT: DetectPart = DetectPart {
+    prog: "guard_sys_ioctl_exit",
+    funcs: &["__x64_sys_ioctl", "__arm64_sys_ioctl"],
+};
+
 /// Before 5.13 (context build only): the ioctl judged at the exit of
 /// security_file_ioctl, counted at the exit of the native system call (a
 /// 32-bit caller's goes uncounted). The exit first: no judgement is kept
@@ -56,10 +63,7 @@ pub(super) const DETECT_FILEATTR: Detect = Detect {
 const DETECT_IOCTL: Detect = Detect {
     hook: "security_file_ioctl",
     parts: &[
-        DetectPart {
-            prog: "guard_sys_ioctl_exit",
-            funcs: &["__x64_sys_ioctl", "__arm64_sys_ioctl"],
-        },
+        SYS_IOCTL_EXIT,
         DetectPart {
             prog: "guard_ioctl_judge",
             funcs: &["security_file_ioctl"],
@@ -73,10 +77,7 @@ const DETECT_IOCTL: Detect = Detect {
 const DETECT_VERSION: Detect = Detect {
     hook: "security_file_ioctl",
     parts: &[
-        DetectPart {
-            prog: "guard_sys_ioctl_exit",
-            funcs: &["__x64_sys_ioctl", "__arm64_sys_ioctl"],
-        },
+        SYS_IOCTL_EXIT,
         DetectPart {
             prog: "guard_version_judge",
             funcs: &["security_file_ioctl"],

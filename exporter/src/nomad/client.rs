@@ -418,3 +418,19 @@ fn read_certs(file: &std::path::Path, what: &str) -> Result<Vec<CertificateDer<'
     }
     Ok(certs)
 }
+
+/// A client of a stand-in agent, for the nomad modules' tests.
+#[cfg(test)]
+pub(crate) fn client_of(agent: &prjquota_vmtests::nomad_api::Agent) -> Client {
+    use super::settings::{Flags, Settings};
+    let settings = Settings::resolve(
+        &Flags {
+            addr: Some(agent.url()),
+            timeout: Duration::from_secs(5),
+            ..Flags::default()
+        },
+        |_| None,
+    )
+    .expect("a stand-in agent's settings");
+    Client::new(settings, Arc::new(super::Status::new())).expect("a stand-in agent's client")
+}

@@ -91,22 +91,9 @@ impl Sizes {
 mod tests {
     use super::*;
     use crate::allocs::disk_limits::{DiskLimits, Mode};
-    use crate::nomad::settings::{Flags, Settings};
-    use crate::nomad::Status;
     use prjquota_vmtests::nomad_api::Agent;
 
-    fn client(agent: &Agent) -> Client {
-        let settings = Settings::resolve(
-            &Flags {
-                addr: Some(agent.url()),
-                timeout: Duration::from_secs(5),
-                ..Flags::default()
-            },
-            |_| None,
-        )
-        .unwrap();
-        Client::new(settings, Arc::new(Status::new())).unwrap()
-    }
+    use crate::nomad::client::client_of as client;
 
     const A: &str = "8f3e9d2c-4b1a-4c6e-9a7d-2e5b6c1f0a93";
     const B: &str = "0a3e9d2c-4b1a-4c6e-9a7d-2e5b6c1f0a93";

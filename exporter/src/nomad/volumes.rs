@@ -142,24 +142,10 @@ pub fn encode(s: &str) -> String {
 mod tests {
     use super::*;
     use crate::inventory::tests::volume;
-    use crate::nomad::settings::{Flags, Settings};
-    use crate::nomad::Status;
     use prjquota_vmtests::nomad_api::{Agent, Mode};
     use std::sync::Arc;
-    use std::time::Duration;
 
-    fn client(agent: &Agent) -> Client {
-        let settings = Settings::resolve(
-            &Flags {
-                addr: Some(agent.url()),
-                timeout: Duration::from_secs(5),
-                ..Flags::default()
-            },
-            |_| None,
-        )
-        .unwrap();
-        Client::new(settings, Arc::new(Status::new())).unwrap()
-    }
+    use crate::nomad::client::client_of as client;
 
     fn verdict_of(out: &[NomadVolume], id: &str) -> Verdict {
         out.iter().find(|v| v.volume_id == id).unwrap().verdict

@@ -106,24 +106,7 @@ pub(super) fn selects_any(opts: &Opts, binaries: &[&str]) -> Result<bool> {
         .map(|f| format!("({f})"))
         .collect::<Vec<_>>()
         .join(" | ");
-    let mut cmd = cargo();
-    cmd.args(["nextest", "list", "-p", VM_PACKAGE])
-        .args(["--message-format", "oneline", "-E"])
-        .arg(format!("({passes}) & ({ours})"));
-    let out = cmd
-        .stderr(Stdio::inherit())
-        .output()
-        .with_context(|| format!("cannot run {}", crate::process::display(&cmd)))?;
-    if !out.status.success() {
-        bail!(
-            "`{}` failed ({})",
-            crate::process::display(&cmd),
-            out.status
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .any(|l| l.starts_with(VM_PACKAGE)))
+    lists_any(&format!("({passes}) & ({ours})"))
 }
 
 #[cfg(test)]
